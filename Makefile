@@ -1,0 +1,17 @@
+# The README's commands. Each target sets up the virtual environment first (once).
+.PHONY: setup run test lint bench
+
+setup:
+	@scripts/setup.sh
+
+run: setup
+	.venv/bin/batos run
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check batos graph prototypes store tests bench
+
+bench: setup
+	.venv/bin/python bench/uvm.py

@@ -1,0 +1,97 @@
+"""The one exception tree of BAT OS; every message says what to do next.
+
+    BatosError
+     ├── ConfigurationError          a setting has a value we cannot use
+     ├── ImageError                  the living image cannot be opened or used
+     │    ├── ImageURIError          unknown scheme or malformed URI
+     │    ├── ImageLockedError       another process holds the FileStorage lock
+     │    ├── ImageCorruptError      the file is truncated or is not a FileStorage
+     │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
+     ├── ObjectPathError             no object at a dotted path in the image
+     ├── ModelError                  model weights or backends
+     │    └── ModelFileError         a model part is missing or fails its checksum
+     └── DoesNotUnderstand           a public message no slot or parent answers
+                                      (also an AttributeError, so hasattr/getattr work)
+
+Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
+"""
+
+from __future__ import annotations
+
+
+class BatosError(Exception):
+    """Root of every error BAT OS raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message}\n  hint: {hint}" if hint else message)
+
+
+class ConfigurationError(BatosError):
+    """A setting holds a value BAT OS cannot use."""
+
+    exit_code = 2
+
+
+class ImageError(BatosError):
+    """The living image cannot be opened or used."""
+
+    exit_code = 3
+
+
+class ImageURIError(ImageError):
+    """The image URI has an unknown scheme or is malformed."""
+
+
+class ImageLockedError(ImageError):
+    """Another process holds the image's FileStorage lock."""
+
+
+class ImageCorruptError(ImageError):
+    """The image file is truncated, damaged or not a FileStorage at all."""
+
+
+class TransactionFailed(ImageError):
+    """A transaction kept conflicting after every retry; nothing was committed.
+
+    Conflicts are transient: resubmitting the same work later is safe.
+    """
+
+
+class ObjectPathError(BatosError, LookupError):
+    """No object lives at the given path in the image."""
+
+    exit_code = 4
+
+
+class ModelError(BatosError):
+    """A language model or its weights cannot be used."""
+
+    exit_code = 5
+
+
+class ModelFileError(ModelError):
+    """A model file part is missing or does not match its pinned checksum."""
+
+
+class DoesNotUnderstand(BatosError, AttributeError):
+    """A public message that neither the receiver nor any parent answers.
+
+    Subclassing AttributeError keeps ``hasattr`` and ``getattr(obj, name, default)``
+    behaving as Python programmers expect.
+    """
+
+    exit_code = 6
+
+    def __init__(self, receiver: object, selector: str, *, hint: str | None = None) -> None:
+        self.receiver = receiver
+        self.selector = selector
+        BatosError.__init__(
+            self,
+            f"{receiver!r} does not understand {selector!r}",
+            hint=hint
+            or "add a slot or method with that name, or give the object a parent that has one",
+        )

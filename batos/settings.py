@@ -1,0 +1,120 @@
+"""Every knob of BAT OS in one table: name, default, environment variable, help.
+
+Values are read from the environment on each call, so a test or a long-lived server sees a
+change without a restart; ``batos config`` prints the table with the values in force.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from batos.errors import ConfigurationError
+
+
+def _data_home() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "batos"
+
+
+def _cache_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "batos"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    default: Callable[[], str]
+    help: str
+    parse: Callable[[str], object] = str
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "home",
+            "BATOS_HOME",
+            lambda: str(_data_home()),
+            "Folder for the default image, its blobs and the scheduler's files.",
+        ),
+        Setting(
+            "image",
+            "BATOS_IMAGE",
+            lambda: f"file://{Path(get('home')) / 'live_image.fs'}",
+            "URI of the living image: file://PATH.fs, zeo://HOST:PORT, postgres://… or memory://.",
+        ),
+        Setting(
+            "model",
+            "BATOS_MODEL",
+            lambda: "default",
+            "Base model of the embedded backend: 'default' (Qwen2.5-Coder-1.5B), "
+            "'test' (SmolLM2-135M) or a path to a GGUF file.",
+        ),
+        Setting(
+            "model_cache",
+            "BATOS_MODEL_CACHE",
+            lambda: str(_cache_home() / "models"),
+            "Folder where model files assembled from their packages are kept.",
+        ),
+        Setting(
+            "zeo_address",
+            "BATOS_ZEO_ADDRESS",
+            lambda: "127.0.0.1:8100",
+            "HOST:PORT on which 'batos zeo' serves the image to other processes.",
+        ),
+        Setting(
+            "tx_retries",
+            "BATOS_TX_RETRIES",
+            lambda: "5",
+            "How many times a transaction that hit a write conflict is retried.",
+            _positive_int,
+        ),
+        Setting(
+            "ollama_host",
+            "OLLAMA_HOST",
+            lambda: "",
+            "Ollama server (http://HOST:PORT); empty means do not use Ollama.",
+        ),
+        Setting(
+            "openai_base_url",
+            "BATOS_OPENAI_BASE_URL",
+            lambda: "",
+            "OpenAI-compatible endpoint (vLLM, llama-server); empty means do not use one.",
+        ),
+        Setting(
+            "openai_api_key",
+            "BATOS_OPENAI_API_KEY",
+            lambda: "",
+            "API key for the OpenAI-compatible endpoint, if it asks for one.",
+        ),
+    )
+}
+
+
+def get(name: str) -> object:
+    """The value in force for setting ``name``: its environment variable, else its default."""
+    try:
+        setting = SETTINGS[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown setting {name!r}", hint=f"known settings: {', '.join(SETTINGS)}"
+        ) from None
+    raw = os.environ.get(setting.env) or setting.default()
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"{setting.env}={raw!r} is not valid: {exc}", hint=setting.help
+        ) from None

@@ -1,0 +1,271 @@
+"""``batos``: the command line of BAT OS.
+
+Every command opens the image named by ``--image`` (or ``BATOS_IMAGE``, or the default file
+image). Errors print what went wrong and what to do, and exit non-zero with a code per error
+family (see ``batos.errors``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import sys
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from batos import settings
+from batos.errors import BatosError
+from graph.app import open_image
+from prototypes.incarnation import personas
+from prototypes.paths import resolve
+from prototypes.uvm import Method, UvmObject
+from store import schema
+from store.image import LivingImage
+
+app = typer.Typer(
+    name="batos",
+    help="BAT OS: a persistent, self-extending, multi-persona agent in one ZODB image.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+zeo_app = typer.Typer(help="Share one image between processes through a ZEO server.")
+app.add_typer(zeo_app, name="zeo")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    image: str = typer.Option(
+        None,
+        "--image",
+        envvar="BATOS_IMAGE",
+        help="URI of the living image (file://…/live_image.fs, zeo://host:port, postgres://…).",
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what BAT OS does."),
+) -> None:
+    ctx.obj = {"image": image or str(settings.get("image"))}
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+def image_uri(ctx: typer.Context) -> str:
+    return ctx.obj["image"]
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _persona_table(root: Any) -> Table:
+    table = Table(title="Personas", show_lines=False)
+    for column in ("persona", "role", "model", "intents", "methods", "parents"):
+        table.add_column(column)
+    for name, obj in personas(root).items():
+        methods = [k for k, v in obj._slots().items() if isinstance(v, Method)]
+        table.add_row(
+            name,
+            obj.role,
+            obj.model,
+            ", ".join(obj.intents),
+            ", ".join(methods) or "-",
+            ", ".join(repr(p) for p in obj._parents()),
+        )
+    return table
+
+
+@app.command()
+def init(ctx: typer.Context) -> None:
+    """Create the image if needed, apply pending upgrades and incarnate the personas.
+
+    Example: batos --image file:///tmp/demo.fs init
+    """
+    uri = image_uri(ctx)
+    with open_image(uri) as image, image.read() as root:
+        console.print(f"image [bold]{uri}[/]")
+        for name, info in schema.applied(root).items():
+            when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+            console.print(f"  [green]✓[/] {name}  {info['description']}  ({when})")
+        console.print(_persona_table(root))
+
+
+@app.command("run")
+def run_main(ctx: typer.Context) -> None:
+    """The main job: open the image, incarnate the personas, check the model, show them all.
+
+    Example: BATOS_MODEL=test batos run
+    """
+    from store.models import model_path
+
+    uri = image_uri(ctx)
+    with console.status("checking the embedded model…"):
+        path = model_path()
+    with open_image(uri) as image, image.read() as root:
+        console.print(f"image [bold]{uri}[/]")
+        console.print(f"model [bold]{settings.get('model')}[/] → {path}")
+        console.print(_persona_table(root))
+
+
+@app.command()
+def inspect(
+    ctx: typer.Context,
+    path: str = typer.Argument("", help="Dotted path: robin, robin.intents, traits …"),
+) -> None:
+    """Browse objects in the image: slots, parents and methods with their source.
+
+    Examples: batos inspect · batos inspect robin · batos inspect robin.intents
+    """
+    with open_image(image_uri(ctx)) as image, image.read() as root:
+        target = resolve(root, path)
+        label = path or "objects"
+        if isinstance(target, UvmObject):
+            _show_object(label, target)
+        elif hasattr(target, "items"):
+            table = Table(title=label)
+            table.add_column("key")
+            table.add_column("value")
+            for key, value in target.items():
+                table.add_row(str(key), _short(value))
+            console.print(table)
+        else:
+            console.print(f"{label} = {target!r}")
+
+
+def _show_object(label: str, obj: UvmObject) -> None:
+    table = Table(title=f"{label}  {obj!r}")
+    table.add_column("slot")
+    table.add_column("kind")
+    table.add_column("value")
+    methods: list[Method] = []
+    for name, value in sorted(obj._slots().items()):
+        if isinstance(value, Method):
+            methods.append(value)
+            table.add_row(name, "method", f"by {value.author}: {value.intent or '-'}")
+        elif name.endswith("*"):
+            table.add_row(name, "parent", repr(value))
+        else:
+            table.add_row(name, "data", _short(value))
+    console.print(table)
+    for method in methods:
+        console.print(f"[bold]{method.selector}[/]  author={method.author}  audit={method.audit}")
+        console.print(Syntax(method.source, "python", line_numbers=False))
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    limit: int = typer.Option(20, "--limit", "-n", help="How many transactions to show."),
+) -> None:
+    """List the image's most recent transactions: id, time, user, what was done.
+
+    Example: batos history -n 5
+    """
+    with LivingImage.open(image_uri(ctx)) as image:
+        table = Table(title=f"Transactions of {image.uri}")
+        for column in ("tid", "when", "user", "description"):
+            table.add_column(column)
+        for record in image.history(limit):
+            when = dt.datetime.fromtimestamp(record.time).isoformat(sep=" ", timespec="seconds")
+            table.add_row(record.tid, when, record.user, record.description)
+        console.print(table)
+
+
+@app.command()
+def undo(ctx: typer.Context, tid: str = typer.Argument(..., help="Id from 'batos history'.")) -> None:
+    """Revert one transaction by recording a new one that undoes it.
+
+    Example: batos undo 03f1c2a9b4e5d600
+    """
+    with LivingImage.open(image_uri(ctx)) as image:
+        image.undo(tid)
+    console.print(f"undid transaction {tid}")
+
+
+@app.command("schema")
+def schema_cmd(ctx: typer.Context) -> None:
+    """Show which layout upgrades this image has had, and when."""
+    with open_image(image_uri(ctx)) as image, image.read() as root:
+        table = Table(title="Applied upgrade steps")
+        for column in ("step", "description", "applied"):
+            table.add_column(column)
+        for name, info in schema.applied(root).items():
+            when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+            table.add_row(name, info["description"], when)
+        console.print(table)
+
+
+@app.command("config")
+def config_cmd() -> None:
+    """Show every setting: its environment variable, the value in force and what it does."""
+    table = Table(title="Settings")
+    for column in ("setting", "variable", "value", "help"):
+        table.add_column(column)
+    for name, setting in settings.SETTINGS.items():
+        value = str(settings.get(name))
+        if "key" in name and value:
+            value = "***"
+        table.add_row(name, setting.env, value, setting.help)
+    console.print(table)
+
+
+@zeo_app.command("start")
+def zeo_start(
+    ctx: typer.Context,
+    address: str = typer.Option(
+        None, "--address", "-a", help="HOST:PORT to serve on (setting zeo_address)."
+    ),
+) -> None:
+    """Serve the file image to other processes until interrupted.
+
+    Example: batos --image file:///srv/batos/live_image.fs zeo start -a 127.0.0.1:8100
+    then, elsewhere: BATOS_IMAGE=zeo://127.0.0.1:8100 batos inspect
+    """
+    from store.image import image_path
+    from store.zeo import ZeoServer
+
+    path = image_path(image_uri(ctx))
+    if path is None:
+        raise BatosError(
+            "ZEO serves a file image", hint="pass --image file:///path/live_image.fs"
+        )
+    server = ZeoServer(path, address or str(settings.get("zeo_address"))).start()
+    console.print(f"serving {path} at [bold]{server.uri}[/] (Ctrl-C stops)")
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``batos`` script; returns the process exit code."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except BatosError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}")
+        if exc.hint:
+            err_console.print(f"[yellow]hint:[/] {exc.hint}")
+        return exc.exit_code
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The persona codex: ``codex.toml`` loaded and checked into plain, immutable records."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+
+from batos.errors import ConfigurationError
+
+PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
+
+
+@dataclass(frozen=True)
+class PersonaSpec:
+    name: str
+    role: str
+    inspirations: tuple[str, ...]
+    activation: str
+    model: str
+    identity: str
+    intents: dict[str, str]
+    router_examples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Codex:
+    version: int
+    traits_description: str
+    personas: dict[str, PersonaSpec]
+
+    def persona(self, name: str) -> PersonaSpec:
+        try:
+            return self.personas[name.upper()]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown persona {name!r}", hint=f"choose one of {', '.join(self.personas)}"
+            ) from None
+
+
+def load_codex(text: str | None = None) -> Codex:
+    """Parse the codex (the packaged ``codex.toml`` unless ``text`` is given)."""
+    if text is None:
+        text = resources.files("prototypes").joinpath("codex.toml").read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+        personas = {
+            name: PersonaSpec(
+                name=name,
+                role=spec["role"],
+                inspirations=tuple(spec["inspirations"]),
+                activation=spec["activation"],
+                model=spec["model"],
+                identity=spec["identity"],
+                intents=dict(spec["intents"]),
+                router_examples=tuple(spec["router"]["examples"]),
+            )
+            for name, spec in data["personas"].items()
+        }
+        codex = Codex(int(data["version"]), data["traits"]["description"], personas)
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"the persona codex is malformed: {type(exc).__name__}: {exc}",
+            hint="compare it with prototypes/codex.toml as shipped",
+        ) from exc
+    missing = set(PERSONAS) - set(personas)
+    if missing:
+        raise ConfigurationError(f"the codex lacks personas {sorted(missing)}")
+    for spec in personas.values():
+        private = [s for s in spec.intents if s.startswith("_") or not s.isidentifier()]
+        if private:
+            raise ConfigurationError(
+                f"{spec.name}: intent selectors must be public identifiers, not {private}"
+            )
+    return codex

@@ -1,0 +1,89 @@
+"""Incarnation: building the persona prototypes in the image from the codex, idempotently.
+
+The codex becomes objects under ``root['objects']``: ``traits`` (every persona's parent),
+``models`` (persona → model name) and one prototype per persona. Incarnating again with the
+same codex changes nothing; a new codex version rewrites the codex-derived slots and keeps
+what the image grew by itself (methods the personas wrote, statistics, extra slots).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from BTrees.OOBTree import OOBTree
+from persistent.mapping import PersistentMapping
+
+from prototypes.codex import Codex, load_codex
+from prototypes.uvm import UvmObject
+
+OBJECTS_KEY = "objects"
+#: Slots incarnation owns on a persona; everything else on the object is the image's own.
+CODEX_SLOTS = ("name", "role", "inspirations", "activation", "model", "identity", "router_examples")
+
+
+def _objects(root: Any) -> OOBTree:
+    objects = root.get(OBJECTS_KEY)
+    if objects is None:
+        objects = root[OBJECTS_KEY] = OOBTree()
+    return objects
+
+
+_MISSING = object()
+
+
+def _set_if_changed(obj: UvmObject, name: str, value: Any) -> bool:
+    if obj._slots().get(name, _MISSING) == value:
+        return False
+    setattr(obj, name, value)
+    return True
+
+
+def incarnate(root: Any, codex: Codex | None = None) -> list[str]:
+    """Bring the personas in ``root`` in line with ``codex``; returns what changed."""
+    codex = codex or load_codex()
+    objects = _objects(root)
+    changes: list[str] = []
+
+    traits = objects.get("traits")
+    if traits is None:
+        traits = objects["traits"] = UvmObject(name="traits")
+        changes.append("created traits")
+    if _set_if_changed(traits, "description", codex.traits_description):
+        changes.append("traits.description")
+
+    models = objects.get("models")
+    if models is None:
+        models = objects["models"] = UvmObject(traits, name="models")
+        changes.append("created models")
+
+    for spec in codex.personas.values():
+        key = spec.name.lower()
+        persona = objects.get(key)
+        if persona is None:
+            persona = objects[key] = UvmObject(traits)
+            persona.intents = PersistentMapping()
+            persona.stats = PersistentMapping(invocations=0)
+            changes.append(f"created {key}")
+        for slot in CODEX_SLOTS:
+            if _set_if_changed(persona, slot, getattr(spec, slot)):
+                changes.append(f"{key}.{slot}")
+        intents = persona.intents
+        for selector, intent in spec.intents.items():
+            if intents.get(selector) != intent:
+                intents[selector] = intent
+                changes.append(f"{key}.intents.{selector}")
+        if _set_if_changed(models, key, spec.model):
+            changes.append(f"models.{key}")
+    if _set_if_changed(traits, "codex_version", codex.version):
+        changes.append("traits.codex_version")
+    return changes
+
+
+def personas(root: Any) -> dict[str, UvmObject]:
+    """The incarnated persona prototypes by upper-case name."""
+    objects = root.get(OBJECTS_KEY, {})
+    return {
+        name.upper(): objects[name.lower()]
+        for name in ("ROBIN", "BRICK", "BABS", "ALFRED")
+        if name.lower() in objects
+    }

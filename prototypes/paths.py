@@ -1,0 +1,57 @@
+"""Dotted paths into the image: ``robin``, ``robin.intents``, ``robin.parent*.description``.
+
+The first name is a top-level object in ``root['objects']``; each further name is a slot of a
+prototype (its own first, then inherited, never generative) or a key of a mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from batos.errors import ObjectPathError
+from prototypes.incarnation import OBJECTS_KEY
+from prototypes.uvm import UvmObject
+
+
+def _names(obj: Any) -> list[str]:
+    if isinstance(obj, UvmObject):
+        return sorted(obj._slots())
+    if isinstance(obj, Mapping):
+        return sorted(str(k) for k in obj.keys())
+    return []
+
+
+def resolve(root: Any, path: str) -> Any:
+    """The object at ``path``; ``ObjectPathError`` naming the alternatives if there is none."""
+    objects = root.get(OBJECTS_KEY)
+    if objects is None:
+        raise ObjectPathError("the image has no objects yet", hint="run 'batos init' first")
+    names = [part for part in path.strip().split(".") if part]
+    if not names:
+        return objects
+    current: Any = objects
+    walked: list[str] = []
+    for name in names:
+        found = _step(current, name)
+        if found is _MISSING:
+            where = ".".join(walked) or "the image"
+            choices = ", ".join(_names(current)[:30]) or "nothing"
+            raise ObjectPathError(
+                f"no {name!r} in {where}", hint=f"{where} has: {choices}"
+            )
+        current = found
+        walked.append(name)
+    return current
+
+
+_MISSING = object()
+
+
+def _step(obj: Any, name: str) -> Any:
+    if isinstance(obj, UvmObject):
+        hit = obj._lookup(name)
+        return _MISSING if hit is None else hit[1]
+    if isinstance(obj, Mapping):
+        return obj.get(name, _MISSING)
+    return _MISSING

@@ -1,0 +1,295 @@
+"""The living image: one ZODB database opened from one URI, and the ways to change it.
+
+``LivingImage.open(uri)`` resolves ``file://``, ``zeo://``, ``memory://`` and RelStorage's
+``postgres://`` through zodburi, turns blobs on for file images and ZEO clients, and translates
+the storages' own failures (lock held, truncated file, server not answering) into
+``ImageError``s that say what to do. ``transact`` runs a function in one transaction and retries
+it on write conflicts; ``read`` gives a view that can never commit; ``history``/``undo`` expose
+the transaction log.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import transaction
+import zodburi
+import ZODB
+from ZODB.Connection import Connection
+from ZODB.POSException import ConflictError, ReadOnlyError, UndoError
+
+from batos import settings
+from batos.errors import (
+    ImageCorruptError,
+    ImageError,
+    ImageLockedError,
+    ImageURIError,
+    TransactionFailed,
+)
+
+log = logging.getLogger("batos.image")
+
+T = TypeVar("T")
+
+#: Seconds a ZEO client waits for its server before giving up with a clear error.
+ZEO_CONNECT_TIMEOUT = 10
+#: Pause before the n-th retry of a conflicting transaction (grows linearly, capped).
+RETRY_BACKOFF = 0.01
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """One entry of the image's transaction log, newest first in ``history``."""
+
+    tid: str
+    time: float
+    user: str
+    description: str
+
+
+def default_uri() -> str:
+    return str(settings.get("image"))
+
+
+def _with_default_blobs(uri: str) -> str:
+    """Give file:// and zeo:// URIs a blob directory unless the URI names one."""
+    parts = urlsplit(uri)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme == "file" and "blobstorage_dir" not in query:
+        if not parts.path:
+            raise ImageURIError(
+                f"image URI {uri!r} has no path", hint="write it as file:///abs/path/live_image.fs"
+            )
+        query["blobstorage_dir"] = parts.path + ".blobs"
+    elif parts.scheme == "zeo":
+        if "blob_dir" not in query:
+            label = (parts.netloc or Path(parts.path).name).replace(":", "_")
+            query["blob_dir"] = str(Path(str(settings.get("home"))) / "zeo-blob-cache" / label)
+        query.setdefault("wait_timeout", str(ZEO_CONNECT_TIMEOUT))
+    else:
+        return uri
+    return parts._replace(query=urlencode(query)).geturl()
+
+
+def _open_db(uri: str) -> ZODB.DB:
+    scheme = uri.split(":", 1)[0] if ":" in uri else ""
+    try:
+        factory, dbkw = zodburi.resolve_uri(_with_default_blobs(uri))
+    except zodburi.NoResolverForScheme:
+        raise ImageURIError(
+            f"no storage for URI scheme {scheme!r} in {uri!r}",
+            hint="use file:///path/live_image.fs, zeo://host:port, memory:// or postgres://…",
+        ) from None
+    except (KeyError, ValueError) as exc:
+        raise ImageURIError(f"image URI {uri!r} is malformed: {exc}") from exc
+    if scheme == "file":
+        path = Path(urlsplit(uri).path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(path) + ".blobs").mkdir(parents=True, exist_ok=True)
+    try:
+        storage = factory()
+    except Exception as exc:
+        raise _translate_open_error(uri, exc) from exc
+    try:
+        return ZODB.DB(storage, **dbkw)
+    except Exception as exc:
+        storage.close()
+        raise _translate_open_error(uri, exc) from exc
+
+
+def _translate_open_error(uri: str, exc: Exception) -> ImageError:
+    import zc.lockfile
+    from ZODB.FileStorage.format import CorruptedError, FileStorageFormatError
+
+    name = type(exc).__name__
+    if isinstance(exc, zc.lockfile.LockError):
+        return ImageLockedError(
+            f"the image {uri} is in use by another process",
+            hint="a file:// image allows one process; to share it, serve it with "
+            "'batos zeo start' and point every process at BATOS_IMAGE=zeo://HOST:PORT",
+        )
+    if isinstance(exc, (CorruptedError, FileStorageFormatError)) or name in {
+        "CorruptedDataError",
+        "CorruptedTransactionError",
+    }:
+        return ImageCorruptError(
+            f"the image {uri} is damaged or not a ZODB FileStorage: {exc}",
+            hint="restore it from a backup, or try 'python -m ZODB.FileStorage.fsrecover "
+            "DAMAGED.fs RECOVERED.fs' and open the recovered copy",
+        )
+    if name == "ClientDisconnected" or isinstance(exc, (ConnectionError, TimeoutError)):
+        return ImageError(
+            f"no ZEO server answers at {uri}: {exc}",
+            hint="start one with 'batos zeo start' (or check the host and port)",
+        )
+    return ImageError(f"cannot open the image {uri}: {name}: {exc}")
+
+
+class LivingImage:
+    """A ZODB database opened from a URI; the one way BAT OS reaches its image."""
+
+    def __init__(self, db: ZODB.DB, uri: str) -> None:
+        self.db = db
+        self.uri = uri
+        self._local = threading.local()
+
+    @classmethod
+    def open(cls, uri: str | None = None) -> LivingImage:
+        uri = uri or default_uri()
+        db = _open_db(uri)
+        log.info("opened image %s", uri)
+        return cls(db, uri)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> LivingImage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connections ----------------------------------------------------------------------
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection with its own explicit transaction manager, closed on exit.
+
+        ZODB connections are not thread-safe: use one per thread (this call gives a fresh one).
+        The caller decides when to commit or abort; anything left open is aborted.
+        """
+        tm = transaction.TransactionManager()
+        conn = self.db.open(transaction_manager=tm)
+        try:
+            yield conn
+        finally:
+            tm.abort()
+            conn.close()
+
+    def transact(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        note: str = "",
+        user: str = "batos",
+        retries: int | None = None,
+    ) -> T:
+        """Run ``fn(root)`` in one transaction, committing on success.
+
+        A write conflict aborts and runs ``fn`` again on fresh state, up to ``retries`` more
+        times (setting ``tx_retries``); ``fn`` must therefore be safe to repeat. Any other
+        exception aborts — nothing of a failed call is ever committed — and propagates.
+        """
+        attempts = 1 + (retries if retries is not None else int(settings.get("tx_retries")))
+        with self.connection() as conn:
+            tm = conn.transaction_manager
+            for attempt in range(1, attempts + 1):
+                txn = tm.begin()
+                txn.user = user
+                if note:
+                    txn.note(note)
+                try:
+                    result = fn(conn.root())
+                    tm.commit()
+                    return result
+                except ConflictError as exc:
+                    tm.abort()
+                    if attempt == attempts:
+                        raise TransactionFailed(
+                            f"{note or 'transaction'} conflicted {attempts} times: {exc}",
+                            hint="another process keeps changing the same objects; retry later",
+                        ) from exc
+                    log.info("conflict on attempt %d of %s; retrying", attempt, note or "txn")
+                    time.sleep(min(RETRY_BACKOFF * attempt, 0.2))
+                except BaseException:
+                    tm.abort()
+                    raise
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def read(self) -> Iterator[Any]:
+        """The root for reading; any attempt to commit a change raises ``ImageError``."""
+        with self.connection() as conn:
+            tm = conn.transaction_manager
+            tm.begin()
+            try:
+                yield conn.root()
+                if conn._registered_objects:
+                    raise ImageError(
+                        "a read-only view of the image was modified; nothing was saved",
+                        hint="change the image through LivingImage.transact",
+                    )
+            finally:
+                tm.abort()
+
+    # -- history --------------------------------------------------------------------------
+
+    def history(self, limit: int = 20) -> list[TransactionRecord]:
+        """The newest undoable transactions, newest first."""
+        if not self.db.supportsUndo():
+            raise ImageError(
+                f"the storage behind {self.uri} keeps no undo history",
+                hint="use a file:// image, a ZEO server over one, or history-preserving RelStorage",
+            )
+        return [
+            TransactionRecord(
+                tid=_tid_hex(entry["id"]),
+                time=entry["time"],
+                user=_text(entry.get("user_name", "")),
+                description=_text(entry.get("description", "")),
+            )
+            for entry in self.db.undoLog(0, limit)
+        ]
+
+    def undo(self, tid: str, *, user: str = "batos") -> None:
+        """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction."""
+        wanted = tid.strip().lower()
+        for entry in self.db.undoLog(0, 10_000):
+            if _tid_hex(entry["id"]) == wanted:
+                break
+        else:
+            raise ImageError(
+                f"no undoable transaction {tid!r} in {self.uri}",
+                hint="list them with 'batos history'",
+            )
+        tm = transaction.TransactionManager()
+        txn = tm.begin()
+        txn.user = user
+        txn.note(f"undo {wanted}")
+        try:
+            self.db.undo(entry["id"], txn)
+            tm.commit()
+        except (UndoError, ReadOnlyError) as exc:
+            tm.abort()
+            raise ImageError(
+                f"transaction {wanted} cannot be undone: {exc}",
+                hint="a later transaction changed the same objects; undo that one first",
+            ) from exc
+
+
+def _tid_hex(raw: bytes | str) -> str:
+    # FileStorage and ZEO report undo ids base64-encoded; others give the 8 raw bytes.
+    if isinstance(raw, str):
+        raw = raw.encode("ascii")
+    if len(raw) != 8:
+        raw = base64.decodebytes(raw)
+    return raw.hex()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def image_path(uri: str) -> Path | None:
+    """The FileStorage path of a file:// URI, or None for other schemes."""
+    parts = urlsplit(uri)
+    return Path(parts.path) if parts.scheme == "file" else None

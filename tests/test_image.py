@@ -1,0 +1,205 @@
+"""The living image: opening by URI, transactions, conflicts, history and undo, bad files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import resources
+
+import pytest
+from persistent.mapping import PersistentMapping
+
+from batos.errors import ImageCorruptError, ImageError, ImageLockedError, ImageURIError
+from graph.app import open_image
+from prototypes.codex import load_codex
+from prototypes.incarnation import incarnate, personas
+from prototypes.uvm import Method
+from store.image import LivingImage
+from store.schema import UpgradeStep, applied, upgrade
+
+
+def test_file_image_persists_and_has_blobs(file_uri):
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("k", "v"), note="set k")
+        assert image.db.storage.__class__.__name__ in {"BlobStorage", "FileStorage"}
+        assert hasattr(image.db.storage, "loadBlob")
+    with LivingImage.open(file_uri) as image, image.read() as root:
+        assert root["k"] == "v"
+
+
+def test_failed_transaction_leaves_nothing(memory_image):
+    def boom(root):
+        root["half"] = "written"
+        raise RuntimeError("fail mid-way")
+
+    with pytest.raises(RuntimeError):
+        memory_image.transact(boom)
+    with memory_image.read() as root:
+        assert "half" not in root
+
+
+def test_conflict_is_retried(memory_image):
+    memory_image.transact(lambda root: root.__setitem__("counter", PersistentMapping(n=0)))
+    attempts = []
+
+    def bump(root):
+        attempts.append(1)
+        root["counter"]["n"] += 1
+        if len(attempts) == 1:
+            # Another writer commits a change to the same object before we commit.
+            memory_image.transact(lambda other: other["counter"].__setitem__("n", 100))
+        return root["counter"]["n"]
+
+    assert memory_image.transact(bump, retries=3) == 101
+    assert len(attempts) == 2
+
+
+def test_conflicts_beyond_retries_fail_cleanly(memory_image):
+    from batos.errors import TransactionFailed
+
+    memory_image.transact(lambda root: root.__setitem__("c", PersistentMapping(n=0)))
+
+    def always_conflicts(root):
+        root["c"]["n"] += 1
+        memory_image.transact(lambda other: other["c"].__setitem__("n", -1))
+
+    with pytest.raises(TransactionFailed, match="conflicted 2 times"):
+        memory_image.transact(always_conflicts, retries=1)
+
+
+def test_read_view_refuses_changes(memory_image):
+    memory_image.transact(lambda root: root.__setitem__("m", PersistentMapping()))
+    with pytest.raises(ImageError, match="read-only"):
+        with memory_image.read() as root:
+            root["m"]["x"] = 1
+    with memory_image.read() as root:
+        assert "x" not in root["m"]
+
+
+def test_history_and_undo(file_uri):
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("a", 1), note="set a", user="tester")
+        image.transact(lambda root: root.__setitem__("b", 2), note="set b")
+        log = image.history(5)
+        assert [r.description for r in log[:2]] == ["set b", "set a"]
+        assert log[1].user == "tester"
+        image.undo(log[0].tid)
+        with image.read() as root:
+            assert "b" not in root and root["a"] == 1
+        assert image.history(1)[0].description.startswith("undo ")
+        with pytest.raises(ImageError, match="no undoable transaction"):
+            image.undo("00000000deadbeef")
+
+
+def test_undo_unsupported_on_memory(memory_image):
+    with pytest.raises(ImageError, match="no undo history"):
+        memory_image.history()
+
+
+def test_unknown_scheme_and_bad_uri():
+    with pytest.raises(ImageURIError, match="no storage for URI scheme 'nosuch'"):
+        LivingImage.open("nosuch://x")
+
+
+def test_locked_by_another_process(file_uri, tmp_path):
+    LivingImage.open(file_uri).close()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                from store.image import LivingImage
+                image = LivingImage.open({file_uri!r})
+                print("open", flush=True)
+                sys.stdin.read()
+                """
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(ImageLockedError) as info:
+            LivingImage.open(file_uri)
+        assert "zeo" in info.value.hint.lower()
+    finally:
+        holder.communicate("")
+
+
+def test_garbage_file_is_reported_corrupt(tmp_path):
+    path = tmp_path / "garbage.fs"
+    path.write_bytes(b"this is not a FileStorage" * 40)
+    with pytest.raises(ImageCorruptError, match="damaged or not a ZODB FileStorage"):
+        LivingImage.open(f"file://{path}")
+    assert path.read_bytes() == b"this is not a FileStorage" * 40
+
+
+def test_truncated_last_transaction_is_dropped_whole(file_uri):
+    """A process killed mid-write leaves a partial transaction: it is never half-visible."""
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("first", "x" * 1000))
+        image.transact(lambda root: root.__setitem__("second", "y" * 1000))
+    path = file_uri.removeprefix("file://")
+    os.truncate(path, os.path.getsize(path) - 300)
+    os.remove(path + ".index")
+    with LivingImage.open(file_uri) as image, image.read() as root:
+        assert root["first"] == "x" * 1000
+        assert "second" not in root
+
+
+def test_upgrade_steps_apply_once_and_are_recorded(memory_image):
+    calls = []
+    steps = [
+        UpgradeStep("s-1", "first", lambda root: calls.append("s-1")),
+        UpgradeStep("s-2", "second", lambda root: calls.append("s-2")),
+    ]
+    assert upgrade(memory_image, steps) == ["s-1", "s-2"]
+    assert upgrade(memory_image, steps) == []
+    assert upgrade(memory_image, [*steps, UpgradeStep("s-3", "third", calls.append)]) == ["s-3"]
+    assert calls[:2] == ["s-1", "s-2"]
+    with memory_image.read() as root:
+        assert list(applied(root)) == ["s-1", "s-2", "s-3"]
+
+
+def test_failed_upgrade_step_is_not_recorded(memory_image):
+    def broken(root):
+        root["partial"] = 1
+        raise ValueError("bad step")
+
+    with pytest.raises(ValueError):
+        upgrade(memory_image, [UpgradeStep("bad", "fails", broken)])
+    with memory_image.read() as root:
+        assert "partial" not in root and "bad" not in applied(root)
+
+
+def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
+    with open_image(file_uri) as image:
+        with image.read() as root:
+            found = personas(root)
+            assert sorted(found) == ["ALFRED", "BABS", "BRICK", "ROBIN"]
+            assert found["ROBIN"].name == "ROBIN"
+            assert found["BRICK"].codex_version == 1  # inherited from traits
+            assert "decompose" in found["BRICK"].intents
+        assert image.transact(incarnate) == []  # same codex: nothing changes
+
+        def grow(root):
+            brick = root["objects"]["brick"]
+            brick.double = Method("double", "def double(self, x):\n    return 2 * x\n")
+            brick.role = "edited by hand"
+
+        image.transact(grow)
+
+    shipped = resources.files("prototypes").joinpath("codex.toml").read_text()
+    codex2 = load_codex(shipped.replace("version = 1", "version = 2", 1))
+    with open_image(file_uri, codex=codex2) as image, image.read() as root:
+        brick = root["objects"]["brick"]
+        assert brick.codex_version == 2
+        assert brick.role == codex2.personas["BRICK"].role  # codex-owned slot restored
+        assert brick.double(4) == 8  # what the image grew is kept
+        assert "codex-2" in applied(root)

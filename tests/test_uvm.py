@@ -1,0 +1,212 @@
+"""UvmObject semantics: delegation, parents, clone, methods, receiver binding, the covenant."""
+
+from __future__ import annotations
+
+import pytest
+import transaction
+from persistent.list import PersistentList
+from ZODB import DB
+from ZODB.FileStorage import FileStorage
+
+from batos.errors import DoesNotUnderstand
+from prototypes.uvm import Method, MethodCompileError, UvmObject, set_dnu_handler
+
+GREET = "def greet(self, other):\n    return self.name + ' greets ' + other\n"
+
+
+def test_local_slot_and_missing_message():
+    obj = UvmObject(name="a")
+    assert obj.name == "a"
+    with pytest.raises(DoesNotUnderstand) as info:
+        obj.fly()
+    assert info.value.selector == "fly"
+    assert "does not understand 'fly'" in str(info.value)
+    # A DoesNotUnderstand is an AttributeError, so Python idioms keep working.
+    assert not hasattr(obj, "fly")
+    assert getattr(obj, "fly", 42) == 42
+
+
+def test_private_names_never_delegate_or_reach_dnu():
+    calls = []
+    set_dnu_handler(lambda obj, sel: calls.append(sel))
+    try:
+        parent = UvmObject()
+        parent.__dict__["_secret"] = 1
+        child = UvmObject(parent)
+        with pytest.raises(AttributeError) as info:
+            child._secret  # noqa: B018
+        assert not isinstance(info.value, DoesNotUnderstand)
+        child.public_thing  # noqa: B018
+    finally:
+        set_dnu_handler(None)
+    assert calls == ["public_thing"]
+
+
+def test_delegation_depth_three():
+    a = UvmObject(x=1)
+    d = UvmObject(UvmObject(UvmObject(a)))
+    assert d.x == 1
+    a.x = 2
+    assert d.x == 2
+
+
+def test_nearest_definition_wins_then_parent_order():
+    # child -> (p1, p2); p1 -> grand; grand and p2 both define 'v'. p2 is nearer.
+    grand = UvmObject(v="grand", only_grand="g")
+    p1 = UvmObject(grand)
+    p2 = UvmObject(v="p2")
+    child = UvmObject(p1, p2)
+    assert child.v == "p2"
+    assert child.only_grand == "g"
+    # Among equally near parents, the earlier parent slot wins.
+    p1.v = "p1"
+    assert child.v == "p1"
+
+
+def test_parent_slot_changes_take_effect():
+    a, b = UvmObject(v="a"), UvmObject(v="b")
+    child = UvmObject(a)
+    assert child.v == "a"
+    setattr(child, "parent*", b)
+    assert child.v == "b"
+    delattr(child, "parent*")
+    with pytest.raises(DoesNotUnderstand):
+        child.v  # noqa: B018
+
+
+def test_cycles_are_harmless():
+    a, b = UvmObject(), UvmObject()
+    setattr(a, "parent*", b)
+    setattr(b, "parent*", a)
+    b.found = "yes"
+    assert a.found == "yes"
+    with pytest.raises(DoesNotUnderstand):
+        a.nowhere  # noqa: B018
+    setattr(a, "parent*", a)  # a parent cycle onto itself
+    with pytest.raises(DoesNotUnderstand):
+        a.nowhere  # noqa: B018
+
+
+def test_method_binds_receiver_not_holder():
+    proto = UvmObject(name="proto")
+    proto.greet = Method("greet", GREET, intent="greet someone")
+    child = UvmObject(proto, name="child")
+    assert child.greet("you") == "child greets you"
+    assert proto.greet("you") == "proto greets you"
+
+
+def test_data_and_method_share_one_namespace():
+    obj = UvmObject()
+    obj.greet = Method("greet", GREET)
+    assert isinstance(obj._slots()["greet"], Method)
+    obj.greet = "now data"
+    assert obj.greet == "now data"
+    assert obj._methods == {}
+    obj.greet = Method("greet", GREET)
+    assert "greet" not in obj.__dict__
+
+
+def test_method_must_match_its_slot_and_compile():
+    obj = UvmObject()
+    with pytest.raises(ValueError):
+        obj.other = Method("greet", GREET)
+    obj.broken = Method("broken", "def broken(self):\n    return (\n")
+    with pytest.raises(MethodCompileError):
+        obj.broken()
+    obj.misnamed = Method("misnamed", "def other(self):\n    return 1\n")
+    with pytest.raises(MethodCompileError, match="named 'misnamed'"):
+        obj.misnamed()
+
+
+def test_clone_copies_own_slots_and_shares_parents():
+    parent = UvmObject(kind="animal")
+    original = UvmObject(parent, name="rex", tags=["a"], greet=None)
+    original.greet = Method("greet", GREET)
+    twin = original.clone(name="bit")
+    assert twin.name == "bit" and original.name == "rex"
+    assert twin._parents() == (parent,)
+    assert twin.kind == "animal"
+    twin.tags.append("b")
+    assert original.tags == ["a"]
+    twin._methods["greet"].source = GREET.replace("greets", "hugs")
+    assert original.greet("x") == "rex greets x"
+    parent.kind = "dog"
+    assert twin.kind == "dog"
+
+
+def _reopen(path):
+    return DB(FileStorage(str(path)))
+
+
+def test_methods_round_trip_as_source_across_reopen(tmp_path):
+    path = tmp_path / "t.fs"
+    db = _reopen(path)
+    conn = db.open()
+    proto = UvmObject(name="proto")
+    proto.greet = Method("greet", GREET, intent="greet", author="BRICK")
+    conn.root()["child"] = UvmObject(proto, name="kid")
+    transaction.commit()
+    db.close()
+
+    db = _reopen(path)
+    conn = db.open()
+    child = conn.root()["child"]
+    assert child._p_state == -1 or child._p_changed is None  # a ghost until touched
+    assert child.greet("you") == "kid greets you"
+    method = child._lookup("greet")[1]
+    assert method.source == GREET and method.author == "BRICK"
+    assert "_v_function" not in method.__getstate__()
+    db.close()
+
+
+def test_ghost_parents_are_loaded_on_delegation(tmp_path):
+    path = tmp_path / "g.fs"
+    db = _reopen(path)
+    conn = db.open()
+    conn.root()["c"] = UvmObject(UvmObject(UvmObject(deep="yes")))
+    transaction.commit()
+    conn.cacheMinimize()  # every object becomes a ghost
+    assert conn.root()["c"].deep == "yes"
+    db.close()
+
+
+def test_persistence_covenant(tmp_path):
+    path = tmp_path / "c.fs"
+    db = _reopen(path)
+    conn = db.open()
+    root = conn.root()
+    root["broken"] = UvmObject(items=[])
+    root["honoured"] = UvmObject(items=[])
+    root["tracked"] = UvmObject(items=PersistentList())
+    transaction.commit()
+    root["broken"].items.append(1)  # nothing marks the object changed
+    root["honoured"].items.append(1)
+    root["honoured"]._p_changed = True  # the covenant honoured by hand
+    root["tracked"].items.append(1)  # a persistent container tracks itself
+    transaction.commit()
+    db.close()
+
+    db = _reopen(path)
+    root = db.open().root()
+    assert root["honoured"].items == [1]
+    assert list(root["tracked"].items) == [1]
+    assert root["broken"].items == []  # the unmarked change was lost, as documented
+    db.close()
+
+
+def test_changes_from_another_connection_are_seen_through_parents(tmp_path):
+    db = _reopen(tmp_path / "m.fs")
+    c1 = db.open(transaction_manager=transaction.TransactionManager())
+    c1.root()["p"] = parent = UvmObject(v=1)
+    c1.root()["c"] = UvmObject(parent)
+    c1.transaction_manager.commit()
+    c2 = db.open(transaction_manager=transaction.TransactionManager())
+    assert c2.root()["c"].v == 1
+    c2.transaction_manager.commit()
+    parent.v = 2
+    setattr(c1.root()["p"], "parent*", UvmObject(extra="e"))
+    c1.transaction_manager.commit()
+    c2.transaction_manager.begin()  # sync: invalidations are applied
+    assert c2.root()["c"].v == 2
+    assert c2.root()["c"].extra == "e"
+    db.close()

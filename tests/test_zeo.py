@@ -1,0 +1,71 @@
+"""A real ZEO server: two client processes share one image and see each other's commits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from batos.errors import ImageError, ImageLockedError
+from store.image import LivingImage
+from store.zeo import ZeoServer, free_port
+
+CLIENT = textwrap.dedent(
+    """
+    import sys, time
+    from store.image import LivingImage
+    uri, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
+    image = LivingImage.open(uri)
+    image.transact(lambda root: root.__setitem__(me, "hello from " + me), note=me)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with image.read() as root:
+            if other in root:
+                print(root[other], flush=True)
+                break
+        time.sleep(0.05)
+    else:
+        print("timeout", flush=True)
+    image.close()
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_image(tmp_path):
+    with ZeoServer(tmp_path / "shared.fs") as server:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CLIENT, server.uri, me, other],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for me, other in (("alpha", "beta"), ("beta", "alpha"))
+        ]
+        outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+        assert outputs == ["hello from beta", "hello from alpha"]
+        assert all(p.returncode == 0 for p in procs)
+        with LivingImage.open(server.uri) as image:
+            with image.read() as root:
+                assert {"alpha", "beta"} <= set(root)
+            assert {r.description for r in image.history(5)} >= {"alpha", "beta"}
+
+
+@pytest.mark.slow
+def test_zeo_refuses_an_image_open_elsewhere(tmp_path):
+    path = tmp_path / "busy.fs"
+    holder = LivingImage.open(f"file://{path}")
+    try:
+        with pytest.raises(ImageLockedError):
+            ZeoServer(path).start()
+    finally:
+        holder.close()
+
+
+def test_unreachable_zeo_server_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr("store.image.ZEO_CONNECT_TIMEOUT", 1)
+    with pytest.raises(ImageError, match="no ZEO server answers") as info:
+        LivingImage.open(f"zeo://127.0.0.1:{free_port()}")
+    assert "batos zeo start" in info.value.hint

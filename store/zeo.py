@@ -74,7 +74,9 @@ class ZeoServer:
         blobs.mkdir(parents=True, exist_ok=True)
         handle = tempfile.NamedTemporaryFile("w", suffix=".zeo.conf", delete=False)
         with handle:
-            handle.write(_CONFIG.format(host=self.host, port=self.port, path=self.path, blobs=blobs))
+            handle.write(
+                _CONFIG.format(host=self.host, port=self.port, path=self.path, blobs=blobs)
+            )
         self._config = Path(handle.name)
         return [sys.executable, "-m", "ZEO.runzeo", "-C", str(self._config)]
 
@@ -90,7 +92,11 @@ class ZeoServer:
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                err = (
+                    self.process.stderr.read().decode(errors="replace")
+                    if self.process.stderr
+                    else ""
+                )
                 self._cleanup()
                 if "LockError" in err:
                     raise ImageLockedError(

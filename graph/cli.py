@@ -69,18 +69,17 @@ def _short(value: Any, width: int = 70) -> str:
 
 
 def _persona_table(root: Any) -> Table:
-    table = Table(title="Personas", show_lines=False)
-    for column in ("persona", "role", "model", "intents", "methods", "parents"):
-        table.add_column(column)
+    table = Table(title="Personas")
+    for column in ("persona", "role", "model", "intents", "methods"):
+        table.add_column(column, overflow="fold")
     for name, obj in personas(root).items():
         methods = [k for k, v in obj._slots().items() if isinstance(v, Method)]
         table.add_row(
             name,
-            obj.role,
+            obj.role.split(":")[0],
             obj.model,
             ", ".join(obj.intents),
             ", ".join(methods) or "-",
-            ", ".join(repr(p) for p in obj._parents()),
         )
     return table
 

@@ -99,6 +99,33 @@ SETTINGS: dict[str, Setting] = {
             lambda: "",
             "API key for the OpenAI-compatible endpoint, if it asks for one.",
         ),
+        Setting(
+            "modelfiles",
+            "BATOS_MODELFILES",
+            lambda: str(Path(__file__).resolve().parent.parent / "modelfiles"),
+            "Folder of the persona Modelfiles and adapters (adapters/<model>/<persona>.gguf).",
+        ),
+        Setting(
+            "adapter_capacity",
+            "BATOS_ADAPTER_CAPACITY",
+            lambda: "4",
+            "How many persona LoRA adapters the embedded backend keeps loaded in RAM at once.",
+            _positive_int,
+        ),
+        Setting(
+            "llm_threads",
+            "BATOS_LLM_THREADS",
+            lambda: str(max(1, (os.cpu_count() or 2))),
+            "CPU threads the embedded backend uses for generation.",
+            _positive_int,
+        ),
+        Setting(
+            "llm_timeout",
+            "BATOS_LLM_TIMEOUT",
+            lambda: "600",
+            "Seconds one chat-model call may take (queueing included) before it fails.",
+            _positive_int,
+        ),
     )
 }
 

@@ -1,0 +1,179 @@
+"""The embedded backend as a LangChain chat model: a persona's Modelfile served by llama.cpp.
+
+``EmbeddedChatModel`` reads the persona's Modelfile on every call (so a new adapter or an
+edited parameter applies without a restart), asks the process-wide ``Engine`` for the base
+model named by the ``model`` setting, and streams through it with the persona's adapter active.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from batos import settings
+from graph.llm_engine import DEFAULT_N_CTX, Engine, Sampling, Usage, engine
+from graph.modelfile import PersonaModel, modelfiles_dir, persona_model
+
+log = logging.getLogger("batos.llm")
+
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool",
+          "chat": "user", "function": "tool"}
+_warned: set[tuple[str, str]] = set()
+
+
+def message_dicts(messages: Sequence[BaseMessage], system: str | None) -> list[dict[str, str]]:
+    """LangChain messages as chat-template dicts; the Modelfile SYSTEM unless one is given.
+
+    A system message in ``messages`` replaces the Modelfile's SYSTEM, as it does in Ollama.
+    """
+    out = [{"role": _ROLES.get(m.type, "user"), "content": _text(m.content)} for m in messages]
+    if system and not any(m["role"] == "system" for m in out):
+        out.insert(0, {"role": "system", "content": system})
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part if isinstance(part, str) else str(part.get("text", ""))
+                   for part in content)
+
+
+def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
+    """The persona's adapters for base model ``which``; those not trained yet are skipped.
+
+    ADAPTER lines name the 'default' model's files (adapters/default/<persona>.gguf); a
+    named base model ``which`` takes the same file name from adapters/<which>/. A custom GGUF
+    path has no trained adapters, so it runs on the system prompt alone.
+    """
+    from store.models import catalog
+
+    if which not in catalog():
+        _warn_once(model.persona, which, f"{model.persona}: base {which} is a custom GGUF; "
+                   "persona adapters are trained per named model, so only SYSTEM applies")
+        return ()
+    found = []
+    for declared in model.adapters:
+        path = declared.parent.parent / which / declared.name
+        if path.is_file():
+            found.append(path)
+        else:
+            _warn_once(model.persona, which, f"{model.persona} has no adapter for model "
+                       f"{which!r} yet ({path} is missing); serving it with its system prompt")
+    return tuple(found)
+
+
+def _warn_once(persona: str, which: str, text: str) -> None:
+    if (persona, which) not in _warned:
+        _warned.add((persona, which))
+        log.warning(text)
+
+
+def sampling_for(parameters: dict[str, Any], overrides: dict[str, Any]) -> Sampling:
+    merged = {**parameters, **{k: v for k, v in overrides.items() if v is not None}}
+    base = Sampling()
+    return Sampling(
+        temperature=float(merged.get("temperature", base.temperature)),
+        top_k=int(merged.get("top_k", base.top_k)),
+        top_p=float(merged.get("top_p", base.top_p)),
+        min_p=float(merged.get("min_p", base.min_p)),
+        repeat_penalty=float(merged.get("repeat_penalty", base.repeat_penalty)),
+        num_predict=int(merged.get("num_predict", base.num_predict)),
+        seed=merged.get("seed"),
+        stop=tuple(merged.get("stop", ())),
+    )
+
+
+class EmbeddedChatModel(BaseChatModel):
+    """A persona served in process by llama.cpp, exactly as its Modelfile describes."""
+
+    persona: str
+    base_model: str | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    num_predict: int | None = None
+    seed: int | None = None
+    timeout: float | None = None
+    modelfiles: str | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "batos-embedded"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"persona": self.persona, "base_model": self._which()}
+
+    def _which(self) -> str:
+        return self.base_model or str(settings.get("model"))
+
+    def resolve(self) -> tuple[PersonaModel, Engine, tuple[Path, ...]]:
+        """The persona's resolved Modelfile, the engine serving it and its adapter files."""
+        from store.models import model_path
+
+        folder = Path(self.modelfiles) if self.modelfiles else modelfiles_dir()
+        model = persona_model(self.persona, folder)
+        which = self._which()
+        n_ctx = int(model.parameters.get("num_ctx", DEFAULT_N_CTX))  # type: ignore[call-overload]
+        return model, engine(model_path(which), n_ctx), adapter_paths(model, which)
+
+    def _pieces(self, messages: list[BaseMessage],
+                stop: list[str] | None) -> Iterator[str | Usage]:
+        model, eng, adapters = self.resolve()
+        overrides = {name: getattr(self, name) for name in
+                     ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                      "num_predict", "seed")}
+        sampling = sampling_for(model.parameters, overrides)
+        if stop:
+            sampling = Sampling(**{**sampling.__dict__, "stop": (*sampling.stop, *stop)})
+        return eng.generate(message_dicts(messages, model.system), adapters=adapters,
+                            sampling=sampling, timeout=self.timeout)
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None,
+                **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        for piece in self._pieces(messages, stop):
+            if isinstance(piece, Usage):
+                yield ChatGenerationChunk(message=AIMessageChunk(
+                    content="", usage_metadata=_usage_metadata(piece),
+                    response_metadata=self._metadata(piece), chunk_position="last",
+                ))
+                return
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            if run_manager:
+                run_manager.on_llm_new_token(piece, chunk=chunk)
+            yield chunk
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None,
+                  **kwargs: Any) -> ChatResult:
+        text: list[str] = []
+        usage = Usage()
+        for piece in self._pieces(messages, stop):
+            if isinstance(piece, Usage):
+                usage = piece
+            else:
+                text.append(piece)
+        message = AIMessage(content="".join(text), usage_metadata=_usage_metadata(usage),
+                            response_metadata=self._metadata(usage))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _metadata(self, usage: Usage) -> dict[str, Any]:
+        return {"model_name": f"{self.persona.lower()}@{self._which()}",
+                "finish_reason": usage.finish_reason, "adapters": list(usage.adapters),
+                "time_to_first_token_s": usage.first_token_s, "total_s": usage.total_s}
+
+
+def _usage_metadata(usage: Usage) -> Any:
+    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}

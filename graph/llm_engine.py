@@ -1,0 +1,349 @@
+"""The embedded backend's engine: one llama.cpp model per process, persona LoRAs swapped in place.
+
+An ``Engine`` loads a base GGUF once. Persona adapters are loaded once into RAM (an LRU of
+``adapter_capacity`` entries: disk → RAM → active); switching persona sets the active adapter
+on the context and clears the KV cache — the weights are never reloaded. One generation runs
+at a time per engine; callers queue in arrival order (``FairLock``). ``llama_cpp`` is imported
+here only, so the rest of BAT OS starts without it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batos import settings
+from batos.errors import ModelError
+
+log = logging.getLogger("batos.llm")
+
+DEFAULT_N_CTX = 4096
+N_BATCH = 512
+
+
+class FairLock:
+    """A ticket lock: waiters get the lock in the order they asked for it; waits can time out."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+        self._abandoned: set[int] = set()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self._abandoned.add(ticket)
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._serving += 1
+            while self._serving in self._abandoned:
+                self._abandoned.discard(self._serving)
+                self._serving += 1
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return self._next - self._serving - len(self._abandoned)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one call; names follow Ollama's PARAMETERs."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    num_predict: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Usage:
+    """What one generation cost; the last item every ``Engine.generate`` stream yields."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    queued_s: float = 0.0
+    swap_s: float = 0.0
+    first_token_s: float | None = None
+    total_s: float = 0.0
+    adapters: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class _Loaded:
+    handle: Any
+    stamp: tuple[int, int]
+
+
+class Engine:
+    """A base model loaded once, with its persona adapters, serving one generation at a time."""
+
+    def __init__(self, gguf: Path, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
+                 last_n: int = 64, capacity: int | None = None) -> None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise ModelError("llama-cpp-python is not installed",
+                             hint="run 'make setup' (it builds llama-cpp-python)") from exc
+        self._lib = llama_cpp
+        self.gguf = Path(gguf)
+        self.n_ctx = n_ctx
+        self.capacity = capacity or int(settings.get("adapter_capacity"))  # type: ignore[arg-type]
+        started = time.perf_counter()
+        try:
+            self.llama = llama_cpp.Llama(
+                str(self.gguf), n_ctx=n_ctx, n_batch=N_BATCH, last_n_tokens_size=last_n,
+                n_threads=n_threads or int(settings.get("llm_threads")),  # type: ignore[arg-type]
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"llama.cpp cannot load {self.gguf}: {exc}",
+                             hint="check BATOS_MODEL names a valid GGUF model") from exc
+        self.load_s = time.perf_counter() - started
+        self.lock = FairLock()
+        self._registry = threading.Lock()
+        self._loaded: OrderedDict[Path, _Loaded] = OrderedDict()
+        self._active: tuple[Path, ...] = ()
+        self._formatter = self._chat_formatter()
+        log.info("loaded %s (n_ctx=%d) in %.2fs", self.gguf.name, n_ctx, self.load_s)
+
+    # --- prompts ---------------------------------------------------------------------
+
+    def _chat_formatter(self) -> Any:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ModelError(f"{self.gguf.name} carries no chat template",
+                             hint="use a GGUF converted with its tokenizer's chat template")
+        model = self.llama._model
+        eos, bos = self.llama.token_eos(), self.llama.token_bos()
+        return Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.token_get_text(eos) if eos != -1 else "",
+            bos_token=model.token_get_text(bos) if bos != -1 else "",
+        )
+
+    def prompt_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """``messages`` rendered by the GGUF's own chat template, tokenized."""
+        result = self._formatter(messages=list(messages))
+        return self.llama.tokenize(result.prompt.encode("utf-8"),
+                                   add_bos=not result.added_special, special=True)
+
+    # --- adapters --------------------------------------------------------------------
+
+    def loaded_adapters(self) -> list[Path]:
+        with self._registry:
+            return list(self._loaded)
+
+    @property
+    def active_adapters(self) -> tuple[Path, ...]:
+        return self._active
+
+    def _handle(self, path: Path) -> Any:
+        """The loaded adapter for ``path`` (loading it, and evicting the least recently used)."""
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise ModelError(f"adapter {path} cannot be read: {exc.strerror}",
+                             hint="train it with 'batos personas train' or remove the "
+                             "ADAPTER line") from None
+        stamp = (st.st_size, st.st_mtime_ns)
+        with self._registry:
+            loaded = self._loaded.get(path)
+            if loaded is not None and loaded.stamp == stamp:
+                self._loaded.move_to_end(path)
+                return loaded.handle
+            handle = self._lib.llama_adapter_lora_init(self.llama._model.model,
+                                                       str(path).encode("utf-8"))
+            if not handle:
+                raise ModelError(
+                    f"adapter {path.name} does not fit the base model {self.gguf.name}",
+                    hint="an adapter must be trained on this exact base; retrain it with "
+                    "'batos personas train' or point BATOS_MODEL at its base",
+                )
+            if loaded is not None:  # the file changed on disk: the new one replaces it
+                self._free(path, loaded)
+            self._loaded[path] = _Loaded(handle, stamp)
+            log.info("adapter %s loaded into RAM", path.name)
+            for old in list(self._loaded):
+                if len(self._loaded) <= self.capacity:
+                    break
+                if old not in self._active and old != path:
+                    self._free(old, self._loaded[old])
+            return handle
+
+    def _free(self, path: Path, loaded: _Loaded) -> None:
+        if path in self._active:  # a replaced file while active: detach before freeing
+            self._lib.llama_set_adapters_lora(self.llama._ctx.ctx, None, 0, None)
+            self._active = ()
+        self._lib.llama_adapter_lora_free(loaded.handle)
+        self._loaded.pop(path, None)
+        log.info("adapter %s evicted from RAM", path.name)
+
+    def activate(self, adapters: Sequence[Path]) -> float:
+        """Make ``adapters`` the active ones (caller holds ``lock``); seconds the swap took."""
+        wanted = tuple(adapters)
+        handles = [self._handle(p) for p in wanted]
+        if wanted == self._active:
+            return 0.0
+        started = time.perf_counter()
+        count = len(handles)
+        array = (self._lib.llama_adapter_lora_p_ctypes * count)(*handles) if count else None
+        scales = (ctypes.c_float * count)(*([1.0] * count)) if count else None
+        if self._lib.llama_set_adapters_lora(self.llama._ctx.ctx, array, count, scales):
+            raise ModelError(f"llama.cpp refused adapters {[p.name for p in wanted]}",
+                             hint="check they were converted for this base model")
+        # The cached keys and values were computed under the old adapter: drop them all.
+        self.llama.reset()
+        self.llama._ctx.kv_cache_clear()
+        self._active = wanted
+        return time.perf_counter() - started
+
+    def prefetch(self, adapters: Sequence[Path]) -> threading.Thread:
+        """Load ``adapters`` into RAM in the background, taking a turn in the queue."""
+
+        def load() -> None:
+            if not self.lock.acquire(timeout=float(settings.get("llm_timeout"))):  # type: ignore[arg-type]
+                return
+            try:
+                for path in adapters:
+                    self._handle(path)
+            except ModelError as exc:
+                log.warning("prefetch failed: %s", exc.message)
+            finally:
+                self.lock.release()
+
+        thread = threading.Thread(target=load, name="batos-adapter-prefetch", daemon=True)
+        thread.start()
+        return thread
+
+    # --- generation ------------------------------------------------------------------
+
+    def generate(self, messages: Sequence[dict[str, str]], *, adapters: Sequence[Path] = (),
+                 sampling: Sampling = Sampling(),
+                 timeout: float | None = None) -> Iterator[str | Usage]:
+        """Stream text pieces for ``messages``, then one ``Usage``; waits its turn first."""
+        started = time.monotonic()
+        deadline = started + (timeout or float(settings.get("llm_timeout")))  # type: ignore[arg-type]
+        if not self.lock.acquire(timeout=deadline - started):
+            raise ModelError(f"the model stayed busy for {timeout}s; the request was dropped",
+                             hint="raise BATOS_LLM_TIMEOUT or send fewer requests at once")
+        try:
+            usage = Usage(queued_s=time.monotonic() - started,
+                          adapters=tuple(p.name for p in adapters))
+            usage.swap_s = self.activate(adapters)
+            tokens = self.prompt_tokens(messages)
+            yield from self._run(tokens, sampling, deadline, usage, started)
+        finally:
+            self.lock.release()
+
+    def _run(self, tokens: list[int], sampling: Sampling, deadline: float, usage: Usage,
+             started: float) -> Iterator[str | Usage]:
+        llama, lib = self.llama, self._lib
+        usage.prompt_tokens = len(tokens)
+        room = self.n_ctx - len(tokens)
+        if room < 1:
+            raise ModelError(
+                f"the prompt is {len(tokens)} tokens; the context holds {self.n_ctx}",
+                hint="shorten the conversation, or raise PARAMETER num_ctx in "
+                "modelfiles/base.Modelfile",
+            )
+        limit = room if sampling.num_predict <= 0 else min(room, sampling.num_predict)
+        usage.finish_reason = "length"
+        llama.set_seed(sampling.seed if sampling.seed is not None else random.getrandbits(31))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
+        hold = max((len(s) for s in sampling.stop), default=0)
+        try:
+            for token in llama.generate(
+                tokens, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                temp=sampling.temperature, repeat_penalty=sampling.repeat_penalty,
+            ):
+                if usage.first_token_s is None:
+                    usage.first_token_s = time.monotonic() - started
+                if lib.llama_vocab_is_eog(llama._model.vocab, token):
+                    usage.finish_reason = "stop"
+                    break
+                usage.completion_tokens += 1
+                pending += decoder.decode(llama.detokenize([token]))
+                cut = min((i for i in (pending.find(s) for s in sampling.stop) if i >= 0),
+                          default=-1)
+                if cut >= 0:
+                    pending = pending[:cut]
+                    usage.finish_reason = "stop"
+                    break
+                safe = len(pending) - _partial_stop(pending, sampling.stop, hold)
+                if safe > 0:
+                    yield pending[:safe]
+                    pending = pending[safe:]
+                if usage.completion_tokens >= limit:
+                    break
+                if time.monotonic() > deadline:
+                    raise ModelError(
+                        f"generation ran past its {deadline - started:.0f}s timeout",
+                        hint="raise BATOS_LLM_TIMEOUT or ask for a shorter answer (num_predict)",
+                    )
+        except BaseException:
+            # A failed or abandoned generation must not leave a half-written KV cache behind.
+            llama.reset()
+            llama._ctx.kv_cache_clear()
+            raise
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            yield pending
+        usage.total_s = time.monotonic() - started
+        yield usage
+
+
+def _partial_stop(text: str, stops: Sequence[str], hold: int) -> int:
+    """Length of the longest tail of ``text`` that could still grow into a stop string."""
+    for size in range(min(hold, len(text)), 0, -1):
+        tail = text[-size:]
+        if any(s.startswith(tail) for s in stops):
+            return size
+    return 0
+
+
+_ENGINES: dict[tuple[str, int, int], Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine(gguf: Path, n_ctx: int = DEFAULT_N_CTX) -> Engine:
+    """The process-wide engine for ``gguf`` at ``n_ctx``, loading the model on first use."""
+    threads = int(settings.get("llm_threads"))  # type: ignore[arg-type]
+    key = (str(Path(gguf).resolve()), n_ctx, threads)
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = Engine(Path(gguf), n_ctx=n_ctx, n_threads=threads)
+        return _ENGINES[key]
+
+
+def loaded_engines() -> list[Engine]:
+    with _ENGINES_LOCK:
+        return list(_ENGINES.values())

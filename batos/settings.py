@@ -82,6 +82,14 @@ SETTINGS: dict[str, Setting] = {
             _positive_int,
         ),
         Setting(
+            "checkpoint_blob_bytes",
+            "BATOS_CHECKPOINT_BLOB_BYTES",
+            lambda: "65536",
+            "Checkpointed channel values of at least this many bytes go to ZODB blob files "
+            "(where the storage has blobs) instead of the image's main file.",
+            _positive_int,
+        ),
+        Setting(
             "ollama_host",
             "OLLAMA_HOST",
             lambda: "",

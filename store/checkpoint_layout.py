@@ -1,0 +1,215 @@
+"""How conversation threads (LangGraph checkpoints) are laid out in the living image.
+
+Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
+
+    CheckpointTree
+     ├── threads: OOBTree  thread_id → ThreadRecord
+     │    ├── namespaces: OOBTree  checkpoint_ns → OOBTree  checkpoint_id → CheckpointRecord
+     │    ├── values:     OOBTree  (ns, channel, version) → stored channel value
+     │    └── writes:     OOBTree  (ns, checkpoint_id, task_id, idx) → PendingWriteRecord
+     └── runs:    OOBTree  run_id → OOTreeSet of (thread_id, ns, checkpoint_id)
+
+Checkpoint ids are uuid6, so each namespace tree is ordered oldest → newest, and "latest" is
+``maxKey()``. Every value is stored as the saver's serde output ``(type, bytes)`` — never a
+pickled live object — inline when small, in its own ``Payload`` record when larger, and in a
+ZODB blob when larger still. Payloads are never changed once written, so copying a thread
+shares them instead of duplicating them.
+
+The classes here are pickled by module path: they must stay importable as
+``store.checkpoint_layout`` for as long as images that hold them exist.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from BTrees.OOBTree import OOBTree, OOTreeSet
+from persistent import Persistent
+
+from batos.errors import BatosError
+from store.schema import UpgradeStep
+
+CHECKPOINTS_KEY = "checkpoints"
+
+#: Serialized values up to this size stay inline in their BTree bucket; larger ones get their
+#: own record, so rewriting a bucket does not rewrite its neighbours' payloads.
+INLINE_LIMIT = 512
+
+Typed = tuple[str, bytes]
+
+
+class CheckpointError(BatosError):
+    """A checkpoint request is malformed or names something that does not exist."""
+
+    exit_code = 7
+
+
+class CheckpointConfigError(CheckpointError, ValueError):
+    """The config passed to the checkpointer lacks a usable thread or checkpoint id."""
+
+
+class CheckpointNotFound(CheckpointError, LookupError):
+    """No thread or checkpoint with the requested id exists in the image."""
+
+
+class CheckpointSerializationError(CheckpointError, TypeError):
+    """A state value cannot be encoded by the checkpointer's serializer; nothing was written."""
+
+
+class Payload(Persistent):
+    """One serialized value too large to keep inline; in a ZODB blob when very large."""
+
+    def __init__(self, typed: Typed, *, blob: bool = False) -> None:
+        self.type = typed[0]
+        self.size = len(typed[1])
+        if blob:
+            from ZODB.blob import Blob
+
+            self.data = None
+            self.blob = Blob()
+            with self.blob.open("w") as handle:
+                handle.write(typed[1])
+        else:
+            self.data = typed[1]
+            self.blob = None
+
+    def typed(self) -> Typed:
+        if self.blob is not None:
+            with self.blob.open("r") as handle:
+                return self.type, handle.read()
+        return self.type, self.data
+
+
+def encode(typed: Typed, *, blob_threshold: int | None) -> Any:
+    """The stored form of ``typed``: the tuple itself, a ``Payload``, or a blob ``Payload``."""
+    size = len(typed[1])
+    if size <= INLINE_LIMIT:
+        return typed
+    return Payload(typed, blob=blob_threshold is not None and size >= blob_threshold)
+
+
+def decode(stored: Any) -> Typed:
+    return stored.typed() if isinstance(stored, Payload) else stored
+
+
+def stored_size(stored: Any) -> int:
+    return stored.size if isinstance(stored, Payload) else len(stored[1])
+
+
+class CheckpointRecord(Persistent):
+    """One checkpoint: its serialized body (without channel values) and metadata."""
+
+    def __init__(
+        self,
+        checkpoint: Typed,
+        metadata: Typed,
+        *,
+        parent_id: str | None,
+        run_id: str | None,
+        versions: tuple[tuple[str, str], ...],
+        size: int,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.metadata = metadata
+        self.parent_id = parent_id
+        self.run_id = run_id
+        # (channel, version) pairs this checkpoint reads from ``ThreadRecord.values``; kept
+        # apart from the serialized body so pruning can find unused values without decoding.
+        self.versions = versions
+        self.size = size
+
+    def copy(self, metadata: Typed) -> CheckpointRecord:
+        return CheckpointRecord(
+            self.checkpoint,
+            metadata,
+            parent_id=self.parent_id,
+            run_id=self.run_id,
+            versions=self.versions,
+            size=self.size,
+        )
+
+
+class ThreadRecord(Persistent):
+    """All checkpoints, channel values and pending writes of one conversation thread."""
+
+    def __init__(self) -> None:
+        self.created = time.time()
+        self.namespaces = OOBTree()
+        self.values = OOBTree()
+        self.writes = OOBTree()
+
+    def namespace(self, ns: str, *, create: bool = False) -> Any:
+        tree = self.namespaces.get(ns)
+        if tree is None and create:
+            tree = self.namespaces[ns] = OOBTree()
+        return tree
+
+    def writes_of(self, ns: str, checkpoint_id: str) -> Any:
+        """The (key, value) items of the pending writes of one checkpoint, in key order."""
+        return self.writes.items(
+            min=(ns, checkpoint_id), max=(ns, checkpoint_id + "\0"), excludemax=True
+        )
+
+    def drop_checkpoint(self, ns: str, checkpoint_id: str) -> CheckpointRecord | None:
+        """Remove one checkpoint and its writes; its channel values are left to ``sweep``."""
+        tree = self.namespaces.get(ns)
+        record = tree.pop(checkpoint_id, None) if tree is not None else None
+        for key in list(self.writes.keys(
+            min=(ns, checkpoint_id), max=(ns, checkpoint_id + "\0"), excludemax=True
+        )):
+            del self.writes[key]
+        if tree is not None and not tree:
+            del self.namespaces[ns]
+        return record
+
+    def sweep(self, ns: str) -> None:
+        """Delete the channel values of ``ns`` that no remaining checkpoint refers to."""
+        tree = self.namespaces.get(ns)
+        used = {v for record in tree.values() for v in record.versions} if tree else set()
+        for key in list(self.values.keys(min=(ns,), max=(ns + "\0",), excludemax=True)):
+            if key[1:] not in used:
+                del self.values[key]
+
+
+class CheckpointTree(Persistent):
+    """The root of every conversation thread in the image."""
+
+    def __init__(self) -> None:
+        self.threads = OOBTree()
+        self.runs = OOBTree()
+
+    def thread(self, thread_id: str, *, create: bool = False) -> ThreadRecord | None:
+        record = self.threads.get(thread_id)
+        if record is None and create:
+            record = self.threads[thread_id] = ThreadRecord()
+        return record
+
+    def index_run(self, run_id: str, entry: tuple[str, str, str]) -> None:
+        members = self.runs.get(run_id)
+        if members is None:
+            members = self.runs[run_id] = OOTreeSet()
+        members.add(entry)
+
+    def unindex_run(self, run_id: str | None, entry: tuple[str, str, str]) -> None:
+        if run_id is None:
+            return
+        members = self.runs.get(run_id)
+        if members is not None:
+            members.discard(entry)
+            if not members:
+                del self.runs[run_id]
+
+
+def _layout_1(root: Any) -> None:
+    if CHECKPOINTS_KEY not in root:
+        root[CHECKPOINTS_KEY] = CheckpointTree()
+
+
+CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
+    UpgradeStep(
+        "checkpoints-1",
+        "conversation threads of the LangGraph checkpointer (root['checkpoints'])",
+        _layout_1,
+    ),
+)

@@ -1,0 +1,781 @@
+"""``ZODBSaver``: LangGraph checkpoints written into the living image, one transaction each.
+
+Used by ``graph.compile(checkpointer=ZODBSaver(image))`` and, through langgraph.json's
+``checkpointer`` key, by ``langgraph dev`` (``generate_checkpointer``). Every ``put`` and
+``put_writes`` is one ZODB transaction, retried on write conflicts, so a crash leaves either
+the whole checkpoint or none of it. ZODB connections are not thread-safe: the saver keeps a
+small pool and lends each call its own connection; async methods run the sync ones in the
+event loop's executor. The layout in the image is described in ``store.checkpoint_layout``.
+
+Errors::
+
+    CheckpointError (BatosError, exit code 7)
+     ├── CheckpointConfigError         no usable thread_id / checkpoint_id in the config
+     ├── CheckpointNotFound            no such thread or checkpoint (``require``)
+     └── CheckpointSerializationError  a state value the serde cannot encode; nothing written
+    TransactionFailed (ImageError)     conflicts outlasted every retry; nothing written
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import transaction
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+    get_checkpoint_metadata,
+)
+from ZODB.Connection import Connection
+from ZODB.interfaces import IBlobStorage
+from ZODB.POSException import ConflictError
+
+from batos import settings
+from batos.errors import TransactionFailed
+from store.checkpoint_layout import (
+    CHECKPOINT_STEPS,
+    CHECKPOINTS_KEY,
+    CheckpointConfigError,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointRecord,
+    CheckpointSerializationError,
+    CheckpointTree,
+    ThreadRecord,
+    Typed,
+    decode,
+    encode,
+    stored_size,
+)
+from store.image import RETRY_BACKOFF, LivingImage
+from store.schema import upgrade
+
+__all__ = [
+    "CheckpointConfigError",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointSerializationError",
+    "ThreadSummary",
+    "ZODBSaver",
+    "generate_checkpointer",
+]
+
+log = logging.getLogger("batos.checkpointer")
+
+T = TypeVar("T")
+
+#: Connections the saver keeps open at most; more concurrent callers wait for one.
+MAX_CONNECTIONS = 16
+#: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
+DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
+
+
+@dataclass(frozen=True)
+class ThreadSummary:
+    """What ``batos threads`` shows for one thread."""
+
+    thread_id: str
+    namespaces: int
+    checkpoints: int
+    writes: int
+    bytes: int
+    latest_id: str | None
+    created: float
+
+
+class _ConnectionPool:
+    """Open connections, each with its own transaction manager, lent to one caller at a time."""
+
+    def __init__(self, image: LivingImage, size: int) -> None:
+        self._image = image
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(size)
+        self._closed = False
+        # ZODB logs a warning whenever more connections are open than its pool size.
+        db = image.db
+        db.setPoolSize(db.getPoolSize() + size)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        self._slots.acquire()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise CheckpointError(
+                        "the checkpointer was closed", hint="open a new ZODBSaver on the image"
+                    )
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._image.db.open(transaction_manager=transaction.TransactionManager())
+            try:
+                yield conn
+            finally:
+                conn.transaction_manager.abort()
+                with self._lock:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _thread_id(config: RunnableConfig | None) -> str:
+    configurable = (config or {}).get("configurable") or {}
+    value = configurable.get("thread_id")
+    if isinstance(value, uuid.UUID):
+        value = str(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise CheckpointConfigError(
+            f"config['configurable']['thread_id'] must be a non-empty string, got {value!r}",
+            hint='pass config={"configurable": {"thread_id": "my-thread"}} to invoke/stream',
+        )
+    return value
+
+
+def _checkpoint_ns(config: RunnableConfig) -> str:
+    ns = config["configurable"].get("checkpoint_ns") or ""
+    if not isinstance(ns, str):
+        raise CheckpointConfigError(f"checkpoint_ns must be a string, got {ns!r}")
+    return ns
+
+
+def _checkpoint_id(config: RunnableConfig, *, required: bool = False) -> str | None:
+    value = config["configurable"].get("checkpoint_id")
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise CheckpointConfigError(
+            f"config['configurable']['checkpoint_id'] must be a checkpoint id, got {value!r}",
+            hint="use the config returned by put(), or one listed by get_state_history()",
+        )
+    return value
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+class ZODBSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpoint saver whose storage is the living image.
+
+    ``ZODBSaver(image)`` applies the saver's layout step to the image on creation. The image
+    stays the caller's: ``close()`` returns the saver's connections, not the image.
+    """
+
+    def __init__(
+        self,
+        image: LivingImage,
+        *,
+        serde: SerializerProtocol | None = None,
+        blob_threshold: int | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.image = image
+        upgrade(image, CHECKPOINT_STEPS)
+        self._blob_threshold: int | None = (
+            (blob_threshold or int(settings.get("checkpoint_blob_bytes")))
+            if IBlobStorage.providedBy(image.db.storage)
+            else None
+        )
+        self._attempts = 1 + int(settings.get("tx_retries"))
+        self._pool = _ConnectionPool(image, max_connections)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> ZODBSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @contextmanager
+    def _reading(self) -> Iterator[CheckpointTree]:
+        with self._pool.connection() as conn:
+            conn.transaction_manager.begin()
+            yield conn.root()[CHECKPOINTS_KEY]
+
+    def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
+        with self._pool.connection() as conn:
+            tm = conn.transaction_manager
+            for attempt in range(1, self._attempts + 1):
+                txn = tm.begin()
+                txn.user = "checkpointer"
+                txn.note(note)
+                try:
+                    result = fn(conn.root()[CHECKPOINTS_KEY])
+                    tm.commit()
+                    return result
+                except ConflictError as exc:
+                    tm.abort()
+                    if attempt == self._attempts:
+                        raise TransactionFailed(
+                            f"{note} conflicted {attempt} times: {exc}",
+                            hint="other runs keep writing the same thread; retry later",
+                        ) from exc
+                    log.info("conflict on attempt %d of %s; retrying", attempt, note)
+                    time.sleep(min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random()))
+                except BaseException:
+                    tm.abort()
+                    raise
+        raise AssertionError("unreachable")
+
+    def _dumps(self, value: Any, what: str) -> Typed:
+        try:
+            return self.serde.dumps_typed(value)
+        except Exception as exc:
+            raise CheckpointSerializationError(
+                f"{what} holds a value the checkpoint serializer cannot encode "
+                f"({type(value).__name__}): {exc}; nothing was written",
+                hint="keep graph state to JSON-like data, LangChain messages, dataclasses or "
+                "pydantic models, or give ZODBSaver a serde that handles this type",
+            ) from exc
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _tuple(
+        self, thread: ThreadRecord, thread_id: str, ns: str, checkpoint_id: str,
+        record: CheckpointRecord, config: RunnableConfig | None = None,
+    ) -> CheckpointTuple:
+        checkpoint: Checkpoint = self.serde.loads_typed(record.checkpoint)
+        values: dict[str, Any] = {}
+        for channel, version in record.versions:
+            stored = thread.values.get((ns, channel, version))
+            if stored is None:
+                continue
+            typed = decode(stored)
+            if typed[0] != "empty":
+                values[channel] = self.serde.loads_typed(typed)
+        checkpoint["channel_values"] = values
+        writes = sorted(
+            (value[2], key[2], key[3], value[0], value[1])
+            for key, value in thread.writes_of(ns, checkpoint_id)
+        )
+        return CheckpointTuple(
+            config=config or _config(thread_id, ns, checkpoint_id),
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(record.metadata),
+            parent_config=(
+                _config(thread_id, ns, record.parent_id) if record.parent_id else None
+            ),
+            pending_writes=[
+                (task_id, channel, self.serde.loads_typed(decode(stored)))
+                for _path, task_id, _idx, channel, stored in writes
+            ],
+        )
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config``, or the thread's latest when it names none.
+
+        Returns None for an unknown thread or checkpoint id, as LangGraph expects; ``require``
+        raises ``CheckpointNotFound`` instead.
+        """
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        checkpoint_id = _checkpoint_id(config)
+        with self._reading() as tree:
+            thread = tree.threads.get(thread_id)
+            checkpoints = thread.namespace(ns) if thread is not None else None
+            if not checkpoints:
+                return None
+            if checkpoint_id is None:
+                checkpoint_id = checkpoints.maxKey()
+                config = None
+            record = checkpoints.get(checkpoint_id)
+            if record is None:
+                return None
+            return self._tuple(thread, thread_id, ns, checkpoint_id, record, config)
+
+    def require(self, config: RunnableConfig) -> CheckpointTuple:
+        """Like ``get_tuple``, but an unknown thread or checkpoint raises ``CheckpointNotFound``."""
+        found = self.get_tuple(config)
+        if found is None:
+            configurable = config["configurable"]
+            what = (
+                f"checkpoint {configurable['checkpoint_id']!r} of thread"
+                if configurable.get("checkpoint_id")
+                else "thread"
+            )
+            raise CheckpointNotFound(
+                f"no {what} {configurable['thread_id']!r} "
+                f"(namespace {configurable.get('checkpoint_ns') or '(root)'!r}) in {self.image.uri}",
+                hint="list threads and their checkpoints with 'batos threads [THREAD_ID]'",
+            )
+        return found
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, by thread, namespace, metadata ``filter``, ``before``."""
+        return iter(self._list(config, filter=filter, before=before, limit=limit))
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[CheckpointTuple]:
+        # Collected inside one read transaction, so the caller never holds a connection.
+        configurable = (config or {}).get("configurable") or {}
+        wanted_ns = configurable.get("checkpoint_ns") if config else None
+        wanted_id = configurable.get("checkpoint_id")
+        before_id = _checkpoint_id(before) if before else None
+        if limit is not None and limit <= 0:
+            return []
+        found: list[CheckpointTuple] = []
+        with self._reading() as tree:
+            if config is not None and "thread_id" in configurable:
+                thread_ids: Any = [_thread_id(config)]
+            else:
+                thread_ids = tree.threads.keys()
+            for thread_id in thread_ids:
+                thread = tree.threads.get(thread_id)
+                if thread is None:
+                    continue
+                for ns, checkpoints in thread.namespaces.items():
+                    if wanted_ns is not None and ns != wanted_ns:
+                        continue
+                    keys = (
+                        checkpoints.keys(max=before_id, excludemax=True)
+                        if before_id
+                        else checkpoints.keys()
+                    )
+                    for index in range(len(keys) - 1, -1, -1):
+                        checkpoint_id = keys[index]
+                        if wanted_id and checkpoint_id != wanted_id:
+                            continue
+                        record = checkpoints[checkpoint_id]
+                        if filter:
+                            metadata = self.serde.loads_typed(record.metadata)
+                            if any(metadata.get(k) != v for k, v in filter.items()):
+                                continue
+                        found.append(self._tuple(thread, thread_id, ns, checkpoint_id, record))
+                        if limit is not None and len(found) >= limit:
+                            return found
+        return found
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store one checkpoint and its new channel values in one transaction."""
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        parent_id = _checkpoint_id(config)
+        checkpoint_id = checkpoint["id"]
+        body = dict(checkpoint)
+        values = body.pop("channel_values")
+        new_values: list[tuple[tuple[str, str, str], Typed]] = []
+        for channel, version in new_versions.items():
+            typed = (
+                self._dumps(values[channel], f"channel {channel!r} of thread {thread_id!r}")
+                if channel in values
+                else ("empty", b"")
+            )
+            new_values.append(((ns, channel, str(version)), typed))
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        body_typed = self._dumps(body, f"checkpoint {checkpoint_id!r}")
+        metadata_typed = self._dumps(full_metadata, f"metadata of checkpoint {checkpoint_id!r}")
+        run_id = full_metadata.get("run_id")
+        run_id = str(run_id) if run_id else None
+        record_args = dict(
+            parent_id=parent_id,
+            run_id=run_id,
+            versions=tuple(
+                (channel, str(version))
+                for channel, version in checkpoint["channel_versions"].items()
+            ),
+            size=len(body_typed[1])
+            + len(metadata_typed[1])
+            + sum(len(typed[1]) for _, typed in new_values),
+        )
+
+        def apply(tree: CheckpointTree) -> None:
+            thread = tree.thread(thread_id, create=True)
+            for key, typed in new_values:
+                thread.values[key] = encode(typed, blob_threshold=self._blob_threshold)
+            thread.namespace(ns, create=True)[checkpoint_id] = CheckpointRecord(
+                body_typed, metadata_typed, **record_args
+            )
+            if run_id:
+                tree.index_run(run_id, (thread_id, ns, checkpoint_id))
+
+        self._write(apply, f"checkpoint {thread_id} {ns} {checkpoint_id}")
+        return _config(thread_id, ns, checkpoint_id)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes against a checkpoint, in one transaction.
+
+        The checkpoint need not be stored yet: LangGraph saves checkpoints in the background
+        and may send a step's writes first.
+        """
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        checkpoint_id = _checkpoint_id(config, required=True)
+        assert checkpoint_id is not None
+        encoded = [
+            (
+                WRITES_IDX_MAP.get(channel, idx),
+                channel,
+                self._dumps(value, f"write to channel {channel!r} by task {task_id!r}"),
+            )
+            for idx, (channel, value) in enumerate(writes)
+        ]
+
+        def apply(tree: CheckpointTree) -> None:
+            thread = tree.thread(thread_id, create=True)
+            for idx, channel, typed in encoded:
+                key = (ns, checkpoint_id, task_id, idx)
+                if idx >= 0 and key in thread.writes:
+                    continue  # a retried task: its regular writes are already stored
+                thread.writes[key] = (
+                    channel,
+                    encode(typed, blob_threshold=self._blob_threshold),
+                    task_path,
+                )
+
+        self._write(apply, f"writes {thread_id} {ns} {checkpoint_id} {task_id}")
+
+    # -- deleting and copying ---------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints, values and writes in every namespace."""
+        thread_id = _thread_id({"configurable": {"thread_id": thread_id}})
+
+        def apply(tree: CheckpointTree) -> None:
+            thread = tree.threads.get(thread_id)
+            if thread is None:
+                return
+            for ns, checkpoints in thread.namespaces.items():
+                for checkpoint_id, record in checkpoints.items():
+                    tree.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
+            del tree.threads[thread_id]
+
+        self._write(apply, f"delete thread {thread_id}")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint (and its writes) written by the given runs, in any thread."""
+        run_ids = [str(run_id) for run_id in run_ids]
+        if not run_ids:
+            return
+
+        def apply(tree: CheckpointTree) -> None:
+            touched: set[tuple[str, str]] = set()
+            for run_id in run_ids:
+                members = tree.runs.get(run_id)
+                if members is None:
+                    continue
+                for thread_id, ns, checkpoint_id in list(members):
+                    thread = tree.threads.get(thread_id)
+                    if thread is not None:
+                        thread.drop_checkpoint(ns, checkpoint_id)
+                        touched.add((thread_id, ns))
+                del tree.runs[run_id]
+            self._sweep(tree, touched)
+
+        self._write(apply, f"delete runs {', '.join(run_ids)[:200]}")
+
+    def _sweep(self, tree: CheckpointTree, touched: set[tuple[str, str]]) -> None:
+        for thread_id, ns in touched:
+            thread = tree.threads.get(thread_id)
+            if thread is None:
+                continue
+            thread.sweep(ns)
+            if not thread.namespaces:
+                del tree.threads[thread_id]
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, value and write of one thread to another, in one transaction.
+
+        Stored values are immutable, so the copy shares them with the source.
+        """
+        source = _thread_id({"configurable": {"thread_id": source_thread_id}})
+        target = _thread_id({"configurable": {"thread_id": target_thread_id}})
+        if source == target:
+            return
+
+        def apply(tree: CheckpointTree) -> None:
+            original = tree.threads.get(source)
+            if original is None:
+                return
+            copy = tree.thread(target, create=True)
+            for key, stored in original.values.items():
+                copy.values[key] = stored
+            for key, write in original.writes.items():
+                copy.writes[key] = write
+            for ns, checkpoints in original.namespaces.items():
+                destination = copy.namespace(ns, create=True)
+                for checkpoint_id, record in checkpoints.items():
+                    metadata = self.serde.loads_typed(record.metadata)
+                    if "thread_id" in metadata:
+                        metadata["thread_id"] = target
+                    destination[checkpoint_id] = record.copy(self.serde.dumps_typed(metadata))
+                    if record.run_id:
+                        tree.index_run(record.run_id, (target, ns, checkpoint_id))
+
+        self._write(apply, f"copy thread {source} to {target}")
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest`` keeps each namespace's newest checkpoint; ``delete`` drops all.
+
+        Caveat: like LangGraph's own savers, ``keep_latest`` does not walk back to a
+        ``DeltaChannel`` snapshot; do not prune threads of graphs that use the beta
+        ``DeltaChannel``.
+        """
+        if strategy == "keep_latest":
+            self.trim(thread_ids, keep=1)
+        elif strategy in DELETE_STRATEGIES:
+            for thread_id in thread_ids:
+                self.delete_thread(thread_id)
+        else:
+            raise CheckpointError(
+                f"unknown prune strategy {strategy!r}",
+                hint="use 'keep_latest' or 'delete'",
+            )
+
+    def trim(self, thread_ids: Sequence[str] | None, *, keep: int) -> int:
+        """Keep the newest ``keep`` checkpoints per namespace of each thread (all threads when
+        ``thread_ids`` is None); returns how many checkpoints were deleted."""
+        if keep < 1:
+            raise CheckpointError(
+                f"keep must be at least 1, got {keep}",
+                hint="to drop a whole thread use delete_thread (or prune strategy 'delete')",
+            )
+
+        def apply(tree: CheckpointTree) -> int:
+            ids = list(tree.threads.keys()) if thread_ids is None else [str(t) for t in thread_ids]
+            deleted = 0
+            touched: set[tuple[str, str]] = set()
+            for thread_id in ids:
+                thread = tree.threads.get(thread_id)
+                if thread is None:
+                    continue
+                for ns, checkpoints in list(thread.namespaces.items()):
+                    old = list(checkpoints.keys())[:-keep]
+                    for checkpoint_id in old:
+                        record = thread.drop_checkpoint(ns, checkpoint_id)
+                        if record is not None:
+                            tree.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
+                            deleted += 1
+                    if old:
+                        touched.add((thread_id, ns))
+            self._sweep(tree, touched)
+            return deleted
+
+        return self._write(apply, f"prune keep {keep}")
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def threads(self) -> list[ThreadSummary]:
+        """One summary per thread, in thread id order."""
+        with self._reading() as tree:
+            return [self._summary(thread_id, thread) for thread_id, thread in tree.threads.items()]
+
+    def thread_summary(self, thread_id: str) -> ThreadSummary:
+        with self._reading() as tree:
+            thread = tree.threads.get(thread_id)
+            if thread is None:
+                raise CheckpointNotFound(
+                    f"no thread {thread_id!r} in {self.image.uri}",
+                    hint="list the threads with 'batos threads'",
+                )
+            return self._summary(thread_id, thread)
+
+    @staticmethod
+    def _summary(thread_id: str, thread: ThreadRecord) -> ThreadSummary:
+        checkpoints = 0
+        latest: str | None = None
+        for checkpoints_of_ns in thread.namespaces.values():
+            checkpoints += len(checkpoints_of_ns)
+            if checkpoints_of_ns:
+                newest = checkpoints_of_ns.maxKey()
+                latest = newest if latest is None or newest > latest else latest
+        size = sum(stored_size(v) for v in thread.values.values())
+        size += sum(
+            len(r.checkpoint[1]) + len(r.metadata[1])
+            for tree in thread.namespaces.values()
+            for r in tree.values()
+        )
+        writes = 0
+        for write in thread.writes.values():
+            writes += 1
+            size += stored_size(write[1])
+        return ThreadSummary(
+            thread_id=thread_id,
+            namespaces=len(thread.namespaces),
+            checkpoints=checkpoints,
+            writes=writes,
+            bytes=size,
+            latest_id=latest,
+            created=thread.created,
+        )
+
+    # -- async: the same work on an executor thread, off the event loop ---------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, partial(fn, *args, **kwargs))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._run(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        found = await self._run(self._list, config, filter=filter, before=before, limit=limit)
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await self._run(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._run(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._run(self.delete_for_runs, list(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._run(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._run(self.prune, list(thread_ids), strategy=strategy)
+
+    def get_next_version(self, current: str | int | None, channel: None = None) -> str:
+        """Zero-padded counter plus a random tie-breaker, like LangGraph's own savers."""
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(current.split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+
+class _SharedImages:
+    """One open ``LivingImage`` per URI in this process, reference-counted.
+
+    The LangGraph server enters its checkpointer factory once per event-loop thread, and a
+    file:// image can be opened only once per process, so the factory shares it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[LivingImage, int]] = {}
+
+    def acquire(self, uri: str) -> LivingImage:
+        with self._lock:
+            image, count = self._open.get(uri, (None, 0))
+            if image is None:
+                image = LivingImage.open(uri)
+            self._open[uri] = (image, count + 1)
+            return image
+
+    def release(self, uri: str) -> None:
+        with self._lock:
+            image, count = self._open[uri]
+            if count > 1:
+                self._open[uri] = (image, count - 1)
+                return
+            del self._open[uri]
+        image.close()
+
+
+_SHARED_IMAGES = _SharedImages()
+
+
+@asynccontextmanager
+async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSaver]:
+    """A ``ZODBSaver`` on the image at ``uri`` (default: setting ``image``), closed on exit.
+
+    Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
+    ``langgraph up`` keep their threads in the living image.
+    """
+    uri = uri or str(settings.get("image"))
+    loop = asyncio.get_running_loop()
+    image = await loop.run_in_executor(None, _SHARED_IMAGES.acquire, uri)
+    try:
+        saver = await loop.run_in_executor(None, ZODBSaver, image)
+    except BaseException:
+        _SHARED_IMAGES.release(uri)
+        raise
+    log.info("checkpointer on %s", uri)
+    try:
+        yield saver
+    finally:
+        saver.close()
+        await loop.run_in_executor(None, _SHARED_IMAGES.release, uri)

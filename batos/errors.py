@@ -10,8 +10,13 @@
      ├── ObjectPathError             no object at a dotted path in the image
      ├── ModelError                  model weights or backends
      │    └── ModelFileError         a model part is missing or fails its checksum
-     └── DoesNotUnderstand           a public message no slot or parent answers
-                                      (also an AttributeError, so hasattr/getattr work)
+     ├── DoesNotUnderstand           a public message no slot or parent answers
+     │                                (also an AttributeError, so hasattr/getattr work)
+     └── GeneratedCodeError          method code (LLM-written or hand-written) was refused
+          ├── AuditRejected           the PersistenceGuardian found problems (all listed)
+          ├── SandboxViolation        the code broke the sandbox policy while running
+          │    └── SandboxLimitExceeded   it ran out of time or memory
+          └── MissionFailed           doesNotUnderstand gave up after every attempt
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
 """
@@ -95,3 +100,36 @@ class DoesNotUnderstand(BatosError, AttributeError):
             hint=hint
             or "add a slot or method with that name, or give the object a parent that has one",
         )
+
+
+class GeneratedCodeError(BatosError):
+    """Method code was refused or failed; ``findings`` lists every reason, one line each.
+
+    The findings are written to be fed back to the model that wrote the code.
+    """
+
+    exit_code = 7
+
+    def __init__(
+        self, message: str, findings: list[str] | None = None, *, hint: str | None = None
+    ) -> None:
+        self.findings = list(findings or [])
+        listed = "".join(f"\n  - {finding}" for finding in self.findings)
+        super().__init__(message + listed, hint=hint)
+        self.message = message + listed
+
+
+class AuditRejected(GeneratedCodeError):
+    """The PersistenceGuardian rejected method source before it ever ran."""
+
+
+class SandboxViolation(GeneratedCodeError):
+    """Code running in the sandbox tried something the policy forbids, or crashed it."""
+
+
+class SandboxLimitExceeded(SandboxViolation):
+    """Code running in the sandbox used more wall time or memory than allowed."""
+
+
+class MissionFailed(GeneratedCodeError):
+    """doesNotUnderstand could not produce a working method; the image is unchanged."""

@@ -7,9 +7,9 @@ change without a restart; ``batos config`` prints the table with the values in f
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from batos.errors import ConfigurationError
 
@@ -37,6 +37,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise ValueError("must be a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be a positive number")
     return value
 
 
@@ -132,6 +139,27 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_LLM_TIMEOUT",
             lambda: "600",
             "Seconds one chat-model call may take (queueing included) before it fails.",
+            _positive_int,
+        ),
+        Setting(
+            "jit_attempts",
+            "BATOS_JIT_ATTEMPTS",
+            lambda: "3",
+            "How many drafts doesNotUnderstand asks the model for before giving up.",
+            _positive_int,
+        ),
+        Setting(
+            "sandbox_seconds",
+            "BATOS_SANDBOX_SECONDS",
+            lambda: "2",
+            "Wall-time limit in seconds for one call of a generated method.",
+            _positive_float,
+        ),
+        Setting(
+            "sandbox_memory_mb",
+            "BATOS_SANDBOX_MEMORY_MB",
+            lambda: "256",
+            "Extra memory (MiB) a generated method may allocate in its isolated trial run.",
             _positive_int,
         ),
     )

@@ -1,0 +1,715 @@
+"""The sandbox: how method source that BAT OS did not write by hand is compiled and run.
+
+Every method with ``compiler="sandbox"`` goes through ``compile_sandboxed`` — when it is first
+installed and again each time it is loaded from the image — and every call of it goes through
+``call_limited``. Layers, outermost first:
+
+1. **PersistenceGuardian** (``guardian``): a static audit; the source is refused if it has
+   any finding.
+2. **RestrictedPython** with BAT OS's policy: attribute reads go through ``_getattr_``, item
+   reads through ``_getitem_``, attribute and item writes through ``_write_``, iteration and
+   unpacking through guards; ``**``, ``*`` and ``<<`` go through ``_binop_`` which refuses
+   results larger than ``MAX_RESULT_ITEMS`` items / ``MAX_INT_BITS`` bits; ``range`` is capped;
+   the builtins are a small fixed set; ``import`` reaches only curated, read-only namespaces of
+   a few modules (``guardian.ALLOWED_IMPORTS``).
+3. **Run-time limits** in the host process, per outermost call: a watchdog thread raises a
+   ``BaseException`` the code cannot name (so cannot catch) into the calling thread every few
+   milliseconds once ``sandbox_seconds`` are up; the process's address-space limit
+   (``RLIMIT_AS``) is lowered to current use + ``sandbox_memory_mb`` for the call, so a large
+   allocation fails with ``MemoryError``; every ``BaseException`` (``SystemExit``,
+   ``KeyboardInterrupt``, ``GeneratorExit``, …) that leaves the code becomes a
+   ``SandboxViolation``.
+4. **Isolated trial** (``run_isolated``): before a method is installed it is first run in a
+   forked child process with OS limits (``RLIMIT_AS``, ``RLIMIT_CPU``, a wall-clock kill) and
+   no database access; whatever it does there — crash, hang in C code, exhaust memory,
+   ``os._exit`` — the host only reads a verdict from a pipe.
+
+What it guarantees: generated code reaches no name or attribute starting with ``_``, no frame,
+traceback, generator or coroutine internals, no ``str.format`` traversal, no module other than
+the curated namespaces, no ``_p_jar``/database connection, no file, network or process API, and
+cannot write to objects other than plain containers and ``UvmObject``s; a call that runs Python
+bytecode past its time limit is stopped; an allocation past the memory limit fails; no
+exception the code raises can end the host process; the trial of a new method cannot harm the
+host at all.
+
+What it does not guarantee: a single C-level operation that is slow but small (a huge sort, a
+long ``str.replace`` on a capped string) cannot be interrupted in the host — only the isolated
+trial, for the arguments it was tried with, is protected against that; the memory limit is
+process-wide while a call runs, so another thread allocating at that moment may see
+``MemoryError`` too; RestrictedPython and this policy are defences built on CPython's object
+model, not an OS boundary — installed methods run in the host, so a flaw in the policy is a flaw
+in the host. Code that must be contained absolutely should only ever run through
+``run_isolated``.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import json
+import logging
+import os
+import resource
+import select
+import signal
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from RestrictedPython import compile_restricted_exec
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+from RestrictedPython.PrintCollector import PrintCollector
+from RestrictedPython.transformer import RestrictingNodeTransformer
+
+from batos import settings
+from batos.errors import AuditRejected, SandboxLimitExceeded, SandboxViolation
+from prototypes import guardian
+from prototypes.uvm import UvmObject, register_compiler
+
+log = logging.getLogger("batos.sandbox")
+
+#: Longest sequence ``*`` may build, and longest ``range`` a method may ask for.
+MAX_RESULT_ITEMS = 1_000_000
+#: Largest integer ``**`` and ``<<`` may build, in bits.
+MAX_INT_BITS = 100_000
+#: How often the watchdog re-raises the timeout once the limit is past, in seconds.
+WATCHDOG_PERIOD = 0.005
+#: Extra seconds the isolated trial gets before its process is killed.
+ISOLATED_GRACE = 1.0
+#: Module prefixes whose objects a method must never hold (the database and its machinery).
+FORBIDDEN_MODULES = ("ZODB", "ZEO", "transaction", "relstorage", "zodburi", "store", "graph")
+
+
+class SandboxTimeout(BaseException):
+    """Raised into code that ran past its time limit; not reachable by name from the sandbox."""
+
+
+# -- guards -------------------------------------------------------------------------------------
+
+_state = threading.local()
+
+
+def _violation(message: str) -> SandboxViolation:
+    """Record the violation for this call (so swallowing it does not help) and build it."""
+    found = getattr(_state, "violations", None)
+    if found is not None:
+        found.append(message)
+    return SandboxViolation("the sandbox refused an operation", [message])
+
+
+def _check_value(value: Any) -> Any:
+    if isinstance(value, (types.ModuleType, types.FrameType, types.CodeType,
+                          types.TracebackType)):  # fmt: skip
+        raise _violation(f"a method may not hold a {type(value).__name__} object")
+    module = getattr(type(value), "__module__", "") or ""
+    if module.split(".")[0] in FORBIDDEN_MODULES:
+        raise _violation(f"a method may not hold a {type(value).__qualname__} object")
+    return value
+
+
+_RAISE = object()
+
+
+def guarded_getattr(obj: Any, name: str, default: Any = _RAISE) -> Any:
+    """``getattr`` as the sandbox sees it: no private names, no internals, no format."""
+    if type(name) is not str:
+        raise _violation("attribute names must be strings")
+    if name.startswith("_") or name in guardian.DENIED_ATTRIBUTES:
+        raise _violation(f"attribute {name!r} is not reachable from a method")
+    if isinstance(obj, (types.ModuleType, types.FrameType, types.CodeType)):
+        raise _violation(f"attributes of {type(obj).__name__} objects are not reachable")
+    if isinstance(obj, UvmObject) and _generative_off():
+        value = obj._lookup(name)
+        if value is None:
+            if default is _RAISE:
+                raise AttributeError(f"{obj!r} has no slot {name!r}")
+            return default
+    try:
+        value = getattr(obj, name)
+    except AttributeError:
+        if default is _RAISE:
+            raise
+        return default
+    return _check_value(value)
+
+
+def guarded_hasattr(obj: Any, name: str) -> bool:
+    try:
+        guarded_getattr(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _generative_off() -> bool:
+    # Inside a sandboxed call a missing slot never starts a new doesNotUnderstand mission.
+    return bool(getattr(_state, "depth", 0))
+
+
+def in_sandbox() -> bool:
+    """Whether this thread is running sandboxed code right now."""
+    return _generative_off()
+
+
+def guarded_getitem(obj: Any, key: Any) -> Any:
+    if isinstance(key, str) and key.startswith("__"):
+        raise _violation(f"item {key!r} is not reachable from a method")
+    return _check_value(obj[key])
+
+
+_WRITABLE = (list, dict, set)
+
+
+class _SlotWriter:
+    """What ``self.x = v`` writes through: records (object, slot) so the trial can check the
+    persistence covenant, then assigns the slot the ordinary way."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: UvmObject) -> None:
+        object.__setattr__(self, "_target", target)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _record_write(self._target, name)
+        setattr(self._target, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        _record_write(self._target, name)
+        delattr(self._target, name)
+
+
+def _record_write(target: UvmObject, name: str) -> None:
+    writes = getattr(_state, "writes", None)
+    if writes is not None:
+        writes.add((id(target), name))
+
+
+@contextmanager
+def watch_writes() -> Iterator[set[tuple[int, str]]]:
+    """Collect (id(object), slot) of every slot a method assigns in this thread meanwhile."""
+    previous = getattr(_state, "writes", None)
+    _state.writes = writes = set()
+    try:
+        yield writes
+    finally:
+        _state.writes = previous
+
+
+def guarded_write(obj: Any) -> Any:
+    """The object an attribute or item write may go to: containers and prototypes only."""
+    from persistent.list import PersistentList
+    from persistent.mapping import PersistentMapping
+
+    if isinstance(obj, UvmObject):
+        return _SlotWriter(obj)
+    if isinstance(obj, (*_WRITABLE, PersistentList, PersistentMapping)):
+        return obj
+    raise _violation(f"a method may not write to a {type(obj).__name__} object")
+
+
+def guarded_iter(obj: Any) -> Any:
+    return iter(_check_value(obj))
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(value)
+    except TypeError:
+        return 0
+
+
+def guarded_binop(op: str, left: Any, right: Any) -> Any:
+    """``**``, ``*`` and ``<<`` that refuse to build results too big to be reasonable."""
+    if op == "**":
+        if isinstance(left, int) and isinstance(right, int) and right > 0:
+            bits = max(abs(left).bit_length(), 1) * right
+            if abs(left) > 1 and bits > MAX_INT_BITS:
+                raise _violation(f"{left} ** {right} would have about {bits} bits; the limit "
+                                 f"is {MAX_INT_BITS}")  # fmt: skip
+        return left**right
+    if op == "<<":
+        if isinstance(right, int) and right > MAX_INT_BITS:
+            raise _violation(f"shifting by {right} bits exceeds the limit of {MAX_INT_BITS}")
+        return left << right
+    if op == "*":
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(count, int) and not isinstance(seq, (int, float, complex, bool)):
+                if _size(seq) * count > MAX_RESULT_ITEMS:
+                    raise _violation(f"repeating a sequence {count} times exceeds the limit of "
+                                     f"{MAX_RESULT_ITEMS} items")  # fmt: skip
+        return left * right
+    raise _violation(f"operator {op!r} is not guarded")
+
+
+_INPLACE = {
+    "+=": lambda a, b: a + b, "-=": lambda a, b: a - b, "/=": lambda a, b: a / b,
+    "//=": lambda a, b: a // b, "%=": lambda a, b: a % b, "|=": lambda a, b: a | b,
+    "&=": lambda a, b: a & b, "^=": lambda a, b: a ^ b, ">>=": lambda a, b: a >> b,
+    "@=": lambda a, b: a @ b,
+}  # fmt: skip
+_GUARDED_INPLACE = {"*=": "*", "**=": "**", "<<=": "<<"}
+
+
+def guarded_inplacevar(op: str, left: Any, right: Any) -> Any:
+    if op in _GUARDED_INPLACE:
+        return guarded_binop(_GUARDED_INPLACE[op], left, right)
+    try:
+        return _INPLACE[op](left, right)
+    except KeyError:
+        raise _violation(f"augmented operator {op!r} is not supported") from None
+
+
+def guarded_range(*args: int) -> range:
+    span = range(*args)
+    if len(span) > MAX_RESULT_ITEMS * 10:
+        raise _violation(f"range of {len(span)} items exceeds the limit of "
+                         f"{MAX_RESULT_ITEMS * 10}")  # fmt: skip
+    return span
+
+
+def guarded_pow(base: Any, exp: Any, mod: Any = None) -> Any:
+    if mod is not None:
+        return pow(base, exp, mod)
+    return guarded_binop("**", base, exp)
+
+
+def guarded_apply(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+class CuratedModule:
+    """A read-only namespace standing in for a module: only the allow-listed names."""
+
+    __slots__ = ("_name", "_names")
+
+    def __init__(self, name: str, names: dict[str, Any]) -> None:
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_names", names)
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._names[attr]
+        except KeyError:
+            raise AttributeError(f"{self._name}.{attr} is not available in the sandbox; "
+                                 f"available: {', '.join(sorted(self._names))}") from None
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise _violation(f"{self._name} is read-only")
+
+    def __repr__(self) -> str:
+        return f"<sandboxed module {self._name}>"
+
+
+def _curated(name: str) -> CuratedModule:
+    import importlib
+
+    module = importlib.import_module(name)
+    return CuratedModule(name, {n: getattr(module, n) for n in guardian.ALLOWED_IMPORTS[name]})
+
+
+_CURATED: dict[str, CuratedModule] = {}
+
+
+def guarded_import(name: str, globals: Any = None, locals: Any = None,
+                   fromlist: Any = (), level: int = 0) -> CuratedModule:  # fmt: skip
+    if level or name not in guardian.ALLOWED_IMPORTS:
+        raise _violation(f"import of {name!r} is not allowed")
+    for attr in fromlist or ():
+        if attr not in guardian.ALLOWED_IMPORTS[name]:
+            raise _violation(f"{name}.{attr} is not available in the sandbox")
+    if name not in _CURATED:
+        _CURATED[name] = _curated(name)
+    return _CURATED[name]
+
+
+def _builtins() -> dict[str, Any]:
+    import builtins
+
+    table = {name: getattr(builtins, name) for name in guardian.ALLOWED_BUILTINS
+             if hasattr(builtins, name)}  # fmt: skip
+    table.update(
+        getattr=guarded_getattr,
+        hasattr=guarded_hasattr,
+        range=guarded_range,
+        pow=guarded_pow,
+        iter=guarded_iter,
+        __import__=guarded_import,
+    )
+    return table
+
+
+_BUILTINS = _builtins()
+
+
+def sandbox_globals(selector: str) -> dict[str, Any]:
+    """A fresh global namespace for one method, with every guard RestrictedPython calls."""
+    return {
+        "__builtins__": _BUILTINS,
+        "__name__": f"sandbox.{selector}",
+        "_getattr_": guarded_getattr,
+        "_getitem_": guarded_getitem,
+        "_write_": guarded_write,
+        "_getiter_": guarded_iter,
+        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        "_unpack_sequence_": guarded_unpack_sequence,
+        "_inplacevar_": guarded_inplacevar,
+        "_apply_": guarded_apply,
+        "_binop_": guarded_binop,
+        "_print_": PrintCollector,
+    }
+
+
+# -- compilation ----------------------------------------------------------------------------------
+
+
+class BatosPolicy(RestrictingNodeTransformer):
+    """RestrictedPython's policy plus guarded big operators and item/attribute ``+=``."""
+
+    _GUARDED_OPS = {ast.Pow: "**", ast.Mult: "*", ast.LShift: "<<"}
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        node = self.node_contents_visit(node)
+        symbol = self._GUARDED_OPS.get(type(node.op))
+        if symbol is None:
+            return node
+        call = ast.Call(
+            func=ast.Name("_binop_", ast.Load()),
+            args=[ast.Constant(symbol), node.left, node.right],
+            keywords=[],
+        )
+        return ast.fix_missing_locations(ast.copy_location(call, node))
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> Any:
+        # ``self.n += 1`` becomes ``self.n = self.n + 1``: the slot is assigned, so the
+        # receiver is marked changed (the persistence covenant), and the write is guarded.
+        if isinstance(node.target, (ast.Attribute, ast.Subscript)):
+            load = _as_load(node.target)
+            assign = ast.Assign(
+                targets=[node.target],
+                value=ast.copy_location(ast.BinOp(left=load, op=node.op, right=node.value), node),
+            )
+            ast.copy_location(assign, node)
+            ast.fix_missing_locations(assign)
+            return self.visit(assign)
+        return super().visit_AugAssign(node)
+
+
+def _as_load(target: ast.AST) -> ast.AST:
+    clone = ast.parse(ast.unparse(target), mode="eval").body
+    return ast.copy_location(clone, target)
+
+
+def compile_sandboxed(selector: str, source: str) -> Callable[..., Any]:
+    """Audit, compile under the policy and define ``selector``; returns its guarded function.
+
+    Raises ``AuditRejected`` (every finding of the guardian and of RestrictedPython) or
+    ``SandboxViolation`` if defining the function fails.
+    """
+    guardian.check(selector, source)
+    tree = ast.parse(source, mode="exec")
+    result = compile_restricted_exec(tree, filename=f"<method {selector}>", policy=BatosPolicy)
+    if result.errors:
+        raise AuditRejected(
+            f"method {selector!r} does not pass the sandbox's compiler",
+            list(result.errors),
+            hint="fix every finding listed and submit the method again",
+        )
+    namespace = sandbox_globals(selector)
+    call_limited(exec, result.code, namespace)
+    fn = namespace.get(selector)
+    if not isinstance(fn, types.FunctionType):
+        raise AuditRejected(f"method source does not define a function {selector!r}")
+    return _guarded(fn)
+
+
+def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        return call_limited(fn, *args, **kwargs)
+
+    guarded.__name__ = fn.__name__
+    guarded.__qualname__ = fn.__qualname__
+    guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+    return guarded
+
+
+register_compiler("sandbox", compile_sandboxed)
+
+
+# -- run-time limits ------------------------------------------------------------------------------
+
+
+# Our own prototypes of the C call, so other users of ctypes.pythonapi are unaffected; the
+# second one passes NULL, which clears a pending asynchronous exception.
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+
+
+class _Watchdog:
+    """Raises ``SandboxTimeout`` into one thread, again and again, once its time is up."""
+
+    def __init__(self, seconds: float) -> None:
+        self.thread_id = threading.get_ident()
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.active = True
+        self.fired = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sandbox-watchdog", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        if self.done.wait(self.seconds):
+            return
+        while True:
+            with self.lock:
+                if not self.active:
+                    return
+                self.fired = True
+                _set_async_exc(self.thread_id, SandboxTimeout)
+            if self.done.wait(WATCHDOG_PERIOD):
+                return
+
+    def stop(self) -> None:
+        with self.lock:
+            self.active = False
+            # Clear a timeout raised but not yet delivered, so it cannot hit the host.
+            _clear_async_exc(self.thread_id, None)
+        self.done.set()
+
+
+class _MemoryWindow:
+    """Lowers the process's RLIMIT_AS while at least one sandboxed call runs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: tuple[int, int] | None = None
+
+    def enter(self, extra_mb: int) -> None:
+        with self.lock:
+            self.users += 1
+            if self.users > 1:
+                return
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            wanted = _address_space() + extra_mb * 1024 * 1024
+            if hard != resource.RLIM_INFINITY:
+                wanted = min(wanted, hard)
+            if soft == resource.RLIM_INFINITY or wanted < soft:
+                self.saved = (soft, hard)
+                resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
+
+    def leave(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0 and self.saved is not None:
+                resource.setrlimit(resource.RLIMIT_AS, self.saved)
+                self.saved = None
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+_MEMORY = _MemoryWindow()
+
+
+def _release(action: Callable[[], None]) -> None:
+    # A timeout delivered while we release must not skip the release itself.
+    while True:
+        try:
+            action()
+            return
+        except SandboxTimeout:
+            continue
+
+
+def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` under the sandbox's time and memory limits; contain every BaseException.
+
+    Ordinary exceptions the code raises (``ValueError``…) propagate unchanged; policy breaches
+    raise ``SandboxViolation`` (also when the code caught the first one), limits
+    ``SandboxLimitExceeded``, anything else that is not an ``Exception`` ``SandboxViolation``.
+    Nested calls (a method calling another) share the outermost call's limits.
+    """
+    if getattr(_state, "depth", 0):
+        return fn(*args, **kwargs)
+    seconds = float(settings.get("sandbox_seconds"))  # type: ignore[arg-type]
+    memory_mb = int(settings.get("sandbox_memory_mb"))  # type: ignore[call-overload]
+    _state.depth = 1
+    _state.violations = violations = []
+    dog = _Watchdog(seconds)
+    try:
+        try:
+            _MEMORY.enter(memory_mb)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                _release(dog.stop)
+                _release(_MEMORY.leave)
+        except SandboxTimeout:
+            raise SandboxLimitExceeded(
+                f"the method ran longer than {seconds:g} s and was stopped",
+                [f"time limit of {seconds:g} s exceeded: avoid unbounded loops"],
+            ) from None
+        except MemoryError:
+            raise SandboxLimitExceeded(
+                f"the method tried to use more than {memory_mb} MiB and was stopped",
+                [f"memory limit of {memory_mb} MiB exceeded: build smaller values"],
+            ) from None
+        except (SandboxViolation, AuditRejected):
+            raise
+        except Exception:
+            if violations:
+                raise SandboxViolation("the sandbox refused an operation", violations) from None
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit…
+            raise SandboxViolation(
+                f"the method raised {type(exc).__name__}, which the sandbox contains",
+                [f"{type(exc).__name__} may not leave a method: raise an Exception subclass"],
+            ) from None
+        if violations:
+            raise SandboxViolation("the sandbox refused an operation", violations)
+        return result
+    finally:
+        _state.depth = 0
+        _state.violations = None
+
+
+# -- isolated trial -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IsolatedOutcome:
+    """What a method did in its isolated trial process."""
+
+    ok: bool
+    summary: str
+    findings: tuple[str, ...] = ()
+
+
+class _NoStorage:
+    """Stands in for the database in the trial process: reads and writes are refused."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise SandboxViolation(
+            "the isolated trial has no database access",
+            [f"the method needs data the trial did not preload (storage.{name})"],
+        )
+
+
+def _detach_database(objects: list[Any]) -> None:
+    for obj in objects:
+        jar = getattr(obj, "_p_jar", None)
+        if jar is not None and hasattr(jar, "_storage"):
+            jar._storage = jar._normal_storage = _NoStorage()
+            return
+
+
+def run_isolated(
+    fn: Callable[..., Any],
+    *args: Any,
+    seconds: float | None = None,
+    memory_mb: int | None = None,
+    **kwargs: Any,
+) -> IsolatedOutcome:
+    """Run ``fn(*args, **kwargs)`` in a forked child with OS limits; the host only waits.
+
+    The child has copy-on-write copies of everything (changes never reach the host), no
+    database access, ``RLIMIT_AS`` = current size + ``memory_mb``, ``RLIMIT_CPU`` and a
+    wall-clock kill after ``seconds`` + ``ISOLATED_GRACE``.
+    """
+    seconds = float(seconds or settings.get("sandbox_seconds"))  # type: ignore[arg-type]
+    memory_mb = int(memory_mb or settings.get("sandbox_memory_mb"))  # type: ignore[call-overload]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        _child(write_end, fn, args, kwargs, seconds, memory_mb)
+    os.close(write_end)
+    return _wait_child(pid, read_end, seconds + ISOLATED_GRACE, memory_mb)
+
+
+def _child(fd: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
+           seconds: float, memory_mb: int) -> None:  # fmt: skip
+    status = 70
+    try:
+        _detach_database([*args, *kwargs.values()])
+        extra = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + extra,) * 2)
+        cpu = int(seconds) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        try:
+            value = fn(*args, **kwargs)
+            report = ("ok", _short_repr(value), ())
+        except (SandboxViolation, AuditRejected) as exc:
+            report = ("error", exc.message, tuple(exc.findings))
+        except BaseException as exc:
+            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            report = ("error", f"{type(exc).__name__}: {exc}", (f"the method raised {tb}",))
+        # JSON, not pickle: the host must not unpickle what a process running untrusted
+        # code wrote.
+        os.write(fd, json.dumps(report).encode()[:1_000_000])
+        status = 0
+    except BaseException:
+        status = 71
+    finally:
+        os._exit(status)
+
+
+def _short_repr(value: Any, limit: int = 500) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:
+        text = f"<unrepresentable {type(value).__name__}: {exc}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _wait_child(pid: int, fd: int, timeout: float, memory_mb: int) -> IsolatedOutcome:
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    killed = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+                break
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    if killed:
+        return IsolatedOutcome(False, "killed after its wall-time limit",
+                               (f"wall-time limit of {timeout:g} s exceeded in the trial: "
+                                "avoid unbounded loops and huge computations",))  # fmt: skip
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        why = "CPU limit" if sig == "SIGXCPU" else sig
+        return IsolatedOutcome(False, f"trial process died ({why})",
+                               (f"the trial process died of {why}: the method crashed or "
+                                f"used too many resources (memory limit {memory_mb} MiB)",))
+    try:
+        kind, summary, findings = json.loads(b"".join(chunks))
+    except Exception:
+        return IsolatedOutcome(False, "trial process ended without a verdict",
+                               ("the method ended the trial process before it could "
+                                "report (exit status "
+                                f"{os.WEXITSTATUS(status) if os.WIFEXITED(status) else status})",))
+    return IsolatedOutcome(kind == "ok", summary, tuple(findings))

@@ -22,6 +22,8 @@ The classes here are pickled by module path: they must stay importable as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from BTrees.OOBTree import OOBTree, OOTreeSet
@@ -95,6 +97,19 @@ def decode(stored: Any) -> Typed:
 
 def stored_size(stored: Any) -> int:
     return stored.size if isinstance(stored, Payload) else len(stored[1])
+
+
+@dataclass(frozen=True)
+class ThreadSummary:
+    """What ``batos threads`` shows for one thread."""
+
+    thread_id: str
+    namespaces: int
+    checkpoints: int
+    writes: int
+    bytes: int
+    latest_id: str | None
+    created: float
 
 
 class CheckpointRecord(Persistent):
@@ -172,6 +187,29 @@ class ThreadRecord(Persistent):
                 del self.values[key]
 
 
+    def summary(self, thread_id: str) -> ThreadSummary:
+        checkpoints, size, latest = 0, 0, None
+        for tree in self.namespaces.values():
+            checkpoints += len(tree)
+            if tree:
+                latest = max(latest or "", tree.maxKey())
+            size += sum(len(r.checkpoint[1]) + len(r.metadata[1]) for r in tree.values())
+        size += sum(stored_size(v) for v in self.values.values())
+        writes = 0
+        for write in self.writes.values():
+            writes += 1
+            size += stored_size(write[1])
+        return ThreadSummary(
+            thread_id=thread_id,
+            namespaces=len(self.namespaces),
+            checkpoints=checkpoints,
+            writes=writes,
+            bytes=size,
+            latest_id=latest,
+            created=self.created,
+        )
+
+
 class CheckpointTree(Persistent):
     """The root of every conversation thread in the image."""
 
@@ -199,6 +237,73 @@ class CheckpointTree(Persistent):
             members.discard(entry)
             if not members:
                 del self.runs[run_id]
+
+
+    # -- whole-thread operations, each run inside one transaction by the saver -------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        thread = self.threads.get(thread_id)
+        if thread is None:
+            return
+        for ns, checkpoints in thread.namespaces.items():
+            for checkpoint_id, record in checkpoints.items():
+                self.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
+        del self.threads[thread_id]
+
+    def delete_runs(self, run_ids: list[str]) -> None:
+        touched: set[tuple[str, str]] = set()
+        for run_id in run_ids:
+            members = self.runs.pop(run_id, None)
+            for thread_id, ns, checkpoint_id in list(members or ()):
+                thread = self.threads.get(thread_id)
+                if thread is not None:
+                    thread.drop_checkpoint(ns, checkpoint_id)
+                    touched.add((thread_id, ns))
+        self._sweep(touched)
+
+    def copy_thread(self, source: str, target: str, retag: Callable[[Typed], Typed]) -> None:
+        """Copy ``source`` into ``target``; ``retag`` rewrites each checkpoint's metadata."""
+        original = self.threads.get(source)
+        if original is None:
+            return
+        copy = self.thread(target, create=True)
+        copy.values.update(original.values)
+        copy.writes.update(original.writes)
+        for ns, checkpoints in original.namespaces.items():
+            destination = copy.namespace(ns, create=True)
+            for checkpoint_id, record in checkpoints.items():
+                destination[checkpoint_id] = record.copy(retag(record.metadata))
+                if record.run_id:
+                    self.index_run(record.run_id, (target, ns, checkpoint_id))
+
+    def trim(self, thread_ids: list[str] | None, keep: int) -> int:
+        """Keep the newest ``keep`` checkpoints per namespace; returns how many were deleted."""
+        deleted = 0
+        touched: set[tuple[str, str]] = set()
+        for thread_id in list(self.threads.keys()) if thread_ids is None else thread_ids:
+            thread = self.threads.get(thread_id)
+            if thread is None:
+                continue
+            for ns, checkpoints in list(thread.namespaces.items()):
+                old = list(checkpoints.keys())[:-keep]
+                for checkpoint_id in old:
+                    record = thread.drop_checkpoint(ns, checkpoint_id)
+                    if record is not None:
+                        self.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
+                        deleted += 1
+                if old:
+                    touched.add((thread_id, ns))
+        self._sweep(touched)
+        return deleted
+
+    def _sweep(self, touched: set[tuple[str, str]]) -> None:
+        for thread_id, ns in touched:
+            thread = self.threads.get(thread_id)
+            if thread is None:
+                continue
+            thread.sweep(ns)
+            if not thread.namespaces:
+                del self.threads[thread_id]
 
 
 def _layout_1(root: Any) -> None:

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -58,10 +57,10 @@ from store.checkpoint_layout import (
     CheckpointSerializationError,
     CheckpointTree,
     ThreadRecord,
+    ThreadSummary,
     Typed,
     decode,
     encode,
-    stored_size,
 )
 from store.image import RETRY_BACKOFF, LivingImage
 from store.schema import upgrade
@@ -84,19 +83,6 @@ T = TypeVar("T")
 MAX_CONNECTIONS = 16
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
-
-
-@dataclass(frozen=True)
-class ThreadSummary:
-    """What ``batos threads`` shows for one thread."""
-
-    thread_id: str
-    namespaces: int
-    checkpoints: int
-    writes: int
-    bytes: int
-    latest_id: str | None
-    created: float
 
 
 class _ConnectionPool:
@@ -333,8 +319,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 else "thread"
             )
             raise CheckpointNotFound(
-                f"no {what} {configurable['thread_id']!r} "
-                f"(namespace {configurable.get('checkpoint_ns') or '(root)'!r}) in {self.image.uri}",
+                f"no {what} {configurable['thread_id']!r} (namespace "
+                f"{configurable.get('checkpoint_ns') or '(root)'!r}) in {self.image.uri}",
                 hint="list threads and their checkpoints with 'batos threads [THREAD_ID]'",
             )
         return found
@@ -495,48 +481,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, values and writes in every namespace."""
         thread_id = _thread_id({"configurable": {"thread_id": thread_id}})
-
-        def apply(tree: CheckpointTree) -> None:
-            thread = tree.threads.get(thread_id)
-            if thread is None:
-                return
-            for ns, checkpoints in thread.namespaces.items():
-                for checkpoint_id, record in checkpoints.items():
-                    tree.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
-            del tree.threads[thread_id]
-
-        self._write(apply, f"delete thread {thread_id}")
+        self._write(lambda tree: tree.delete_thread(thread_id), f"delete thread {thread_id}")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint (and its writes) written by the given runs, in any thread."""
         run_ids = [str(run_id) for run_id in run_ids]
-        if not run_ids:
-            return
-
-        def apply(tree: CheckpointTree) -> None:
-            touched: set[tuple[str, str]] = set()
-            for run_id in run_ids:
-                members = tree.runs.get(run_id)
-                if members is None:
-                    continue
-                for thread_id, ns, checkpoint_id in list(members):
-                    thread = tree.threads.get(thread_id)
-                    if thread is not None:
-                        thread.drop_checkpoint(ns, checkpoint_id)
-                        touched.add((thread_id, ns))
-                del tree.runs[run_id]
-            self._sweep(tree, touched)
-
-        self._write(apply, f"delete runs {', '.join(run_ids)[:200]}")
-
-    def _sweep(self, tree: CheckpointTree, touched: set[tuple[str, str]]) -> None:
-        for thread_id, ns in touched:
-            thread = tree.threads.get(thread_id)
-            if thread is None:
-                continue
-            thread.sweep(ns)
-            if not thread.namespaces:
-                del tree.threads[thread_id]
+        if run_ids:
+            self._write(
+                lambda tree: tree.delete_runs(run_ids), f"delete runs {', '.join(run_ids)[:200]}"
+            )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, value and write of one thread to another, in one transaction.
@@ -545,29 +498,19 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         """
         source = _thread_id({"configurable": {"thread_id": source_thread_id}})
         target = _thread_id({"configurable": {"thread_id": target_thread_id}})
-        if source == target:
-            return
 
-        def apply(tree: CheckpointTree) -> None:
-            original = tree.threads.get(source)
-            if original is None:
-                return
-            copy = tree.thread(target, create=True)
-            for key, stored in original.values.items():
-                copy.values[key] = stored
-            for key, write in original.writes.items():
-                copy.writes[key] = write
-            for ns, checkpoints in original.namespaces.items():
-                destination = copy.namespace(ns, create=True)
-                for checkpoint_id, record in checkpoints.items():
-                    metadata = self.serde.loads_typed(record.metadata)
-                    if "thread_id" in metadata:
-                        metadata["thread_id"] = target
-                    destination[checkpoint_id] = record.copy(self.serde.dumps_typed(metadata))
-                    if record.run_id:
-                        tree.index_run(record.run_id, (target, ns, checkpoint_id))
+        def retag(metadata: Typed) -> Typed:
+            decoded = self.serde.loads_typed(metadata)
+            if "thread_id" not in decoded:
+                return metadata
+            decoded["thread_id"] = target
+            return self.serde.dumps_typed(decoded)
 
-        self._write(apply, f"copy thread {source} to {target}")
+        if source != target:
+            self._write(
+                lambda tree: tree.copy_thread(source, target, retag),
+                f"copy thread {source} to {target}",
+            )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest`` keeps each namespace's newest checkpoint; ``delete`` drops all.
@@ -595,35 +538,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 f"keep must be at least 1, got {keep}",
                 hint="to drop a whole thread use delete_thread (or prune strategy 'delete')",
             )
-
-        def apply(tree: CheckpointTree) -> int:
-            ids = list(tree.threads.keys()) if thread_ids is None else [str(t) for t in thread_ids]
-            deleted = 0
-            touched: set[tuple[str, str]] = set()
-            for thread_id in ids:
-                thread = tree.threads.get(thread_id)
-                if thread is None:
-                    continue
-                for ns, checkpoints in list(thread.namespaces.items()):
-                    old = list(checkpoints.keys())[:-keep]
-                    for checkpoint_id in old:
-                        record = thread.drop_checkpoint(ns, checkpoint_id)
-                        if record is not None:
-                            tree.unindex_run(record.run_id, (thread_id, ns, checkpoint_id))
-                            deleted += 1
-                    if old:
-                        touched.add((thread_id, ns))
-            self._sweep(tree, touched)
-            return deleted
-
-        return self._write(apply, f"prune keep {keep}")
+        ids = None if thread_ids is None else [str(t) for t in thread_ids]
+        return self._write(lambda tree: tree.trim(ids, keep), f"prune keep {keep}")
 
     # -- inspection -------------------------------------------------------------------------
 
     def threads(self) -> list[ThreadSummary]:
         """One summary per thread, in thread id order."""
         with self._reading() as tree:
-            return [self._summary(thread_id, thread) for thread_id, thread in tree.threads.items()]
+            return [thread.summary(thread_id) for thread_id, thread in tree.threads.items()]
 
     def thread_summary(self, thread_id: str) -> ThreadSummary:
         with self._reading() as tree:
@@ -633,36 +556,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                     f"no thread {thread_id!r} in {self.image.uri}",
                     hint="list the threads with 'batos threads'",
                 )
-            return self._summary(thread_id, thread)
-
-    @staticmethod
-    def _summary(thread_id: str, thread: ThreadRecord) -> ThreadSummary:
-        checkpoints = 0
-        latest: str | None = None
-        for checkpoints_of_ns in thread.namespaces.values():
-            checkpoints += len(checkpoints_of_ns)
-            if checkpoints_of_ns:
-                newest = checkpoints_of_ns.maxKey()
-                latest = newest if latest is None or newest > latest else latest
-        size = sum(stored_size(v) for v in thread.values.values())
-        size += sum(
-            len(r.checkpoint[1]) + len(r.metadata[1])
-            for tree in thread.namespaces.values()
-            for r in tree.values()
-        )
-        writes = 0
-        for write in thread.writes.values():
-            writes += 1
-            size += stored_size(write[1])
-        return ThreadSummary(
-            thread_id=thread_id,
-            namespaces=len(thread.namespaces),
-            checkpoints=checkpoints,
-            writes=writes,
-            bytes=size,
-            latest_id=latest,
-            created=thread.created,
-        )
+            return thread.summary(thread_id)
 
     # -- async: the same work on an executor thread, off the event loop ---------------------
 

@@ -162,6 +162,34 @@ SETTINGS: dict[str, Setting] = {
             "Extra memory (MiB) a generated method may allocate in its isolated trial run.",
             _positive_int,
         ),
+        Setting(
+            "catalog_max_bytes",
+            "BATOS_CATALOG_MAX_BYTES",
+            lambda: str(50 * 1024 * 1024),
+            "Largest file 'batos ingest' accepts, in bytes; bigger ones are refused.",
+            _positive_int,
+        ),
+        Setting(
+            "catalog_chunk_tokens",
+            "BATOS_CATALOG_CHUNK_TOKENS",
+            lambda: "200",
+            "Chunk budget in embedding-model tokens (all-MiniLM-L6-v2 reads at most 256).",
+            _positive_int,
+        ),
+        Setting(
+            "catalog_commit_chunks",
+            "BATOS_CATALOG_COMMIT_CHUNKS",
+            lambda: "512",
+            "Ingest commits once about this many chunks are ready (whole documents only).",
+            _positive_int,
+        ),
+        Setting(
+            "catalog_max_chunks",
+            "BATOS_CATALOG_MAX_CHUNKS",
+            lambda: "200000",
+            "Live chunks the curator lets the catalog hold before it archives the coldest.",
+            _positive_int,
+        ),
     )
 }
 

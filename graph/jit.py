@@ -1,0 +1,314 @@
+"""The JIT graph: doesNotUnderstand as LangGraph steps (brief, draft, audit, trial, install…).
+
+A chat model (the receiver's persona, or BRICK) drafts the missing method; ``prototypes.kernel``
+gates each draft. A draft that fails audit, trial or invocation loops back to ``draft`` with
+its findings until ``jit_attempts`` are used, then the graph ends in ``failed`` and the entry
+point raises ``MissionFailed`` (the image is unchanged). Objects, the model and the mission
+travel in the run's context (``JitContext``); the state holds only what Studio can show.
+
+    enable()                      # obj.unknown(1, 2) now writes, installs and runs 'unknown'
+    JitRunner(model=m).send(obj, "unknown", (1, 2), {})
+    await JitRunner(model=m).asend(obj, "unknown", (1, 2), {})
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableLambda
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import get_runtime
+
+from batos import settings
+from batos.errors import BatosError
+from prototypes import kernel
+from prototypes.codex import load_codex
+from prototypes.kernel import AttemptRecord, Mission, MissionBrief
+from prototypes.uvm import UvmObject
+
+#: Longest reply a draft may be, in tokens (a method is short; this bounds a rambling model).
+DRAFT_MAX_TOKENS = 600
+
+ModelFactory = Callable[[str], BaseChatModel]
+
+
+@dataclass
+class JitContext:
+    """Run context: what cannot live in graph state (objects, the model, the mission)."""
+
+    receiver: UvmObject | None = None
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    model: BaseChatModel | None = None
+    model_factory: ModelFactory | None = None
+    attempts: int = 3
+    transaction: Any = None
+    mission: Mission | None = None
+
+
+class JitState(TypedDict, total=False):
+    selector: str
+    brief: dict[str, Any]
+    attempt: int
+    source: str
+    findings: list[str]
+    history: list[dict[str, Any]]
+    status: str
+    result: str
+
+
+@cache
+def prompts() -> dict[str, Any]:
+    text = resources.files("graph").joinpath("prompts/jit.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def default_model_factory(persona: str) -> BaseChatModel:
+    from graph.models import chat_model
+
+    return chat_model(persona, num_predict=DRAFT_MAX_TOKENS)
+
+
+def _context() -> JitContext:
+    context = get_runtime(JitContext).context
+    if context is None or context.receiver is None:
+        raise BatosError(
+            "the JIT graph needs a receiver object in its run context",
+            hint="send the message instead: 'batos send PATH SELECTOR ARGS…', or call "
+            "graph.jit.JitRunner().send(obj, selector, args, kwargs)",
+        )
+    return context
+
+
+def _mission() -> Mission:
+    mission = _context().mission
+    assert mission is not None, "the brief node runs first"
+    return mission
+
+
+# -- prompting -----------------------------------------------------------------------------
+
+
+def _call_text(brief: MissionBrief) -> str:
+    return ", ".join([*brief.args, *(f"{k}={v}" for k, v in brief.kwargs.items())])
+
+
+def messages_for(brief: MissionBrief, attempts: list[AttemptRecord]) -> list[BaseMessage]:
+    """The conversation a persona model sees for one draft: rules, examples, task, feedback."""
+    p = prompts()
+    identity = load_codex().persona(brief.author).identity
+    system = identity + "\n\n" + p["system"].replace("SELECTOR", brief.selector)
+    messages: list[BaseMessage] = [SystemMessage(system)]
+    for example in p.get("examples", []):
+        messages += [HumanMessage(example["task"]), AIMessage(example["answer"])]
+    task = p["task"].format(
+        receiver=brief.receiver,
+        slots=brief.slots or "(none)",
+        inherited=", ".join(brief.inherited) or "(none)",
+        selector=brief.selector,
+        call=_call_text(brief),
+        intent=brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
+    )
+    if attempts:
+        last = attempts[-1]
+        task += "\n\n" + p["feedback"].format(
+            source=last.source, findings="\n".join(f"- {f}" for f in last.findings)
+        )
+    messages.append(HumanMessage(task))
+    return messages
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def extract_code(reply: str, selector: str) -> str:
+    """The method source in a model reply: the fenced block that defines ``selector``."""
+    blocks = _FENCE.findall(reply) or [reply]
+    for block in blocks:
+        if f"def {selector}(" in block:
+            return block.strip() + "\n"
+    return blocks[0].strip() + "\n"
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") if isinstance(part, dict) else str(part)
+                   for part in content)  # fmt: skip
+
+
+def _model(context: JitContext, persona: str) -> BaseChatModel:
+    if context.model is not None:
+        return context.model
+    return (context.model_factory or default_model_factory)(persona)
+
+
+# -- nodes ------------------------------------------------------------------------------------
+
+
+def brief(state: JitState) -> JitState:
+    context = _context()
+    context.mission = Mission(
+        context.receiver,
+        state["selector"],
+        context.args,
+        context.kwargs,
+        transaction=context.transaction,
+    )
+    return {"brief": context.mission.brief().as_dict(), "attempt": 0, "status": "drafting"}
+
+
+def _after_draft(state: JitState, reply: BaseMessage) -> JitState:
+    source = extract_code(_text(reply), state["selector"])
+    return {"source": source, "attempt": state["attempt"] + 1, "findings": []}
+
+
+def draft(state: JitState) -> JitState:
+    mission = _mission()
+    messages = messages_for(mission.brief(), mission.attempts)
+    return _after_draft(state, _model(_context(), mission.author).invoke(messages))
+
+
+async def adraft(state: JitState) -> JitState:
+    mission = _mission()
+    messages = messages_for(mission.brief(), mission.attempts)
+    return _after_draft(state, await _model(_context(), mission.author).ainvoke(messages))
+
+
+def audit(state: JitState) -> JitState:
+    return {"findings": _mission().audit(state["source"])}
+
+
+def trial(state: JitState) -> JitState:
+    return {"findings": _mission().trial(state["source"])}
+
+
+def install(state: JitState) -> JitState:
+    _mission().install(state["source"])
+    return {}
+
+
+def invoke(state: JitState) -> JitState:
+    mission = _mission()
+    findings = mission.invoke()
+    if findings:
+        return {"findings": findings}
+    return {"status": "installed", "result": kernel._short(mission.result),
+            "history": [r.as_dict() for r in mission.attempts]}  # fmt: skip
+
+
+def fail(state: JitState) -> JitState:
+    return {"status": "failed", "history": [r.as_dict() for r in _mission().attempts]}
+
+
+def _route(on_success: str) -> Callable[[JitState], str]:
+    def route(state: JitState) -> str:
+        if not state.get("findings"):
+            return on_success
+        return "draft" if state["attempt"] < _context().attempts else "fail"
+
+    route.__name__ = f"route_to_{on_success}"
+    return route
+
+
+def build_graph() -> Any:
+    builder = StateGraph(JitState, context_schema=JitContext)
+    builder.add_node("brief", brief)
+    builder.add_node("draft", RunnableLambda(draft, afunc=adraft, name="draft"))
+    builder.add_node("audit", audit)
+    builder.add_node("trial", trial)
+    builder.add_node("install", install)
+    builder.add_node("invoke", invoke)
+    builder.add_node("fail", fail)
+    builder.add_edge(START, "brief")
+    builder.add_edge("brief", "draft")
+    builder.add_edge("draft", "audit")
+    builder.add_conditional_edges("audit", _route("trial"), ["trial", "draft", "fail"])
+    builder.add_conditional_edges("trial", _route("install"), ["install", "draft", "fail"])
+    builder.add_edge("install", "invoke")
+    builder.add_conditional_edges("invoke", _route(END), [END, "draft", "fail"])
+    builder.add_edge("fail", END)
+    return builder.compile(name="jit")
+
+
+graph = build_graph()
+
+
+# -- entry points -------------------------------------------------------------------------------
+
+
+class JitRunner:
+    """Runs doesNotUnderstand missions through the graph (a ``kernel.MissionRunner``)."""
+
+    def __init__(
+        self,
+        model: BaseChatModel | None = None,
+        *,
+        model_factory: ModelFactory | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        self.model = model
+        self.model_factory = model_factory
+        self.attempts = attempts
+
+    def _start(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
+               ) -> tuple[JitState, JitContext, dict[str, Any]]:  # fmt: skip
+        attempts = self.attempts or int(settings.get("jit_attempts"))  # type: ignore[call-overload]
+        context = JitContext(
+            receiver=receiver,
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            model=self.model,
+            model_factory=self.model_factory,
+            attempts=attempts,
+            # Captured here, in the caller's thread: nodes may run in worker threads.
+            transaction=kernel.current_transaction(receiver),
+        )
+        config = {"recursion_limit": 6 * attempts + 10, "run_name": f"jit:{selector}"}
+        return {"selector": selector}, context, config
+
+    @staticmethod
+    def _finish(state: dict[str, Any], context: JitContext) -> Any:
+        mission = context.mission
+        assert mission is not None
+        if state.get("status") != "installed":
+            raise mission.failure()
+        return mission.result
+
+    def send(self, receiver: UvmObject, selector: str, args: tuple = (),
+             kwargs: dict | None = None) -> Any:  # fmt: skip
+        """Write, install and run ``selector`` for ``receiver``; its result."""
+        state, context, config = self._start(receiver, selector, args, kwargs or {})
+        return self._finish(graph.invoke(state, config=config, context=context), context)
+
+    async def asend(self, receiver: UvmObject, selector: str, args: tuple = (),
+                    kwargs: dict | None = None) -> Any:  # fmt: skip
+        state, context, config = self._start(receiver, selector, args, kwargs or {})
+        return self._finish(await graph.ainvoke(state, config=config, context=context), context)
+
+
+def enable(
+    model: BaseChatModel | None = None,
+    *,
+    model_factory: ModelFactory | None = None,
+    attempts: int | None = None,
+) -> JitRunner:
+    """Turn doesNotUnderstand on for every UvmObject in this process; returns the runner."""
+    runner = JitRunner(model, model_factory=model_factory, attempts=attempts)
+    kernel.install_handler(runner)
+    return runner
+
+
+def disable() -> None:
+    """Unknown messages raise ``DoesNotUnderstand`` again."""
+    kernel.install_handler(None)
+

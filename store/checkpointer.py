@@ -408,6 +408,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             )
             new_values.append(((ns, channel, str(version)), typed))
         full_metadata = get_checkpoint_metadata(config, metadata)
+        if not full_metadata.get("run_id") and config.get("run_id"):
+            # as the LangGraph server does, so delete_for_runs finds plain invoke() runs too
+            full_metadata["run_id"] = str(config["run_id"])
         body_typed = self._dumps(body, f"checkpoint {checkpoint_id!r}")
         metadata_typed = self._dumps(full_metadata, f"metadata of checkpoint {checkpoint_id!r}")
         run_id = full_metadata.get("run_id")

@@ -1,0 +1,361 @@
+"""ZODBSaver: the official conformance suite, LangGraph graphs on it, bad input, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from batos.errors import ImageCorruptError, ImageError, ImageURIError
+from store.checkpoint_layout import CHECKPOINTS_KEY, Payload
+from store.checkpointer import (
+    CheckpointConfigError,
+    CheckpointNotFound,
+    CheckpointSerializationError,
+    ZODBSaver,
+    generate_checkpointer,
+)
+from store.image import LivingImage
+from store.zeo import ZeoServer
+
+
+class State(TypedDict):
+    n: int
+    log: Annotated[list, operator.add]
+
+
+def chain_graph(saver: ZODBSaver, nodes: int = 3) -> Any:
+    builder = StateGraph(State)
+    previous = START
+    for i in range(nodes):
+        builder.add_node(f"n{i}", lambda s, i=i: {"n": s["n"] + 1, "log": [f"n{i}"]})
+        builder.add_edge(previous, f"n{i}")
+        previous = f"n{i}"
+    builder.add_edge(previous, END)
+    return builder.compile(checkpointer=saver)
+
+
+def cfg(thread: str, **extra: Any) -> dict:
+    return {"configurable": {"thread_id": thread, **extra}}
+
+
+@pytest.fixture
+def saver(memory_image: LivingImage) -> Iterator[ZODBSaver]:
+    with ZODBSaver(memory_image) as s:
+        yield s
+
+
+@pytest.fixture
+def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+        yield s
+
+
+def transactions(image: LivingImage) -> int:
+    return len(image.db.undoLog(0, 100_000)) if image.db.supportsUndo() else -1
+
+
+# -- the official conformance suite, every capability ------------------------------------
+
+
+async def _conformance(uri_for_suite: Any) -> None:
+    @checkpointer_test(name="ZODBSaver")
+    async def factory():
+        image = LivingImage.open(uri_for_suite())
+        saver = ZODBSaver(image)
+        try:
+            yield saver
+        finally:
+            saver.close()
+            image.close()
+
+    report = await validate(factory)
+    failures = {n: r.failures for n, r in report.results.items() if r.passed is not True}
+    assert not failures, failures
+    assert {name for name, r in report.results.items() if r.detected} == {
+        c.value for c in ALL_CAPABILITIES
+    }
+    assert report.conformance_level() == "FULL"
+
+
+async def test_conformance_memory_image() -> None:
+    await _conformance(lambda: "memory://")
+
+
+async def test_conformance_file_image(tmp_path: Path) -> None:
+    counter = iter(range(100))
+    await _conformance(lambda: f"file://{tmp_path / str(next(counter))}.fs")
+
+
+@pytest.mark.slow
+async def test_conformance_through_zeo(tmp_path: Path) -> None:
+    with ZeoServer(tmp_path / "zeo.fs") as server:
+        await _conformance(lambda: server.uri)
+
+
+# -- graphs on the saver -----------------------------------------------------------------
+
+
+def test_graph_state_survives_reopening_the_image(file_uri: str) -> None:
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+        assert chain_graph(s).invoke({"n": 0, "log": []}, cfg("t1")) == {
+            "n": 3, "log": ["n0", "n1", "n2"],
+        }
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+        graph = chain_graph(s)
+        assert graph.get_state(cfg("t1")).values["n"] == 3
+        out = graph.invoke({"n": 10, "log": []}, cfg("t1"))
+        assert out["n"] == 13 and len(out["log"]) == 6
+
+
+def test_time_travel_history_update_and_replay(saver: ZODBSaver) -> None:
+    graph = chain_graph(saver)
+    graph.invoke({"n": 0, "log": []}, cfg("tt"))
+    history = list(graph.get_state_history(cfg("tt")))
+    assert [h.metadata["step"] for h in history] == [3, 2, 1, 0, -1]
+    after_n0 = next(h for h in history if h.next == ("n1",))
+    assert after_n0.values == {"n": 1, "log": ["n0"]}
+
+    # replay from the past checkpoint: only n1 and n2 run again, on a new branch
+    replayed = graph.invoke(None, after_n0.config)
+    assert replayed == {"n": 3, "log": ["n0", "n1", "n2"]}
+
+    # fork: edit the past state, then continue from the edit
+    forked = graph.update_state(after_n0.config, {"n": 100})
+    assert graph.get_state(forked).values["n"] == 100
+    assert graph.invoke(None, forked)["n"] == 102
+    assert len(list(graph.get_state_history(cfg("tt")))) > len(history)
+
+
+def test_interrupt_then_resume(saver: ZODBSaver) -> None:
+    def ask(state: State) -> dict:
+        answer = interrupt("how many?")
+        return {"n": state["n"] + answer, "log": ["ask"]}
+
+    builder = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    first = graph.invoke({"n": 1, "log": []}, cfg("hitl"))
+    assert first["__interrupt__"][0].value == "how many?"
+    assert graph.get_state(cfg("hitl")).next == ("ask",)
+    assert graph.invoke(Command(resume=41), cfg("hitl")) == {"n": 42, "log": ["ask"]}
+
+
+async def test_async_runs_side_by_side(file_saver: ZODBSaver) -> None:
+    graph = chain_graph(file_saver, nodes=4)
+    outs = await asyncio.gather(
+        *(graph.ainvoke({"n": i, "log": []}, cfg(f"a{i}")) for i in range(8))
+    )
+    assert [o["n"] for o in outs] == [i + 4 for i in range(8)]
+    states = [await graph.aget_state(cfg(f"a{i}")) for i in range(8)]
+    assert all(s.values["log"] == ["n0", "n1", "n2", "n3"] for s in states)
+
+
+def test_threads_hammering_one_image(file_saver: ZODBSaver) -> None:
+    graph = chain_graph(file_saver)
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for r in range(3):
+                graph.invoke({"n": r, "log": []}, cfg(f"w{k % 3}"))  # threads share ids
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
+    for k in range(3):
+        assert len(list(file_saver.list(cfg(f"w{k}")))) == 6 * 5
+
+
+def test_concurrent_writes_to_one_checkpoint_are_all_kept(saver: ZODBSaver) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    stored = saver.put(cfg("pw", checkpoint_ns=""), generate_checkpoint(), {"step": 0}, {})
+    workers = [
+        threading.Thread(target=saver.put_writes, args=(stored, [("ch", i)], f"task-{i}"))
+        for i in range(12)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    writes = saver.get_tuple(stored).pending_writes
+    assert sorted(w[2] for w in writes) == list(range(12))
+
+
+# -- storage layout ----------------------------------------------------------------------
+
+
+def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> None:
+    big = "x" * 100_000
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+        chain_graph(s, nodes=1).invoke({"n": 0, "log": [big]}, cfg("big"))
+        assert s.get_tuple(cfg("big")).checkpoint["channel_values"]["log"] == [big, "n0"]
+        with image.read() as root:
+            values = list(root[CHECKPOINTS_KEY].threads["big"].values.values())
+            assert any(isinstance(v, Payload) and v.blob is not None for v in values)
+            assert any(isinstance(v, tuple) for v in values)
+    blob_files = list(Path(file_uri[len("file://"):] + ".blobs").rglob("*.blob"))
+    assert blob_files
+
+
+def test_memory_image_keeps_large_values_without_blobs(saver: ZODBSaver) -> None:
+    chain_graph(saver, nodes=1).invoke({"n": 0, "log": ["y" * 100_000]}, cfg("m"))
+    assert len(saver.get_tuple(cfg("m")).checkpoint["channel_values"]["log"][0]) == 100_000
+
+
+def test_runs_are_deleted_with_their_values(saver: ZODBSaver) -> None:
+    graph = chain_graph(saver)
+    graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": "00000000-0000-0000-0000-000000000001"})
+    keep = graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": "00000000-0000-0000-0000-000000000002"})
+    saver.delete_for_runs(["00000000-0000-0000-0000-000000000002"])
+    assert len(keep["log"]) == 6
+    assert len(graph.get_state(cfg("r")).values["log"]) == 3
+    with saver._reading() as tree:
+        assert "00000000-0000-0000-0000-000000000002" not in tree.runs
+        thread = tree.threads["r"]
+        used = {v for r in thread.namespace("").values() for v in r.versions}
+        assert {key[1:] for key in thread.values.keys()} == used
+
+
+def test_trim_keeps_newest_and_copy_shares_payloads(saver: ZODBSaver) -> None:
+    graph = chain_graph(saver)
+    graph.invoke({"n": 0, "log": ["z" * 2000]}, cfg("src"))
+    saver.copy_thread("src", "dst")
+    with saver._reading() as tree:
+        src, dst = tree.threads["src"], tree.threads["dst"]
+        shared = [k for k, v in src.values.items() if isinstance(v, Payload)]
+        assert shared and all(dst.values[k] is src.values[k] for k in shared)
+    assert graph.get_state(cfg("dst")).values == graph.get_state(cfg("src")).values
+    assert saver.trim(["src"], keep=2) == 3
+    assert len(list(saver.list(cfg("src")))) == 2
+    assert graph.get_state(cfg("src")).values["n"] == 3
+    assert len(list(saver.list(cfg("dst")))) == 5
+
+
+# -- bad input: clear errors, nothing written --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config", [{}, {"configurable": {}}, cfg(""), cfg("   "), cfg({"x": 1}), cfg(None), cfg(1.5)]
+)
+def test_missing_or_malformed_thread_id(saver: ZODBSaver, config: dict) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    before = transactions(saver.image)
+    with pytest.raises(CheckpointConfigError) as info:
+        saver.put(config, generate_checkpoint(), {}, {})
+    assert "thread_id" in str(info.value) and info.value.hint
+    with pytest.raises(CheckpointConfigError):
+        saver.get_tuple(config)
+    assert transactions(saver.image) == before
+
+
+@pytest.mark.parametrize("config", [{}, cfg(""), cfg("  ")])
+def test_graph_without_a_usable_thread_id_writes_nothing(saver: ZODBSaver, config: dict) -> None:
+    # LangGraph itself refuses a config with no thread_id (and stringifies non-str ones);
+    # an empty one reaches the saver, which refuses it.
+    before = transactions(saver.image)
+    with pytest.raises(ValueError, match="thread_id"):
+        chain_graph(saver).invoke({"n": 0, "log": []}, config)
+    assert transactions(saver.image) == before
+
+
+def test_unknown_checkpoint_id(saver: ZODBSaver) -> None:
+    chain_graph(saver).invoke({"n": 0, "log": []}, cfg("k"))
+    missing = cfg("k", checkpoint_ns="", checkpoint_id="1ef00000-0000-6000-8000-000000000000")
+    assert saver.get_tuple(missing) is None  # LangGraph's contract
+    with pytest.raises(CheckpointNotFound, match="1ef00000") as info:
+        saver.require(missing)
+    assert "batos threads" in info.value.hint
+    with pytest.raises(CheckpointNotFound):
+        saver.require(cfg("nobody"))
+
+
+def test_non_serialisable_state_writes_nothing(saver: ZODBSaver) -> None:
+    class Opaque:
+        pass
+
+    def node(state: State) -> dict:
+        return {"log": [Opaque()] if state["n"] < 0 else ["fine"]}
+
+    builder = StateGraph(State)
+    builder.add_node("node", node)
+    builder.add_edge(START, "node")
+    builder.add_edge("node", END)
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke({"n": 0, "log": []}, cfg("ok"))
+    before = transactions(saver.image)
+    with pytest.raises(CheckpointSerializationError, match="lock") as info:
+        graph.invoke({"n": 0, "log": [threading.Lock()]}, cfg("bad"))
+    assert "nothing was written" in str(info.value) and info.value.hint
+    assert saver.get_tuple(cfg("bad")) is None
+    assert transactions(saver.image) == before
+    # a node that returns one: the run stops at the last good checkpoint
+    with pytest.raises(CheckpointSerializationError, match="Opaque"):
+        graph.invoke({"n": -1, "log": []}, cfg("bad-node"), durability="sync")
+    state = graph.get_state(cfg("bad-node"))
+    assert state.next == ("node",) and state.values == {"n": -1, "log": []}
+
+
+def test_image_that_cannot_be_opened(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.fs"
+    garbage.write_bytes(b"this is not a FileStorage" * 10)
+
+    async def enter(uri: str) -> None:
+        async with generate_checkpointer(uri):
+            pass
+
+    with pytest.raises(ImageCorruptError):
+        asyncio.run(enter(f"file://{garbage}"))
+    with pytest.raises(ImageURIError):
+        asyncio.run(enter("nosuch://x"))
+    with pytest.raises(ImageError, match="no ZEO server"):
+        asyncio.run(enter("zeo://127.0.0.1:9?wait_timeout=1"))
+
+
+def test_unknown_prune_strategy_and_bad_keep(saver: ZODBSaver) -> None:
+    from store.checkpointer import CheckpointError
+
+    with pytest.raises(CheckpointError, match="strategy"):
+        saver.prune(["x"], strategy="everything")
+    with pytest.raises(CheckpointError, match="keep"):
+        saver.trim(None, keep=0)
+
+
+# -- the langgraph.json factory ----------------------------------------------------------
+
+
+async def test_factory_shares_one_file_image_and_closes_it(file_uri: str) -> None:
+    async with generate_checkpointer(file_uri) as first:
+        async with generate_checkpointer(file_uri) as second:  # another server thread
+            assert first.image is second.image
+            graph = chain_graph(second)
+            await graph.ainvoke({"n": 0, "log": []}, cfg("f"))
+        assert (await first.aget_tuple(cfg("f"))) is not None
+    with LivingImage.open(file_uri) as image:  # the lock was released
+        assert ZODBSaver(image).get_tuple(cfg("f")) is not None
+
+
+async def test_factory_reads_the_image_setting(
+    file_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_IMAGE", file_uri)
+    async with generate_checkpointer() as saver:
+        assert saver.image.uri == file_uri

@@ -1,0 +1,221 @@
+"""ZODBSaver across processes: a run killed with SIGKILL resumes, and ``langgraph dev`` uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from graph.cli import main as batos
+from store.checkpointer import ZODBSaver
+from store.image import LivingImage
+from store.zeo import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+GRAPH_MODULE = '''
+import os, time, operator
+from pathlib import Path
+from typing import Annotated, TypedDict
+from langgraph.graph import END, START, StateGraph
+
+
+class State(TypedDict):
+    n: int
+    log: Annotated[list, operator.add]
+
+
+def slow(state):
+    signal_file = os.environ.get("SIGNAL_FILE")
+    if signal_file:
+        Path(signal_file).write_text("in slow")
+        time.sleep(60)
+    return {"n": state["n"] * 10, "log": ["slow"]}
+
+
+builder = StateGraph(State)
+builder.add_node("first", lambda s: {"n": s["n"] + 1, "log": ["first"]})
+builder.add_node("slow", slow)
+builder.add_node("last", lambda s: {"n": s["n"] + 2, "log": ["last"]})
+builder.add_edge(START, "first")
+builder.add_edge("first", "slow")
+builder.add_edge("slow", "last")
+builder.add_edge("last", END)
+graph = builder.compile()
+'''
+
+RUNNER = '''
+import json, sys
+from store.image import LivingImage
+from store.checkpointer import ZODBSaver
+from tiny_graph import builder
+
+uri, thread, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
+    graph = builder.compile(checkpointer=saver)
+    print(json.dumps(graph.invoke(payload, {"configurable": {"thread_id": thread}})))
+'''
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        **extra,
+    }
+
+
+def test_run_killed_mid_step_resumes_from_its_last_checkpoint(
+    tmp_path: Path, file_uri: str
+) -> None:
+    (tmp_path / "tiny_graph.py").write_text(GRAPH_MODULE)
+    (tmp_path / "runner.py").write_text(RUNNER)
+    signal_file = tmp_path / "in-slow"
+    victim = subprocess.Popen(
+        [sys.executable, str(tmp_path / "runner.py"), file_uri, "k9", '{"n": 1, "log": []}'],
+        env=_env(tmp_path, SIGNAL_FILE=str(signal_file)),
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while not signal_file.exists():
+        assert victim.poll() is None, "the run ended before reaching the slow node"
+        assert time.monotonic() < deadline, "the run never reached the slow node"
+        time.sleep(0.05)
+    time.sleep(0.3)  # let the background checkpoint writes of the step before finish
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+        latest = saver.get_tuple({"configurable": {"thread_id": "k9"}})
+        assert latest is not None
+        assert latest.checkpoint["channel_values"]["n"] == 2
+        # every stored checkpoint is whole and readable: input, after START, after "first"
+        history = list(saver.list({"configurable": {"thread_id": "k9"}}))
+        assert [item.metadata["step"] for item in history] == [1, 0, -1]
+        assert history[0].checkpoint["channel_values"]["log"] == ["first"]
+
+    resumed = subprocess.run(
+        [sys.executable, str(tmp_path / "runner.py"), file_uri, "k9", "null"],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"n": 22, "log": ["first", "slow", "last"]}
+
+
+def test_cli_lists_prunes_and_packs(
+    file_uri: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sys.path.insert(0, str(tmp_path))
+    (tmp_path / "tiny_graph.py").write_text(GRAPH_MODULE)
+    try:
+        from tiny_graph import builder
+    finally:
+        sys.path.remove(str(tmp_path))
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+        graph = builder.compile(checkpointer=saver)
+        for thread in ("alpha", "beta"):
+            graph.invoke({"n": 1, "log": ["x" * 5000]}, {"configurable": {"thread_id": thread}})
+    size_before = Path(file_uri[len("file://"):]).stat().st_size
+
+    assert batos(["--image", file_uri, "threads"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha" in out and "beta" in out
+    assert batos(["--image", file_uri, "threads", "alpha"]) == 0
+    assert "input" in capsys.readouterr().out
+    assert batos(["--image", file_uri, "threads", "gamma"]) == 7
+    assert "batos threads" in capsys.readouterr().err
+
+    assert batos(["--image", file_uri, "prune", "--keep", "2"]) == 0
+    assert "deleted 6 checkpoints" in capsys.readouterr().out
+    assert batos(["--image", file_uri, "prune", "--keep", "1", "gamma"]) == 7
+    assert batos(["--image", file_uri, "pack"]) == 0
+    assert "packed" in capsys.readouterr().out
+    assert Path(file_uri[len("file://"):]).stat().st_size < size_before
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+        assert len(list(saver.list({"configurable": {"thread_id": "alpha"}}))) == 2
+        assert saver.get_tuple({"configurable": {"thread_id": "beta"}}).checkpoint[
+            "channel_values"
+        ]["n"] == 22
+
+
+@pytest.mark.slow
+def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "tiny_graph.py").write_text(GRAPH_MODULE)
+    shutil.copytree(REPO / "store", project / "store", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "batos", project / "batos", ignore=shutil.ignore_patterns("__pycache__"))
+    config = json.loads((REPO / "langgraph.json").read_text())
+    config["graphs"] = {"tiny": "./tiny_graph.py:graph"}
+    (project / "langgraph.json").write_text(json.dumps(config))
+    image = tmp_path / "image" / "live_image.fs"
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    env = {
+        **os.environ,
+        "BATOS_IMAGE": f"file://{image}",
+        "LANGSMITH_TRACING": "false",
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(project),
+    }
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload",
+             "--port", str(port), "--host", "127.0.0.1"],
+            cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, log_path.read_text()[-4000:]
+                try:
+                    if client.get("/ok").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, log_path.read_text()[-4000:]
+                time.sleep(0.5)
+            thread = client.post("/threads", json={}).json()["thread_id"]
+            result = client.post(
+                f"/threads/{thread}/runs/wait",
+                json={"assistant_id": "tiny", "input": {"n": 1, "log": []}},
+            )
+            assert result.status_code == 200, result.text
+            assert result.json()["n"] == 22
+            history = client.post(f"/threads/{thread}/history", json={"limit": 10}).json()
+            assert len(history) == 5
+            copy = client.post(f"/threads/{thread}/copy").json()["thread_id"]
+            assert client.get(f"/threads/{copy}/state").json()["values"]["n"] == 22
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    text = log_path.read_text()
+    assert "Using custom checkpointer: ZODBSaver" in text, text[-4000:]
+    assert "Custom checkpointer missing" not in text, text[-4000:]
+    warnings = [
+        line for line in text.splitlines()
+        if "checkpointer" in line.lower() and ("warn" in line.lower() or "error" in line.lower())
+    ]
+    assert not warnings, warnings
+    with LivingImage.open(f"file://{image}") as reopened, ZODBSaver(reopened) as saver:
+        threads = {s.thread_id for s in saver.threads()}
+        assert {thread, copy} <= threads

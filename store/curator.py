@@ -121,8 +121,8 @@ class Curator:
             usage = cat["usage"]
             foldable: list[tuple[int, Chunk]] = []
             for document in cat["documents"].values():
-                if not document.content_hash:
-                    continue  # summary holders: never folded again
+                # Summaries fold too: old summaries become summaries of summaries, which is
+                # what keeps the live set bounded however long the image runs.
                 for chunk_id in document.chunk_ids:
                     chunk = cat["chunks"][chunk_id]
                     if now - chunk.created >= self.min_age_seconds:
@@ -134,7 +134,7 @@ class Curator:
             if excess > 0:
                 excess += int(self.max_chunks * (1 - TARGET_FRACTION))
                 rest = [c for _, c in foldable if c.id not in taken]
-                clusters.extend(self._least_used_runs(rest, excess))
+                clusters.extend(self._least_used_groups(rest, excess))
         return clusters
 
     def _redundant(self, cold: Sequence[Chunk]) -> list[Cluster]:
@@ -158,30 +158,32 @@ class Curator:
             )
         return clusters
 
-    def _least_used_runs(self, ordered: Sequence[Chunk], excess: int) -> list[Cluster]:
-        """Groups of up to MAX_CLUSTER chunks of one document, least used first, until
-        folding them would remove ``excess`` chunks."""
-        buckets: dict[str, list[Chunk]] = {}
-        runs: list[Cluster] = []
-
-        def emit(group: list[Chunk]) -> None:
-            nonlocal excess
-            group = sorted(group, key=lambda c: c.start)
-            runs.append(Cluster(tuple(c.id for c in group), tuple(c.text for c in group), "cold"))
-            excess -= len(group) - 1
-
-        for chunk in ordered:
-            bucket = buckets.setdefault(chunk.source, [])
-            bucket.append(chunk)
-            if len(bucket) == MAX_CLUSTER:
-                emit(buckets.pop(chunk.source))
-                if excess <= 0:
-                    return runs
-        for bucket in sorted(buckets.values(), key=len, reverse=True):
-            if len(bucket) < 2 or excess <= 0:
+    def _least_used_groups(self, ordered: Sequence[Chunk], excess: int) -> list[Cluster]:
+        """Topical groups of up to MAX_CLUSTER chunks drawn from the least used ones only,
+        until folding them would remove ``excess`` chunks from the live set."""
+        needed = -(-excess * MAX_CLUSTER // (MAX_CLUSTER - 1)) + 1
+        pool = [c for c in ordered if c.id in self.catalog.vectors][: min(needed, REDUNDANCY_SCAN)]
+        if len(pool) < 2:
+            return []
+        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in pool])
+        similarity = vectors @ vectors.T
+        free = np.ones(len(pool), dtype=bool)
+        groups: list[Cluster] = []
+        for seed in range(len(pool)):
+            if excess <= 0:
                 break
-            emit(bucket)
-        return runs
+            if not free[seed]:
+                continue
+            others = np.flatnonzero(free)
+            nearest = others[np.argsort(-similarity[seed, others], kind="stable")]
+            members = nearest[: min(MAX_CLUSTER, excess + 1)]
+            if len(members) < 2:
+                break
+            free[members] = False
+            group = sorted((pool[j] for j in members), key=lambda c: (c.source, c.start))
+            groups.append(Cluster(tuple(c.id for c in group), tuple(c.text for c in group), "cold"))
+            excess -= len(members) - 1
+        return groups
 
     # -- applying --------------------------------------------------------------------
 
@@ -252,7 +254,7 @@ class Curator:
             if archive is None:
                 raise _missing(archive_id)
             outcome["version"] = self.catalog.version(root)
-            change = self.catalog.remove_chunks(root, [archive.summary_id])
+            change = self.catalog.remove_chunks(root, [archive.summary_id], archived=False)
             restored = []
             for record in _decode(archive.read()):
                 document = cat["documents"].get(record["source"])

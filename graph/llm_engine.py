@@ -92,6 +92,7 @@ class Usage:
     first_token_s: float | None = None
     total_s: float = 0.0
     adapters: tuple[str, ...] = field(default_factory=tuple)
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -191,12 +192,16 @@ class Engine:
                 self._free(path, loaded)
             self._loaded[path] = _Loaded(handle, stamp)
             log.info("adapter %s loaded into RAM", path.name)
-            for old in list(self._loaded):
-                if len(self._loaded) <= self.capacity:
-                    break
-                if old not in self._active and old != path:
-                    self._free(old, self._loaded[old])
+            self._evict(keep=path)
             return handle
+
+    def _evict(self, keep: Path | None = None) -> None:
+        """Free least recently used adapters beyond capacity; never an active one or ``keep``."""
+        for old in list(self._loaded):
+            if len(self._loaded) <= self.capacity:
+                break
+            if old not in self._active and old != keep:
+                self._free(old, self._loaded[old])
 
     def _free(self, path: Path, loaded: _Loaded) -> None:
         if path in self._active:  # a replaced file while active: detach before freeing
@@ -223,7 +228,10 @@ class Engine:
         self.llama.reset()
         self.llama._ctx.kv_cache_clear()
         self._active = wanted
-        return time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        with self._registry:
+            self._evict()
+        return elapsed
 
     def prefetch(self, adapters: Sequence[Path]) -> threading.Thread:
         """Load ``adapters`` into RAM in the background, taking a turn in the queue."""
@@ -291,6 +299,7 @@ class Engine:
                     usage.finish_reason = "stop"
                     break
                 usage.completion_tokens += 1
+                usage.token_ids.append(token)
                 pending += decoder.decode(llama.detokenize([token]))
                 cut = min((i for i in (pending.find(s) for s in sampling.stop) if i >= 0),
                           default=-1)

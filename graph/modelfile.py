@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from batos import settings
 from batos.errors import ModelError
@@ -164,8 +164,10 @@ def load(path: Path) -> Modelfile:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ModelfileError(f"cannot read Modelfile {path}: {exc.strerror}",
-                             hint="run 'batos models render' to write the persona Modelfiles") from None
+        raise ModelfileError(
+            f"cannot read Modelfile {path}: {exc.strerror}",
+            hint="run 'batos models render' to write the persona Modelfiles",
+        ) from None
     return parse(text, path)
 
 

@@ -250,6 +250,7 @@ def zeo_start(
 #: capability, so the CLI grows without this file growing.
 FEATURES: tuple[str, ...] = (
     # one "graph.cli_<area>" module per line
+    "graph.cli_models",
     "graph.cli_threads",
     "graph.cli_memory",
 )

@@ -1,0 +1,155 @@
+"""``batos models list|build|status|render`` and ``batos say``: persona models from the shell."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from batos import settings
+from batos.errors import ModelError
+
+console = Console()
+models_app = typer.Typer(help="Persona models: Modelfiles, adapters, Ollama and embedded backends.",
+                         no_args_is_help=True)
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Every persona's Modelfile: Ollama name, FROM, parameters, and which adapters exist.
+
+    Example: batos models list
+    """
+    from graph.modelfile import persona_model
+    from prototypes.codex import load_codex
+    from store.models import catalog
+
+    names = list(catalog())
+    table = Table(title=f"Persona models ({settings.get('modelfiles')})")
+    columns = ("persona", "ollama model", "FROM", "temperature", *[f"adapter:{n}" for n in names])
+    for column in columns:
+        table.add_column(column)
+    for name in load_codex().personas:
+        model = persona_model(name)
+        cells = []
+        for which in names:
+            paths = [p.parent.parent / which / p.name for p in model.adapters]
+            cells.append(", ".join("✓" if p.is_file() else "not trained" for p in paths) or "-")
+        table.add_row(name, model.name, model.modelfile.from_,
+                      str(model.parameters.get("temperature", "-")), *cells)
+    console.print(table)
+
+
+@models_app.command("render")
+def render(
+    check: bool = typer.Option(False, "--check", help="Only report; exit 1 if stale."),
+) -> None:
+    """Write each persona Modelfile's SYSTEM from the codex identity (other lines are kept).
+
+    Example: batos models render --check
+    """
+    from graph.modelfile import render_all
+
+    stale = render_all(write=not check)
+    for path in stale:
+        console.print(f"{'stale' if check else 'rendered'} {path}")
+    if not stale:
+        console.print("Modelfiles match the codex")
+    if check and stale:
+        raise typer.Exit(1)
+
+
+@models_app.command("build")
+def build(
+    force: bool = typer.Option(False, "--force", help="Re-create models that exist."),
+) -> None:
+    """Create the persona models on the Ollama server at OLLAMA_HOST (only the missing ones).
+
+    Example: OLLAMA_HOST=http://127.0.0.1:11434 batos models build
+    """
+    from graph.llm_ollama import provision
+    from graph.models import _host_url
+
+    host = str(settings.get("ollama_host"))
+    if not host:
+        raise ModelError("OLLAMA_HOST is not set",
+                         hint="set it to your server (http://127.0.0.1:11434); without Ollama the "
+                         "embedded backend serves the Modelfiles directly and needs no build")
+    with console.status("provisioning persona models…") as status:
+        report = provision(_host_url(host), force=force,
+                           progress=lambda text: status.update(text))
+    console.print(f"present: {', '.join(report.present) or '-'}")
+    console.print(f"pulled:  {', '.join(report.pulled) or '-'}")
+    console.print(f"created: {', '.join(report.created) or '-'}")
+    if report.without_adapter:
+        console.print(f"[yellow]without adapter (not trained yet):[/] "
+                      f"{', '.join(report.without_adapter)}")
+
+
+@models_app.command("status")
+def status() -> None:
+    """Which backend serves the personas now, and whether each persona's model is ready.
+
+    Example: BATOS_MODEL=test batos models status
+    """
+    from graph.llm_embedded import adapter_paths
+    from graph.modelfile import persona_model
+    from graph.models import _host_url, select_backend
+    from prototypes.codex import load_codex
+
+    backend = select_backend()
+    console.print(f"backend: [bold]{backend}[/]")
+    if backend == "openai":
+        console.print(f"endpoint: {settings.get('openai_base_url')}")
+        return
+    if backend == "ollama":
+        import ollama
+
+        host = _host_url(str(settings.get("ollama_host")))
+        present = {m.model for m in ollama.Client(host=host).list().models}
+        for name, spec in load_codex().personas.items():
+            ready = f"{spec.model}:latest" in present or spec.model in present
+            console.print(f"  {name:7} {spec.model:14} "
+                          f"{'ready' if ready else 'missing: run batos models build'}")
+        return
+    from store.models import model_path
+
+    which = str(settings.get("model"))
+    console.print(f"base model: {which} → {model_path(which)}")
+    for name in load_codex().personas:
+        adapters = adapter_paths(persona_model(name), which)
+        state = ", ".join(p.name for p in adapters) if adapters else "system prompt only"
+        console.print(f"  {name:7} {state}")
+
+
+def say(
+    persona: str = typer.Argument(..., help="ROBIN, BRICK, BABS or ALFRED."),
+    text: str = typer.Argument(..., help="What to say to the persona."),
+    temperature: float = typer.Option(None, "--temperature", "-t", help="Override the Modelfile."),
+    max_tokens: int = typer.Option(None, "--max-tokens", "-n", help="Longest reply in tokens."),
+) -> None:
+    """Stream one reply from one persona.
+
+    Example: BATOS_MODEL=test batos say robin "I feel lost today"
+    """
+    from graph.models import chat_model
+
+    options = {k: v for k, v in (("temperature", temperature), ("num_predict", max_tokens))
+               if v is not None}
+    model = chat_model(persona, **options)
+    usage = None
+    for chunk in model.stream(text):
+        sys.stdout.write(str(chunk.content))
+        sys.stdout.flush()
+        usage = chunk.usage_metadata or usage
+    sys.stdout.write("\n")
+    if usage:
+        console.print(f"[dim]{usage['input_tokens']} prompt + {usage['output_tokens']} "
+                      "reply tokens[/]", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")
+    app.command("say")(say)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -310,21 +312,51 @@ def _stamp(seconds: float) -> datetime:
 async def make_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
     """An ``ImageStore`` on the image at ``uri`` (default: setting ``image``), for langgraph.json.
 
-    It shares the process's open image with the checkpointer, since a file:// image can be
-    opened only once per process.
+    The server loads this file under a module name of its own; classes pickled into the image
+    and the ``bound`` context must come from ``store.memory_store`` itself, so the work is
+    done there.
     """
-    from store.checkpointer import _SHARED_IMAGES
+    from store import memory_store
 
+    async with memory_store.open_store(uri) as store:
+        yield store
+
+
+@asynccontextmanager
+async def open_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
+    """An ``ImageStore`` sharing the process's open image with the checkpointer, since a
+    file:// image can be opened only once per process."""
     uri = uri or str(settings.get("image"))
+    shared = _shared_images(uri)
     loop = asyncio.get_running_loop()
-    image = await loop.run_in_executor(None, _SHARED_IMAGES.acquire, uri)
+    image = await loop.run_in_executor(None, shared.acquire, uri)
     try:
         store = await loop.run_in_executor(None, ImageStore, image)
     except BaseException:
-        await loop.run_in_executor(None, _SHARED_IMAGES.release, uri)
+        await loop.run_in_executor(None, shared.release, uri)
         raise
     log.info("memory store on %s", uri)
     try:
         yield store
     finally:
-        await loop.run_in_executor(None, _SHARED_IMAGES.release, uri)
+        await loop.run_in_executor(None, shared.release, uri)
+
+
+def _shared_images(uri: str) -> Any:
+    """The checkpointer's registry of open images — the copy that already holds ``uri``.
+
+    The LangGraph server loads a ``./file.py:factory`` path as a module of its own name, so
+    store/checkpointer.py may be in memory twice, each copy with its own registry; opening
+    the image through the other one would hit the FileStorage lock.
+    """
+    import store.checkpointer
+
+    target = Path(store.checkpointer.__file__).resolve()
+    copies = [store.checkpointer._SHARED_IMAGES]
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "_SHARED_IMAGES", None)
+        path = getattr(module, "__file__", None)
+        if registry is not None and path and Path(path).resolve() == target:
+            copies.append(registry)
+    holding = [r for r in copies if uri in getattr(r, "_open", {})]
+    return (holding or copies)[0]

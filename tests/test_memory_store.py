@@ -141,3 +141,56 @@ def test_make_store_is_the_langgraph_json_factory(file_uri: str) -> None:
             return (await store.aget(("s",), "k")).value
 
     assert asyncio.run(use()) == {"v": 1}
+
+
+def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_uri: str) -> None:
+    """``langgraph dev`` loads ./store/checkpointer.py under a module name of its own."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import store.checkpointer
+
+    spec = importlib.util.spec_from_file_location(
+        "__store__checkpointer", Path(store.checkpointer.__file__)
+    )
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules["__store__checkpointer"] = loaded
+    spec.loader.exec_module(loaded)
+    try:
+        image = loaded._SHARED_IMAGES.acquire(file_uri)
+        try:
+
+            async def use() -> dict:
+                async with make_store(file_uri) as memory:
+                    await memory.aput(("s",), "k", {"v": 2})
+                    return (await memory.aget(("s",), "k")).value
+
+            assert asyncio.run(use()) == {"v": 2}
+            with image.read() as root:  # still open: the store borrowed, not reopened, it
+                assert ("s",) in root["memory"]
+        finally:
+            loaded._SHARED_IMAGES.release(file_uri)
+    finally:
+        del sys.modules["__store__checkpointer"]
+
+
+def test_the_server_loading_this_file_by_path_still_pickles_canonical_classes(
+    file_uri: str,
+) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    import store.memory_store as canonical
+
+    spec = importlib.util.spec_from_file_location("xqzrandom", Path(canonical.__file__))
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+
+    async def use() -> type:
+        async with copy.make_store(file_uri) as memory:
+            await memory.aput(("s",), "k", {"v": 3})
+            with memory.image.read() as root:
+                return type(root["memory"][("s",)]["k"])
+
+    assert asyncio.run(use()) is canonical.MemoryItem

@@ -1,0 +1,130 @@
+"""The chat-model factory, backend selection, and the embedded backend on the test model."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from batos.errors import ConfigurationError, ModelError
+from graph.llm_embedded import EmbeddedChatModel, message_dicts
+from graph.llm_engine import FairLock, Sampling, engine
+from graph.models import chat_model, select_backend
+from prototypes.codex import load_codex
+from store.models import model_path
+
+
+@pytest.fixture(autouse=True)
+def no_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
+    monkeypatch.delenv("BATOS_OPENAI_BASE_URL", raising=False)
+
+
+def test_embedded_is_the_fallback() -> None:
+    assert select_backend() == "embedded"
+    model = chat_model("robin")
+    assert isinstance(model, EmbeddedChatModel) and model.persona == "ROBIN"
+
+
+def test_an_openai_endpoint_comes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATOS_OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
+    assert select_backend() == "openai"
+    model = chat_model("BRICK", temperature=0.0)
+    assert model.model_name == "batos-brick"
+    assert model.persona_system == load_codex().persona("BRICK").identity
+    assert model.temperature == 0.0
+
+
+def test_a_dead_openai_endpoint_is_a_model_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATOS_OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    model = chat_model("BABS", timeout=2)
+    model.max_retries = 0
+    with pytest.raises(ModelError, match="OpenAI-compatible endpoint"):
+        model.invoke("hello")
+
+
+def test_bad_options_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="unknown backend"):
+        chat_model("ROBIN", backend="gpt")
+    with pytest.raises(ConfigurationError, match="does not take colour"):
+        chat_model("ROBIN", colour="red")
+    with pytest.raises(ConfigurationError, match="unknown persona"):
+        chat_model("JOKER")
+
+
+def test_a_system_message_replaces_the_modelfile_system() -> None:
+    assert message_dicts([HumanMessage("hi")], "You are X.") == [
+        {"role": "system", "content": "You are X."}, {"role": "user", "content": "hi"}]
+    assert message_dicts([SystemMessage("Be brief."), HumanMessage("hi")], "You are X.") == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
+    lock = FairLock()
+    lock.acquire()
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        lock.acquire()
+        order.append(i)
+        lock.release()
+
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=waiter, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.05)  # so each takes its ticket before the next starts
+    assert lock.acquire(timeout=0.01) is False  # gives up; must not block the others
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert order == [0, 1, 2, 3]
+    assert lock.acquire(timeout=1) is True
+
+
+@pytest.mark.model
+def test_embedded_invoke_and_stream_carry_usage() -> None:
+    model = chat_model("BRICK", temperature=0, num_predict=8)
+    reply = model.invoke("Say hello.")
+    assert reply.content and reply.usage_metadata["output_tokens"] <= 8
+    assert reply.usage_metadata["input_tokens"] > 20  # the Modelfile SYSTEM is in the prompt
+    chunks = list(model.stream("Say hello."))
+    assert "".join(str(c.content) for c in chunks) == reply.content
+    assert chunks[-1].usage_metadata == reply.usage_metadata
+    assert len([c for c in chunks if c.content]) > 1
+
+
+@pytest.mark.model
+def test_prompt_longer_than_the_context_is_refused_and_the_model_stays_usable() -> None:
+    eng = engine(model_path("test"))
+    with pytest.raises(ModelError, match="the context holds 4096"):
+        list(eng.generate([{"role": "user", "content": "word " * 5000}]))
+    pieces = list(eng.generate([{"role": "user", "content": "Say hi."}],
+                               sampling=Sampling(temperature=0, num_predict=4)))
+    assert pieces[-1].completion_tokens > 0
+
+
+@pytest.mark.model
+def test_concurrent_callers_share_one_model_one_at_a_time() -> None:
+    model = chat_model("ALFRED", temperature=0, num_predict=4)
+    results: list[str] = []
+
+    def call() -> None:
+        results.append(str(model.invoke("Status?").content))
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 3 and len(set(results)) == 1
+
+
+@pytest.mark.model
+async def test_embedded_async_streaming() -> None:
+    model = chat_model("ROBIN", temperature=0, num_predict=4)
+    pieces = [c.content async for c in model.astream("Hello")]
+    assert "".join(str(p) for p in pieces)

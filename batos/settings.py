@@ -76,6 +76,13 @@ SETTINGS: dict[str, Setting] = {
             "Folder where model files assembled from their packages are kept.",
         ),
         Setting(
+            "llama_cpp_sdist",
+            "BATOS_LLAMA_CPP_SDIST",
+            lambda: "",
+            "A downloaded llama-cpp-python sdist (.tar.gz) holding llama.cpp's GGUF converters "
+            "for 'batos personas train/fuse'; empty means fetch it from PyPI on first use.",
+        ),
+        Setting(
             "zeo_address",
             "BATOS_ZEO_ADDRESS",
             lambda: "127.0.0.1:8100",

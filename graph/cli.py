@@ -253,6 +253,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli_models",
     "graph.cli_threads",
     "graph.cli_memory",
+    "graph.cli_personas",
 )
 
 

@@ -12,11 +12,18 @@
      │    └── ModelFileError         a model part is missing or fails its checksum
      ├── DoesNotUnderstand           a public message no slot or parent answers
      │                                (also an AttributeError, so hasattr/getattr work)
-     └── GeneratedCodeError          method code (LLM-written or hand-written) was refused
-          ├── AuditRejected           the PersistenceGuardian found problems (all listed)
-          ├── SandboxViolation        the code broke the sandbox policy while running
-          │    └── SandboxLimitExceeded   it ran out of time or memory
-          └── MissionFailed           doesNotUnderstand gave up after every attempt
+     ├── GeneratedCodeError          method code (LLM-written or hand-written) was refused
+     │    ├── AuditRejected           the PersistenceGuardian found problems (all listed)
+     │    ├── SandboxViolation        the code broke the sandbox policy while running
+     │    │    └── SandboxLimitExceeded   it ran out of time or memory
+     │    └── MissionFailed           doesNotUnderstand gave up after every attempt
+     ├── CheckpointError              a checkpointer request is malformed or names nothing
+     │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
+     │    ├── CheckpointNotFound      no such thread or checkpoint (also a LookupError)
+     │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
+     └── CatalogError                 the knowledge catalog cannot do what was asked
+          ├── DocumentError           one input document cannot be ingested
+          └── ArchiveError            a curator archive is missing or unreadable
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
 """
@@ -133,3 +140,35 @@ class SandboxLimitExceeded(SandboxViolation):
 
 class MissionFailed(GeneratedCodeError):
     """doesNotUnderstand could not produce a working method; the image is unchanged."""
+
+
+class CheckpointError(BatosError):
+    """A checkpoint request is malformed or names something that does not exist."""
+
+    exit_code = 8
+
+
+class CheckpointConfigError(CheckpointError, ValueError):
+    """The config passed to the checkpointer lacks a usable thread or checkpoint id."""
+
+
+class CheckpointNotFound(CheckpointError, LookupError):
+    """No thread or checkpoint with the requested id exists in the image."""
+
+
+class CheckpointSerializationError(CheckpointError, TypeError):
+    """A state value cannot be encoded by the checkpointer's serializer; nothing was written."""
+
+
+class CatalogError(BatosError):
+    """The knowledge catalog cannot do what was asked."""
+
+    exit_code = 9
+
+
+class DocumentError(CatalogError):
+    """One input document cannot be ingested (unreadable, binary, empty, too large)."""
+
+
+class ArchiveError(CatalogError):
+    """A curator archive does not exist or cannot be read back."""

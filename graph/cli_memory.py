@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from batos.errors import BatosError
-from store.catalog import CatalogError, DocumentError, KnowledgeCatalog
+from batos.errors import BatosError, CatalogError, DocumentError
+from store.catalog import KnowledgeCatalog
 
 console = Console()
 err_console = Console(stderr=True)

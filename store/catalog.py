@@ -36,7 +36,7 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 from zope.index.text.textindex import TextIndex
 
-from batos.errors import BatosError
+from batos.errors import CatalogError
 from store.embeddings import DIMS, Embedder, from_bytes, to_bytes
 from store.image import LivingImage
 from store.schema import UpgradeStep, upgrade
@@ -56,20 +56,6 @@ USAGE_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
 
 IFTreeSet = family32.IF.TreeSet
-
-
-class CatalogError(BatosError):
-    """The knowledge catalog cannot do what was asked."""
-
-    exit_code = 7
-
-
-class DocumentError(CatalogError):
-    """One input document cannot be ingested (unreadable, binary, empty, too large)."""
-
-
-class ArchiveError(CatalogError):
-    """A curator archive does not exist or cannot be read back."""
 
 
 # -- persistent records -------------------------------------------------------------------

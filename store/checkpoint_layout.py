@@ -29,7 +29,6 @@ from typing import Any
 from BTrees.OOBTree import OOBTree, OOTreeSet
 from persistent import Persistent
 
-from batos.errors import BatosError
 from store.schema import UpgradeStep
 
 CHECKPOINTS_KEY = "checkpoints"
@@ -39,24 +38,6 @@ CHECKPOINTS_KEY = "checkpoints"
 INLINE_LIMIT = 512
 
 Typed = tuple[str, bytes]
-
-
-class CheckpointError(BatosError):
-    """A checkpoint request is malformed or names something that does not exist."""
-
-    exit_code = 7
-
-
-class CheckpointConfigError(CheckpointError, ValueError):
-    """The config passed to the checkpointer lacks a usable thread or checkpoint id."""
-
-
-class CheckpointNotFound(CheckpointError, LookupError):
-    """No thread or checkpoint with the requested id exists in the image."""
-
-
-class CheckpointSerializationError(CheckpointError, TypeError):
-    """A state value cannot be encoded by the checkpointer's serializer; nothing was written."""
 
 
 class Payload(Persistent):
@@ -170,9 +151,11 @@ class ThreadRecord(Persistent):
         """Remove one checkpoint and its writes; its channel values are left to ``sweep``."""
         tree = self.namespaces.get(ns)
         record = tree.pop(checkpoint_id, None) if tree is not None else None
-        for key in list(self.writes.keys(
-            min=(ns, checkpoint_id), max=(ns, checkpoint_id + "\0"), excludemax=True
-        )):
+        for key in list(
+            self.writes.keys(
+                min=(ns, checkpoint_id), max=(ns, checkpoint_id + "\0"), excludemax=True
+            )
+        ):
             del self.writes[key]
         if tree is not None and not tree:
             del self.namespaces[ns]
@@ -185,7 +168,6 @@ class ThreadRecord(Persistent):
         for key in list(self.values.keys(min=(ns,), max=(ns + "\0",), excludemax=True)):
             if key[1:] not in used:
                 del self.values[key]
-
 
     def summary(self, thread_id: str) -> ThreadSummary:
         checkpoints, size, latest = 0, 0, None
@@ -237,7 +219,6 @@ class CheckpointTree(Persistent):
             members.discard(entry)
             if not members:
                 del self.runs[run_id]
-
 
     # -- whole-thread operations, each run inside one transaction by the saver -------------
 

@@ -9,7 +9,7 @@ event loop's executor. The layout in the image is described in ``store.checkpoin
 
 Errors::
 
-    CheckpointError (BatosError, exit code 7)
+    CheckpointError (BatosError, exit code 8)
      ├── CheckpointConfigError         no usable thread_id / checkpoint_id in the config
      ├── CheckpointNotFound            no such thread or checkpoint (``require``)
      └── CheckpointSerializationError  a state value the serde cannot encode; nothing written
@@ -46,15 +46,17 @@ from ZODB.interfaces import IBlobStorage
 from ZODB.POSException import ConflictError
 
 from batos import settings
-from batos.errors import TransactionFailed
-from store.checkpoint_layout import (
-    CHECKPOINT_STEPS,
-    CHECKPOINTS_KEY,
+from batos.errors import (
     CheckpointConfigError,
     CheckpointError,
     CheckpointNotFound,
-    CheckpointRecord,
     CheckpointSerializationError,
+    TransactionFailed,
+)
+from store.checkpoint_layout import (
+    CHECKPOINT_STEPS,
+    CHECKPOINTS_KEY,
+    CheckpointRecord,
     CheckpointTree,
     ThreadRecord,
     ThreadSummary,
@@ -62,7 +64,7 @@ from store.checkpoint_layout import (
     decode,
     encode,
 )
-from store.image import RETRY_BACKOFF, LivingImage
+from store.image import RETRY_BACKOFF, LivingImage, acquire_shared, release_shared
 from store.schema import upgrade
 
 __all__ = [
@@ -256,8 +258,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     # -- reading ----------------------------------------------------------------------------
 
     def _tuple(
-        self, thread: ThreadRecord, thread_id: str, ns: str, checkpoint_id: str,
-        record: CheckpointRecord, config: RunnableConfig | None = None,
+        self,
+        thread: ThreadRecord,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: CheckpointRecord,
+        config: RunnableConfig | None = None,
     ) -> CheckpointTuple:
         checkpoint: Checkpoint = self.serde.loads_typed(record.checkpoint)
         values: dict[str, Any] = {}
@@ -277,9 +284,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             config=config or _config(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,
             metadata=self.serde.loads_typed(record.metadata),
-            parent_config=(
-                _config(thread_id, ns, record.parent_id) if record.parent_id else None
-            ),
+            parent_config=(_config(thread_id, ns, record.parent_id) if record.parent_id else None),
             pending_writes=[
                 (task_id, channel, self.serde.loads_typed(decode(stored)))
                 for _path, task_id, _idx, channel, stored in writes
@@ -623,38 +628,6 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:032}.{random.random():016}"
 
 
-class _SharedImages:
-    """One open ``LivingImage`` per URI in this process, reference-counted.
-
-    The LangGraph server enters its checkpointer factory once per event-loop thread, and a
-    file:// image can be opened only once per process, so the factory shares it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[str, tuple[LivingImage, int]] = {}
-
-    def acquire(self, uri: str) -> LivingImage:
-        with self._lock:
-            image, count = self._open.get(uri, (None, 0))
-            if image is None:
-                image = LivingImage.open(uri)
-            self._open[uri] = (image, count + 1)
-            return image
-
-    def release(self, uri: str) -> None:
-        with self._lock:
-            image, count = self._open[uri]
-            if count > 1:
-                self._open[uri] = (image, count - 1)
-                return
-            del self._open[uri]
-        image.close()
-
-
-_SHARED_IMAGES = _SharedImages()
-
-
 @asynccontextmanager
 async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSaver]:
     """A ``ZODBSaver`` on the image at ``uri`` (default: setting ``image``), closed on exit.
@@ -664,15 +637,15 @@ async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSav
     """
     uri = uri or str(settings.get("image"))
     loop = asyncio.get_running_loop()
-    image = await loop.run_in_executor(None, _SHARED_IMAGES.acquire, uri)
+    image = await loop.run_in_executor(None, acquire_shared, uri)
     try:
         saver = await loop.run_in_executor(None, ZODBSaver, image)
     except BaseException:
-        _SHARED_IMAGES.release(uri)
+        release_shared(uri)
         raise
     log.info("checkpointer on %s", uri)
     try:
         yield saver
     finally:
         saver.close()
-        await loop.run_in_executor(None, _SHARED_IMAGES.release, uri)
+        await loop.run_in_executor(None, release_shared, uri)

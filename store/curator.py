@@ -29,7 +29,8 @@ from ZODB.blob import Blob
 from ZODB.interfaces import IBlobStorage
 
 from batos import settings
-from store.catalog import ArchiveError, Chunk, KnowledgeCatalog, catalog_root, stored_vector
+from batos.errors import ArchiveError
+from store.catalog import Chunk, KnowledgeCatalog, catalog_root, stored_vector
 
 log = logging.getLogger("batos.curator")
 

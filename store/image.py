@@ -138,7 +138,6 @@ class LivingImage:
     def __init__(self, db: ZODB.DB, uri: str) -> None:
         self.db = db
         self.uri = uri
-        self._local = threading.local()
 
     @classmethod
     def open(cls, uri: str | None = None) -> LivingImage:
@@ -291,3 +290,47 @@ def image_path(uri: str) -> Path | None:
     """The FileStorage path of a file:// URI, or None for other schemes."""
     parts = urlsplit(uri)
     return Path(parts.path) if parts.scheme == "file" else None
+
+
+class _SharedImages:
+    """One open ``LivingImage`` per URI in this process, reference-counted.
+
+    The LangGraph server enters its checkpointer and store factories once per event-loop
+    thread, and a file:// image can be opened only once per process, so they share it. The
+    registry lives here, in a module imported under one name only, because the server loads
+    ``./file.py:factory`` paths as modules of their own names.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[LivingImage, int]] = {}
+
+    def acquire(self, uri: str) -> LivingImage:
+        with self._lock:
+            image, count = self._open.get(uri, (None, 0))
+            if image is None:
+                image = LivingImage.open(uri)
+            self._open[uri] = (image, count + 1)
+            return image
+
+    def release(self, uri: str) -> None:
+        with self._lock:
+            image, count = self._open[uri]
+            if count > 1:
+                self._open[uri] = (image, count - 1)
+                return
+            del self._open[uri]
+        image.close()
+
+
+_SHARED = _SharedImages()
+
+
+def acquire_shared(uri: str) -> LivingImage:
+    """The process's one open image at ``uri`` (opened on first use); pair with release."""
+    return _SHARED.acquire(uri)
+
+
+def release_shared(uri: str) -> None:
+    """Drop one use of the shared image at ``uri``; the last use closes it."""
+    _SHARED.release(uri)

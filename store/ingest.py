@@ -21,7 +21,8 @@ from typing import Any
 from ZODB.POSException import ConflictError
 
 from batos import settings
-from store.catalog import Change, DocumentError, KnowledgeCatalog, PreparedDocument, catalog_root
+from batos.errors import DocumentError
+from store.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
 from store.chunking import chunk
 
 log = logging.getLogger("batos.ingest")

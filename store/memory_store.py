@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +40,7 @@ from persistent import Persistent
 from batos import settings
 from store.catalog import CATALOG_STEPS
 from store.embeddings import DIMS, Embedder, from_bytes, to_bytes
-from store.image import LivingImage
+from store.image import LivingImage, acquire_shared, release_shared
 from store.schema import UpgradeStep, upgrade
 
 log = logging.getLogger("batos.memory")
@@ -327,36 +325,15 @@ async def open_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
     """An ``ImageStore`` sharing the process's open image with the checkpointer, since a
     file:// image can be opened only once per process."""
     uri = uri or str(settings.get("image"))
-    shared = _shared_images(uri)
     loop = asyncio.get_running_loop()
-    image = await loop.run_in_executor(None, shared.acquire, uri)
+    image = await loop.run_in_executor(None, acquire_shared, uri)
     try:
         store = await loop.run_in_executor(None, ImageStore, image)
     except BaseException:
-        await loop.run_in_executor(None, shared.release, uri)
+        await loop.run_in_executor(None, release_shared, uri)
         raise
     log.info("memory store on %s", uri)
     try:
         yield store
     finally:
-        await loop.run_in_executor(None, shared.release, uri)
-
-
-def _shared_images(uri: str) -> Any:
-    """The checkpointer's registry of open images — the copy that already holds ``uri``.
-
-    The LangGraph server loads a ``./file.py:factory`` path as a module of its own name, so
-    store/checkpointer.py may be in memory twice, each copy with its own registry; opening
-    the image through the other one would hit the FileStorage lock.
-    """
-    import store.checkpointer
-
-    target = Path(store.checkpointer.__file__).resolve()
-    copies = [store.checkpointer._SHARED_IMAGES]
-    for module in list(sys.modules.values()):
-        registry = getattr(module, "_SHARED_IMAGES", None)
-        path = getattr(module, "__file__", None)
-        if registry is not None and path and Path(path).resolve() == target:
-            copies.append(registry)
-    holding = [r for r in copies if uri in getattr(r, "_open", {})]
-    return (holding or copies)[0]
+        await loop.run_in_executor(None, release_shared, uri)

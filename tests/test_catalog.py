@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from store.catalog import CatalogError, KnowledgeCatalog
+from batos.errors import CatalogError
+from store.catalog import KnowledgeCatalog
 from store.chunking import chunk, sentences
 from store.embeddings import Embedder
 from store.image import LivingImage

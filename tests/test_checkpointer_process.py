@@ -134,12 +134,12 @@ def test_cli_lists_prunes_and_packs(
     assert "alpha" in out and "beta" in out
     assert batos(["--image", file_uri, "threads", "alpha"]) == 0
     assert "input" in capsys.readouterr().out
-    assert batos(["--image", file_uri, "threads", "gamma"]) == 7
+    assert batos(["--image", file_uri, "threads", "gamma"]) == 8
     assert "batos threads" in capsys.readouterr().err
 
     assert batos(["--image", file_uri, "prune", "--keep", "2"]) == 0
     assert "deleted 6 checkpoints" in capsys.readouterr().out
-    assert batos(["--image", file_uri, "prune", "--keep", "1", "gamma"]) == 7
+    assert batos(["--image", file_uri, "prune", "--keep", "1", "gamma"]) == 8
     assert batos(["--image", file_uri, "pack"]) == 0
     assert "packed" in capsys.readouterr().out
     assert Path(file_uri[len("file://"):]).stat().st_size < size_before

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from store.catalog import ArchiveError, KnowledgeCatalog
+from batos.errors import ArchiveError
+from store.catalog import KnowledgeCatalog
 from store.curator import Curator, archives, originals
 from store.embeddings import Embedder
 from store.image import LivingImage

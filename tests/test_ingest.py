@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from store.catalog import DocumentError, KnowledgeCatalog
+from batos.errors import DocumentError
+from store.catalog import KnowledgeCatalog
 from store.embeddings import Embedder
 from store.image import LivingImage
 from store.ingest import ingest_paths, ingest_text, read_document

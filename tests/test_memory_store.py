@@ -158,7 +158,7 @@ def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_u
     sys.modules["__store__checkpointer"] = loaded
     spec.loader.exec_module(loaded)
     try:
-        image = loaded._SHARED_IMAGES.acquire(file_uri)
+        image = loaded.acquire_shared(file_uri)
         try:
 
             async def use() -> dict:
@@ -170,7 +170,7 @@ def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_u
             with image.read() as root:  # still open: the store borrowed, not reopened, it
                 assert ("s",) in root["memory"]
         finally:
-            loaded._SHARED_IMAGES.release(file_uri)
+            loaded.release_shared(file_uri)
     finally:
         del sys.modules["__store__checkpointer"]
 

@@ -206,6 +206,18 @@ class _Delegation:
     def __get__(self, obj: UvmObject | None, owner: type | None = None) -> Any:
         if obj is None:
             return self
+        # The hit-cache check of _resolve, inlined: this is the hot path of every
+        # delegated read, and a Python call costs as much as the lookup itself.
+        hits = obj.__dict__.get("_v_hits")
+        if hits is not None and hits[0] == _epoch:
+            entry = hits[1].get(self.name)
+            if entry is not None:
+                state, function = entry
+                if function is None:
+                    if self.name in state:
+                        return state[self.name]
+                elif state:
+                    return types.MethodType(function, obj)
         if not obj.__dict__:  # a ghost: load it, then its own slot may answer
             obj._p_activate()
             state = obj.__dict__

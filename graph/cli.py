@@ -252,6 +252,7 @@ FEATURES: tuple[str, ...] = (
     # one "graph.cli_<area>" module per line
     "graph.cli_models",
     "graph.cli_threads",
+    "graph.cli_kernel",
     "graph.cli_memory",
     "graph.cli_personas",
 )

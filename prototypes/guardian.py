@@ -120,6 +120,7 @@ class PersistenceGuardian(ast.NodeVisitor):
         self.selector = selector
         self.findings: list[str] = []
         self._function_depth = 0
+        self._modules: dict[str, str] = {}  # local name -> allow-listed module imported
 
     # -- entry ----------------------------------------------------------------------------
 
@@ -234,6 +235,11 @@ class PersistenceGuardian(ast.NodeVisitor):
         elif node.attr in DENIED_ATTRIBUTES:
             hint = "; use an f-string instead" if node.attr.startswith("format") else ""
             self._add(node, f"attribute {node.attr!r} is not allowed{hint}")
+        elif isinstance(node.value, ast.Name) and node.value.id in self._modules:
+            module = self._modules[node.value.id]
+            if node.attr not in ALLOWED_IMPORTS[module]:
+                self._add(node, f"{module}.{node.attr} is not available; use one of "
+                          f"{', '.join(sorted(ALLOWED_IMPORTS[module]))}")  # fmt: skip
         self.visit(node.value)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -254,6 +260,8 @@ class PersistenceGuardian(ast.NodeVisitor):
             if alias.name not in ALLOWED_IMPORTS:
                 self._add(node, f"import of {alias.name!r} is not allowed; allowed modules: "
                           f"{', '.join(sorted(ALLOWED_IMPORTS))}")  # fmt: skip
+            else:
+                self._modules[alias.asname or alias.name] = alias.name
             if alias.asname:
                 self._check_name(node, alias.asname)
 

@@ -54,3 +54,24 @@ class ScriptedChatModel(BaseChatModel):
             raise reply
         message = reply if isinstance(reply, AIMessage) else AIMessage(str(reply))
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def image_digest(db: Any) -> str:
+    """A digest of every object record reachable from the root: equal digests, equal images."""
+    import hashlib
+
+    from ZODB.serialize import referencesf
+    from ZODB.utils import z64
+
+    digest = hashlib.sha256()
+    seen: set[bytes] = set()
+    todo = [z64]
+    while todo:
+        oid = todo.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        data, _ = db.storage.load(oid)
+        digest.update(oid + data)
+        todo.extend(sorted(referencesf(data), reverse=True))
+    return digest.hexdigest()

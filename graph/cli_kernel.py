@@ -1,0 +1,225 @@
+"""``batos methods`` and ``batos send``: the image's methods, and messages sent by hand.
+
+Hand-written methods pass the same gate as generated ones (the PersistenceGuardian and the
+sandbox compiler); a message nothing understands goes through doesNotUnderstand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from batos.errors import BatosError, ObjectPathError
+from graph.app import open_image
+from prototypes import kernel
+from prototypes.incarnation import OBJECTS_KEY
+from prototypes.paths import resolve
+from prototypes.uvm import Method, UvmObject
+
+#: Chat-model factory for missions started from the command line (None: graph.models).
+model_factory = None
+
+methods_app = typer.Typer(
+    help="Methods in the image: list them, add one by hand, remove one.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+def _cli() -> Any:
+    from graph import cli
+
+    return cli
+
+
+def _uri(ctx: typer.Context) -> str:
+    root_ctx = ctx.find_root()
+    return root_ctx.obj["image"]
+
+
+def _prototype(root: Any, path: str) -> UvmObject:
+    target = resolve(root, path)
+    if not isinstance(target, UvmObject):
+        raise ObjectPathError(
+            f"{path!r} is a {type(target).__name__}, not a prototype object",
+            hint="methods live on prototypes: try 'batos inspect' to find one",
+        )
+    return target
+
+
+def _walk(root: Any) -> Iterator[tuple[str, UvmObject]]:
+    """(path, object) for each top-level prototype and the prototypes held in its slots."""
+    seen: set[int] = set()
+    objects = root.get(OBJECTS_KEY) or {}
+    for name in objects.keys():
+        obj = objects[name]
+        if not isinstance(obj, UvmObject) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        yield name, obj
+        for slot, value in sorted(obj._slots().items()):
+            if isinstance(value, UvmObject) and not slot.endswith("*") and id(value) not in seen:
+                seen.add(id(value))
+                yield f"{name}.{slot}", value
+
+
+def _when(stamp: float) -> str:
+    return dt.datetime.fromtimestamp(stamp).isoformat(sep=" ", timespec="seconds")
+
+
+@methods_app.callback(invoke_without_command=True)
+def methods(
+    ctx: typer.Context,
+    path: str = typer.Option("", "--path", "-p", help="Only this object (dotted path)."),
+    source: bool = typer.Option(True, "--source/--no-source", help="Show each method's code."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """List the methods that went through the gate: intent, author, audit verdict, source.
+
+    Examples: batos methods · batos methods -p brick --no-source · batos methods --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    console = _cli().console
+    with open_image(_uri(ctx)) as image, image.read() as root:
+        found = [
+            (where, m)
+            for where, obj in ([(path, _prototype(root, path))] if path else _walk(root))
+            for m in kernel.generated_methods(obj)
+        ]
+        if as_json:
+            rows = [
+                {"path": where, "selector": m.selector, "intent": m.intent, "author": m.author,
+                 "verdict": m.audit.get("verdict"), "created": m.created, "source": m.source}
+                for where, m in found
+            ]  # fmt: skip
+            console.print_json(json.dumps(rows))
+            return
+        table = Table(title="Methods written through the gate")
+        for column in ("object", "selector", "author", "verdict", "created", "intent"):
+            table.add_column(column)
+        for where, m in found:
+            table.add_row(where, m.selector, m.author, str(m.audit.get("verdict", "-")),
+                          _when(m.created), m.intent or "-")  # fmt: skip
+        console.print(table)
+        if source:
+            for where, m in found:
+                console.print(f"[bold]{where}.{m.selector}[/]  by {m.author}")
+                console.print(Syntax(m.source, "python"))
+
+
+@methods_app.command("add")
+def methods_add(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="Object that gets the method, e.g. brick."),
+    selector: str = typer.Argument(..., help="Method name; the file must define it."),
+    file: Path = typer.Argument(..., help="Python file with 'def SELECTOR(self, ...):'."),
+    intent: str = typer.Option("", "--intent", help="What the method is for (default: the "
+                               "object's declared intent, if any)."),  # fmt: skip
+) -> None:
+    """Audit a hand-written method and install it; every finding is printed if it is refused.
+
+    Example: batos methods add brick shout shout.py
+    """
+    try:
+        source = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BatosError(f"cannot read {file}: {exc.strerror}",
+                         hint="pass the path of a Python file") from exc  # fmt: skip
+
+    def install(root: Any) -> Method:
+        return kernel.add_method(_prototype(root, path), selector, source, intent=intent)
+
+    with open_image(_uri(ctx)) as image:
+        method = image.transact(install, note=f"methods add {path}.{selector}")
+        _cli().console.print(f"installed [bold]{path}.{method.selector}[/] (audit: approved)")
+
+
+@methods_app.command("remove")
+def methods_remove(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="Object that holds the method."),
+    selector: str = typer.Argument(..., help="Method to remove."),
+) -> None:
+    """Remove a method from the object that holds it ('batos undo' brings it back).
+
+    Example: batos methods remove brick shout
+    """
+
+    def remove(root: Any) -> None:
+        target = _prototype(root, path)
+        if not isinstance(target._slots().get(selector), Method):
+            own = ", ".join(sorted(k for k, v in target._slots().items()
+                                   if isinstance(v, Method))) or "none"  # fmt: skip
+            raise ObjectPathError(f"{path} has no own method {selector!r}",
+                                  hint=f"its methods: {own}")  # fmt: skip
+        delattr(target, selector)
+
+    with open_image(_uri(ctx)) as image:
+        image.transact(remove, note=f"methods remove {path}.{selector}")
+    _cli().console.print(f"removed {path}.{selector}")
+
+
+def _argument(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise BatosError(
+            f"argument {text!r} is not a JSON literal",
+            hint='quote strings JSON-style: \'"hello"\', numbers as 3, lists as \'[1, 2]\'',
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    """Persistent containers as plain ones, for printing and JSON."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "PersistentList":
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    return value
+
+
+def send(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="Receiver (dotted path), e.g. brick."),
+    selector: str = typer.Argument(..., help="Message to send."),
+    args: list[str] = typer.Argument(None, help="Arguments as JSON literals."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Send a message and print the result; an unknown selector is written on the spot.
+
+    Examples: batos send brick estimate '[3, 5, 2]' · batos send alfred verdict 0.8 --json
+    """
+    from graph import jit
+
+    values = [_argument(a) for a in args or []]
+    console = _cli().console
+
+    def deliver(root: Any) -> Any:
+        receiver = _prototype(root, path)
+        if receiver._responds_to(selector):
+            return getattr(receiver, selector)(*values)
+        runner = jit.JitRunner(model_factory=model_factory)
+        with console.status(f"{path} does not understand {selector!r}: writing it…"):
+            return runner.send(receiver, selector, tuple(values), {})
+
+    with open_image(_uri(ctx)) as image:
+        result = _plain(image.transact(deliver, note=f"send {path}.{selector}"))
+    if as_json:
+        typer.echo(json.dumps(result, default=repr))
+    else:
+        console.print(repr(result))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(methods_app, name="methods")
+    app.command("send")(send)

@@ -5,12 +5,16 @@ Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
     CheckpointTree
      ├── threads: OOBTree  thread_id → ThreadRecord
      │    ├── namespaces: OOBTree  checkpoint_ns → OOBTree  checkpoint_id → CheckpointRecord
-     │    ├── values:     OOBTree  (ns, channel, version) → stored channel value
-     │    └── writes:     OOBTree  (ns, checkpoint_id, task_id, idx) → PendingWriteRecord
+     │    ├── values:     OOBTree  (ns, version, channel) → stored channel value
+     │    └── writes:     OOBTree  (ns, checkpoint_id, task_id, idx) → (channel, stored, path)
      └── runs:    OOBTree  run_id → OOTreeSet of (thread_id, ns, checkpoint_id)
 
 Checkpoint ids are uuid6, so each namespace tree is ordered oldest → newest, and "latest" is
-``maxKey()``. Every value is stored as the saver's serde output ``(type, bytes)`` — never a
+``maxKey()``. Versions are zero-padded counters that LangGraph advances once per step, so the
+values of one put sort next to each other at the end of ``values``: a put rewrites one bucket
+there, not one per channel (layout 1 keyed them by channel first; ``checkpoints-2`` re-keys).
+
+Every value is stored as the saver's serde output ``(type, bytes)`` — never a
 pickled live object — inline when small, in its own ``Payload`` record when larger, and in a
 ZODB blob when larger still. Payloads are never changed once written, so copying a thread
 shares them instead of duplicating them.
@@ -166,7 +170,7 @@ class ThreadRecord(Persistent):
         tree = self.namespaces.get(ns)
         used = {v for record in tree.values() for v in record.versions} if tree else set()
         for key in list(self.values.keys(min=(ns,), max=(ns + "\0",), excludemax=True)):
-            if key[1:] not in used:
+            if (key[2], key[1]) not in used:
                 del self.values[key]
 
     def summary(self, thread_id: str) -> ThreadSummary:
@@ -287,9 +291,27 @@ class CheckpointTree(Persistent):
                 del self.threads[thread_id]
 
 
+def value_key(ns: str, channel: str, version: str) -> tuple[str, str, str]:
+    """The key of one channel value in ``ThreadRecord.values``."""
+    return (ns, version, channel)
+
+
 def _layout_1(root: Any) -> None:
     if CHECKPOINTS_KEY not in root:
         root[CHECKPOINTS_KEY] = CheckpointTree()
+
+
+def _layout_2(root: Any) -> None:
+    """Re-key every thread's values from (ns, channel, version) to ``value_key`` order.
+
+    The stored values themselves are shared, not copied. Runs in one transaction, so a crash
+    leaves the image on layout 1.
+    """
+    for thread in root[CHECKPOINTS_KEY].threads.values():
+        old = thread.values
+        thread.values = OOBTree()
+        for (ns, channel, version), stored in old.items():
+            thread.values[value_key(ns, channel, version)] = stored
 
 
 CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
@@ -297,5 +319,10 @@ CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
         "checkpoints-1",
         "conversation threads of the LangGraph checkpointer (root['checkpoints'])",
         _layout_1,
+    ),
+    UpgradeStep(
+        "checkpoints-2",
+        "checkpoint values keyed (ns, version, channel), so a put touches one bucket",
+        _layout_2,
     ),
 )

@@ -41,6 +41,7 @@ from langgraph.checkpoint.base import (
     SerializerProtocol,
     get_checkpoint_metadata,
 )
+from transaction.interfaces import NoTransaction
 from ZODB.Connection import Connection
 from ZODB.interfaces import IBlobStorage
 from ZODB.POSException import ConflictError
@@ -63,6 +64,7 @@ from store.checkpoint_layout import (
     Typed,
     decode,
     encode,
+    value_key,
 )
 from store.image import RETRY_BACKOFF, LivingImage, acquire_shared, release_shared
 from store.schema import upgrade
@@ -85,6 +87,25 @@ T = TypeVar("T")
 MAX_CONNECTIONS = 16
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
+
+
+class _ExplicitTransactions(transaction.TransactionManager):
+    """An explicit transaction manager whose ``abort`` is a no-op outside a transaction.
+
+    Explicit mode makes a connection sync with the storage only when a transaction begins,
+    not again after every commit and abort (three syncs per put before). ``abort`` must stay
+    safe to call at any time: the pool calls it after each use, ``DB.close`` on every
+    connection.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(explicit=True)
+
+    def abort(self) -> None:
+        try:
+            super().abort()
+        except NoTransaction:
+            pass
 
 
 class _ConnectionPool:
@@ -111,7 +132,7 @@ class _ConnectionPool:
                     )
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                conn = self._image.db.open(transaction_manager=transaction.TransactionManager())
+                conn = self._image.db.open(transaction_manager=_ExplicitTransactions())
             try:
                 yield conn
             finally:
@@ -238,7 +259,12 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                             hint="other runs keep writing the same thread; retry later",
                         ) from exc
                     log.info("conflict on attempt %d of %s; retrying", attempt, note)
-                    time.sleep(min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random()))
+                    # The usual conflict is a sibling put of the same graph run, already
+                    # committed: retrying at once succeeds. Back off only if it persists.
+                    if attempt > 1:
+                        time.sleep(
+                            min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random())
+                        )
                 except BaseException:
                     tm.abort()
                     raise
@@ -269,7 +295,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint = self.serde.loads_typed(record.checkpoint)
         values: dict[str, Any] = {}
         for channel, version in record.versions:
-            stored = thread.values.get((ns, channel, version))
+            stored = thread.values.get(value_key(ns, channel, version))
             if stored is None:
                 continue
             typed = decode(stored)
@@ -411,7 +437,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 if channel in values
                 else ("empty", b"")
             )
-            new_values.append(((ns, channel, str(version)), typed))
+            new_values.append((value_key(ns, channel, str(version)), typed))
         full_metadata = get_checkpoint_metadata(config, metadata)
         if not full_metadata.get("run_id") and config.get("run_id"):
             # as the LangGraph server does, so delete_for_runs finds plain invoke() runs too

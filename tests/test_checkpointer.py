@@ -232,7 +232,39 @@ def test_runs_are_deleted_with_their_values(saver: ZODBSaver) -> None:
         assert second not in tree.runs and first in tree.runs
         thread = tree.threads["r"]
         used = {v for r in thread.namespace("").values() for v in r.versions}
-        assert {key[1:] for key in thread.values.keys()} == used
+        assert {(channel, version) for _ns, version, channel in thread.values.keys()} == used
+
+
+def test_layout_1_image_is_rekeyed_and_reads_the_same(file_uri: str) -> None:
+    from store.checkpoint_layout import CHECKPOINT_STEPS
+    from store.schema import SCHEMA_KEY, upgrade
+
+    with LivingImage.open(file_uri) as image:
+        upgrade(image, CHECKPOINT_STEPS[:1])
+        with ZODBSaver(image) as s:
+            graph = chain_graph(s)
+            graph.invoke({"n": 0, "log": ["y" * 2000]}, cfg("old"))
+            expected = graph.get_state(cfg("old")).values
+            history = [c.checkpoint["id"] for c in s.list(cfg("old"))]
+
+        def to_layout_1(root: Any) -> None:
+            # what layout 1 wrote: values keyed (ns, channel, version)
+            thread = root[CHECKPOINTS_KEY].threads["old"]
+            items = list(thread.values.items())
+            thread.values.clear()
+            for (ns, version, channel), stored in items:
+                thread.values[(ns, channel, version)] = stored
+            del root[SCHEMA_KEY]["checkpoints-2"]
+
+        image.transact(to_layout_1)
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+        with image.read() as root:
+            assert "checkpoints-2" in root[SCHEMA_KEY]
+        graph = chain_graph(s)
+        assert graph.get_state(cfg("old")).values == expected
+        assert [c.checkpoint["id"] for c in s.list(cfg("old"))] == history
+        assert s.trim(["old"], keep=1) == len(history) - 1
+        assert graph.get_state(cfg("old")).values == expected
 
 
 def test_trim_keeps_newest_and_copy_shares_payloads(saver: ZODBSaver) -> None:

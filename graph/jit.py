@@ -51,6 +51,7 @@ class JitContext:
     model_factory: ModelFactory | None = None
     attempts: int = 3
     transaction: Any = None
+    acceptance: Callable[[Any], bool] | None = None
     mission: Mission | None = None
 
 
@@ -163,6 +164,7 @@ def brief(state: JitState) -> JitState:
         context.args,
         context.kwargs,
         transaction=context.transaction,
+        acceptance=context.acceptance,
     )
     return {"brief": context.mission.brief().as_dict(), "attempt": 0, "status": "drafting"}
 
@@ -255,10 +257,12 @@ class JitRunner:
         *,
         model_factory: ModelFactory | None = None,
         attempts: int | None = None,
+        acceptance: Callable[[Any], bool] | None = None,
     ) -> None:
         self.model = model
         self.model_factory = model_factory
         self.attempts = attempts
+        self.acceptance = acceptance
 
     def _start(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
                ) -> tuple[JitState, JitContext, dict[str, Any]]:  # fmt: skip
@@ -270,6 +274,7 @@ class JitRunner:
             model=self.model,
             model_factory=self.model_factory,
             attempts=attempts,
+            acceptance=self.acceptance,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )

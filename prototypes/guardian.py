@@ -194,16 +194,16 @@ class PersistenceGuardian(ast.NodeVisitor):
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
             if arg is not None:
                 self._check_name(arg, arg.arg)
-                if arg.annotation is not None:
-                    self._add(arg, "parameter annotations are not allowed (they run when the "
-                              "method is defined)")  # fmt: skip
+                if arg.annotation is not None and not _is_type_hint(arg.annotation):
+                    self._add(arg, "parameter annotations may only name types, like 'int' or "
+                              "'list[str]' (they run when the method is defined)")  # fmt: skip
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         if node.decorator_list:
             self._add(node, "decorators are not allowed (they run when the method is defined)")
-        if node.returns is not None:
-            self._add(node, "return annotations are not allowed (they run when the method is "
-                      "defined)")  # fmt: skip
+        if node.returns is not None and not _is_type_hint(node.returns):
+            self._add(node, "return annotations may only name types, like 'int' or "
+                      "'dict[str, int]' (they run when the method is defined)")  # fmt: skip
         self._check_name(node, node.name)
         self._check_signature(node)
         self._function_depth += 1
@@ -222,7 +222,7 @@ class PersistenceGuardian(ast.NodeVisitor):
         self._check_name(node, node.id)
 
     def _check_name(self, node: ast.AST, name: str) -> None:
-        if name.startswith("_"):
+        if name.startswith("_") and name != "_":  # a lone '_' is the usual throwaway name
             self._add(node, f"name {name!r} starts with '_'; private names are not reachable")
         elif name in DENIED_NAMES:
             hint = " (use an f-string)" if name == "format" else ""
@@ -334,6 +334,20 @@ def _is_literal(node: ast.AST) -> bool:
         return all(_is_literal(e) for e in node.elts)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return _is_literal(node.operand)
+    return False
+
+
+def _is_type_hint(node: ast.AST) -> bool:
+    """A name, a string, None, ``X[Y, ...]`` or ``X | Y`` of those: nothing that calls."""
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return node.value is None or isinstance(node.value, str)
+    if isinstance(node, ast.Subscript):
+        inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return _is_type_hint(node.value) and all(_is_type_hint(e) for e in inner)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _is_type_hint(node.left) and _is_type_hint(node.right)
     return False
 
 

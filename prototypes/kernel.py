@@ -251,6 +251,7 @@ class Mission:
         kwargs: Mapping[str, Any] | None = None,
         *,
         transaction: Any | None = None,
+        acceptance: Callable[[Any], bool] | None = None,
     ) -> None:
         if not selector.isidentifier() or selector.startswith("_"):
             raise DoesNotUnderstand(receiver, selector, hint="only public selectors are written")
@@ -262,6 +263,9 @@ class Mission:
         self.target = holder if holder is not None else receiver
         self.author = author_for(receiver)
         self.transaction = transaction or current_transaction(receiver)
+        # An optional check of the first result (a caller's acceptance test): a draft whose
+        # result fails it is rolled back like any other failed draft.
+        self.acceptance = acceptance
         self.attempts: list[AttemptRecord] = []
         self.started = time.time()
         self._brief: MissionBrief | None = None
@@ -331,6 +335,9 @@ class Mission:
                 bound = method.bind(self.receiver)
                 result = bound(*self.args, **self.kwargs)
             findings = covenant_findings(self.receiver, before, writes)
+            if not findings and self.acceptance is not None and not self.acceptance(result):
+                findings = [f"the method returned {_short(result)}, which is not what the "
+                            f"intent asks for with arguments {_short(self.args)}"]
         except GeneratedCodeError as exc:
             findings = exc.findings or [exc.message]
         except Exception as exc:
@@ -382,9 +389,10 @@ def run_mission(
     kwargs: Mapping[str, Any] | None,
     draft: Callable[[MissionBrief, list[AttemptRecord]], str],
     attempts: int,
+    acceptance: Callable[[Any], bool] | None = None,
 ) -> Any:
     """Draft, gate and install until one draft works; its result, or ``MissionFailed``."""
-    mission = Mission(receiver, selector, args, kwargs)
+    mission = Mission(receiver, selector, args, kwargs, acceptance=acceptance)
     for _ in range(attempts):
         source = draft(mission.brief(), mission.attempts)
         if not mission.attempt(source):

@@ -1,0 +1,82 @@
+"""``batos methods`` and ``batos send`` against a file image, with a scripted model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import ScriptedChatModel
+
+from graph import cli_kernel
+from graph.cli import main
+from store.image import LivingImage
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def image(capsys, file_uri: str) -> str:
+    assert run(capsys, "--image", file_uri, "init")[0] == 0
+    return file_uri
+
+
+def test_add_list_send_remove_and_undo(capsys, image: str, tmp_path: Path) -> None:
+    source = tmp_path / "shout.py"
+    source.write_text("def shout(self, text):\n    return text.upper() + '!'\n")
+    code, out, _ = run(capsys, "--image", image, "methods", "add", "brick", "shout", str(source))
+    assert code == 0 and "installed" in out
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "shout", '"hi"', "--json")
+    assert code == 0 and json.loads(out) == "HI!"
+    code, out, _ = run(capsys, "--image", image, "methods", "--json")
+    rows = json.loads(out)
+    assert rows[0]["selector"] == "shout" and rows[0]["verdict"] == "approved"
+    assert rows[0]["author"] == "human" and "upper" in rows[0]["source"]
+    assert run(capsys, "--image", image, "methods", "remove", "brick", "shout")[0] == 0
+    with LivingImage.open(image) as img:
+        with img.read() as root:
+            assert "shout" not in root["objects"]["brick"]._methods
+        tid = img.history(1)[0].tid
+    assert run(capsys, "--image", image, "undo", tid)[0] == 0  # undo the removal
+    with LivingImage.open(image) as img, img.read() as root:
+        assert root["objects"]["brick"].shout("x") == "X!"
+
+
+def test_rejected_method_exits_non_zero_with_every_finding(capsys, image, tmp_path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\ndef bad(self):\n    return self.__class__, eval('1')\n")
+    code, _, err = run(capsys, "--image", image, "methods", "add", "brick", "bad", str(bad))
+    assert code == 7
+    for fragment in ("'os'", "'__class__'", "'eval'"):
+        assert fragment in err
+
+
+def test_send_unknown_selector_goes_through_does_not_understand(
+    capsys, image, monkeypatch
+) -> None:
+    model = ScriptedChatModel().enqueue(
+        "```python\ndef estimate(self, sizes):\n"
+        "    return {'total': sum(sizes), 'largest': max(sizes)}\n```"
+    )
+    monkeypatch.setattr(cli_kernel, "model_factory", lambda persona: model)
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "estimate", "[3, 5, 2]",
+                       "--json")  # fmt: skip
+    assert code == 0 and json.loads(out) == {"total": 10, "largest": 5}
+    assert "Given a list of task sizes" in model.history[0][-1].content  # the codex intent
+    with LivingImage.open(image) as img:
+        install = img.history(1)[0]
+        assert install.description == "send brick.estimate"
+        img.undo(install.tid)  # 'batos undo' reverts an install
+        with img.read() as root:
+            assert "estimate" not in root["objects"]["brick"]._methods
+
+
+def test_bad_arguments_and_paths_are_clear_errors(capsys, image) -> None:
+    code, _, err = run(capsys, "--image", image, "send", "brick", "estimate", "[3,")
+    assert code == 1 and "JSON literal" in err
+    code, _, err = run(capsys, "--image", image, "send", "nobody", "x")
+    assert code == 4 and "nobody" in err

@@ -1,0 +1,124 @@
+"""The JIT graph with a scripted chat model, and end to end on the real test model."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from fakes import ScriptedChatModel, image_digest
+from persistent.mapping import PersistentMapping
+
+from batos.errors import MissionFailed
+from graph import jit
+from prototypes.uvm import UvmObject
+from store.image import LivingImage
+
+GOOD = "Here it is:\n```python\ndef double(self, x):\n    return x * 2 + self.bias\n```\n"
+
+
+@pytest.fixture
+def image(memory_image: LivingImage) -> LivingImage:
+    memory_image.transact(lambda root: root.__setitem__("o", UvmObject(name="calc", bias=1)))
+    return memory_image
+
+
+@pytest.fixture
+def enabled():
+    yield
+    jit.disable()
+
+
+def test_graph_is_exported_for_langgraph_json() -> None:
+    assert set(jit.graph.get_graph().nodes) >= {"brief", "draft", "audit", "trial", "install",
+                                                "invoke", "fail"}  # fmt: skip
+
+
+def test_unknown_message_is_written_installed_and_answered(image, enabled) -> None:
+    model = ScriptedChatModel().enqueue(GOOD)
+    jit.enable(model)
+    assert image.transact(lambda root: root["o"].double(5)) == 11
+    assert model.calls == 1
+    prompt = model.history[0][-1].content
+    assert "self.double(5)" in prompt and "'bias': '1'" in prompt
+    with image.read() as root:
+        assert root["o"].double(2) == 5  # installed: no model call now
+
+
+def test_retries_feed_findings_back_to_the_model(image, enabled) -> None:
+    model = ScriptedChatModel().enqueue(
+        "```python\ndef double(self, x):\n    return self.__dict__\n```", GOOD
+    )
+    jit.enable(model, attempts=2)
+    assert image.transact(lambda root: root["o"].double(1)) == 3
+    retry_prompt = model.history[1][-1].content
+    assert "rejected" in retry_prompt and "'__dict__'" in retry_prompt
+
+
+def test_failure_raises_with_every_finding_and_changes_nothing(image, enabled) -> None:
+    before = image_digest(image.db)
+    model = ScriptedChatModel().enqueue(
+        "```python\nimport os\ndef double(self, x):\n    return os.getcwd()\n```",
+        "```python\ndef double(self, x):\n    while True:\n        pass\n```",
+    )
+    jit.enable(model, attempts=2)
+    with pytest.raises(MissionFailed) as caught:
+        image.transact(lambda root: root["o"].double(1))
+    text = caught.value.message
+    assert "attempt 1 (audit)" in text and "'os'" in text
+    assert "attempt 2 (trial)" in text and "time limit" in text
+    assert image_digest(image.db) == before
+
+
+async def test_async_entry_point(image) -> None:
+    model = ScriptedChatModel().enqueue(GOOD)
+    with image.connection() as conn:
+        conn.transaction_manager.begin()
+        obj = conn.root()["o"]
+        assert await jit.JitRunner(model).asend(obj, "double", (4,)) == 9
+        conn.transaction_manager.commit()
+    with image.read() as root:
+        assert "double" in root["o"]._methods
+
+
+def test_stateful_intent_from_the_slot(image, enabled) -> None:
+    def setup(root):
+        root["o"].intents = PersistentMapping(remember="Store x in the memo slot; return it.")
+        root["o"].memo = []
+
+    image.transact(setup)
+    model = ScriptedChatModel().enqueue(
+        "```python\ndef remember(self, x):\n    memo = list(self.memo)\n    memo.append(x)\n"
+        "    self.memo = memo\n    return memo\n```"
+    )
+    jit.enable(model)
+    assert image.transact(lambda root: root["o"].remember("a")) == ["a"]
+    assert "Store x in the memo slot" in model.history[0][-1].content
+    with image.read() as root:
+        assert root["o"].memo == ["a"]
+
+
+@pytest.mark.model
+def test_end_to_end_on_the_test_model(image) -> None:
+    """SmolLM2-135M writes a facet method: a simple intent, many sampled attempts allowed.
+
+    The tiny model writes poor code, so this uses the strongest honest setting: sampling with a
+    new seed per draft (so retries differ), up to 6 drafts, and an acceptance test that turns
+    a wrong result into fed-back findings. The second call checks the installed method anew.
+    """
+    pytest.importorskip("llama_cpp")
+    from graph.models import chat_model
+
+    seeds = itertools.count(1)
+
+    def sampled(persona: str):
+        return chat_model(persona, temperature=0.8, seed=next(seeds), num_predict=200)
+
+    def setup(root):
+        root["o"].intents = PersistentMapping(add_one="Given a number x, return x + 1.")
+
+    image.transact(setup)
+    runner = jit.JitRunner(model_factory=sampled, attempts=6, acceptance=lambda r: r == 3)
+    assert image.transact(lambda root: runner.send(root["o"], "add_one", (2,))) == 3
+    with image.read() as root:
+        assert root["o"].add_one(41) == 42
+        assert root["o"]._methods["add_one"].audit["verdict"] == "approved"

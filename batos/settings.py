@@ -166,7 +166,7 @@ SETTINGS: dict[str, Setting] = {
             "sandbox_memory_mb",
             "BATOS_SANDBOX_MEMORY_MB",
             lambda: "256",
-            "Extra memory (MiB) a generated method may allocate in its isolated trial run.",
+            "Extra memory (MiB) a generated method may allocate, in the host and in its trial.",
             _positive_int,
         ),
         Setting(

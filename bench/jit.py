@@ -1,0 +1,190 @@
+"""doesNotUnderstand on a real model: pass@1, pass@3 and seconds per installed method.
+
+Twenty intents with checks (strings, lists, numbers, and stateful ones that update slots). For
+each, a fresh object is sent the unknown message with up to three drafts; a draft passes when the
+gate installs it and the check holds on its first result (a failed check is fed back to the
+model like any finding), and the installed method then passes a second call with other
+arguments. pass@1 counts intents solved by the first draft, pass@3 by any of three.
+
+    BATOS_MODEL=default .venv/bin/python bench/jit.py          # the full run (slow on CPU)
+    BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents, to see it work
+
+Prints a table and writes bench/results/jit-<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from persistent.mapping import PersistentMapping
+
+from batos import settings
+from batos.errors import GeneratedCodeError
+from graph import jit
+from prototypes.uvm import UvmObject
+from store.image import LivingImage
+
+
+@dataclass
+class Case:
+    selector: str
+    intent: str
+    args: tuple
+    expect: Callable[[Any, UvmObject], bool]
+    again: tuple = ()
+    expect_again: Callable[[Any, UvmObject], bool] | None = None
+    slots: dict[str, Any] = field(default_factory=dict)
+
+
+CASES: list[Case] = [
+    Case("reverse_words", "Given a sentence, return it with the word order reversed.",
+         ("the cat sat",), lambda r, o: r == "sat cat the",
+         ("a b",), lambda r, o: r == "b a"),
+    Case("count_vowels", "Given a text, return how many vowels (a, e, i, o, u) it contains.",
+         ("education",), lambda r, o: r == 5, ("xyz",), lambda r, o: r == 0),
+    Case("title_case", "Given a text, return it with the first letter of each word upper-case.",
+         ("hello big world",), lambda r, o: r == "Hello Big World",
+         ("x",), lambda r, o: r == "X"),
+    Case("is_palindrome", "Given a word, return True if it reads the same backwards, else False.",
+         ("level",), lambda r, o: r is True, ("house",), lambda r, o: r is False),
+    Case("initials", "Given a full name, return the upper-case initials joined without spaces.",
+         ("ada king lovelace",), lambda r, o: r == "AKL", ("bo",), lambda r, o: r == "B"),
+    Case("dedupe", "Given a list, return its items without duplicates, keeping first order.",
+         ([3, 1, 3, 2, 1],), lambda r, o: list(r) == [3, 1, 2], ([],), lambda r, o: list(r) == []),
+    Case("evens", "Given a list of integers, return a list of the even ones in order.",
+         ([1, 2, 3, 4, 6],), lambda r, o: list(r) == [2, 4, 6], ([1],), lambda r, o: list(r) == []),
+    Case("flatten", "Given a list of lists, return one list with all their items in order.",
+         ([[1, 2], [3], []],), lambda r, o: list(r) == [1, 2, 3],
+         ([],), lambda r, o: list(r) == []),
+    Case("chunk", "Given a list and a size n, return the list split into consecutive lists of n.",
+         ([1, 2, 3, 4, 5], 2), lambda r, o: [list(c) for c in r] == [[1, 2], [3, 4], [5]]),
+    Case("top_three", "Given a list of numbers, return the three largest, largest first.",
+         ([5, 1, 9, 7, 3],), lambda r, o: list(r) == [9, 7, 5]),
+    Case("mean", "Given a list of numbers, return their arithmetic mean, or 0 if it is empty.",
+         ([2, 4, 9],), lambda r, o: abs(r - 5) < 1e-9, ([],), lambda r, o: r == 0),
+    Case("factorial", "Given a non-negative integer n, return n factorial.",
+         (5,), lambda r, o: r == 120, (0,), lambda r, o: r == 1),
+    Case("celsius_to_fahrenheit", "Given degrees Celsius, return degrees Fahrenheit.",
+         (100,), lambda r, o: abs(r - 212) < 1e-9, (0,), lambda r, o: abs(r - 32) < 1e-9),
+    Case("is_prime", "Given an integer, return True if it is a prime number, else False.",
+         (13,), lambda r, o: r is True, (12,), lambda r, o: r is False),
+    Case("digit_sum", "Given a non-negative integer, return the sum of its decimal digits.",
+         (4096,), lambda r, o: r == 19, (0,), lambda r, o: r == 0),
+    Case("deposit", "Given an amount, add it to the balance slot and return the new balance.",
+         (50,), lambda r, o: r == 150 and o.balance == 150,
+         (25,), lambda r, o: r == 175 and o.balance == 175, {"balance": 100}),
+    Case("add_tag", "Given a tag, append it to the tags slot (a list) unless it is already "
+         "there; return the tags.", ("red",), lambda r, o: list(o.tags) == ["blue", "red"],
+         ("red",), lambda r, o: list(o.tags) == ["blue", "red"], {"tags": ["blue"]}),
+    Case("count_word", "Given a word, add one to its count in the counts slot (a dict) and "
+         "return the new count.", ("hi",), lambda r, o: r == 1 and dict(o.counts) == {"hi": 1},
+         ("hi",), lambda r, o: r == 2 and dict(o.counts) == {"hi": 2}, {"counts": {}}),
+    Case("rename", "Given a new name, store it in the name slot and return the old name.",
+         ("Bo",), lambda r, o: r == "Al" and o.name == "Bo", ("Cy",),
+         lambda r, o: r == "Bo" and o.name == "Cy", {"name": "Al"}),
+    Case("reset_counter", "Set the counter slot to zero and return the value it had before.",
+         (), lambda r, o: r == 7 and o.counter == 0, (), lambda r, o: r == 0 and o.counter == 0,
+         {"counter": 7}),
+]  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    selector: str
+    solved_at: int | None
+    seconds: float
+    error: str = ""
+
+
+def _drafts_used(obj: UvmObject, selector: str) -> int | None:
+    method = obj._methods.get(selector)
+    return None if method is None else int(method.audit.get("attempt", 0))
+
+
+def run_case(case: Case, attempts: int) -> Outcome:
+    image = LivingImage.open("memory://")
+    try:
+        def build(root: Any) -> None:
+            root["obj"] = UvmObject(name=case.slots.get("name", "bench"),
+                                    intents=PersistentMapping({case.selector: case.intent}),
+                                    **{k: v for k, v in case.slots.items() if k != "name"})
+
+        image.transact(build)
+        started = time.perf_counter()
+        with image.connection() as conn:
+            conn.transaction_manager.begin()
+            obj = conn.root()["obj"]
+            # The check is the acceptance test: a wrong result is fed back like an error.
+            runner = jit.JitRunner(attempts=attempts,
+                                   acceptance=lambda r: _holds(case.expect, r, obj))  # fmt: skip
+            try:
+                first = runner.send(obj, case.selector, case.args, {})
+            except GeneratedCodeError as exc:
+                return Outcome(case.selector, None, time.perf_counter() - started,
+                               exc.message.splitlines()[0])  # fmt: skip
+            seconds = time.perf_counter() - started
+            used = _drafts_used(obj, case.selector)
+            ok = _holds(case.expect, first, obj)
+            if ok and case.expect_again is not None:
+                try:
+                    ok = _holds(case.expect_again, getattr(obj, case.selector)(*case.again), obj)
+                except Exception as exc:  # the installed method failing is a miss, not a crash
+                    return Outcome(case.selector, None, seconds, f"second call: {exc}")
+            conn.transaction_manager.commit()
+        return Outcome(case.selector, used if ok else None, seconds, "" if ok else "wrong result")
+    finally:
+        image.close()
+
+
+def _holds(check: Callable[[Any, UvmObject], bool], result: Any, obj: UvmObject) -> bool:
+    try:
+        return bool(check(result, obj))
+    except Exception:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the first two intents")
+    parser.add_argument("--attempts", type=int, default=3)
+    args = parser.parse_args()
+    cases = CASES[:2] if args.quick else CASES
+    model = str(settings.get("model"))
+    outcomes = []
+    for case in cases:
+        outcome = run_case(case, args.attempts)
+        outcomes.append(outcome)
+        mark = f"draft {outcome.solved_at}" if outcome.solved_at else f"miss ({outcome.error})"
+        print(f"  {case.selector:<22} {outcome.seconds:7.1f} s  {mark}", flush=True)
+    n = len(outcomes)
+    pass1 = sum(1 for o in outcomes if o.solved_at == 1) / n
+    pass3 = sum(1 for o in outcomes if o.solved_at is not None and o.solved_at <= 3) / n
+    installed = [o.seconds for o in outcomes if o.solved_at is not None]
+    per_method = statistics.mean(installed) if installed else float("nan")
+    print(f"\nJIT benchmark — model {model!r}, {n} intents, up to {args.attempts} drafts each")
+    print(f"{'metric':<32}{'value':>10}")
+    print(f"{'pass@1':<32}{pass1:>10.2f}")
+    print(f"{'pass@3':<32}{pass3:>10.2f}")
+    print(f"{'seconds per installed method':<32}{per_method:>10.1f}")
+    gain = pass3 / pass1 if pass1 else float("nan")
+    print(f"{'pass@3 / pass@1 (retry gain)':<32}{gain:>10.2f}")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"jit-{Path(model).stem}{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps({
+        "model": model, "intents": n, "attempts": args.attempts, "pass@1": pass1,
+        "pass@3": pass3, "seconds_per_installed_method": per_method,
+        "cases": [o.__dict__ for o in outcomes],
+    }, indent=2))  # fmt: skip
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

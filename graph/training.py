@@ -19,6 +19,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -263,10 +264,11 @@ def _collate(
 
 
 def _learning_rate(step: int, plan: TrainingPlan) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
-    if step < WARMUP_STEPS:
-        return plan.learning_rate * (step + 1) / WARMUP_STEPS
-    progress = (step - WARMUP_STEPS) / max(1, plan.steps - WARMUP_STEPS)
+    """Linear warm-up (a fifth of a short run at most), then cosine decay to a tenth."""
+    warmup = max(1, min(WARMUP_STEPS, plan.steps // 5))
+    if step < warmup:
+        return plan.learning_rate * (step + 1) / warmup
+    progress = (step - warmup) / max(1, plan.steps - warmup)
     return plan.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
@@ -349,8 +351,12 @@ def train_persona(
             if on_step:
                 on_step(step + 1, plan.steps, losses[-1])
         peft_model.eval()
-        weights = {k: v.detach().to("cpu", torch.float32).contiguous()
-                   for k, v in get_peft_model_state_dict(peft_model).items()}
+        with warnings.catch_warnings():
+            # peft looks for a config.json beside the GGUF to see whether the vocabulary
+            # grew; it cannot have, since only LoRA matrices were trained.
+            warnings.filterwarnings("ignore", message="Could not find a config file")
+            state = get_peft_model_state_dict(peft_model)
+        weights = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
         adapter_config = peft_model.peft_config["default"]
         with tempfile.TemporaryDirectory(prefix="batos-lora-") as scratch:
             staging = Path(scratch)

@@ -1,0 +1,123 @@
+"""Persona adapters end to end on the test model: train, convert to GGUF, apply in llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from graph import lora_gguf, training
+from prototypes.codex import PERSONAS
+from store.models import catalog, model_path
+
+REPO_MODELFILES = Path(__file__).resolve().parent.parent / "modelfiles"
+SHIPPED = REPO_MODELFILES / "adapters" / "test"
+PROMPT = "What should I pack for a beach holiday?"
+
+
+def _gguf_fields(path: Path) -> tuple[dict[str, object], list[str]]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    fields = {}
+    for name in ("general.type", "adapter.type", "adapter.lora.alpha"):
+        field = reader.fields[name]
+        value = field.parts[field.data[0]]
+        fields[name] = bytes(value).decode() if field.types[0].name == "STRING" else value[0]
+    return fields, [t.name for t in reader.tensors]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_tiny_training_run_yields_an_adapter_llama_cpp_applies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "data").mkdir()
+    lines = (REPO_MODELFILES / "data" / "brick.jsonl").read_text().splitlines()[:8]
+    (tmp_path / "data" / "brick.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("BATOS_MODELFILES", str(tmp_path))
+    monkeypatch.setenv("BATOS_MODEL_CACHE", str(_shared_cache(tmp_path)))
+    plan = training.TrainingPlan(
+        model="test", persona="brick", steps=3, rank=2, alpha=4, batch_size=4,
+        learning_rate=5e-3, max_tokens=128,
+    )
+    seen: list[int] = []
+    result = training.train_persona(plan, out_dir=tmp_path / "out",
+                                    on_step=lambda step, total, loss: seen.append(step))
+    assert seen == [1, 2, 3]
+    assert result.adapter == tmp_path / "out" / "brick.gguf"
+    fields, tensors = _gguf_fields(result.adapter)
+    assert fields["general.type"] == "adapter" and fields["adapter.type"] == "lora"
+    assert fields["adapter.lora.alpha"] == pytest.approx(4.0)
+    layers = 30  # SmolLM2-135M
+    assert len(tensors) == layers * len(plan.target_modules) * 2
+    assert all(name.endswith((".lora_a", ".lora_b")) for name in tensors)
+
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["base_sha256"] == catalog()["test"].sha256
+    entry = manifest["personas"]["brick"]
+    assert (entry["rank"], entry["alpha"], entry["steps"], entry["examples"]) == (2, 4, 3, 8)
+    assert entry["target_modules"] == list(training.TARGET_MODULES)
+    assert entry["data_sha256"] == training.file_sha256(tmp_path / "data" / "brick.jsonl")
+    assert entry["final_loss"] == pytest.approx(result.final_loss, abs=1e-3)
+    assert (result.peft_dir / "adapter_model.safetensors").is_file()
+
+    # llama.cpp accepts it against the base it was trained on (it raises otherwise).
+    plain, adapted = lora_gguf.verify_adapter(
+        model_path("test"), result.adapter, training.system_prompt("brick"), PROMPT, 8
+    )
+    assert plain and adapted
+
+
+def _shared_cache(tmp_path: Path) -> Path:
+    """A cache with the real assembled test model and converters, but private peft output."""
+    from batos import settings
+
+    real = Path(str(settings.get("model_cache")))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    spec = catalog()["test"]
+    for name in (spec.filename, spec.filename + ".verified"):
+        if (real / name).exists():
+            (cache / name).symlink_to(real / name)
+    for tools in real.glob("llama.cpp-tools-*"):
+        (cache / tools.name).symlink_to(tools)
+    if not (cache / spec.filename).exists():
+        shutil.rmtree(cache)
+        return real
+    return cache
+
+
+@pytest.mark.model
+def test_shipped_test_adapters_load_and_change_greedy_output() -> None:
+    manifest = json.loads((SHIPPED / "manifest.json").read_text())
+    assert manifest["base_sha256"] == catalog()["test"].sha256
+    replies = {}
+    for persona in PERSONAS:
+        adapter = SHIPPED / f"{persona.lower()}.gguf"
+        entry = manifest["personas"][persona.lower()]
+        assert training.file_sha256(adapter) == entry["adapter_sha256"]
+        assert entry["data_sha256"] == training.file_sha256(
+            REPO_MODELFILES / "data" / f"{persona.lower()}.jsonl"
+        ), f"{persona}'s data changed since its adapter was trained: train it again"
+        assert adapter.stat().st_size < 4_000_000
+        plain, adapted = lora_gguf.verify_adapter(
+            model_path("test"), adapter, training.system_prompt(persona), PROMPT
+        )
+        assert adapted != plain, persona
+        replies[persona] = adapted
+    assert len(set(replies.values())) == len(PERSONAS)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_an_adapter_for_another_base_is_refused() -> None:
+    default = catalog()["default"]
+    try:
+        base = model_path("default")
+    except Exception:  # noqa: BLE001 - the default weights are an optional install
+        pytest.skip(f"the default model ({default.description}) is not installed")
+    with pytest.raises(lora_gguf.ConversionError, match="refused"):
+        lora_gguf.verify_adapter(base, SHIPPED / "robin.gguf", "You are ROBIN.", PROMPT, 4)

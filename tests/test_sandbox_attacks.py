@@ -179,7 +179,8 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("list-repeat-bomb", "def attack(self):\n    return [0] * 10**9\n", "repeating a sequence"),
     ("memory-grow",
      "def attack(self):\n    x = 'a' * 1000000\n    return [x + str(i) for i in range(100000)]\n",
-     "memory limit"),
+     # ~100 GB of strings: the memory limit stops it, or on a loaded machine the clock first.
+     "memory limit|time limit"),
     ("int-pow-bomb", "def attack(self):\n    return 10 ** 10 ** 10\n", "bits"),
     ("builtin-pow-bomb", "def attack(self):\n    return pow(10, 10**9)\n", "bits"),
     ("shift-bomb", "def attack(self):\n    return 1 << 10**10\n", "shifting"),
@@ -233,7 +234,8 @@ def test_attack_is_blocked_by_the_gate(world, name: str, source: str, expected: 
         findings = mission.attempt(source)
         tm.commit()  # whatever the attack left in the caller's transaction would be saved now
     assert findings, f"{name} was not blocked"
-    assert expected.lower() in "\n".join(findings).lower(), findings
+    said = "\n".join(findings).lower()
+    assert any(e in said for e in expected.lower().split("|")), findings
     assert mission.attempts[-1].stage != "installed"
     assert image_digest(world.db) == before
     assert os.getpid() > 0 and threading.active_count() <= threads + 1  # host alive, no leaks

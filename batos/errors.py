@@ -121,6 +121,7 @@ class GeneratedCodeError(BatosError):
         self, message: str, findings: list[str] | None = None, *, hint: str | None = None
     ) -> None:
         self.findings = list(findings or [])
+        self.reason = message  # the message without its findings, to rebuild the error
         listed = "".join(f"\n  - {finding}" for finding in self.findings)
         super().__init__(message + listed, hint=hint)
         self.message = message + listed

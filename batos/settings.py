@@ -47,6 +47,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
@@ -163,10 +172,18 @@ SETTINGS: dict[str, Setting] = {
             _positive_float,
         ),
         Setting(
+            "sandbox_isolation",
+            "BATOS_SANDBOX_ISOLATION",
+            lambda: "process",
+            "Where generated methods run: 'process' (a forked child per call, the host "
+            "survives anything) or 'host' (in process: faster, weaker).",
+            _choice("process", "host"),
+        ),
+        Setting(
             "sandbox_memory_mb",
             "BATOS_SANDBOX_MEMORY_MB",
             lambda: "256",
-            "Extra memory (MiB) a generated method may allocate, in the host and in its trial.",
+            "Extra memory (MiB) one call of a generated method may allocate.",
             _positive_int,
         ),
         Setting(

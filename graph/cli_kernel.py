@@ -55,19 +55,22 @@ def _prototype(root: Any, path: str) -> UvmObject:
 
 
 def _walk(root: Any) -> Iterator[tuple[str, UvmObject]]:
-    """(path, object) for each top-level prototype and the prototypes held in its slots."""
+    """(path, object) for every prototype reachable from the top-level ones through slots
+    (parent slots included), each once, nearest path first."""
     seen: set[int] = set()
     objects = root.get(OBJECTS_KEY) or {}
-    for name in objects.keys():
-        obj = objects[name]
-        if not isinstance(obj, UvmObject) or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        yield name, obj
-        for slot, value in sorted(obj._slots().items()):
-            if isinstance(value, UvmObject) and not slot.endswith("*") and id(value) not in seen:
-                seen.add(id(value))
-                yield f"{name}.{slot}", value
+    frontier = [(str(name), objects[name]) for name in objects.keys()]
+    while frontier:
+        following = []
+        for where, obj in frontier:
+            if not isinstance(obj, UvmObject) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            yield where, obj
+            following += [(f"{where}.{slot}", value)
+                          for slot, value in sorted(obj._slots().items())
+                          if isinstance(value, UvmObject)]  # fmt: skip
+        frontier = following
 
 
 def _when(stamp: float) -> str:
@@ -206,8 +209,25 @@ def send(
 
     def deliver(root: Any) -> Any:
         receiver = _prototype(root, path)
-        if receiver._responds_to(selector):
-            return getattr(receiver, selector)(*values)
+        found = receiver._lookup(selector)
+        if found is not None and not isinstance(found[1], Method):
+            if values:
+                raise BatosError(f"{path}.{selector} is a data slot, not a method",
+                                 hint=f"send it without arguments to read it, or use "
+                                 f"'batos inspect {path}'")  # fmt: skip
+            return found[1]
+        if found is not None:
+            try:
+                return getattr(receiver, selector)(*values)
+            except BatosError:
+                raise
+            except Exception as exc:
+                notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
+                raise BatosError(
+                    f"{path}.{selector} raised {type(exc).__name__}: {exc}{notes}",
+                    hint="nothing was changed; check the arguments ('batos methods -p "
+                    f"{path}' shows the method's source)",
+                ) from exc
         runner = jit.JitRunner(model_factory=model_factory)
         with console.status(f"{path} does not understand {selector!r}: writing it…"):
             return runner.send(receiver, selector, tuple(values), {})

@@ -113,6 +113,7 @@ def messages_for(brief: MissionBrief, attempts: list[AttemptRecord]) -> list[Bas
     task = p["task"].format(
         receiver=brief.receiver,
         slots=brief.slots or "(none)",
+        parents=", ".join(brief.parents) or "(none)",
         inherited=", ".join(brief.inherited) or "(none)",
         selector=brief.selector,
         call=_call_text(brief),

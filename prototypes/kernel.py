@@ -19,10 +19,7 @@ a missing slot is an ordinary ``AttributeError``: generated code never starts mi
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
-import pickle
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -179,50 +176,6 @@ def current_transaction(obj: UvmObject) -> Any | None:
     return None if jar is None else jar.transaction_manager.get()
 
 
-# -- the covenant, checked while the method runs ----------------------------------------------
-
-
-class _RefPickler(pickle.Pickler):
-    # Other persistent objects count by identity: their own changes mark them, not us.
-    def __init__(self, buffer: io.BytesIO, own: object) -> None:
-        super().__init__(buffer, protocol=5)
-        self.own = own
-
-    def persistent_id(self, obj: Any) -> Any:
-        if obj is not self.own and isinstance(obj, persistent.Persistent):
-            return id(obj)
-        return None
-
-
-def slot_digests(obj: UvmObject) -> dict[str, str]:
-    """A digest of each own data slot of ``obj``, to see which ones a call changed."""
-    obj._p_activate()
-    digests = {}
-    for name, value in obj.__dict__.items():
-        if name.startswith("_"):
-            continue
-        buffer = io.BytesIO()
-        try:
-            _RefPickler(buffer, obj).dump(value)
-            raw = buffer.getvalue()
-        except Exception:
-            raw = repr(value).encode("utf-8", "replace")
-        digests[name] = hashlib.sha256(raw).hexdigest()
-    return digests
-
-
-def covenant_findings(
-    obj: UvmObject, before: dict[str, str], writes: set[tuple[int, str]]
-) -> list[str]:
-    after = slot_digests(obj)
-    return [
-        f"persistence covenant: self.{name} changed in place without 'self.{name} = ...'; "
-        "the change would be lost on reload — assign the slot after changing it"
-        for name, digest in after.items()
-        if before.get(name, digest) != digest and (id(obj), name) not in writes
-    ]
-
-
 # -- the mission ------------------------------------------------------------------------------
 
 
@@ -329,13 +282,11 @@ class Mission:
         assert self._pending is not None, "install() first"
         restore, method = self._pending
         self._pending = None
-        before = slot_digests(self.receiver)
         try:
-            with sandbox.watch_writes() as writes:
-                bound = method.bind(self.receiver)
-                result = bound(*self.args, **self.kwargs)
-            findings = covenant_findings(self.receiver, before, writes)
-            if not findings and self.acceptance is not None and not self.acceptance(result):
+            # The sandbox checks the covenant and what the call stored (sandbox.call_checked).
+            result = method.bind(self.receiver)(*self.args, **self.kwargs)
+            findings = []
+            if self.acceptance is not None and not self.acceptance(result):
                 findings = [f"the method returned {_short(result)}, which is not what the "
                             f"intent asks for with arguments {_short(self.args)}"]
         except GeneratedCodeError as exc:
@@ -378,7 +329,9 @@ class Mission:
 def _describe(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
-    where = f" at {lines[-1]}" if lines else ""
+    # A call isolated in a child process carries its line as a note instead of frames.
+    where = f" at {lines[-1]}" if lines else "".join(f" {n}" for n in getattr(
+        exc, "__notes__", ()))
     return f"calling the method raised {type(exc).__name__}: {exc}{where}"
 
 

@@ -12,63 +12,76 @@ installed and again each time it is loaded from the image — and every call of 
    results larger than ``MAX_RESULT_ITEMS`` items / ``MAX_INT_BITS`` bits; ``range`` is capped;
    the builtins are a small fixed set; ``import`` reaches only curated, read-only namespaces of
    a few modules (``guardian.ALLOWED_IMPORTS``).
-3. **Run-time limits** in the host process, per outermost call: a watchdog thread raises a
-   ``BaseException`` the code cannot name (so cannot catch) into the calling thread every few
-   milliseconds once ``sandbox_seconds`` are up; the process's address-space limit
-   (``RLIMIT_AS``) is lowered to current use + ``sandbox_memory_mb`` for the call, so a large
-   allocation fails with ``MemoryError``; every ``BaseException`` (``SystemExit``,
-   ``KeyboardInterrupt``, ``GeneratorExit``, …) that leaves the code becomes a
-   ``SandboxViolation``.
-4. **Isolated trial** (``run_isolated``): before a method is installed it is first run in a
-   forked child process with OS limits (``RLIMIT_AS``, ``RLIMIT_CPU``, a wall-clock kill) and
-   no database access; whatever it does there — crash, hang in C code, exhaust memory,
-   ``os._exit`` — the host only reads a verdict from a pipe.
+3. **Run-time limits**, per outermost call: a watchdog thread raises a ``BaseException`` the
+   code cannot name (so cannot catch) into the calling thread every few milliseconds once
+   ``sandbox_seconds`` are up; the address-space limit (``RLIMIT_AS``) is lowered to current
+   use + ``sandbox_memory_mb``, so a large allocation fails with ``MemoryError``; every
+   ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, …) that leaves
+   the code becomes a ``SandboxViolation``.
+4. **Checks after each call** (``call_checked``): the persistence covenant on the receiver and
+   its ancestors (a slot whose value changed must have been assigned), every slot the call
+   wrote must be storable in the image, and the result must be a value, not an iterator,
+   generator or function that would run code later, outside every limit.
+5. **Process isolation** (``prototypes.isolation``, ``BATOS_SANDBOX_ISOLATION=process``, the
+   default): every outermost call runs in a forked child with OS limits (``RLIMIT_AS``,
+   ``RLIMIT_CPU``, a wall-clock kill); the child asks the host for the records it needs and
+   sends back its result and the changed objects' states, which the host checks and applies.
+   A method's trial before installation runs the same way and applies nothing.
 
-What it guarantees: generated code reaches no name or attribute starting with ``_``, no frame,
-traceback, generator or coroutine internals, no ``str.format`` traversal, no module other than
-the curated namespaces, no ``_p_jar``/database connection, no file, network or process API, and
-cannot write to objects other than plain containers and ``UvmObject``s; a call that runs Python
-bytecode past its time limit is stopped; an allocation past the memory limit fails; no
-exception the code raises can end the host process; the trial of a new method cannot harm the
-host at all.
+What it guarantees with process isolation: whatever generated code does — crash the
+interpreter, spin in C code, exhaust memory, exit — the host process lives on, its objects
+untouched, and the call raises an error; a change reaches the image only if the whole call
+succeeded, passed the checks and consists of plain data and prototypes; the host never
+unpickles a class outside that set nor follows a reference the child could not have been given.
+Inside the child, layers 1–4 keep generated code from reaching names or attributes starting
+with ``_``, frames, tracebacks, generator or coroutine internals, ``str.format`` traversal,
+modules other than the curated namespaces, the database connection, files, the network or
+other processes.
 
-What it does not guarantee: a single C-level operation that is slow but small (a huge sort, a
-long ``str.replace`` on a capped string) cannot be interrupted in the host — only the isolated
-trial, for the arguments it was tried with, is protected against that; the memory limit is
-process-wide while a call runs, so another thread allocating at that moment may see
-``MemoryError`` too; RestrictedPython and this policy are defences built on CPython's object
-model, not an OS boundary — installed methods run in the host, so a flaw in the policy is a flaw
-in the host. Code that must be contained absolutely should only ever run through
-``run_isolated``.
+What it does not guarantee: a child that escaped layers 1–3 (a flaw in RestrictedPython or in
+CPython) runs arbitrary code *in the child* until its limits stop it: it can read whatever the
+host process held in memory at the fork (and records of the image it asks for), and can change
+any prototype or persistent container it was given within what the host accepts. Limits are per
+call, not per transaction: a method called in a loop can use a multiple of them. With
+``BATOS_SANDBOX_ISOLATION=host`` calls run in the host process (no fork, about a millisecond
+faster per call): a single slow C-level operation then cannot be interrupted, the memory limit
+is process-wide while a call runs, an interpreter crash takes the host down, and a method that
+breaks the covenant has already changed the objects in memory when its error is raised.
 """
 
 from __future__ import annotations
 
 import ast
+import collections.abc
 import ctypes
-import json
+import hashlib
+import io
+import linecache
 import logging
 import os
+import pickle
 import resource
-import select
-import signal
 import threading
-import time
-import traceback
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import persistent
 from RestrictedPython import compile_restricted_exec
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import RestrictingNodeTransformer
 
 from batos import settings
-from batos.errors import AuditRejected, SandboxLimitExceeded, SandboxViolation
-from prototypes import guardian
+from batos.errors import (
+    AuditRejected,
+    GeneratedCodeError,
+    SandboxLimitExceeded,
+    SandboxViolation,
+)
+from prototypes import guardian, isolation
 from prototypes.uvm import UvmObject, register_compiler
 
 log = logging.getLogger("batos.sandbox")
@@ -79,8 +92,6 @@ MAX_RESULT_ITEMS = 1_000_000
 MAX_INT_BITS = 100_000
 #: How often the watchdog re-raises the timeout once the limit is past, in seconds.
 WATCHDOG_PERIOD = 0.005
-#: Extra seconds the isolated trial gets before its process is killed.
-ISOLATED_GRACE = 1.0
 #: Module prefixes whose objects a method must never hold (the database and its machinery).
 FORBIDDEN_MODULES = ("ZODB", "ZEO", "transaction", "relstorage", "zodburi", "store", "graph")
 
@@ -425,7 +436,10 @@ def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Call
         tree = ast.parse(source, mode="exec")
     except SyntaxError as exc:
         raise AuditRejected(f"method {selector!r} does not parse: {exc.msg}") from None
-    result = compile_restricted_exec(tree, filename=f"<method {selector}>", policy=BatosPolicy)
+    filename = f"<method {selector}>"
+    result = compile_restricted_exec(tree, filename=filename, policy=BatosPolicy)
+    # Tracebacks (and the findings fed back to the model) then quote the failing line.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if result.errors:
         raise AuditRejected(
             f"method {selector!r} does not pass the sandbox's compiler",
@@ -442,7 +456,15 @@ def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Call
 
 def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        return call_limited(fn, *args, **kwargs)
+        if getattr(_state, "depth", 0):  # called by another method: its limits and checks
+            return fn(*args, **kwargs)
+        if isolation.inside_child() or isolation_mode() == "host":
+            return call_checked(fn, args, kwargs)
+        return isolation.run(
+            lambda *a, **k: call_checked(fn, a, k), args, kwargs,
+            seconds=float(settings.get("sandbox_seconds")),  # type: ignore[arg-type]
+            memory_mb=int(settings.get("sandbox_memory_mb")),  # type: ignore[call-overload]
+        )
 
     guarded.__name__ = fn.__name__
     guarded.__qualname__ = fn.__qualname__
@@ -598,6 +620,93 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         _state.violations = None
 
 
+# -- checks after each call ----------------------------------------------------------------------
+
+
+def isolation_mode() -> str:
+    mode = str(settings.get("sandbox_isolation"))
+    if mode == "process" and not hasattr(os, "fork"):
+        from batos.errors import ConfigurationError
+
+        raise ConfigurationError("process isolation needs os.fork, which this platform lacks",
+                                 hint="set BATOS_SANDBOX_ISOLATION=host")  # fmt: skip
+    return mode
+
+
+#: Results that would run code later, in the host, outside every limit.
+_DEFERRED = (collections.abc.Iterator, collections.abc.Generator, types.FunctionType,
+             types.BuiltinFunctionType, types.MethodType, types.CoroutineType)  # fmt: skip
+
+
+def call_checked(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``call_limited`` plus the checks every call of a method gets: the persistence covenant
+    on the receiver and its ancestors, storable slots, and a result that is a value."""
+    receiver = args[0] if args and isinstance(args[0], UvmObject) else None
+    watched = [receiver, *receiver._ancestors()] if receiver is not None else []
+    before = [slot_digests(obj) for obj in watched]
+    with watch_writes() as writes:
+        result = call_limited(fn, *args, **kwargs)
+    findings = [f for obj, digests in zip(watched, before, strict=True)
+                for f in covenant_findings(obj, digests, writes, receiver)]  # fmt: skip
+    if isinstance(result, _DEFERRED):
+        findings.append(f"the method returned a {type(result).__name__}, which would run later "
+                        "outside the sandbox's limits: return a list or another plain value")
+    if findings:
+        raise SandboxViolation("the method broke a rule of the image", findings)
+    return result
+
+
+class _RefPickler(pickle.Pickler):
+    # Other persistent objects count by identity: their own changes mark them, not us.
+    def __init__(self, buffer: io.BytesIO, own: object) -> None:
+        super().__init__(buffer, protocol=5)
+        self.own = own
+
+    def persistent_id(self, obj: Any) -> Any:
+        if obj is not self.own and isinstance(obj, persistent.Persistent):
+            return id(obj)
+        return None
+
+
+_UNSTORABLE = "unstorable:"
+
+
+def slot_digests(obj: UvmObject) -> dict[str, str]:
+    """A digest of each own data slot of ``obj``, to see which ones a call changed."""
+    obj._p_activate()
+    digests = {}
+    for name, value in obj.__dict__.items():
+        if name.startswith("_"):
+            continue
+        buffer = io.BytesIO()
+        try:
+            _RefPickler(buffer, obj).dump(value)
+        except Exception as exc:
+            digests[name] = f"{_UNSTORABLE}{type(value).__name__} ({type(exc).__name__})"
+            continue
+        digests[name] = hashlib.sha256(buffer.getvalue()).hexdigest()
+    return digests
+
+
+def covenant_findings(
+    obj: UvmObject, before: dict[str, str], writes: set[tuple[int, str]],
+    receiver: UvmObject | None = None,
+) -> list[str]:  # fmt: skip
+    """What a call did to ``obj``'s slots that the image would not keep."""
+    who = "self" if obj is receiver or receiver is None else repr(obj)
+    findings = []
+    for name, digest in slot_digests(obj).items():
+        written = (id(obj), name) in writes
+        if digest.startswith(_UNSTORABLE) and (written or before.get(name) != digest):
+            findings.append(f"{who}.{name} now holds a {digest[len(_UNSTORABLE):]}, which the "
+                            "image cannot store: keep plain data and prototypes in slots")
+        elif before.get(name, digest) != digest and not written:
+            findings.append(f"persistence covenant: {who}.{name} changed in place without "
+                            f"'{who}.{name} = ...'; the change would be lost on reload — assign "
+                            "the slot after changing it")
+    return findings
+
+
 # -- isolated trial -------------------------------------------------------------------------------
 
 
@@ -610,24 +719,6 @@ class IsolatedOutcome:
     findings: tuple[str, ...] = ()
 
 
-class _NoStorage:
-    """Stands in for the database in the trial process: reads and writes are refused."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise SandboxViolation(
-            "the isolated trial has no database access",
-            [f"the method needs data the trial did not preload (storage.{name})"],
-        )
-
-
-def _detach_database(objects: list[Any]) -> None:
-    for obj in objects:
-        jar = getattr(obj, "_p_jar", None)
-        if jar is not None and hasattr(jar, "_storage"):
-            jar._storage = jar._normal_storage = _NoStorage()
-            return
-
-
 def run_isolated(
     fn: Callable[..., Any],
     *args: Any,
@@ -635,48 +726,24 @@ def run_isolated(
     memory_mb: int | None = None,
     **kwargs: Any,
 ) -> IsolatedOutcome:
-    """Run ``fn(*args, **kwargs)`` in a forked child with OS limits; the host only waits.
+    """Try ``fn(*args, **kwargs)`` in a forked child with OS limits and apply nothing.
 
-    The child has copy-on-write copies of everything (changes never reach the host), no
-    database access, ``RLIMIT_AS`` = current size + ``memory_mb``, ``RLIMIT_CPU`` and a
-    wall-clock kill after ``seconds`` + ``ISOLATED_GRACE``.
+    The child reads the image through the host (so it sees what the caller sees) and sends
+    its result and changes back; the host checks them as it would for a real call, then drops
+    them. Whatever the code does, the host only reads a verdict.
     """
     seconds = float(seconds or settings.get("sandbox_seconds"))  # type: ignore[arg-type]
     memory_mb = int(memory_mb or settings.get("sandbox_memory_mb"))  # type: ignore[call-overload]
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read_end)
-        _child(write_end, fn, args, kwargs, seconds, memory_mb)
-    os.close(write_end)
-    return _wait_child(pid, read_end, seconds + ISOLATED_GRACE, memory_mb)
-
-
-def _child(fd: int, fn: Callable[..., Any], args: tuple, kwargs: dict,
-           seconds: float, memory_mb: int) -> None:  # fmt: skip
-    status = 70
     try:
-        _detach_database([*args, *kwargs.values()])
-        extra = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + extra,) * 2)
-        cpu = int(seconds) + 2
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        try:
-            value = fn(*args, **kwargs)
-            report = ("ok", _short_repr(value), ())
-        except (SandboxViolation, AuditRejected) as exc:
-            report = ("error", exc.message, tuple(exc.findings))
-        except BaseException as exc:
-            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            report = ("error", f"{type(exc).__name__}: {exc}", (f"the method raised {tb}",))
-        # JSON, not pickle: the host must not unpickle what a process running untrusted
-        # code wrote.
-        os.write(fd, json.dumps(report).encode()[:1_000_000])
-        status = 0
-    except BaseException:
-        status = 71
-    finally:
-        os._exit(status)
+        result = isolation.run(fn, args, kwargs, seconds=seconds, memory_mb=memory_mb,
+                               apply=False)  # fmt: skip
+    except GeneratedCodeError as exc:
+        return IsolatedOutcome(False, exc.reason, tuple(exc.findings) or (exc.reason,))
+    except Exception as exc:
+        notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))
+        return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}",
+                               (f"the method raised {type(exc).__name__}: {exc}{notes}",))
+    return IsolatedOutcome(True, _short_repr(result))
 
 
 def _short_repr(value: Any, limit: int = 500) -> str:
@@ -685,44 +752,3 @@ def _short_repr(value: Any, limit: int = 500) -> str:
     except Exception as exc:
         text = f"<unrepresentable {type(value).__name__}: {exc}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _wait_child(pid: int, fd: int, timeout: float, memory_mb: int) -> IsolatedOutcome:
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    killed = False
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                killed = True
-                break
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-        _, status = os.waitpid(pid, 0)
-    if killed:
-        return IsolatedOutcome(False, "killed after its wall-time limit",
-                               (f"wall-time limit of {timeout:g} s exceeded in the trial: "
-                                "avoid unbounded loops and huge computations",))  # fmt: skip
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status)).name
-        why = "CPU limit" if sig == "SIGXCPU" else sig
-        return IsolatedOutcome(False, f"trial process died ({why})",
-                               (f"the trial process died of {why}: the method crashed or "
-                                f"used too many resources (memory limit {memory_mb} MiB)",))
-    try:
-        kind, summary, findings = json.loads(b"".join(chunks))
-    except Exception:
-        return IsolatedOutcome(False, "trial process ended without a verdict",
-                               ("the method ended the trial process before it could "
-                                "report (exit status "
-                                f"{os.WEXITSTATUS(status) if os.WIFEXITED(status) else status})",))
-    return IsolatedOutcome(kind == "ok", summary, tuple(findings))

@@ -80,3 +80,32 @@ def test_bad_arguments_and_paths_are_clear_errors(capsys, image) -> None:
     assert code == 1 and "JSON literal" in err
     code, _, err = run(capsys, "--image", image, "send", "nobody", "x")
     assert code == 4 and "nobody" in err
+
+
+def test_a_data_slot_or_a_failing_method_is_a_clear_error(capsys, image, tmp_path) -> None:
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "name", "--json")
+    assert code == 0 and json.loads(out) == "BRICK"
+    code, _, err = run(capsys, "--image", image, "send", "brick", "name", "1")
+    assert code == 1 and "data slot, not a method" in err
+    div = tmp_path / "div.py"
+    div.write_text("def div(self, x):\n    return 10 // x\n")
+    assert run(capsys, "--image", image, "methods", "add", "brick", "div", str(div))[0] == 0
+    code, _, err = run(capsys, "--image", image, "send", "brick", "div", "0")
+    assert code == 1 and "raised ZeroDivisionError" in err and "line 2" in err
+    assert "Traceback" not in err
+
+
+def test_methods_lists_methods_on_objects_nested_anywhere(capsys, image, tmp_path) -> None:
+    from prototypes import kernel
+    from prototypes.uvm import UvmObject
+
+    def build(root):
+        deep = UvmObject(name="deep")
+        kernel.add_method(deep, "hello", "def hello(self):\n    return 'hi'\n")
+        root["objects"]["brick"].workshop = UvmObject(name="workshop", drawer=deep)
+
+    with LivingImage.open(image) as img:
+        img.transact(build)
+    code, out, _ = run(capsys, "--image", image, "methods", "--json")
+    assert code == 0
+    assert [r["path"] for r in json.loads(out)] == ["brick.workshop.drawer"]

@@ -82,8 +82,8 @@ def test_failure_leaves_the_image_unchanged_and_lists_every_finding(memory_image
     before = image_digest(memory_image.db)
     draft = _scripted(
         "import os\ndef add_item(self, x):\n    return eval(x)\n",
-        # passes audit and trial, but changes a slot in place without assigning it: the
-        # dynamic covenant check at invoke time catches it and the savepoint rolls back
+        # passes the audit, but changes a slot in place without assigning it: the dynamic
+        # covenant check, which runs with every call, stops it in the trial
         "def add_item(self, x):\n    s = self.items\n    t = s\n    t.append(x)\n    return 1\n",
     )
     with pytest.raises(MissionFailed) as caught:
@@ -93,7 +93,7 @@ def test_failure_leaves_the_image_unchanged_and_lists_every_finding(memory_image
     findings = caught.value.findings
     assert any("attempt 1 (audit)" in f and "'os'" in f for f in findings)
     assert any("attempt 1 (audit)" in f and "'eval'" in f for f in findings)
-    assert any("attempt 2 (invoke)" in f and "persistence covenant" in f for f in findings)
+    assert any("attempt 2 (trial)" in f and "persistence covenant" in f for f in findings)
     assert "image is unchanged" in caught.value.message
     assert image_digest(memory_image.db) == before
 

@@ -58,16 +58,13 @@ def ingest(
     """Read text, Markdown, HTML and PDF files into the knowledge catalog.
 
     Unchanged files are skipped; changed ones replace their chunks; a file that cannot be
-    read is reported and the others go on.
+    read (or does not exist) is reported and the others go on; the exit code is then 9.
 
     Examples: batos ingest notes/ · batos ingest paper.pdf -m topic=physics
     """
     from store.ingest import expand, ingest_paths
 
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        raise DocumentError(f"no such file: {', '.join(missing)}", hint="check the paths")
-    files = list(expand(paths))
+    files = list(expand(paths))  # a missing path stays in the list and fails on its own
     with (
         _catalog(ctx) as catalog,
         Progress(

@@ -66,6 +66,8 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
                 hint="split it, or raise BATOS_CATALOG_MAX_BYTES",
             )
         data = path.read_bytes()
+    except FileNotFoundError:
+        raise DocumentError(f"no such file: {path}", hint="check the path") from None
     except OSError as exc:
         raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if not data.strip():
@@ -74,7 +76,7 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     if suffix in PDF_SUFFIXES:
         text, fmt = _pdf_text(path, data), "pdf"
     elif suffix in HTML_SUFFIXES:
-        text, fmt = _html_text(_decode(path, data)), "html"
+        text, fmt = _html_text(path, _decode(path, data)), "html"
     else:
         text = _decode(path, data)
         fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
@@ -89,7 +91,15 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
 def _decode(path: Path, data: bytes) -> str:
     for bom, encoding in _BOMS:
         if data.startswith(bom):
-            return data.decode(encoding)
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise DocumentError(
+                    f"{path} starts with a {encoding.removesuffix('-sig').upper()} byte-order "
+                    f"mark but is not valid {encoding.removesuffix('-sig').upper()} "
+                    f"(bad bytes at offset {exc.start}: {exc.reason})",
+                    hint="the file is damaged or mislabelled; re-export it as UTF-8",
+                ) from None
     if b"\x00" in data[:8192]:
         raise DocumentError(
             f"{path} looks binary (it holds NUL bytes)",
@@ -104,13 +114,17 @@ def _decode(path: Path, data: bytes) -> str:
         ) from None
 
 
-def _html_text(markup: str) -> str:
+def _html_text(path: Path, markup: str) -> str:
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(markup, "html.parser")
-    for tag in soup(["script", "style", "noscript", "template"]):
-        tag.decompose()
-    blocks = (line.strip() for line in soup.get_text("\n").splitlines())
+    try:
+        soup = BeautifulSoup(markup, "html.parser")
+        for tag in soup(["script", "style", "noscript", "template"]):
+            tag.decompose()
+        lines = soup.get_text("\n").splitlines()
+    except Exception as exc:  # a parser bug on one odd page must not end the batch
+        raise DocumentError(f"{path} is not readable HTML: {type(exc).__name__}: {exc}") from exc
+    blocks = (line.strip() for line in lines)
     # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
     return "\n\n".join(line for line in blocks if line)
 
@@ -119,7 +133,6 @@ def _pdf_text(path: Path, data: bytes) -> str:
     import io
 
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -128,8 +141,13 @@ def _pdf_text(path: Path, data: bytes) -> str:
         pages = [page.extract_text() or "" for page in reader.pages]
     except DocumentError:
         raise
-    except (PdfReadError, ValueError, KeyError, TypeError) as exc:
-        raise DocumentError(f"{path} is not a readable PDF: {exc}") from exc
+    except Exception as exc:
+        # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
+        # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.
+        raise DocumentError(
+            f"{path} is not a readable PDF: {type(exc).__name__}: {exc}",
+            hint="open and re-save it with a PDF tool, or extract its text another way",
+        ) from exc
     return "\n\n".join(page.strip() for page in pages if page.strip())
 
 
@@ -262,6 +280,11 @@ def ingest_paths(
             report.failed.append((str(path), exc))
             _tell(on_file, path, "failed")
             continue
+        except Exception:
+            # Not this file's fault (the embedding model failing, say): the run ends, but the
+            # documents already prepared are whole, so they are written rather than lost.
+            flush()
+            raise
         batch.append(doc)
         paths_of[source] = path
         if sum(len(d.spans) for d in batch) >= commit_chunks:

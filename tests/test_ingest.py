@@ -183,3 +183,47 @@ def test_ingest_text_and_oversized_batches_commit_in_several_transactions(
     assert ingest_text(catalog, "memo", "Penguins dive.") == "replaced"
     with pytest.raises(DocumentError):
         ingest_text(catalog, "blank", "   ")
+
+
+def test_a_byte_order_mark_over_bad_bytes_fails_alone_and_the_batch_keeps_the_rest(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "a_good.txt").write_text(CATS)
+    (tmp_path / "b_bad16.txt").write_bytes(b"\xff\xfeabc")  # UTF-16 mark, odd byte count
+    (tmp_path / "b_bad8.txt").write_bytes(b"\xef\xbb\xbfcaf\xe9")  # UTF-8 mark, Latin-1 byte
+    (tmp_path / "c_good.txt").write_text(DOGS)
+    report = ingest_paths(catalog, [tmp_path])
+    assert sorted(Path(p).name for p in report.added) == ["a_good.txt", "c_good.txt"]
+    failed = {Path(p).name: e for p, e in report.failed}
+    assert set(failed) == {"b_bad16.txt", "b_bad8.txt"}
+    assert "UTF-16 byte-order mark" in failed["b_bad16.txt"].message
+    assert "UTF-8 byte-order mark" in failed["b_bad8.txt"].message
+    assert all(isinstance(e, DocumentError) and e.hint for e in failed.values())
+    assert report.commits == 1 and catalog.stats()["documents"] == 2
+
+
+def test_any_pdf_parser_failure_is_that_files_error(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    # A mangled trailer makes pypdf raise AttributeError, outside its own exception tree.
+    mangled = _pdf("Penguins cannot fly.").replace(b"trailer\n<<", b"trailer\n<>><")
+    (tmp_path / "a_mangled.pdf").write_bytes(mangled)
+    (tmp_path / "b_good.pdf").write_bytes(_pdf("Penguins cannot fly but swim very well."))
+    (tmp_path / "c_good.txt").write_text(CATS)
+    report = ingest_paths(catalog, [tmp_path])
+    assert sorted(Path(p).name for p in report.added) == ["b_good.pdf", "c_good.txt"]
+    [(path, error)] = report.failed
+    assert path.endswith("a_mangled.pdf") and isinstance(error, DocumentError)
+    assert "not a readable PDF" in error.message and error.hint
+    assert catalog.document(str(tmp_path / "a_mangled.pdf")) is None
+
+
+def test_a_missing_path_is_reported_like_any_bad_file(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "cats.txt").write_text(CATS)
+    report = ingest_paths(catalog, [tmp_path / "nowhere.txt", tmp_path / "cats.txt"])
+    assert report.added == [str(tmp_path / "cats.txt")]
+    [(path, error)] = report.failed
+    assert path == str(tmp_path / "nowhere.txt")
+    assert error.message.startswith("no such file") and error.hint == "check the path"

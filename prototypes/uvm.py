@@ -13,6 +13,12 @@ Lookup order (``obj.name``):
      harmless. The nearest definition wins; among equally near ones, the earlier parent slot.
 A method found anywhere runs with ``self`` bound to the *receiver*, not to the holder.
 
+Lookups are cached: what a receiver found for an inherited name (the value, or the method
+bound to it) stays in a class-level table until the next change to any object's slots or
+state, which empties every table at once, so a repeated delegated read costs one dict lookup
+and no answer is ever stale. Ancestor lists are cached per receiver until a parent slot
+changes.
+
 Names starting with ``_`` are private: they never delegate and never reach
 ``doesNotUnderstand`` (a plain ``AttributeError`` is raised). A public name that nothing
 answers raises ``DoesNotUnderstand`` via ``_does_not_understand`` — a hook the generative
@@ -27,6 +33,7 @@ which track their own changes. A change that breaks the covenant is lost at the 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -76,6 +83,40 @@ def register_compiler(name: str, compiler: Callable[[str, str], Callable[..., An
     _COMPILERS[name] = compiler
 
 
+_GHOST = persistent.GHOST
+#: Bumped after any change that could alter what a lookup finds: a public slot written or
+#: removed, a UvmObject or Method loaded, invalidated or turned into a ghost, a method's
+#: source edited. Every delegation cache is emptied with it (see ``_Delegation``).
+_epoch = 0
+#: Bumped only when the parent structure may have changed — a parent slot written or removed,
+#: an object's state loaded or invalidated — so that cached ancestor lists survive the
+#: common writes of data slots.
+_lineage = 0
+#: Guards the epochs and ``_filled``: caches are filled and emptied from every thread that has
+#: a ZODB connection, and a value looked up before a bump must never enter a cache after it.
+_cache_lock = threading.Lock()
+#: The delegation caches holding entries, so that a bump empties only those.
+_filled: list[_Delegation] = []
+_IDENTITY_HASH = object.__hash__
+
+
+def _bump_epoch(*, lineage: bool = True) -> None:
+    """Forget cached lookups, and unless ``lineage`` is False, cached ancestor lists too."""
+    global _epoch, _lineage
+    with _cache_lock:
+        _epoch += 1
+        if lineage:
+            _lineage += 1
+        if _filled:
+            for delegation in _filled:
+                delegation.cache.clear()
+            _filled.clear()
+
+
+#: The fields a method's compiled function is built from.
+_COMPILED_FROM = frozenset({"selector", "source", "compiler"})
+
+
 class Method(persistent.Persistent):
     """A method slot: the source text and what we know of it; never a pickled function.
 
@@ -100,6 +141,22 @@ class Method(persistent.Persistent):
         self.audit = dict(audit or {})
         self.compiler = compiler
         self.created = self.updated = time.time()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        persistent.Persistent.__setattr__(self, name, value)
+        if name in _COMPILED_FROM:
+            # The compiled function and every bound copy cached for a receiver were built
+            # from the old text: drop them so the next send compiles the new one.
+            self.__dict__.pop("_v_function", None)
+            _bump_epoch(lineage=False)
+
+    def __setstate__(self, state: Any) -> None:
+        persistent.Persistent.__setstate__(self, state)
+        _bump_epoch()
+
+    def _p_invalidate(self) -> None:
+        persistent.Persistent._p_invalidate(self)
+        _bump_epoch()
 
     def function(self) -> Callable[..., Any]:
         fn = self.__dict__.get("_v_function")
@@ -134,104 +191,87 @@ class Method(persistent.Persistent):
         return f"<Method {self.selector} by {self.author}>"
 
 
-def _is_parent_slot(name: str) -> bool:
-    return name.endswith("*")
-
-
-_GHOST = persistent.GHOST
-#: Bumped whenever any public slot of any UvmObject is written or removed, or any UvmObject's
-#: state is (re)loaded or invalidated; cached ancestor lists and lookup hits older than it are
-#: recomputed. An integer bump is cheap; steady-state reads see it unchanged.
-_epoch = 0
-
-
-def _bump_epoch() -> None:
-    global _epoch
-    _epoch += 1
-
-
 _MISSING = object()
 
 
 def _resolve(receiver: UvmObject, name: str) -> Any:
-    """``name`` as the receiver sees it, from its own methods or its ancestors; or _MISSING.
+    """``name`` as the (active) receiver sees it, from its own methods or its ancestors.
 
-    Where it was found is remembered in the receiver's volatile ``_v_hits`` until the epoch
-    moves, so a repeated delegated read is a couple of dict lookups instead of a walk.
+    A data slot comes back as its value, a method bound to the receiver; _MISSING if no
+    holder has it. Never generative.
     """
-    hits = receiver.__dict__.get("_v_hits")
-    if hits is not None and hits[0] == _epoch:
-        entry = hits[1].get(name)
-        if entry is not None:
-            state, function = entry
-            if function is not None:
-                if state:  # an emptied state means the holder was ghostified: walk again
-                    return types.MethodType(function, receiver)
-            elif name in state:
-                return state[name]
-    epoch = _epoch
-    found: Any = _MISSING
     for holder in (receiver, *receiver._ancestors()):
         state = holder.__dict__
         if holder is not receiver and name in state:
-            found, entry = state[name], (state, None)
-            break
+            return state[name]
         method = state["_methods"].get(name)
         if method is not None:
-            function = method.function()
-            found, entry = types.MethodType(function, receiver), (state, function)
-            break
-    if found is not _MISSING:
-        if hits is None or hits[0] != epoch:
-            hits = receiver.__dict__["_v_hits"] = (epoch, {})
-        hits[1][name] = entry
-    return found
+            return types.MethodType(method.function(), receiver)
+    return _MISSING
 
 
 class _Delegation:
-    """A non-data descriptor on ``UvmObject`` for a public name some object inherited.
+    """The class-level descriptor for a public name some object inherited, and its cache.
 
-    An own data slot still wins (the instance ``__dict__`` comes before a non-data
-    descriptor), so local reads stay plain attribute reads. A miss now lands here instead of
-    raising an ``AttributeError`` that Python 3.11 builds in full before ``__getattr__`` runs,
-    which is most of the cost of a delegated read. The descriptor holds no state of any
-    object and is never persisted; only the shared class gains it.
+    It is a non-data descriptor, so an own data slot still wins (the instance ``__dict__``
+    comes before it) and local reads stay plain attribute reads. Its ``cache`` maps each
+    receiver that read the name since the last epoch bump to what it saw — the slot value, or
+    the method bound to it — so a repeated delegated read or send is one dict lookup in
+    ``__get__``, about the least Python can run there (a plain dict in a slot: a dict subclass
+    would cost a fifth more). ``_bump_epoch`` empties every filled cache,
+    so no entry outlives a change that could make it wrong, and a receiver is referenced only
+    until the next bump. Keys are the receivers themselves: UvmObjects hash by identity (a
+    subclass that does not is simply never cached). Never persisted: only the shared class
+    holds it.
     """
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "cache")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.cache: dict[UvmObject, Any] = {}
 
     def __get__(self, obj: UvmObject | None, owner: type | None = None) -> Any:
+        try:
+            return self.cache[obj]
+        except (KeyError, TypeError):  # not cached (TypeError: an unhashable subclass)
+            return self._miss(obj)
+
+    def _miss(self, obj: UvmObject | None) -> Any:
         if obj is None:
             return self
-        # The hit-cache check of _resolve, inlined: this is the hot path of every
-        # delegated read, and a Python call costs as much as the lookup itself.
-        hits = obj.__dict__.get("_v_hits")
-        if hits is not None and hits[0] == _epoch:
-            entry = hits[1].get(self.name)
-            if entry is not None:
-                state, function = entry
-                if function is None:
-                    if self.name in state:
-                        return state[self.name]
-                elif state:
-                    return types.MethodType(function, obj)
-        if not obj.__dict__:  # a ghost: load it, then its own slot may answer
+        name = self.name
+        state = obj.__dict__
+        if not state:  # a ghost: load it, then its own slot may answer
             obj._p_activate()
             state = obj.__dict__
-            if self.name in state:
-                return state[self.name]
-        found = _resolve(obj, self.name)
+            if name in state:
+                return state[name]
+        epoch = _epoch
+        found = _resolve(obj, name)
         if found is _MISSING:
-            raise AttributeError(self.name)  # __getattr__ takes over: doesNotUnderstand
+            raise AttributeError(name)  # __getattr__ takes over: doesNotUnderstand
+        self.remember(obj, found, epoch)
         return found
 
+    def remember(self, obj: UvmObject, found: Any, epoch: int) -> None:
+        """Cache what ``obj`` saw, unless something changed since ``epoch`` (its lookup began)."""
+        if type(obj).__hash__ is not _IDENTITY_HASH:
+            return
+        with _cache_lock:
+            if epoch == _epoch:
+                if not self.cache:
+                    _filled.append(self)
+                self.cache[obj] = found
 
-def _install_delegation(name: str) -> None:
-    if not hasattr(UvmObject, name):
-        setattr(UvmObject, name, _Delegation(name))
+
+def _install_delegation(name: str) -> _Delegation | None:
+    """The delegation descriptor for ``name`` (created on first use); None if the class owns it."""
+    existing = UvmObject.__dict__.get(name)
+    if existing is None and not hasattr(UvmObject, name):
+        existing = _Delegation(name)
+        setattr(UvmObject, name, existing)
+    return existing if isinstance(existing, _Delegation) else None
 
 
 class UvmObject(persistent.Persistent):
@@ -260,9 +300,12 @@ class UvmObject(persistent.Persistent):
             return getattr(self, name)
         if name[:1] == "_":
             raise AttributeError(name)
+        epoch = _epoch
         found = _resolve(self, name)
         if found is not _MISSING:
-            _install_delegation(name)
+            delegation = _install_delegation(name)
+            if delegation is not None:
+                delegation.remember(self, found, epoch)
             return found
         return self._does_not_understand(name)
 
@@ -271,6 +314,8 @@ class UvmObject(persistent.Persistent):
             return _DNU_HANDLER(self, selector)
         raise DoesNotUnderstand(self, selector)
 
+    # Each of these changes or drops state that cached lookups may have seen; the epoch moves
+    # *after* the change, so a lookup racing with it cannot cache what it read before.
     def __setstate__(self, state: Any) -> None:
         persistent.Persistent.__setstate__(self, state)
         _bump_epoch()
@@ -279,10 +324,16 @@ class UvmObject(persistent.Persistent):
         persistent.Persistent._p_invalidate(self)
         _bump_epoch()
 
+    def _p_deactivate(self) -> None:
+        # Ancestor lists survive: a ghost ancestor is the same object, loaded again on use.
+        persistent.Persistent._p_deactivate(self)
+        _bump_epoch(lineage=False)
+
     def _parents(self) -> tuple[UvmObject, ...]:
         """The objects in the receiver's parent slots, in slot order."""
-        self._p_activate()
-        return tuple(v for k, v in self.__dict__.items() if _is_parent_slot(k))
+        if self._p_state == _GHOST:
+            self._p_activate()
+        return tuple([v for k, v in self.__dict__.items() if k[-1:] == "*"])
 
     def _ancestors(self) -> tuple[UvmObject, ...]:
         """Every ancestor once, nearest first (breadth-first), the receiver excluded.
@@ -290,13 +341,13 @@ class UvmObject(persistent.Persistent):
         Each ancestor returned is active (not a ghost), so its ``__dict__`` can be read.
         """
         cached = self.__dict__.get("_v_ancestors")
-        if cached is not None and cached[0] == _epoch:
+        if cached is not None and cached[0] == _lineage:
             ancestors = cached[1]
             for obj in ancestors:
                 if obj._p_state == _GHOST:
                     obj._p_activate()
             return ancestors
-        epoch = _epoch
+        lineage = _lineage
         seen = {id(self)}
         order: list[UvmObject] = []
         frontier = list(self._parents())
@@ -310,7 +361,7 @@ class UvmObject(persistent.Persistent):
                 following.extend(obj._parents())
             frontier = following
         ancestors = tuple(order)
-        self.__dict__["_v_ancestors"] = (epoch, ancestors)
+        self.__dict__["_v_ancestors"] = (lineage, ancestors)
         return ancestors
 
     def _lookup(self, name: str) -> tuple[UvmObject, Any] | None:
@@ -335,31 +386,35 @@ class UvmObject(persistent.Persistent):
         if name.startswith("_"):
             persistent.Persistent.__setattr__(self, name, value)
             return
-        _bump_epoch()
         methods = self._methods
-        if isinstance(value, Method):
-            if name != value.selector:
-                raise ValueError(f"method {value.selector!r} cannot be stored in slot {name!r}")
-            self.__dict__.pop(name, None)
-            methods[name] = value
-            self._p_changed = True
-            return
-        if name in methods:
-            del methods[name]
-        persistent.Persistent.__setattr__(self, name, value)
+        try:
+            if isinstance(value, Method):
+                if name != value.selector:
+                    raise ValueError(
+                        f"method {value.selector!r} cannot be stored in slot {name!r}"
+                    )
+                self.__dict__.pop(name, None)
+                methods[name] = value
+                self._p_changed = True
+                return
+            if name in methods:
+                del methods[name]
+            persistent.Persistent.__setattr__(self, name, value)
+        finally:
+            _bump_epoch(lineage=name[-1:] == "*")
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("_"):
             persistent.Persistent.__delattr__(self, name)
             return
-        _bump_epoch()
         if name in self._methods:
             del self._methods[name]
             self._p_changed = True
-            return
-        if name not in self.__dict__:
+        elif name in self.__dict__:
+            persistent.Persistent.__delattr__(self, name)
+        else:
             raise AttributeError(f"{self!r} has no own slot {name!r} to remove")
-        persistent.Persistent.__delattr__(self, name)
+        _bump_epoch(lineage=name[-1:] == "*")
 
     # -- reflection -----------------------------------------------------------------------
 

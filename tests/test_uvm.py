@@ -210,3 +210,65 @@ def test_changes_from_another_connection_are_seen_through_parents(tmp_path):
     assert c2.root()["c"].v == 2
     assert c2.root()["c"].extra == "e"
     db.close()
+
+
+def test_cached_lookups_follow_every_change():
+    a = UvmObject(x=1)
+    a.m = Method("m", "def m(self):\n    return 'm1'\n")
+    d = UvmObject(UvmObject(UvmObject(a)))
+    assert (d.x, d.m()) == (1, "m1")  # now cached for d
+    assert (d.x, d.m()) == (1, "m1")
+    a.x = 2  # a write to the holder
+    assert d.x == 2
+    d.x = "own"  # an own slot wins over the cached inherited one
+    assert d.x == "own"
+    del d.x
+    assert d.x == 2
+    a._methods["m"].source = "def m(self):\n    return 'm2'\n"  # edited in place
+    assert d.m() == "m2"
+    a.m = "now data"
+    assert d.m == "now data"
+    del a.x
+    with pytest.raises(DoesNotUnderstand):
+        d.x  # noqa: B018
+
+
+def test_cached_method_stays_bound_to_each_receiver():
+    proto = UvmObject(name="proto")
+    proto.greet = Method("greet", GREET)
+    kids = [UvmObject(proto, name=f"kid{i}") for i in range(3)]
+    for _ in range(2):
+        assert [k.greet("x") for k in kids] == [f"kid{i} greets x" for i in range(3)]
+
+
+def test_method_edited_in_another_connection_is_seen(tmp_path):
+    db = _reopen(tmp_path / "e.fs")
+    c1 = db.open(transaction_manager=transaction.TransactionManager())
+    proto = c1.root()["p"] = UvmObject(name="p")
+    proto.greet = Method("greet", GREET)
+    c1.root()["c"] = UvmObject(proto, name="c")
+    c1.transaction_manager.commit()
+    c2 = db.open(transaction_manager=transaction.TransactionManager())
+    assert c2.root()["c"].greet("you") == "c greets you"
+    c2.transaction_manager.commit()
+    proto._methods["greet"].source = GREET.replace("greets", "waves at")
+    c1.transaction_manager.commit()
+    c2.transaction_manager.begin()  # the method record is invalidated in c2
+    assert c2.root()["c"].greet("you") == "c waves at you"
+    db.close()
+
+
+def test_receiver_turned_ghost_then_given_own_slot_elsewhere(tmp_path):
+    db = _reopen(tmp_path / "h.fs")
+    c1 = db.open(transaction_manager=transaction.TransactionManager())
+    c1.root()["c"] = UvmObject(UvmObject(v="inherited"))
+    c1.transaction_manager.commit()
+    c2 = db.open(transaction_manager=transaction.TransactionManager())
+    assert c2.root()["c"].v == "inherited"
+    c2.cacheMinimize()  # c2's objects become ghosts; their cached lookups must go too
+    c2.transaction_manager.commit()
+    c1.root()["c"].v = "own"
+    c1.transaction_manager.commit()
+    c2.transaction_manager.begin()
+    assert c2.root()["c"].v == "own"
+    db.close()

@@ -1,11 +1,16 @@
-"""Chunking: sentences, then topic shifts, then token-aware packing that never cuts a sentence.
+"""Chunking: sentences, then topic shifts, then packing within a token budget.
 
 1. The text is split into sentences (paragraph breaks, headings and list items end one too).
 2. Where the embedding similarity of adjacent sentences drops well below the document's usual
    level, a new section starts — the seed's semantic boundaries.
-3. ``semchunk`` packs each section into pieces of at most ``max_tokens`` model tokens; any cut it
-   makes inside a sentence is moved to that sentence's end, so chunks only ever hold whole
-   sentences (a single sentence longer than the budget becomes one oversized chunk).
+3. Each section's sentences are packed greedily into chunks of at most ``max_tokens`` model
+   tokens, measured on the chunk's own text. A chunk holds whole sentences, with one
+   exception: a sentence longer than the budget is cut by ``semchunk`` (at clause, then word
+   boundaries) into pieces within the budget, each a chunk of its own.
+
+The rule is "never over budget" rather than "never cut a sentence": the embedding model reads
+at most 256 tokens and silently drops the rest, so an oversized chunk would be stored and
+cited in full but searched only by its beginning.
 """
 
 from __future__ import annotations
@@ -153,34 +158,52 @@ def chunk(
     max_tokens: int = MAX_TOKENS,
     semantic: bool = True,
 ) -> list[Piece]:
-    """Chunks of ``text`` in document order, each whole sentences within one section."""
-    import semchunk
-
+    """Chunks of ``text`` in document order, each within one section and ``max_tokens``."""
     spans = sentences(text)
     sections = semantic_sections(text, spans, encoder) if semantic else [spans] if spans else []
     pieces: list[Piece] = []
     for section in sections:
-        start, end = section[0][0], section[-1][1]
-        ends = {b for _, b in section}
-        _, offsets = semchunk.chunk(text[start:end], max_tokens, encoder.count_tokens, offsets=True)
-        cursor = start
-        for _, cut in offsets:
-            cut += start
-            if cut <= cursor:
-                continue
-            # Move a cut that falls inside a sentence to that sentence's end.
-            cut = min((b for b in ends if b >= cut), default=end)
-            pieces.append(Piece(cursor, cut, text[cursor:cut]))
-            cursor = _next_start(section, cut)
-            if cursor >= end:
-                break
-        if cursor < end:
-            pieces.append(Piece(cursor, end, text[cursor:end]))
+        pieces.extend(_pack(text, section, encoder, max_tokens))
     return pieces
 
 
-def _next_start(section: list[tuple[int, int]], cut: int) -> int:
-    for a, _ in section:
-        if a >= cut:
-            return a
-    return section[-1][1]
+def _pack(
+    text: str, section: list[tuple[int, int]], encoder: Encoder, max_tokens: int
+) -> list[Piece]:
+    """Whole sentences, greedily, while the chunk's own token count stays within budget.
+
+    Counting the candidate chunk's text (not summing sentence counts) keeps the bound exact
+    for any tokenizer. semchunk is not used for packing: it splits on newlines first, and in
+    hard-wrapped text (pypdf output, many .txt files) those fall in mid-sentence.
+    """
+    pieces: list[Piece] = []
+    start = end = -1
+    for a, b in section:
+        if start >= 0 and encoder.count_tokens(text[start:b]) <= max_tokens:
+            end = b
+            continue
+        if start >= 0:
+            pieces.append(Piece(start, end, text[start:end]))
+            start = -1
+        if encoder.count_tokens(text[a:b]) <= max_tokens:
+            start, end = a, b
+        else:
+            pieces.extend(_split_sentence(text, a, b, encoder, max_tokens))
+    if start >= 0:
+        pieces.append(Piece(start, end, text[start:end]))
+    return pieces
+
+
+def _split_sentence(
+    text: str, start: int, end: int, encoder: Encoder, max_tokens: int
+) -> list[Piece]:
+    """A sentence over the budget, cut into pieces within it (the model would truncate it)."""
+    import semchunk
+
+    _, offsets = semchunk.chunk(text[start:end], max_tokens, encoder.count_tokens, offsets=True)
+    pieces = []
+    for a, b in offsets:
+        a, b = _strip(text, start + a, start + b)
+        if b > a:
+            pieces.append(Piece(a, b, text[a:b]))
+    return pieces

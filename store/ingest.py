@@ -175,7 +175,9 @@ def prepare(
     metadata: dict[str, Any] | None = None,
 ) -> PreparedDocument:
     """Chunk and embed one document's text (slow; runs outside any transaction)."""
-    max_tokens = int(settings.get("catalog_chunk_tokens"))
+    # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
+    # budget would make chunks whose tail is never embedded.
+    max_tokens = min(int(settings.get("catalog_chunk_tokens")), catalog.embedder.max_tokens - 2)
     pieces = chunk(text, catalog.embedder, max_tokens=max_tokens)
     if not pieces:
         raise DocumentError(f"{source} produced no chunks")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 import numpy as np
@@ -53,21 +54,56 @@ def test_sentences_keep_abbreviations_and_split_headings_and_items() -> None:
     ]
 
 
+def _assert_within_budget(text: str, pieces: list, encoder: Embedder, budget: int) -> None:
+    """Every chunk fits the budget and is whole sentences, or a piece of one sentence that
+    alone is over budget; together the chunks cover every word of ``text`` once, in order."""
+    spans = sentences(text)
+    starts, ends = {a for a, _ in spans}, {b for _, b in spans}
+    for piece in pieces:
+        assert piece.text == text[piece.start : piece.end]
+        assert encoder.count_tokens(piece.text) <= budget, piece
+        if piece.start not in starts or piece.end not in ends:
+            [(a, b)] = [(a, b) for a, b in spans if a <= piece.start and piece.end <= b]
+            assert encoder.count_tokens(text[a:b]) > budget, piece
+    assert [p.start for p in pieces] == sorted(p.start for p in pieces)
+    assert " ".join(p.text for p in pieces).split() == text.split()
+
+
 @pytest.mark.parametrize("budget", [12, 30, 200])
 def test_chunks_hold_whole_sentences_within_budget(embedder: Embedder, budget: int) -> None:
     text = f"# Animals\n\n{CATS}\n\n{PHYSICS}"
-    ends = {b for _, b in sentences(text)}
-    starts = {a for a, _ in sentences(text)}
     pieces = chunk(text, embedder, max_tokens=budget)
     assert pieces
-    for piece in pieces:
-        assert piece.text == text[piece.start : piece.end]
-        assert piece.start in starts and piece.end in ends, piece
-        inside = sentences(piece.text)
-        if len(inside) > 1:  # only a lone over-long sentence may exceed the budget
-            assert embedder.count_tokens(piece.text) <= budget
-    covered = "".join(p.text for p in pieces).replace(" ", "").replace("\n", "")
-    assert covered == text.replace(" ", "").replace("\n", "")
+    _assert_within_budget(text, pieces, embedder, budget)
+
+
+@pytest.mark.parametrize("budget", [50, 200])
+def test_hard_wrapped_text_stays_within_budget(embedder: Embedder, budget: int) -> None:
+    """One line per row, as pypdf and many .txt files give: newlines fall inside sentences."""
+    prose = textwrap.fill(" ".join(DOCS.values()), width=60)
+    assert prose.count("\n") > 20
+    pieces = chunk(prose, embedder, max_tokens=budget, semantic=False)
+    _assert_within_budget(prose, pieces, embedder, budget)
+    spans = sentences(prose)
+    assert all(embedder.count_tokens(prose[a:b]) <= budget for a, b in spans)
+    # Greedy packing: each chunk was closed because its next sentence did not fit.
+    for piece, following in zip(pieces, pieces[1:], strict=False):
+        next_end = next(b for a, b in spans if a == following.start)
+        assert embedder.count_tokens(prose[piece.start : next_end]) > budget
+
+
+def test_a_sentence_over_the_budget_is_cut_at_the_budget(embedder: Embedder) -> None:
+    listing = "The inventory lists " + ", ".join(
+        f"{n} crates of item {n * 37 % 101}" for n in range(1, 80)
+    )
+    text = f"{CATS} {listing}. {PHYSICS}"
+    assert embedder.count_tokens(listing) > 4 * 50
+    pieces = chunk(text, embedder, max_tokens=50, semantic=False)
+    _assert_within_budget(text, pieces, embedder, 50)
+    inside = [p for p in pieces if text.index(listing) <= p.start < text.index(PHYSICS)]
+    assert len(inside) >= 5
+    assert inside[0].text.startswith("The inventory lists") and inside[-1].text.endswith(".")
+    assert pieces[-1].text.endswith("can be known.")
 
 
 def test_a_topic_shift_starts_a_new_chunk_even_when_both_fit(embedder: Embedder) -> None:

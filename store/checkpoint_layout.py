@@ -182,7 +182,10 @@ class ThreadRecord(Persistent):
             size += sum(len(r.checkpoint[1]) + len(r.metadata[1]) for r in tree.values())
         size += sum(stored_size(v) for v in self.values.values())
         writes = 0
-        for write in self.writes.values():
+        for (ns, checkpoint_id, _task, _idx), write in self.writes.items():
+            tree = self.namespaces.get(ns)
+            if tree is None or checkpoint_id not in tree:
+                continue  # left by a saver that stored writes before their checkpoint
             writes += 1
             size += stored_size(write[1])
         return ThreadSummary(

@@ -7,6 +7,10 @@ the whole checkpoint or none of it. ZODB connections are not thread-safe: the sa
 small pool and lends each call its own connection; async methods run the sync ones in the
 event loop's executor. The layout in the image is described in ``store.checkpoint_layout``.
 
+Writes for a checkpoint that is not stored yet are held in memory (``_Parking``) and stored by
+that checkpoint's own put, in its transaction: nothing is ever written for a checkpoint that
+never arrives.
+
 Errors::
 
     CheckpointError (BatosError, exit code 8)
@@ -24,6 +28,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -87,6 +92,17 @@ T = TypeVar("T")
 MAX_CONNECTIONS = 16
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
+#: Seconds writes for a checkpoint not stored yet wait for its put. A put normally follows
+#: within milliseconds; one that never comes (an earlier put of the run failed) must not pin
+#: memory forever.
+PARKED_SECONDS = 600.0
+#: Checkpoints whose writes may wait at once (and failed puts remembered); the oldest go first.
+MAX_PARKED = 4096
+
+#: (thread_id, checkpoint_ns, checkpoint_id)
+CheckpointKey = tuple[str, str, str]
+#: One put_writes call, serialized: (task_id, task_path, [(idx, channel, typed value), ...])
+TaskWrites = tuple[str, str, list[tuple[int, str, Typed]]]
 
 
 class _ExplicitTransactions(transaction.TransactionManager):
@@ -151,6 +167,102 @@ class _ConnectionPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+class _Parking:
+    """Writes for checkpoints whose put has not been stored yet, held until it is.
+
+    LangGraph hands a step's put and its tasks' put_writes to a thread pool, so a task's writes
+    often arrive before the put of their checkpoint. Stored at once they would belong to a
+    checkpoint that may never exist (its put can still fail). Held here, they are stored by the
+    put itself, in its one transaction, or dropped if it fails. A crash loses them together
+    with their checkpoint, and no run can resume from a checkpoint that was never stored.
+
+    ``generation`` counts finished puts: put_writes reads it before looking for its checkpoint
+    in the image, and may park only if no put finished (or began) since, so a put that commits
+    between the look and the park is never missed.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._parked: OrderedDict[CheckpointKey, tuple[float, list[TaskWrites]]] = OrderedDict()
+        self._putting: Counter[CheckpointKey] = Counter()
+        self._failed: OrderedDict[CheckpointKey, None] = OrderedDict()
+        self._generation = 0
+
+    def begin_put(self, key: CheckpointKey) -> list[TaskWrites]:
+        """Mark ``key``'s put as under way and hand it the writes parked for it."""
+        with self._cond:
+            self._putting[key] += 1
+            self._failed.pop(key, None)
+            entry = self._parked.pop(key, None)
+        return entry[1] if entry else []
+
+    def end_put(self, key: CheckpointKey, *, stored: bool) -> None:
+        with self._cond:
+            self._putting[key] -= 1
+            if not self._putting[key]:
+                del self._putting[key]
+            if stored:
+                self._generation += 1
+            else:
+                self._forget(key)
+            self._cond.notify_all()
+
+    def put_failed(self, key: CheckpointKey) -> None:
+        """``key``'s put failed before it began: drop its writes, now and when they come."""
+        with self._cond:
+            self._forget(key)
+
+    def settle(self, key: CheckpointKey) -> int | None:
+        """Wait out a put of ``key`` under way; None if puts of ``key`` failed, else the
+        generation to hand to ``park``."""
+        with self._cond:
+            while key in self._putting:
+                self._cond.wait()
+            return None if key in self._failed else self._generation
+
+    def park(self, key: CheckpointKey, writes: TaskWrites, generation: int) -> bool:
+        """Hold ``writes`` for ``key``'s put; False if a put finished or began since
+        ``generation`` was read: look in the image again."""
+        with self._cond:
+            if key in self._failed:
+                return True  # dropped with the checkpoint that failed
+            if key in self._putting or self._generation != generation:
+                return False
+            now = time.monotonic()
+            entry = self._parked.get(key)
+            if entry is None:
+                self._parked[key] = (now, [writes])
+            else:
+                entry[1].append(writes)
+            self._expire(now)
+            return True
+
+    def drop_thread(self, thread_id: str) -> None:
+        with self._cond:
+            for key in [k for k in self._parked if k[0] == thread_id]:
+                del self._parked[key]
+
+    def parked(self) -> int:
+        with self._cond:
+            return len(self._parked)
+
+    def _forget(self, key: CheckpointKey) -> None:
+        self._parked.pop(key, None)
+        self._failed[key] = None
+        while len(self._failed) > MAX_PARKED:
+            self._failed.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        while self._parked:
+            key, (since, _) = next(iter(self._parked.items()))
+            if len(self._parked) <= MAX_PARKED and now - since < PARKED_SECONDS:
+                return
+            del self._parked[key]
+            log.warning(
+                "dropped writes for checkpoint %s of thread %r: its put never came", key[2], key[0]
+            )
 
 
 def _thread_id(config: RunnableConfig | None) -> str:
@@ -222,6 +334,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         )
         self._attempts = 1 + int(settings.get("tx_retries"))
         self._pool = _ConnectionPool(image, max_connections)
+        self._parking = _Parking()
 
     def close(self) -> None:
         self._pool.close()
@@ -423,10 +536,41 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Store one checkpoint and its new channel values in one transaction."""
+        """Store one checkpoint, its new channel values and the writes parked for it, in one
+        transaction."""
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         parent_id = _checkpoint_id(config)
+        checkpoint_id = checkpoint["id"]
+        key = (thread_id, ns, checkpoint_id)
+        try:
+            apply = self._put_transaction(
+                config, thread_id, ns, parent_id, checkpoint, metadata, new_versions
+            )
+        except BaseException:
+            self._parking.put_failed(key)
+            raise
+        parked = self._parking.begin_put(key)
+        stored = False
+        try:
+            self._write(partial(apply, parked), f"checkpoint {thread_id} {ns} {checkpoint_id}")
+            stored = True
+        finally:
+            self._parking.end_put(key, stored=stored)
+        return _config(thread_id, ns, checkpoint_id)
+
+    def _put_transaction(
+        self,
+        config: RunnableConfig,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Callable[[list[TaskWrites], CheckpointTree], None]:
+        """Serialize everything a put stores, before its transaction begins; returns the
+        function the transaction runs."""
         checkpoint_id = checkpoint["id"]
         body = dict(checkpoint)
         values = body.pop("channel_values")
@@ -458,18 +602,19 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             + sum(len(typed[1]) for _, typed in new_values),
         )
 
-        def apply(tree: CheckpointTree) -> None:
+        def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
             thread = tree.thread(thread_id, create=True)
             for key, typed in new_values:
                 thread.values[key] = encode(typed, blob_threshold=self._blob_threshold)
             thread.namespace(ns, create=True)[checkpoint_id] = CheckpointRecord(
                 body_typed, metadata_typed, **record_args
             )
+            for writes in parked:
+                self._store_writes(thread, ns, checkpoint_id, writes)
             if run_id:
                 tree.index_run(run_id, (thread_id, ns, checkpoint_id))
 
-        self._write(apply, f"checkpoint {thread_id} {ns} {checkpoint_id}")
-        return _config(thread_id, ns, checkpoint_id)
+        return apply
 
     def put_writes(
         self,
@@ -480,41 +625,66 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's pending writes against a checkpoint, in one transaction.
 
-        The checkpoint need not be stored yet: LangGraph saves checkpoints in the background
-        and may send a step's writes first.
+        If the checkpoint is not stored yet (LangGraph saves checkpoints in the background and
+        may send a step's writes first), the writes wait in memory and are stored by the
+        checkpoint's own put, in its transaction; if that put fails, they are dropped.
+        Until then they are in no listing, tuple or thread summary.
         """
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         checkpoint_id = _checkpoint_id(config, required=True)
         assert checkpoint_id is not None
-        encoded = [
-            (
-                WRITES_IDX_MAP.get(channel, idx),
-                channel,
-                self._dumps(value, f"write to channel {channel!r} by task {task_id!r}"),
-            )
-            for idx, (channel, value) in enumerate(writes)
-        ]
-
-        def apply(tree: CheckpointTree) -> None:
-            thread = tree.thread(thread_id, create=True)
-            for idx, channel, typed in encoded:
-                key = (ns, checkpoint_id, task_id, idx)
-                if idx >= 0 and key in thread.writes:
-                    continue  # a retried task: its regular writes are already stored
-                thread.writes[key] = (
+        task_writes: TaskWrites = (
+            task_id,
+            task_path,
+            [
+                (
+                    WRITES_IDX_MAP.get(channel, idx),
                     channel,
-                    encode(typed, blob_threshold=self._blob_threshold),
-                    task_path,
+                    self._dumps(value, f"write to channel {channel!r} by task {task_id!r}"),
                 )
+                for idx, (channel, value) in enumerate(writes)
+            ],
+        )
+        key = (thread_id, ns, checkpoint_id)
 
-        self._write(apply, f"writes {thread_id} {ns} {checkpoint_id} {task_id}")
+        def apply(tree: CheckpointTree) -> bool:
+            thread = tree.threads.get(thread_id)
+            checkpoints = thread.namespace(ns) if thread is not None else None
+            if checkpoints is None or checkpoint_id not in checkpoints:
+                return False
+            self._store_writes(thread, ns, checkpoint_id, task_writes)
+            return True
+
+        note = f"writes {thread_id} {ns} {checkpoint_id} {task_id}"
+        while True:
+            generation = self._parking.settle(key)
+            if generation is None:
+                log.debug("dropped writes of task %s: the put of %s failed", task_id, key)
+                return
+            if self._write(apply, note) or self._parking.park(key, task_writes, generation):
+                return
+
+    def _store_writes(
+        self, thread: ThreadRecord, ns: str, checkpoint_id: str, task_writes: TaskWrites
+    ) -> None:
+        task_id, task_path, encoded = task_writes
+        for idx, channel, typed in encoded:
+            key = (ns, checkpoint_id, task_id, idx)
+            if idx >= 0 and key in thread.writes:
+                continue  # a retried task: its regular writes are already stored
+            thread.writes[key] = (
+                channel,
+                encode(typed, blob_threshold=self._blob_threshold),
+                task_path,
+            )
 
     # -- deleting and copying ---------------------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, values and writes in every namespace."""
         thread_id = _thread_id({"configurable": {"thread_id": thread_id}})
+        self._parking.drop_thread(thread_id)
         self._write(lambda tree: tree.delete_thread(thread_id), f"delete thread {thread_id}")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -580,12 +750,16 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     def threads(self) -> list[ThreadSummary]:
         """One summary per thread, in thread id order."""
         with self._reading() as tree:
-            return [thread.summary(thread_id) for thread_id, thread in tree.threads.items()]
+            return [
+                thread.summary(thread_id)
+                for thread_id, thread in tree.threads.items()
+                if thread.namespaces
+            ]
 
     def thread_summary(self, thread_id: str) -> ThreadSummary:
         with self._reading() as tree:
             thread = tree.threads.get(thread_id)
-            if thread is None:
+            if thread is None or not thread.namespaces:
                 raise CheckpointNotFound(
                     f"no thread {thread_id!r} in {self.image.uri}",
                     hint="list the threads with 'batos threads'",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -61,7 +62,13 @@ def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
 
 
 def transactions(image: LivingImage) -> int:
-    return len(image.db.undoLog(0, 100_000)) if image.db.supportsUndo() else -1
+    assert image.db.supportsUndo(), "count transactions on a file or ZEO image, not memory://"
+    return len(image.db.undoLog(0, 1_000_000))
+
+
+def written(saver: ZODBSaver) -> tuple[int, list]:
+    """What a "nothing written" test compares: the transaction log and every thread summary."""
+    return transactions(saver.image), saver.threads()
 
 
 # -- the official conformance suite, every capability ------------------------------------
@@ -288,26 +295,32 @@ def test_trim_keeps_newest_and_copy_shares_payloads(saver: ZODBSaver) -> None:
 @pytest.mark.parametrize(
     "config", [{}, {"configurable": {}}, cfg(""), cfg("   "), cfg({"x": 1}), cfg(None), cfg(1.5)]
 )
-def test_missing_or_malformed_thread_id(saver: ZODBSaver, config: dict) -> None:
+def test_missing_or_malformed_thread_id(file_saver: ZODBSaver, config: dict) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
-    before = transactions(saver.image)
+    chain_graph(file_saver).invoke({"n": 0, "log": []}, cfg("other"))
+    before = written(file_saver)
     with pytest.raises(CheckpointConfigError) as info:
-        saver.put(config, generate_checkpoint(), {}, {})
+        file_saver.put(config, generate_checkpoint(), {}, {})
     assert "thread_id" in str(info.value) and info.value.hint
     with pytest.raises(CheckpointConfigError):
-        saver.get_tuple(config)
-    assert transactions(saver.image) == before
+        file_saver.put_writes({**config, "checkpoint_id": "x"}, [("ch", 1)], "task")
+    with pytest.raises(CheckpointConfigError):
+        file_saver.get_tuple(config)
+    assert written(file_saver) == before
 
 
 @pytest.mark.parametrize("config", [{}, cfg(""), cfg("  ")])
-def test_graph_without_a_usable_thread_id_writes_nothing(saver: ZODBSaver, config: dict) -> None:
+def test_graph_without_a_usable_thread_id_writes_nothing(
+    file_saver: ZODBSaver, config: dict
+) -> None:
     # LangGraph itself refuses a config with no thread_id (and stringifies non-str ones);
     # an empty one reaches the saver, which refuses it.
-    before = transactions(saver.image)
+    chain_graph(file_saver).invoke({"n": 0, "log": []}, cfg("other"))
+    before = written(file_saver)
     with pytest.raises(ValueError, match="thread_id"):
-        chain_graph(saver).invoke({"n": 0, "log": []}, config)
-    assert transactions(saver.image) == before
+        chain_graph(file_saver).invoke({"n": 0, "log": []}, config)
+    assert written(file_saver) == before
 
 
 def test_unknown_checkpoint_id(saver: ZODBSaver) -> None:
@@ -321,7 +334,7 @@ def test_unknown_checkpoint_id(saver: ZODBSaver) -> None:
         saver.require(cfg("nobody"))
 
 
-def test_non_serialisable_state_writes_nothing(saver: ZODBSaver) -> None:
+def test_non_serialisable_state_writes_nothing(file_uri: str) -> None:
     class Opaque:
         pass
 
@@ -332,19 +345,129 @@ def test_non_serialisable_state_writes_nothing(saver: ZODBSaver) -> None:
     builder.add_node("node", node)
     builder.add_edge(START, "node")
     builder.add_edge("node", END)
-    graph = builder.compile(checkpointer=saver)
-    graph.invoke({"n": 0, "log": []}, cfg("ok"))
-    before = transactions(saver.image)
-    with pytest.raises(CheckpointSerializationError, match="lock") as info:
-        graph.invoke({"n": 0, "log": [threading.Lock()]}, cfg("bad"))
-    assert "nothing was written" in str(info.value) and info.value.hint
-    assert saver.get_tuple(cfg("bad")) is None
-    assert transactions(saver.image) == before
-    # a node that returns one: the run stops at the last good checkpoint
-    with pytest.raises(CheckpointSerializationError, match="Opaque"):
-        graph.invoke({"n": -1, "log": []}, cfg("bad-node"), durability="sync")
-    state = graph.get_state(cfg("bad-node"))
-    assert state.next == ("node",) and state.values == {"n": -1, "log": []}
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke({"n": 0, "log": []}, cfg("ok"))
+        before = written(saver)
+        # The input checkpoint cannot be stored, but with LangGraph's default (async)
+        # durability the node still runs and sends its writes for it.
+        with pytest.raises(CheckpointSerializationError, match="lock") as info:
+            graph.invoke({"n": 0, "log": [threading.Lock()]}, cfg("bad"))
+        assert "nothing was written" in str(info.value) and info.value.hint
+        assert saver.get_tuple(cfg("bad")) is None
+        assert list(saver.list(cfg("bad"))) == []
+        assert written(saver) == before
+        # LangGraph never sends the puts after a failed one; the writes the node sent for the
+        # next checkpoint wait in memory, unseen, until they expire (PARKED_SECONDS)
+        # a node that returns one: the run stops at the last good checkpoint
+        with pytest.raises(CheckpointSerializationError, match="Opaque"):
+            graph.invoke({"n": -1, "log": []}, cfg("bad-node"), durability="sync")
+        state = graph.get_state(cfg("bad-node"))
+        assert state.next == ("node",) and state.values == {"n": -1, "log": []}
+    from graph.cli import main as batos
+
+    assert batos(["--image", file_uri, "threads"]) == 0
+    assert batos(["--image", file_uri, "threads", "bad"]) == 8
+
+
+# -- writes that arrive before their checkpoint ------------------------------------------
+
+
+def _checkpoint_and_config(thread: str) -> tuple[dict, dict]:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    checkpoint = generate_checkpoint(channel_values={"x": 1}, channel_versions={"x": "1"})
+    return checkpoint, cfg(thread, checkpoint_ns="", checkpoint_id=checkpoint["id"])
+
+
+def test_writes_before_their_checkpoint_are_stored_by_its_put(file_saver: ZODBSaver) -> None:
+    checkpoint, config = _checkpoint_and_config("early")
+    before = written(file_saver)
+    file_saver.put_writes(config, [("ch", "a"), ("other", "b")], "task-1", "path-1")
+    file_saver.put_writes(config, [("ch", "c")], "task-2")
+    assert written(file_saver) == before
+    assert file_saver.get_tuple(config) is None
+    assert list(file_saver.list(cfg("early"))) == [] and list(file_saver.list(None)) == []
+    with pytest.raises(CheckpointNotFound):
+        file_saver.thread_summary("early")
+
+    file_saver.put(cfg("early", checkpoint_ns=""), checkpoint, {}, {"x": "1"})
+    assert transactions(file_saver.image) == before[0] + 1  # checkpoint and writes together
+    assert file_saver.get_tuple(config).pending_writes == [
+        ("task-2", "ch", "c"), ("task-1", "ch", "a"), ("task-1", "other", "b"),
+    ]
+    assert file_saver._parking.parked() == 0
+    file_saver.put_writes(config, [("ch", "late")], "task-3")  # stored at once now
+    assert transactions(file_saver.image) == before[0] + 2
+    assert file_saver.thread_summary("early").writes == 4
+
+
+def test_writes_for_a_checkpoint_whose_put_fails_are_dropped(file_saver: ZODBSaver) -> None:
+    checkpoint, config = _checkpoint_and_config("doomed")
+    checkpoint["channel_values"]["x"] = threading.Lock()
+    before = written(file_saver)
+    file_saver.put_writes(config, [("ch", "early")], "task-1")
+    with pytest.raises(CheckpointSerializationError):
+        file_saver.put(cfg("doomed", checkpoint_ns=""), checkpoint, {}, {"x": "1"})
+    file_saver.put_writes(config, [("ch", "late")], "task-2")  # after the failure
+    assert file_saver._parking.parked() == 0
+    assert written(file_saver) == before
+
+
+def test_delete_thread_drops_writes_waiting_for_their_checkpoint(file_saver: ZODBSaver) -> None:
+    checkpoint, config = _checkpoint_and_config("gone")
+    file_saver.put_writes(config, [("ch", 1)], "task")
+    file_saver.delete_thread("gone")
+    assert file_saver._parking.parked() == 0
+    file_saver.put(cfg("gone", checkpoint_ns=""), checkpoint, {}, {"x": "1"})
+    assert file_saver.get_tuple(config).pending_writes == []
+
+
+def test_writes_whose_put_never_comes_expire(
+    saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import store.checkpointer
+
+    _, first = _checkpoint_and_config("lost")
+    saver.put_writes(first, [("ch", 1)], "task")
+    monkeypatch.setattr(store.checkpointer, "PARKED_SECONDS", 0.0)
+    _, second = _checkpoint_and_config("lost")
+    saver.put_writes(second, [("ch", 1)], "task")
+    assert saver._parking.parked() == 0
+
+
+def _race(*calls: Callable[[], Any]) -> None:
+    start = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> None:
+        start.wait()
+        call()
+
+    workers = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def test_writes_racing_their_put_are_stored_exactly_once(file_saver: ZODBSaver) -> None:
+    # Whatever the interleaving, every write ends up stored with its checkpoint, once.
+    for i in range(30):
+        checkpoint, config = _checkpoint_and_config("race")
+        parent = file_saver.get_tuple(cfg("race"))
+        _race(
+            partial(
+                file_saver.put,
+                parent.config if parent else cfg("race", checkpoint_ns=""),
+                checkpoint,
+                {"step": i},
+                {"x": "1"},
+            ),
+            partial(file_saver.put_writes, config, [("ch", "t0")], "t0"),
+            partial(file_saver.put_writes, config, [("ch", "t1")], "t1"),
+        )
+        assert sorted(w[2] for w in file_saver.get_tuple(config).pending_writes) == ["t0", "t1"]
+    assert file_saver._parking.parked() == 0
 
 
 def test_image_that_cannot_be_opened(tmp_path: Path) -> None:

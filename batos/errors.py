@@ -5,7 +5,7 @@
      ├── ImageError                  the living image cannot be opened or used
      │    ├── ImageURIError          unknown scheme or malformed URI
      │    ├── ImageLockedError       another process holds the FileStorage lock
-     │    ├── ImageCorruptError      the file is truncated or is not a FileStorage
+     │    ├── ImageCorruptError      damaged history or records, or not a FileStorage
      │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
      ├── ObjectPathError             no object at a dotted path in the image
      ├── ModelError                  model weights or backends
@@ -63,7 +63,10 @@ class ImageLockedError(ImageError):
 
 
 class ImageCorruptError(ImageError):
-    """The image file is truncated, damaged or not a FileStorage at all."""
+    """Committed history or an object record is damaged, or the file is not a FileStorage.
+
+    Raised before anything on disk changes; ``batos repair`` recovers what can be read.
+    """
 
 
 class TransactionFailed(ImageError):

@@ -19,13 +19,13 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from batos import settings
-from batos.errors import BatosError
+from batos.errors import BatosError, ImageURIError
 from graph.app import open_image
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
 from store import schema
-from store.image import LivingImage
+from store.image import LOAD_ERRORS, LivingImage, load_error
 
 app = typer.Typer(
     name="batos",
@@ -41,6 +41,18 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class _NoTracebacks(logging.Filter):
+    """Keeps library tracebacks (ZODB logs one for every object it cannot load) for -v."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = record.exc_text = None
+        return True
+
+
+#: The image the running command names, for errors raised outside any command's own handling.
+_current = {"image": ""}
+
+
 @app.callback()
 def _global(
     ctx: typer.Context,
@@ -53,10 +65,15 @@ def _global(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what BAT OS does."),
 ) -> None:
     ctx.obj = {"image": image or str(settings.get("image"))}
+    _current["image"] = ctx.obj["image"]
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, _NoTracebacks) for f in handler.filters):
+                handler.addFilter(_NoTracebacks())
 
 
 def image_uri(ctx: typer.Context) -> str:
@@ -206,6 +223,49 @@ def schema_cmd(ctx: typer.Context) -> None:
         console.print(table)
 
 
+@app.command()
+def repair(ctx: typer.Context) -> None:
+    """Repair a damaged file image with ZODB's own recovery; the damaged file is kept beside it.
+
+    Whatever ZODB cannot read back is dropped: this command says what. Run it while no other
+    process (nor a ZEO server) has the image open.
+
+    Example: batos --image file:///srv/batos/live_image.fs repair
+    """
+    from store.image import image_path
+    from store.image_file import repair as repair_file
+
+    uri = image_uri(ctx)
+    path = image_path(uri)
+    if path is None:
+        raise ImageURIError(
+            f"only a file:// image can be repaired, not {uri}",
+            hint="repair the file behind the ZEO server or database with its own tools",
+        )
+    report = repair_file(path)
+    found = report.check
+    if report.damaged_copy is None:
+        if found.uncommitted_tail:
+            console.print(
+                f"{path}: {found.transactions:,} sound transactions, then one that never "
+                "committed (a process stopped mid-commit); the next open drops it and nothing "
+                "committed is lost. Nothing to repair."
+            )
+        else:
+            console.print(
+                f"{path}: {found.transactions:,} transactions, all sound. Nothing to repair."
+            )
+        return
+    console.print(f"[bold]damage:[/] {found.damage}")
+    for message in report.messages:
+        console.print(f"  recovery: {message}")
+    console.print(
+        f"kept {report.transactions:,} transactions ({found.transactions:,} before the damage); "
+        f"dropped {report.bytes_dropped:,} bytes"
+    )
+    console.print(f"the damaged original is kept as {report.damaged_copy}")
+
+
 @app.command("config")
 def config_cmd() -> None:
     """Show every setting: its environment variable, the value in force and what it does."""
@@ -268,15 +328,21 @@ def _register_features() -> None:
 _register_features()
 
 
+def _report(exc: BatosError) -> int:
+    err_console.print(f"[bold red]error:[/] {exc.message}")
+    if exc.hint:
+        err_console.print(f"[yellow]hint:[/] {exc.hint}")
+    return exc.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``batos`` script; returns the process exit code."""
     try:
         result = app(args=argv, standalone_mode=False)
     except BatosError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}")
-        if exc.hint:
-            err_console.print(f"[yellow]hint:[/] {exc.hint}")
-        return exc.exit_code
+        return _report(exc)
+    except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command
+        return _report(load_error(_current["image"], exc))
     except click.exceptions.ClickException as exc:
         exc.show()
         return exc.exit_code

@@ -25,7 +25,8 @@ import transaction
 import ZODB
 import zodburi
 from ZODB.Connection import Connection
-from ZODB.POSException import ConflictError, ReadOnlyError, UndoError
+from ZODB.FileStorage.format import CorruptedError
+from ZODB.POSException import ConflictError, POSKeyError, ReadOnlyError, StateLoadError, UndoError
 
 from batos import settings
 from batos.errors import (
@@ -44,6 +45,8 @@ T = TypeVar("T")
 ZEO_CONNECT_TIMEOUT = 10
 #: Pause before the n-th retry of a conflicting transaction (grows linearly, capped).
 RETRY_BACKOFF = 0.01
+#: What ZODB raises when an object record is damaged or missing: damage in the image itself.
+LOAD_ERRORS: tuple[type[Exception], ...] = (POSKeyError, StateLoadError, CorruptedError)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ def _open_db(uri: str) -> ZODB.DB:
         raise ImageURIError(f"image URI {uri!r} is malformed: {exc}") from exc
     if scheme == "file":
         path = Path(urlsplit(uri).path)
+        if path.exists():
+            _check_file(uri, path)
         path.parent.mkdir(parents=True, exist_ok=True)
         Path(str(path) + ".blobs").mkdir(parents=True, exist_ok=True)
     try:
@@ -106,10 +111,47 @@ def _open_db(uri: str) -> ZODB.DB:
         raise _translate_open_error(uri, exc) from exc
 
 
+def _check_file(uri: str, path: Path) -> None:
+    """Refuse a damaged FileStorage before ZODB opens it, which would cut the damage off."""
+    from store.image_file import check
+
+    found = check(path)
+    if found.damage is not None:
+        raise ImageCorruptError(
+            f"the image {uri} is damaged: {found.damage}; the {found.transactions:,} "
+            "transactions before it are sound. Nothing was changed",
+            hint=repair_hint(uri),
+        )
+    if found.uncommitted_tail:
+        log.warning(
+            "the image %s ends with a transaction that never committed (a process stopped "
+            "mid-commit); it is dropped, its %d bytes kept in %s.trN",
+            uri,
+            found.size - found.end,
+            path,
+        )
+
+
+def repair_hint(uri: str) -> str:
+    return (
+        f"run 'batos --image {uri} repair' to replace it by what ZODB can recover "
+        "(the damaged file is kept beside it), or restore a backup"
+    )
+
+
+def load_error(uri: str, exc: Exception) -> ImageCorruptError:
+    """The error to show for one of ``LOAD_ERRORS``: an object the image cannot give back."""
+    if isinstance(exc, POSKeyError):
+        what = f"object {exc} is missing"
+    else:
+        cause = exc.__cause__ or exc
+        what = f"a stored object cannot be read ({type(cause).__name__}: {cause})"
+    return ImageCorruptError(f"the image {uri} is damaged: {what}", hint=repair_hint(uri))
+
+
 def _translate_open_error(uri: str, exc: Exception) -> ImageError:
     import zc.lockfile
     from ZODB.FileStorage.FileStorage import CorruptedFileStorageError, FileStorageFormatError
-    from ZODB.FileStorage.format import CorruptedError
 
     name = type(exc).__name__
     if isinstance(exc, zc.lockfile.LockError):
@@ -121,8 +163,7 @@ def _translate_open_error(uri: str, exc: Exception) -> ImageError:
     if isinstance(exc, (CorruptedError, CorruptedFileStorageError, FileStorageFormatError)):
         return ImageCorruptError(
             f"the image {uri} is damaged or not a ZODB FileStorage: {exc}",
-            hint="restore it from a backup, or try 'python -m ZODB.FileStorage.fsrecover "
-            "DAMAGED.fs RECOVERED.fs' and open the recovered copy",
+            hint=repair_hint(uri),
         )
     if name == "ClientDisconnected" or isinstance(exc, (ConnectionError, TimeoutError)):
         return ImageError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -138,19 +137,6 @@ def test_garbage_file_is_reported_corrupt(tmp_path):
     with pytest.raises(ImageCorruptError, match="damaged or not a ZODB FileStorage"):
         LivingImage.open(f"file://{path}")
     assert path.read_bytes() == b"this is not a FileStorage" * 40
-
-
-def test_truncated_last_transaction_is_dropped_whole(file_uri):
-    """A process killed mid-write leaves a partial transaction: it is never half-visible."""
-    with LivingImage.open(file_uri) as image:
-        image.transact(lambda root: root.__setitem__("first", "x" * 1000))
-        image.transact(lambda root: root.__setitem__("second", "y" * 1000))
-    path = file_uri.removeprefix("file://")
-    os.truncate(path, os.path.getsize(path) - 300)
-    os.remove(path + ".index")
-    with LivingImage.open(file_uri) as image, image.read() as root:
-        assert root["first"] == "x" * 1000
-        assert "second" not in root
 
 
 def test_upgrade_steps_apply_once_and_are_recorded(memory_image):

@@ -603,6 +603,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         )
 
         def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
+            if parent_id is not None:
+                self._require_parent(tree, thread_id, ns, parent_id, checkpoint_id)
             thread = tree.thread(thread_id, create=True)
             for key, typed in new_values:
                 thread.values[key] = encode(typed, blob_threshold=self._blob_threshold)
@@ -615,6 +617,26 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 tree.index_run(run_id, (thread_id, ns, checkpoint_id))
 
         return apply
+
+    def _require_parent(
+        self, tree: CheckpointTree, thread_id: str, ns: str, parent_id: str, checkpoint_id: str
+    ) -> None:
+        # A put's config names the checkpoint it continues from. LangGraph sends one it
+        # could not find too (get_tuple returns None for an unknown id, as it must), which
+        # would store a history hanging from nothing. The parent must be in the same thread
+        # and namespace: LangGraph's own puts always continue a checkpoint of their namespace
+        # (a subgraph starts its namespace with no parent), and so does every put in the
+        # conformance suite.
+        thread = tree.threads.get(thread_id)
+        checkpoints = thread.namespace(ns) if thread is not None else None
+        if checkpoints is None or parent_id not in checkpoints:
+            raise CheckpointNotFound(
+                f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
+                f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
+                f"of {self.image.uri}; nothing was written",
+                hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
+                "graph.get_state_history(config), or leave it out to continue from the latest",
+            )
 
     def put_writes(
         self,

@@ -334,6 +334,69 @@ def test_unknown_checkpoint_id(saver: ZODBSaver) -> None:
         saver.require(cfg("nobody"))
 
 
+MADE_UP = "1ef00000-0000-6000-8000-000000000000"
+
+
+@pytest.mark.parametrize("thread", ["k", "new-thread"])
+def test_graph_run_from_an_unknown_checkpoint_writes_nothing(
+    file_saver: ZODBSaver, thread: str
+) -> None:
+    graph = chain_graph(file_saver)
+    graph.invoke({"n": 0, "log": []}, cfg("k"))
+    before = written(file_saver)
+    with pytest.raises(CheckpointNotFound, match=MADE_UP) as info:
+        graph.invoke({"n": 5, "log": []}, cfg(thread, checkpoint_id=MADE_UP))
+    assert "nothing was written" in str(info.value) and "get_state_history" in info.value.hint
+    with pytest.raises(CheckpointNotFound, match="made-up"):
+        graph.update_state(cfg(thread, checkpoint_id="made-up"), {"n": 100})
+    assert written(file_saver) == before
+    assert graph.get_state(cfg("k")).values["n"] == 3
+
+
+def test_put_needs_its_parent_in_the_same_namespace(saver: ZODBSaver) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    root = saver.put(cfg("ns", checkpoint_ns=""), generate_checkpoint(), {}, {})
+    parent_id = root["configurable"]["checkpoint_id"]
+    with pytest.raises(CheckpointNotFound, match="child"):
+        saver.put(cfg("ns", checkpoint_ns="child", checkpoint_id=parent_id),
+                  generate_checkpoint(), {}, {})
+    with pytest.raises(CheckpointNotFound):
+        saver.put(cfg("other", checkpoint_ns="", checkpoint_id=parent_id),
+                  generate_checkpoint(), {}, {})
+    saver.put(root, generate_checkpoint(), {}, {})
+    assert len(list(saver.list(cfg("ns")))) == 2
+
+
+def test_subgraphs_interrupts_and_time_travel_keep_their_parents(saver: ZODBSaver) -> None:
+    def ask(state: State) -> dict:
+        return {"n": state["n"] + interrupt("more?"), "log": ["asked"]}
+
+    inner = StateGraph(State)
+    inner.add_node("step", lambda s: {"n": s["n"] + 1, "log": ["inner"]})
+    inner.add_node("ask", ask)
+    inner.add_edge(START, "step")
+    inner.add_edge("step", "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(State)
+    outer.add_node("before", lambda s: {"n": s["n"] * 2, "log": ["before"]})
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "before")
+    outer.add_edge("before", "inner")
+    outer.add_edge("inner", END)
+    graph = outer.compile(checkpointer=saver)
+
+    graph.invoke({"n": 1, "log": []}, cfg("sub"))
+    assert graph.get_state(cfg("sub"), subgraphs=True).tasks[0].state.next == ("ask",)
+    done = graph.invoke(Command(resume=10), cfg("sub"))
+    assert done["n"] == 13
+    assert any(ns for ns in {c.config["configurable"]["checkpoint_ns"]
+                             for c in saver.list(None)})
+    past = next(h for h in graph.get_state_history(cfg("sub")) if h.next == ("inner",))
+    graph.invoke(None, past.config)  # replay: the subgraph interrupts again
+    assert graph.invoke(Command(resume=20), cfg("sub"))["n"] == 23
+
+
 def test_non_serialisable_state_writes_nothing(file_uri: str) -> None:
     class Opaque:
         pass

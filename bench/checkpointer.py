@@ -1,11 +1,13 @@
 """ZODBSaver against SqliteSaver / AsyncSqliteSaver (file, WAL) and InMemorySaver.
 
-Same workloads for each, every on-disk saver durable (FileStorage fsyncs each commit; SQLite
-runs with synchronous=FULL): put + put_writes + get_tuple cycles (sync and async), list of
-N checkpoints of one thread, and whole runs of a 10-node graph. Prints ops/s and the ratio to
-the SQLite saver (and, for graph runs, to InMemorySaver); writes JSON to bench/results/.
+Same workloads for each, every on-disk saver durable: FileStorage fsyncs the image on every
+commit, SQLite runs in WAL mode with synchronous=FULL, which syncs the WAL on every commit.
+Workloads, sync and async: put + put_writes + get_tuple cycles, listing every checkpoint of a
+thread of N, and whole runs of a 10-node graph. Each round runs every workload on every saver
+(in a rotating order, so no saver always goes first); the table shows the median of the rounds,
+the ratio to the SQLite saver and, for graph runs, to InMemorySaver. JSON goes to bench/results/.
 
-    python bench/checkpointer.py            # full sizes
+    python bench/checkpointer.py            # full sizes, 3 rounds
     python bench/checkpointer.py --quick    # small sizes, for a smoke run
 """
 
@@ -16,17 +18,18 @@ import asyncio
 import json
 import operator
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langgraph.checkpoint.base import BaseCheckpointSaver  # noqa: E402
+from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver  # noqa: E402
@@ -36,6 +39,7 @@ from store.checkpointer import ZODBSaver  # noqa: E402
 from store.image import LivingImage  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROUNDS = 3
 
 
 class State(TypedDict):
@@ -55,8 +59,6 @@ def ten_node_graph(saver: BaseCheckpointSaver) -> Any:
 
 
 def checkpoint(saver: BaseCheckpointSaver, i: int, previous: dict | None) -> tuple:
-    from langgraph.checkpoint.base import empty_checkpoint
-
     cp = empty_checkpoint()
     versions = dict(previous["channel_versions"]) if previous else {}
     versions["messages"] = saver.get_next_version(versions.get("messages"), None)
@@ -90,12 +92,6 @@ async def acycles(saver: BaseCheckpointSaver, n: int, thread: str) -> None:
         previous = cp
 
 
-def timed(fn: Callable[[], Any], ops: int) -> float:
-    start = time.perf_counter()
-    fn()
-    return ops / (time.perf_counter() - start)
-
-
 def sqlite_conn(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -103,88 +99,148 @@ def sqlite_conn(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def run(sizes: dict[str, int]) -> dict[str, dict[str, float]]:
-    results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        folder = Path(tmp)
-        image = stack.enter_context(LivingImage.open(f"file://{folder / 'image.fs'}"))
-        savers: dict[str, BaseCheckpointSaver] = {
-            "ZODBSaver": stack.enter_context(ZODBSaver(image)),
-            "SqliteSaver": SqliteSaver(sqlite_conn(folder / "sync.db")),
-            "InMemorySaver": InMemorySaver(),
-        }
-        for name, saver in savers.items():
-            row = results.setdefault(name, {})
-            n = sizes["cycles"]
-            row["cycle ops/s"] = timed(lambda s=saver, n=n: cycles(s, n, "cycles"), n)
-            m = sizes["list"]
-            cycles(saver, m, "listed")
-            row["list ops/s"] = timed(
-                lambda s=saver: [
-                    len(list(s.list({"configurable": {"thread_id": "listed"}})))
-                    for _ in range(3)
-                ],
-                3,
-            )
-            graph = ten_node_graph(saver)
-            g = sizes["graph"]
-            row["graph runs/s"] = timed(
-                lambda gr=graph, g=g: [
-                    gr.invoke({"n": 0, "log": []}, {"configurable": {"thread_id": f"g{k}"}})
-                    for k in range(g)
-                ],
-                g,
-            )
-        results["AsyncSqliteSaver"] = {}
-        results["InMemorySaver"]["async cycle ops/s"] = asyncio.run(
-            _async_cycles(InMemorySaver(), sizes["cycles"])
-        )
-        results["ZODBSaver"]["async cycle ops/s"] = asyncio.run(
-            _async_cycles(savers["ZODBSaver"], sizes["cycles"])
-        )
-        results["AsyncSqliteSaver"] = asyncio.run(_async_sqlite(folder / "async.db", sizes))
-    return results
-
-
-async def _async_cycles(saver: BaseCheckpointSaver, n: int) -> float:
+def rate(ops: int, fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
-    await acycles(saver, n, "async-cycles")
-    return n / (time.perf_counter() - start)
+    fn()
+    return ops / (time.perf_counter() - start)
 
 
-async def _async_sqlite(path: Path, sizes: dict[str, int]) -> dict[str, float]:
-    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
-        await saver.conn.execute("PRAGMA journal_mode=WAL")
-        await saver.conn.execute("PRAGMA synchronous=FULL")
-        row = {"async cycle ops/s": await _async_cycles(saver, sizes["cycles"])}
+async def arate(ops: int, fn: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await fn()
+    return ops / (time.perf_counter() - start)
+
+
+class Bench:
+    """The savers under test, each holding a 1,000-checkpoint thread to list."""
+
+    def __init__(self, folder: Path, sizes: dict[str, int]) -> None:
+        self.folder = folder
+        self.sizes = sizes
+        self.stack = ExitStack()
+        self.astack = AsyncExitStack()
+        self.sync: dict[str, BaseCheckpointSaver] = {}
+        self.asynchronous: dict[str, BaseCheckpointSaver] = {}
+
+    async def open(self) -> None:
+        image = self.stack.enter_context(LivingImage.open(f"file://{self.folder / 'image.fs'}"))
+        zodb = self.stack.enter_context(ZODBSaver(image))
+        memory = InMemorySaver()
+        self.sync = {
+            "ZODBSaver": zodb,
+            "SqliteSaver": SqliteSaver(sqlite_conn(self.folder / "sync.db")),
+            "InMemorySaver": memory,
+        }
+        asqlite = await self.astack.enter_async_context(
+            AsyncSqliteSaver.from_conn_string(str(self.folder / "async.db"))
+        )
+        await asqlite.conn.execute("PRAGMA journal_mode=WAL")
+        await asqlite.conn.execute("PRAGMA synchronous=FULL")
+        self.asynchronous = {
+            "ZODBSaver": zodb,
+            "AsyncSqliteSaver": asqlite,
+            "InMemorySaver": memory,
+        }
+        for saver in self.sync.values():
+            cycles(saver, self.sizes["list"], "listed")
+        await acycles(asqlite, self.sizes["list"], "listed")
+
+    async def close(self) -> None:
+        await self.astack.aclose()
+        self.stack.close()
+
+    def run_sync(self, name: str, workload: str, round_: int) -> float:
+        saver, n = self.sync[name], self.sizes
+        if workload == "cycle ops/s":
+            return rate(n["cycles"], lambda: cycles(saver, n["cycles"], f"cycles-{round_}"))
+        if workload == "list ops/s":
+            config = {"configurable": {"thread_id": "listed"}}
+            return rate(3, lambda: [len(list(saver.list(config))) for _ in range(3)])
         graph = ten_node_graph(saver)
-        start = time.perf_counter()
-        for k in range(sizes["graph"]):
-            await graph.ainvoke({"n": 0, "log": []}, {"configurable": {"thread_id": f"g{k}"}})
-        row["async graph runs/s"] = sizes["graph"] / (time.perf_counter() - start)
-    return row
+        return rate(
+            n["graph"],
+            lambda: [
+                graph.invoke({"n": 0, "log": []}, {"configurable": {"thread_id": f"g{round_}-{k}"}})
+                for k in range(n["graph"])
+            ],
+        )
+
+    async def run_async(self, name: str, workload: str, round_: int) -> float:
+        saver, n = self.asynchronous[name], self.sizes
+        if workload == "async cycle ops/s":
+            return await arate(
+                n["cycles"], lambda: acycles(saver, n["cycles"], f"acycles-{round_}")
+            )
+        if workload == "async list ops/s":
+            config = {"configurable": {"thread_id": "listed"}}
+
+            async def listing() -> None:
+                for _ in range(3):
+                    assert len([c async for c in saver.alist(config)]) == n["list"]
+
+            return await arate(3, listing)
+        graph = ten_node_graph(saver)
+
+        async def runs() -> None:
+            for k in range(n["graph"]):
+                config = {"configurable": {"thread_id": f"ag{round_}-{k}"}}
+                await graph.ainvoke({"n": 0, "log": []}, config)
+
+        return await arate(n["graph"], runs)
+
+
+SYNC_WORKLOADS = ("cycle ops/s", "list ops/s", "graph runs/s")
+ASYNC_WORKLOADS = ("async cycle ops/s", "async list ops/s", "async graph runs/s")
+
+
+async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, list[float]]]:
+    samples: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), sizes)
+        await bench.open()
+        try:
+            for round_ in range(rounds):
+                for workload in SYNC_WORKLOADS + ASYNC_WORKLOADS:
+                    names = list(bench.asynchronous if workload.startswith("async") else bench.sync)
+                    shift = round_ % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        if workload.startswith("async"):
+                            value = await bench.run_async(name, workload, round_)
+                        else:
+                            value = bench.run_sync(name, workload, round_)
+                        samples.setdefault(name, {}).setdefault(workload, []).append(value)
+                print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
+        finally:
+            await bench.close()
+    return samples
+
+
+def medians(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {metric: statistics.median(values) for metric, values in row.items()}
+        for name, row in samples.items()
+    }
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
-    metrics = sorted({m for row in results.values() for m in row})
-    lines = [f"{'saver':<18}" + "".join(f"{m:>22}" for m in metrics)]
+    metrics = [m for m in SYNC_WORKLOADS + ASYNC_WORKLOADS if any(m in r for r in results.values())]
+    lines = [f"{'saver (median)':<18}" + "".join(f"{m:>20}" for m in metrics)]
     for name, row in results.items():
-        cells = (f"{row[m]:>22.1f}" if m in row else f"{'-':>22}" for m in metrics)
+        cells = (f"{row[m]:>20.1f}" if m in row else f"{'-':>20}" for m in metrics)
         lines.append(f"{name:<18}" + "".join(cells))
     zodb = results["ZODBSaver"]
     lines.append("")
     for metric, baseline in (
-        ("cycle ops/s", "SqliteSaver"),
-        ("list ops/s", "SqliteSaver"),
-        ("graph runs/s", "SqliteSaver"),
-        ("async cycle ops/s", "AsyncSqliteSaver"),
+        *((m, "SqliteSaver") for m in SYNC_WORKLOADS),
+        *((m, "AsyncSqliteSaver") for m in ASYNC_WORKLOADS),
         ("graph runs/s", "InMemorySaver"),
+        ("async graph runs/s", "InMemorySaver"),
     ):
         ratio = zodb[metric] / results[baseline][metric]
-        lines.append(f"ZODBSaver / {baseline:<17} {metric:<18} {ratio:6.2f}x")
+        lines.append(f"ZODBSaver / {baseline:<17} {metric:<19} {ratio:6.2f}x")
     lines.append(
-        f"InMemorySaver graph run time / ZODBSaver's: "
-        f"{results['InMemorySaver']['graph runs/s'] / zodb['graph runs/s']:.2f}x slower "
+        "ZODBSaver graph run time / InMemorySaver's: "
+        f"{results['InMemorySaver']['graph runs/s'] / zodb['graph runs/s']:.2f}x "
         "(target ≤ 1.2x)"
     )
     return "\n".join(lines)
@@ -193,18 +249,25 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds; medians are shown")
     args = parser.parse_args()
     sizes = (
         {"cycles": 50, "list": 200, "graph": 20}
         if args.quick
         else {"cycles": 500, "list": 1000, "graph": 200}
     )
-    results = run(sizes)
-    print(f"sizes: {sizes}")
+    samples = asyncio.run(measure(sizes, args.rounds))
+    results = medians(samples)
+    print(f"sizes: {sizes}, rounds: {args.rounds}")
     print(table(results))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "checkpointer.json"
-    out.write_text(json.dumps({"sizes": sizes, "results": results}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"sizes": sizes, "rounds": args.rounds, "medians": results, "samples": samples},
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

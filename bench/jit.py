@@ -4,10 +4,17 @@ Twenty intents with checks (strings, lists, numbers, and stateful ones that upda
 each, a fresh object is sent the unknown message with up to three drafts; a draft passes when the
 gate installs it and the check holds on its first result (a failed check is fed back to the
 model like any finding), and the installed method then passes a second call with other
-arguments. pass@1 counts intents solved by the first draft, pass@3 by any of three.
+arguments. pass@1 counts intents solved by the first draft; pass@3 those solved within three
+drafts, each drafted after the previous one's findings (sequential repair, not three
+independent samples). The model is loaded and warmed up before the clock starts.
+
+It also times one call of an installed method, isolated in a child process (the default) and
+in the host process, against the same method compiled as plain Python, on a small receiver and
+on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
     BATOS_MODEL=default .venv/bin/python bench/jit.py          # the full run (slow on CPU)
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents, to see it work
+    .venv/bin/python bench/jit.py --calls-only                 # only the per-call costs
 
 Prints a table and writes bench/results/jit-<model>.json.
 """
@@ -16,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +37,8 @@ from persistent.mapping import PersistentMapping
 from batos import settings
 from batos.errors import GeneratedCodeError
 from graph import jit
-from prototypes.uvm import UvmObject
+from prototypes import kernel
+from prototypes.uvm import Method, UvmObject
 from store.image import LivingImage
 
 
@@ -150,13 +160,46 @@ def _holds(check: Callable[[Any, UvmObject], bool], result: Any, obj: UvmObject)
         return False
 
 
+CALL_SOURCE = "def bump(self, x):\n    self.count = self.count + x\n    return self.count\n"
+
+
+def call_costs(number: int) -> list[tuple[str, float, float]]:
+    """Microseconds per call: sandboxed (process, host) and plain, on two receiver sizes."""
+    rows = []
+    sizes = (("small receiver", {}), ("10,000-item slot", {"items": list(range(10_000))}))
+    for label, extra in sizes:
+        plain = UvmObject(count=0, **extra)
+        plain.bump = Method("bump", CALL_SOURCE)
+        boxed = UvmObject(count=0, **extra)
+        kernel.add_method(boxed, "bump", CALL_SOURCE)
+        base = min(timeit.repeat(lambda o=plain: o.bump(1), number=number, repeat=3)) / number
+        rows.append((f"plain method, {label}", base * 1e6, base * 1e6))
+        for mode in ("host", "process"):
+            os.environ["BATOS_SANDBOX_ISOLATION"] = mode
+            n = max(20, number // (200 if mode == "process" else 20))
+            took = min(timeit.repeat(lambda o=boxed: o.bump(1), number=n, repeat=3)) / n
+            rows.append((f"sandboxed, isolation={mode}, {label}", took * 1e6, base * 1e6))
+    os.environ.pop("BATOS_SANDBOX_ISOLATION", None)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two intents")
     parser.add_argument("--attempts", type=int, default=3)
+    parser.add_argument("--calls-only", action="store_true", help="only time method calls")
     args = parser.parse_args()
+    costs = call_costs(2_000 if args.quick else 20_000)
+    print(f"{'one call of an installed method':<52}{'us/call':>10}{'vs plain':>10}")
+    for label, us, base in costs:
+        print(f"{label:<52}{us:>10.1f}{us / base:>9.0f}x")
+    if args.calls_only:
+        return
     cases = CASES[:2] if args.quick else CASES
     model = str(settings.get("model"))
+    from graph.models import chat_model
+
+    chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     outcomes = []
     for case in cases:
         outcome = run_case(case, args.attempts)
@@ -181,6 +224,7 @@ def main() -> None:
     path.write_text(json.dumps({
         "model": model, "intents": n, "attempts": args.attempts, "pass@1": pass1,
         "pass@3": pass3, "seconds_per_installed_method": per_method,
+        "call_costs_us": {label: us for label, us, _ in costs},
         "cases": [o.__dict__ for o in outcomes],
     }, indent=2))  # fmt: skip
     print(f"wrote {path}")

@@ -58,6 +58,7 @@ import hashlib
 import io
 import linecache
 import logging
+import marshal
 import os
 import pickle
 import resource
@@ -678,13 +679,19 @@ def slot_digests(obj: UvmObject) -> dict[str, str]:
     for name, value in obj.__dict__.items():
         if name.startswith("_"):
             continue
-        buffer = io.BytesIO()
         try:
-            _RefPickler(buffer, obj).dump(value)
-        except Exception as exc:
-            digests[name] = f"{_UNSTORABLE}{type(value).__name__} ({type(exc).__name__})"
-            continue
-        digests[name] = hashlib.sha256(buffer.getvalue()).hexdigest()
+            # Plain data (the usual slot) marshals at C speed; version 2 has no
+            # back-references, so the bytes do not depend on reference counts.
+            raw = b"m" + marshal.dumps(value, 2)
+        except ValueError:  # holds other objects: pickle, persistent ones by identity
+            buffer = io.BytesIO()
+            try:
+                _RefPickler(buffer, obj).dump(value)
+            except Exception as exc:
+                digests[name] = f"{_UNSTORABLE}{type(value).__name__} ({type(exc).__name__})"
+                continue
+            raw = b"p" + buffer.getvalue()
+        digests[name] = hashlib.sha256(raw).hexdigest()
     return digests
 
 

@@ -73,7 +73,8 @@ def _target(image: LivingImage, **slots) -> None:
     image.transact(lambda root: root.__setitem__("target", UvmObject(**slots)))
 
 
-def test_a_crash_armed_for_a_later_call_kills_only_the_child(memory_image) -> None:
+def test_a_crash_armed_for_a_later_call_kills_only_the_child(memory_image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_SANDBOX_SECONDS", "20")  # building the chain is slow on a busy box
     _target(memory_image, name="vault")
     assert _install(memory_image, "greet", SEGFAULT_LATER, ("ann",)) == []  # and armed
     before = image_digest(memory_image.db)
@@ -83,7 +84,10 @@ def test_a_crash_armed_for_a_later_call_kills_only_the_child(memory_image) -> No
     assert memory_image.transact(lambda root: root["target"].name) == "vault"  # host alive
 
 
-def test_code_that_detects_its_trial_meets_the_same_boundary_at_invoke(memory_image) -> None:
+def test_code_that_detects_its_trial_meets_the_same_boundary_at_invoke(
+    memory_image, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_SANDBOX_SECONDS", "20")
     def build(root):
         root["target"] = UvmObject(name="vault",
                                    cfg=UvmObject(name="cfg", data=PersistentList([1])))

@@ -12,6 +12,8 @@
      │    └── ModelFileError         a model part is missing or fails its checksum
      ├── DoesNotUnderstand           a public message no slot or parent answers
      │                                (also an AttributeError, so hasattr/getattr work)
+     ├── SlotError                   a slot name or value a prototype cannot hold
+     │                                (also a ValueError)
      ├── GeneratedCodeError          method code (LLM-written or hand-written) was refused
      │    ├── AuditRejected           the PersistenceGuardian found problems (all listed)
      │    ├── SandboxViolation        the code broke the sandbox policy while running
@@ -110,6 +112,11 @@ class DoesNotUnderstand(BatosError, AttributeError):
             hint=hint
             or "add a slot or method with that name, or give the object a parent that has one",
         )
+
+
+class SlotError(BatosError, ValueError):
+    """A prototype cannot take this slot: a name it could never answer, or a value it
+    cannot copy or store."""
 
 
 class GeneratedCodeError(BatosError):

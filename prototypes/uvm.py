@@ -33,6 +33,8 @@ which track their own changes. A change that breaks the covenant is lost at the 
 from __future__ import annotations
 
 import copy
+import io
+import pickle
 import threading
 import time
 import types
@@ -43,9 +45,10 @@ import persistent
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
-from batos.errors import DoesNotUnderstand
+from batos.errors import DoesNotUnderstand, SlotError
 
-_PLAIN_CONTAINERS = (list, dict, set, bytearray)
+#: Persistent objects a clone copies like plain containers; any other is shared.
+_COPIED_PERSISTENT = (PersistentList, PersistentMapping)
 _DNU_HANDLER: Callable[[UvmObject, str], Any] | None = None
 
 
@@ -274,6 +277,42 @@ def _install_delegation(name: str) -> _Delegation | None:
     return existing if isinstance(existing, _Delegation) else None
 
 
+class _ClonePickler(pickle.Pickler):
+    """Pickles slot values for a clone, keeping shared persistent objects as references."""
+
+    def __init__(self, buffer: io.BytesIO) -> None:
+        super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        self.shared: list[Any] = []
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if isinstance(obj, persistent.Persistent) and not isinstance(obj, _COPIED_PERSISTENT):
+            self.shared.append(obj)
+            return len(self.shared) - 1
+        return None
+
+
+def _copied(owner: UvmObject, slots: dict[str, Any]) -> dict[str, Any]:
+    """``slots`` copied by the rule of ``clone``.
+
+    A pickle round trip in which shared objects travel as references: it copies what the
+    object's own database record would hold, keeps aliasing and cycles inside the slots, and
+    needs no list of container types.
+    """
+    buffer = io.BytesIO()
+    pickler = _ClonePickler(buffer)
+    try:
+        pickler.dump(slots)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise SlotError(
+            f"cannot clone {owner!r}: a slot holds a value that can be neither copied nor "
+            f"stored in the image ({exc})",
+            hint="keep only data, containers and persistent objects in slots",
+        ) from exc
+    unpickler = pickle.Unpickler(io.BytesIO(buffer.getvalue()))
+    unpickler.persistent_load = pickler.shared.__getitem__
+    return unpickler.load()
+
+
 class UvmObject(persistent.Persistent):
     """A persistent prototype: slots, parent slots and methods in one namespace."""
 
@@ -432,20 +471,19 @@ class UvmObject(persistent.Persistent):
     def clone(self, **overrides: Any) -> UvmObject:
         """A new object with copies of the receiver's own slots and the same parents.
 
-        Plain containers are deep-copied so the clone is independent; persistent objects held
-        in slots (other prototypes, persistent containers) are shared by reference, as parents
-        are; method records are copied so the two can evolve apart.
+        Containers — list, dict, set, tuple, frozenset, PersistentList, PersistentMapping and
+        any nesting of them — are copied all the way down (as is any other value the object's
+        own record would hold), so changing the clone's never changes the original's. Every
+        other persistent object (prototypes, BTrees, methods stored as data) is shared by
+        reference wherever it sits, as parents are. The receiver's own method records are
+        copied so the two can evolve apart. A value that cannot be copied (a lambda, a lock)
+        raises ``SlotError``.
         """
         self._p_activate()
         twin = self.__class__.__new__(self.__class__)
         twin._methods = {name: m.copy() for name, m in self._methods.items()}
-        for name, value in self.__dict__.items():
-            if name.startswith("_"):
-                continue
-            if isinstance(value, _PLAIN_CONTAINERS) and not isinstance(
-                value, (PersistentList, PersistentMapping)
-            ):
-                value = copy.deepcopy(value)
+        own = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        for name, value in _copied(self, own).items():
             setattr(twin, name, value)
         for name, value in overrides.items():
             setattr(twin, name, value)

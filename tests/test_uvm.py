@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import transaction
+from BTrees.OOBTree import OOBTree
 from persistent.list import PersistentList
+from persistent.mapping import PersistentMapping
 from ZODB import DB
 from ZODB.FileStorage import FileStorage
 
-from batos.errors import DoesNotUnderstand
+from batos.errors import DoesNotUnderstand, SlotError
 from prototypes.uvm import Method, MethodCompileError, UvmObject, set_dnu_handler
 
 GREET = "def greet(self, other):\n    return self.name + ' greets ' + other\n"
@@ -132,6 +134,61 @@ def test_clone_copies_own_slots_and_shares_parents():
     assert original.greet("x") == "rex greets x"
     parent.kind = "dog"
     assert twin.kind == "dog"
+
+
+def test_clone_copies_containers_all_the_way_down_and_shares_prototypes():
+    shared = UvmObject(name="shared")
+    tree = OOBTree({"k": 1})
+    inner = ["x"]
+    original = UvmObject(
+        stats=PersistentMapping(invocations=0, nested={"a": [1]}),
+        log=PersistentList([inner, inner]),
+        pair=([1], shared),
+        frozen=frozenset({("a", 1)}),
+        tags={"a"},
+        friends=[shared, {"best": shared}],
+        index=tree,
+    )
+    twin = original.clone()
+    twin.stats["x"] = 1
+    twin.stats["nested"]["a"].append(2)
+    twin.log[0].append("z")
+    twin.log.append("y")
+    twin.pair[0].append(2)
+    twin.tags.add("b")
+    twin.friends.append(3)
+    assert dict(original.stats) == {"invocations": 0, "nested": {"a": [1]}}
+    assert list(original.log) == [["x"], ["x"]] and original.pair[0] == [1]
+    assert original.tags == {"a"} and len(original.friends) == 2
+    assert isinstance(twin.stats, PersistentMapping) and isinstance(twin.log, PersistentList)
+    assert twin.log[0] is twin.log[1]  # aliasing inside the slots is kept
+    assert twin.frozen == original.frozen
+    # Prototypes and other persistent objects are shared wherever they sit, as parents are.
+    assert twin.pair[1] is shared and twin.friends[0] is shared
+    assert twin.friends[1]["best"] is shared and twin.index is tree
+
+
+def test_clone_refuses_values_it_cannot_copy():
+    with pytest.raises(SlotError, match="cannot clone"):
+        UvmObject(callback=lambda: 1).clone()
+
+
+def test_cloned_persona_stats_are_independent_in_a_stored_image(tmp_path):
+    db = _reopen(tmp_path / "p.fs")
+    conn = db.open()
+    conn.root()["robin"] = UvmObject(stats=PersistentMapping(invocations=0))
+    transaction.commit()
+    conn.cacheMinimize()  # the persona and its stats mapping are ghosts now
+    robin = conn.root()["robin"]
+    twin = conn.root()["twin"] = robin.clone()
+    twin.stats["x"] = 1
+    transaction.commit()
+    db.close()
+    db = _reopen(tmp_path / "p.fs")
+    root = db.open().root()
+    assert dict(root["robin"].stats) == {"invocations": 0}
+    assert dict(root["twin"].stats) == {"invocations": 0, "x": 1}
+    db.close()
 
 
 def _reopen(path):

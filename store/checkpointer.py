@@ -1,21 +1,20 @@
 """``ZODBSaver``: LangGraph checkpoints written into the living image, one transaction each.
 
 Used by ``graph.compile(checkpointer=ZODBSaver(image))`` and, through langgraph.json's
-``checkpointer`` key, by ``langgraph dev`` (``generate_checkpointer``). Every ``put`` and
-``put_writes`` is one ZODB transaction, retried on write conflicts, so a crash leaves either
-the whole checkpoint or none of it. ZODB connections are not thread-safe: the saver keeps a
-small pool and lends each call its own connection; async methods run the sync ones in the
-event loop's executor. The layout in the image is described in ``store.checkpoint_layout``.
-
-Writes for a checkpoint that is not stored yet are held in memory (``_Parking``) and stored by
-that checkpoint's own put, in its transaction: nothing is ever written for a checkpoint that
-never arrives.
+``checkpointer`` key, by ``langgraph dev`` (``generate_checkpointer``). Every ``put`` is one
+ZODB transaction, retried on write conflicts, so a crash leaves either the whole checkpoint
+or none of it. A ``put_writes`` for a stored checkpoint is one transaction too; one for a
+checkpoint not stored yet waits in memory (``store.checkpoint_parking``) and is stored by that
+checkpoint's put, in its transaction, so nothing is ever written for a checkpoint that never
+arrives. ZODB connections are not thread-safe: the saver keeps a small pool and lends each call
+its own connection; async methods run the sync ones in the event loop's executor. The layout in
+the image is described in ``store.checkpoint_layout``.
 
 Errors::
 
     CheckpointError (BatosError, exit code 8)
      ├── CheckpointConfigError         no usable thread_id / checkpoint_id in the config
-     ├── CheckpointNotFound            no such thread or checkpoint (``require``)
+     ├── CheckpointNotFound            no such thread or checkpoint (``require``, a put's parent)
      └── CheckpointSerializationError  a state value the serde cannot encode; nothing written
     TransactionFailed (ImageError)     conflicts outlasted every retry; nothing written
 """
@@ -28,7 +27,6 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -64,13 +62,14 @@ from store.checkpoint_layout import (
     CHECKPOINTS_KEY,
     CheckpointRecord,
     CheckpointTree,
-    ThreadRecord,
+    TaskWrites,
     ThreadSummary,
     Typed,
+    add_writes,
     decode,
     encode,
-    value_key,
 )
+from store.checkpoint_parking import ParkedWrites
 from store.image import RETRY_BACKOFF, LivingImage, acquire_shared, release_shared
 from store.schema import upgrade
 
@@ -92,18 +91,6 @@ T = TypeVar("T")
 MAX_CONNECTIONS = 16
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
-#: Seconds writes for a checkpoint not stored yet wait for its put. A put normally follows
-#: within milliseconds; one that never comes (an earlier put of the run failed) must not pin
-#: memory forever.
-PARKED_SECONDS = 600.0
-#: Checkpoints whose writes may wait at once (and failed puts remembered); the oldest go first.
-MAX_PARKED = 4096
-
-#: (thread_id, checkpoint_ns, checkpoint_id)
-CheckpointKey = tuple[str, str, str]
-#: One put_writes call, serialized: (task_id, task_path, [(idx, channel, typed value), ...])
-TaskWrites = tuple[str, str, list[tuple[int, str, Typed]]]
-
 
 class _ExplicitTransactions(transaction.TransactionManager):
     """An explicit transaction manager whose ``abort`` is a no-op outside a transaction.
@@ -169,102 +156,6 @@ class _ConnectionPool:
             conn.close()
 
 
-class _Parking:
-    """Writes for checkpoints whose put has not been stored yet, held until it is.
-
-    LangGraph hands a step's put and its tasks' put_writes to a thread pool, so a task's writes
-    often arrive before the put of their checkpoint. Stored at once they would belong to a
-    checkpoint that may never exist (its put can still fail). Held here, they are stored by the
-    put itself, in its one transaction, or dropped if it fails. A crash loses them together
-    with their checkpoint, and no run can resume from a checkpoint that was never stored.
-
-    ``generation`` counts finished puts: put_writes reads it before looking for its checkpoint
-    in the image, and may park only if no put finished (or began) since, so a put that commits
-    between the look and the park is never missed.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._parked: OrderedDict[CheckpointKey, tuple[float, list[TaskWrites]]] = OrderedDict()
-        self._putting: Counter[CheckpointKey] = Counter()
-        self._failed: OrderedDict[CheckpointKey, None] = OrderedDict()
-        self._generation = 0
-
-    def begin_put(self, key: CheckpointKey) -> list[TaskWrites]:
-        """Mark ``key``'s put as under way and hand it the writes parked for it."""
-        with self._cond:
-            self._putting[key] += 1
-            self._failed.pop(key, None)
-            entry = self._parked.pop(key, None)
-        return entry[1] if entry else []
-
-    def end_put(self, key: CheckpointKey, *, stored: bool) -> None:
-        with self._cond:
-            self._putting[key] -= 1
-            if not self._putting[key]:
-                del self._putting[key]
-            if stored:
-                self._generation += 1
-            else:
-                self._forget(key)
-            self._cond.notify_all()
-
-    def put_failed(self, key: CheckpointKey) -> None:
-        """``key``'s put failed before it began: drop its writes, now and when they come."""
-        with self._cond:
-            self._forget(key)
-
-    def settle(self, key: CheckpointKey) -> int | None:
-        """Wait out a put of ``key`` under way; None if puts of ``key`` failed, else the
-        generation to hand to ``park``."""
-        with self._cond:
-            while key in self._putting:
-                self._cond.wait()
-            return None if key in self._failed else self._generation
-
-    def park(self, key: CheckpointKey, writes: TaskWrites, generation: int) -> bool:
-        """Hold ``writes`` for ``key``'s put; False if a put finished or began since
-        ``generation`` was read: look in the image again."""
-        with self._cond:
-            if key in self._failed:
-                return True  # dropped with the checkpoint that failed
-            if key in self._putting or self._generation != generation:
-                return False
-            now = time.monotonic()
-            entry = self._parked.get(key)
-            if entry is None:
-                self._parked[key] = (now, [writes])
-            else:
-                entry[1].append(writes)
-            self._expire(now)
-            return True
-
-    def drop_thread(self, thread_id: str) -> None:
-        with self._cond:
-            for key in [k for k in self._parked if k[0] == thread_id]:
-                del self._parked[key]
-
-    def parked(self) -> int:
-        with self._cond:
-            return len(self._parked)
-
-    def _forget(self, key: CheckpointKey) -> None:
-        self._parked.pop(key, None)
-        self._failed[key] = None
-        while len(self._failed) > MAX_PARKED:
-            self._failed.popitem(last=False)
-
-    def _expire(self, now: float) -> None:
-        while self._parked:
-            key, (since, _) = next(iter(self._parked.items()))
-            if len(self._parked) <= MAX_PARKED and now - since < PARKED_SECONDS:
-                return
-            del self._parked[key]
-            log.warning(
-                "dropped writes for checkpoint %s of thread %r: its put never came", key[2], key[0]
-            )
-
-
 def _thread_id(config: RunnableConfig | None) -> str:
     configurable = (config or {}).get("configurable") or {}
     value = configurable.get("thread_id")
@@ -309,6 +200,27 @@ def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     }
 
 
+def _inherited(
+    index: Any, parent: CheckpointRecord | None, channel: str, version: str
+) -> Any | None:
+    """The stored value of ``channel`` at ``version``, which a put did not send again.
+
+    LangGraph sends only the channels that changed since the checkpoint the put continues:
+    the rest are the parent's. Failing that (a put that names no parent), the newest
+    checkpoint of the namespace that has this version has the value.
+    """
+    if parent is not None:
+        found, stored = parent.value_at(channel, version)
+        if found:
+            return stored
+    keys = index.keys()
+    for position in range(len(keys) - 1, -1, -1):
+        found, stored = index[keys[position]].value_at(channel, version)
+        if found:
+            return stored
+    return None
+
+
 class ZODBSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpoint saver whose storage is the living image.
 
@@ -334,7 +246,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         )
         self._attempts = 1 + int(settings.get("tx_retries"))
         self._pool = _ConnectionPool(image, max_connections)
-        self._parking = _Parking()
+        self._parking = ParkedWrites()
 
     def close(self) -> None:
         self._pool.close()
@@ -398,7 +310,6 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
     def _tuple(
         self,
-        thread: ThreadRecord,
         thread_id: str,
         ns: str,
         checkpoint_id: str,
@@ -406,18 +317,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         config: RunnableConfig | None = None,
     ) -> CheckpointTuple:
         checkpoint: Checkpoint = self.serde.loads_typed(record.checkpoint)
-        values: dict[str, Any] = {}
-        for channel, version in record.versions:
-            stored = thread.values.get(value_key(ns, channel, version))
-            if stored is None:
-                continue
-            typed = decode(stored)
-            if typed[0] != "empty":
-                values[channel] = self.serde.loads_typed(typed)
-        checkpoint["channel_values"] = values
+        loads = self.serde.loads_typed
+        checkpoint["channel_values"] = {
+            channel: loads(decode(stored)) for channel, stored in record.values.items()
+        }
         writes = sorted(
-            (value[2], key[2], key[3], value[0], value[1])
-            for key, value in thread.writes_of(ns, checkpoint_id)
+            (path, task_id, idx, channel, stored)
+            for (task_id, idx), (channel, stored, path) in record.writes.items()
         )
         return CheckpointTuple(
             config=config or _config(thread_id, ns, checkpoint_id),
@@ -450,7 +356,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             record = checkpoints.get(checkpoint_id)
             if record is None:
                 return None
-            return self._tuple(thread, thread_id, ns, checkpoint_id, record, config)
+            return self._tuple(thread_id, ns, checkpoint_id, record, config)
 
     def require(self, config: RunnableConfig) -> CheckpointTuple:
         """Like ``get_tuple``, but an unknown thread or checkpoint raises ``CheckpointNotFound``."""
@@ -522,7 +428,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                             metadata = self.serde.loads_typed(record.metadata)
                             if any(metadata.get(k) != v for k, v in filter.items()):
                                 continue
-                        found.append(self._tuple(thread, thread_id, ns, checkpoint_id, record))
+                        found.append(self._tuple(thread_id, ns, checkpoint_id, record))
                         if limit is not None and len(found) >= limit:
                             return found
         return found
@@ -574,14 +480,16 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         checkpoint_id = checkpoint["id"]
         body = dict(checkpoint)
         values = body.pop("channel_values")
-        new_values: list[tuple[tuple[str, str, str], Typed]] = []
-        for channel, version in new_versions.items():
-            typed = (
-                self._dumps(values[channel], f"channel {channel!r} of thread {thread_id!r}")
-                if channel in values
-                else ("empty", b"")
-            )
-            new_values.append((value_key(ns, channel, str(version)), typed))
+        # a channel in new_versions without a value was emptied at that version
+        new_values = {
+            channel: self._dumps(values[channel], f"channel {channel!r} of thread {thread_id!r}")
+            for channel in new_versions
+            if channel in values
+        }
+        versions = {
+            channel: str(version) for channel, version in checkpoint["channel_versions"].items()
+        }
+        inherited = [channel for channel in versions if channel not in new_versions]
         full_metadata = get_checkpoint_metadata(config, metadata)
         if not full_metadata.get("run_id") and config.get("run_id"):
             # as the LangGraph server does, so delete_for_runs finds plain invoke() runs too
@@ -590,37 +498,49 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         metadata_typed = self._dumps(full_metadata, f"metadata of checkpoint {checkpoint_id!r}")
         run_id = full_metadata.get("run_id")
         run_id = str(run_id) if run_id else None
-        record_args = dict(
-            parent_id=parent_id,
-            run_id=run_id,
-            versions=tuple(
-                (channel, str(version))
-                for channel, version in checkpoint["channel_versions"].items()
-            ),
-            size=len(body_typed[1])
+        size = (
+            len(body_typed[1])
             + len(metadata_typed[1])
-            + sum(len(typed[1]) for _, typed in new_values),
+            + sum(len(typed[1]) for typed in new_values.values())
         )
+        blob_threshold = self._blob_threshold
 
         def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
-            if parent_id is not None:
-                self._require_parent(tree, thread_id, ns, parent_id, checkpoint_id)
-            thread = tree.thread(thread_id, create=True)
-            for key, typed in new_values:
-                thread.values[key] = encode(typed, blob_threshold=self._blob_threshold)
-            thread.namespace(ns, create=True)[checkpoint_id] = CheckpointRecord(
-                body_typed, metadata_typed, **record_args
+            parent = (
+                self._parent(tree, thread_id, ns, parent_id, checkpoint_id)
+                if parent_id is not None
+                else None
             )
-            for writes in parked:
-                self._store_writes(thread, ns, checkpoint_id, writes)
+            index = tree.thread(thread_id, create=True).namespace(ns, create=True)
+            stored: dict[str, Any] = {}
+            for channel in inherited:
+                value = _inherited(index, parent, channel, versions[channel])
+                if value is not None:
+                    stored[channel] = value
+            for channel, typed in new_values.items():
+                stored[channel] = encode(typed, blob_threshold=blob_threshold)
+            existing = index.get(checkpoint_id)
+            writes = dict(existing.writes) if existing is not None else {}
+            for task_writes in parked:
+                add_writes(writes, task_writes, partial(encode, blob_threshold=blob_threshold))
+            index[checkpoint_id] = CheckpointRecord(
+                body_typed,
+                metadata_typed,
+                parent_id=parent_id,
+                run_id=run_id,
+                versions=versions,
+                values=stored,
+                writes=writes,
+                size=size,
+            )
             if run_id:
                 tree.index_run(run_id, (thread_id, ns, checkpoint_id))
 
         return apply
 
-    def _require_parent(
+    def _parent(
         self, tree: CheckpointTree, thread_id: str, ns: str, parent_id: str, checkpoint_id: str
-    ) -> None:
+    ) -> CheckpointRecord:
         # A put's config names the checkpoint it continues from. LangGraph sends one it
         # could not find too (get_tuple returns None for an unknown id, as it must), which
         # would store a history hanging from nothing. The parent must be in the same thread
@@ -628,8 +548,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         # (a subgraph starts its namespace with no parent), and so does every put in the
         # conformance suite.
         thread = tree.threads.get(thread_id)
-        checkpoints = thread.namespace(ns) if thread is not None else None
-        if checkpoints is None or parent_id not in checkpoints:
+        index = thread.namespace(ns) if thread is not None else None
+        parent = index.get(parent_id) if index is not None else None
+        if parent is None:
             raise CheckpointNotFound(
                 f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
                 f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
@@ -637,6 +558,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
                 "graph.get_state_history(config), or leave it out to continue from the latest",
             )
+        return parent
 
     def put_writes(
         self,
@@ -672,10 +594,14 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
         def apply(tree: CheckpointTree) -> bool:
             thread = tree.threads.get(thread_id)
-            checkpoints = thread.namespace(ns) if thread is not None else None
-            if checkpoints is None or checkpoint_id not in checkpoints:
+            index = thread.namespace(ns) if thread is not None else None
+            record = index.get(checkpoint_id) if index is not None else None
+            if record is None:
                 return False
-            self._store_writes(thread, ns, checkpoint_id, task_writes)
+            writes = dict(record.writes)
+            encoder = partial(encode, blob_threshold=self._blob_threshold)
+            if add_writes(writes, task_writes, encoder):
+                record.writes = writes
             return True
 
         note = f"writes {thread_id} {ns} {checkpoint_id} {task_id}"
@@ -686,20 +612,6 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 return
             if self._write(apply, note) or self._parking.park(key, task_writes, generation):
                 return
-
-    def _store_writes(
-        self, thread: ThreadRecord, ns: str, checkpoint_id: str, task_writes: TaskWrites
-    ) -> None:
-        task_id, task_path, encoded = task_writes
-        for idx, channel, typed in encoded:
-            key = (ns, checkpoint_id, task_id, idx)
-            if idx >= 0 and key in thread.writes:
-                continue  # a retried task: its regular writes are already stored
-            thread.writes[key] = (
-                channel,
-                encode(typed, blob_threshold=self._blob_threshold),
-                task_path,
-            )
 
     # -- deleting and copying ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -190,23 +191,44 @@ def test_threads_hammering_one_image(file_saver: ZODBSaver) -> None:
         assert len(list(file_saver.list(cfg(f"w{k}")))) == 6 * 5
 
 
-def test_concurrent_writes_to_one_checkpoint_are_all_kept(saver: ZODBSaver) -> None:
+@pytest.mark.parametrize("image_kind", ["memory", "file"])
+def test_concurrent_writes_to_one_checkpoint_are_all_kept(
+    image_kind: str, file_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
-    stored = saver.put(cfg("pw", checkpoint_ns=""), generate_checkpoint(), {"step": 0}, {})
-    workers = [
-        threading.Thread(target=saver.put_writes, args=(stored, [("ch", i)], f"task-{i}"))
-        for i in range(12)
-    ]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    writes = saver.get_tuple(stored).pending_writes
-    assert sorted(w[2] for w in writes) == list(range(12))
+    uri = "memory://" if image_kind == "memory" else file_uri
+    with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
+        stored = saver.put(cfg("pw", checkpoint_ns=""), generate_checkpoint(), {"step": 0}, {})
+        with caplog.at_level("INFO", logger="batos.checkpointer"):
+            _race(*(partial(saver.put_writes, stored, [("ch", i)], f"task-{i}") for i in range(12)))
+        writes = saver.get_tuple(stored).pending_writes
+        assert sorted(w[2] for w in writes) == list(range(12))
+    if image_kind == "file":  # FileStorage merges them (CheckpointRecord._p_resolveConflict)
+        assert "conflict" not in caplog.text
+
+
+def test_conflicting_changes_besides_writes_are_not_merged() -> None:
+    from ZODB.POSException import ConflictError
+
+    from store.checkpoint_layout import CheckpointRecord
+
+    old = {"metadata": ("json", b"1"), "writes": {}}
+    one = {"metadata": ("json", b"1"), "writes": {("a", 0): ("ch", ("json", b"1"), "")}}
+    two = {"metadata": ("json", b"1"), "writes": {("b", 0): ("ch", ("json", b"2"), "")}}
+    merged = CheckpointRecord._p_resolveConflict(None, old, one, two)
+    assert set(merged["writes"]) == {("a", 0), ("b", 0)}
+    with pytest.raises(ConflictError):
+        CheckpointRecord._p_resolveConflict(None, old, one, {**two, "metadata": ("json", b"2")})
 
 
 # -- storage layout ----------------------------------------------------------------------
+
+
+def latest_record(saver: ZODBSaver, thread: str) -> Any:
+    with saver._reading() as tree:
+        index = tree.threads[thread].namespace("")
+        return index[index.maxKey()]
 
 
 def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> None:
@@ -214,10 +236,9 @@ def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> N
     with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
         chain_graph(s, nodes=1).invoke({"n": 0, "log": [big]}, cfg("big"))
         assert s.get_tuple(cfg("big")).checkpoint["channel_values"]["log"] == [big, "n0"]
-        with image.read() as root:
-            values = list(root[CHECKPOINTS_KEY].threads["big"].values.values())
-            assert any(isinstance(v, Payload) and v.blob is not None for v in values)
-            assert any(isinstance(v, tuple) for v in values)
+        values = latest_record(s, "big").values
+        assert isinstance(values["log"], Payload) and values["log"].blob is not None
+        assert isinstance(values["n"], tuple)
     blob_files = list(Path(file_uri[len("file://"):] + ".blobs").rglob("*.blob"))
     assert blob_files
 
@@ -227,7 +248,26 @@ def test_memory_image_keeps_large_values_without_blobs(saver: ZODBSaver) -> None
     assert len(saver.get_tuple(cfg("m")).checkpoint["channel_values"]["log"][0]) == 100_000
 
 
-def test_runs_are_deleted_with_their_values(saver: ZODBSaver) -> None:
+def test_unchanged_large_values_are_shared_not_copied(saver: ZODBSaver) -> None:
+    builder = StateGraph(State)
+    builder.add_node("count", lambda s: {"n": s["n"] + 1})
+    builder.add_edge(START, "count")
+    builder.add_edge("count", END)
+    builder.compile(checkpointer=saver).invoke({"n": 0, "log": ["z" * 2000]}, cfg("same"))
+    saver.copy_thread("same", "copy")
+    with saver._reading() as tree:
+        records = [
+            record
+            for thread in ("same", "copy")
+            for record in tree.threads[thread].namespace("").values()
+            if "log" in record.values
+        ]
+        assert len(records) == 4  # after the input is applied, and after the node
+        assert all(record.values["log"] is records[0].values["log"] for record in records)
+        assert isinstance(records[0].values["log"], Payload)
+
+
+def test_runs_are_deleted_with_their_checkpoints(saver: ZODBSaver) -> None:
     graph = chain_graph(saver)
     first, second = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"
     graph.invoke({"n": 0, "log": []}, {**cfg("r"), "run_id": first})
@@ -237,52 +277,103 @@ def test_runs_are_deleted_with_their_values(saver: ZODBSaver) -> None:
     assert len(graph.get_state(cfg("r")).values["log"]) == 3
     with saver._reading() as tree:
         assert second not in tree.runs and first in tree.runs
-        thread = tree.threads["r"]
-        used = {v for r in thread.namespace("").values() for v in r.versions}
-        assert {(channel, version) for _ns, version, channel in thread.values.keys()} == used
+        records = list(tree.threads["r"].namespace("").values())
+        assert len(records) == 5 and {r.run_id for r in records} == {first}
+    saver.delete_for_runs([first])
+    assert saver.threads() == []
 
 
-def test_layout_1_image_is_rekeyed_and_reads_the_same(file_uri: str) -> None:
-    from store.checkpoint_layout import CHECKPOINT_STEPS
-    from store.schema import SCHEMA_KEY, upgrade
+def _layout_1_thread(memory: InMemorySaver, thread_id: str) -> Any:
+    """The thread as layouts 1 and 2 stored it, built from what InMemorySaver holds."""
+    from BTrees.OOBTree import OOBTree
 
+    from store.checkpoint_layout import CheckpointRecord, ThreadRecord, encode
+
+    thread = ThreadRecord()
+    thread.values, thread.writes = OOBTree(), OOBTree()
+    for ns, checkpoints in memory.storage[thread_id].items():
+        old = thread.namespaces[ns] = OOBTree()
+        for checkpoint_id, (body, metadata, parent_id) in checkpoints.items():
+            versions = memory.serde.loads_typed(body)["channel_versions"]
+            record = CheckpointRecord.__new__(CheckpointRecord)
+            record.__setstate__({
+                "checkpoint": body, "metadata": metadata, "parent_id": parent_id,
+                "run_id": None, "size": len(body[1]),
+                "versions": tuple((channel, str(v)) for channel, v in versions.items()),
+            })
+            old[checkpoint_id] = record
+    for (tid, ns, channel, version), typed in memory.blobs.items():
+        if tid == thread_id:  # layout 1 keyed values (ns, channel, version)
+            thread.values[(ns, channel, str(version))] = encode(typed, blob_threshold=None)
+    for (tid, ns, checkpoint_id), writes in memory.writes.items():
+        if tid == thread_id:
+            for (task_id, idx), (_, channel, typed, path) in writes.items():
+                stored = encode(typed, blob_threshold=None)
+                thread.writes[(ns, checkpoint_id, task_id, idx)] = (channel, stored, path)
+    return thread
+
+
+def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> None:
+    from BTrees.OOBTree import OOBTree
+
+    from store.checkpoint_layout import CHECKPOINT_STEPS, ThreadRecord
+    from store.schema import applied, upgrade
+
+    def ask(state: State) -> dict:
+        return {"n": state["n"] + interrupt("more?"), "log": ["asked"]}
+
+    builder = StateGraph(State)
+    builder.add_node("first", lambda s: {"n": s["n"] + 1, "log": ["y" * 2000]})
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "ask")
+    builder.add_edge("ask", END)
+    memory = InMemorySaver()
+    builder.compile(checkpointer=memory).invoke({"n": 0, "log": []}, cfg("old"))
+
+    def history(saver: Any) -> list:
+        return [
+            (c.config, c.checkpoint, c.metadata, c.parent_config,
+             sorted(c.pending_writes or [], key=repr))
+            for c in saver.list(cfg("old"))
+        ]
+
+    expected = history(memory)
+    assert any(item[4] for item in expected)  # the interrupt is a pending write
+    orphan = ("never-stored", "task", 0)
     with LivingImage.open(file_uri) as image:
         upgrade(image, CHECKPOINT_STEPS[:1])
-        with ZODBSaver(image) as s:
-            graph = chain_graph(s)
-            graph.invoke({"n": 0, "log": ["y" * 2000]}, cfg("old"))
-            expected = graph.get_state(cfg("old")).values
-            history = [c.checkpoint["id"] for c in s.list(cfg("old"))]
 
-        def to_layout_1(root: Any) -> None:
-            # what layout 1 wrote: values keyed (ns, channel, version)
-            thread = root[CHECKPOINTS_KEY].threads["old"]
-            items = list(thread.values.items())
-            thread.values.clear()
-            for (ns, version, channel), stored in items:
-                thread.values[(ns, channel, version)] = stored
-            del root[SCHEMA_KEY]["checkpoints-2"]
+        def write_layout_1(root: Any) -> None:
+            threads = root[CHECKPOINTS_KEY].threads
+            threads["old"] = _layout_1_thread(memory, "old")
+            threads["old"].writes[("", *orphan)] = ("ch", ("json", b"1"), "")
+            only_orphans = threads["orphans"] = ThreadRecord()
+            only_orphans.values, only_orphans.writes = OOBTree(), OOBTree()
+            only_orphans.writes[("", *orphan)] = ("ch", ("json", b"1"), "")
 
-        image.transact(to_layout_1)
+        image.transact(write_layout_1)
     with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
         with image.read() as root:
-            assert "checkpoints-2" in root[SCHEMA_KEY]
-        graph = chain_graph(s)
-        assert graph.get_state(cfg("old")).values == expected
-        assert [c.checkpoint["id"] for c in s.list(cfg("old"))] == history
-        assert s.trim(["old"], keep=1) == len(history) - 1
-        assert graph.get_state(cfg("old")).values == expected
+            assert {"checkpoints-2", "checkpoints-3"} <= set(applied(root))
+            assert set(root[CHECKPOINTS_KEY].threads) == {"old"}
+        assert history(s) == expected
+        assert [t.thread_id for t in s.threads()] == ["old"]
+        graph = builder.compile(checkpointer=s)
+        assert graph.invoke(Command(resume=10), cfg("old"))["n"] == 11
+        assert s.trim(["old"], keep=1) == len(expected)
+        assert graph.get_state(cfg("old")).values["n"] == 11
 
 
-def test_trim_keeps_newest_and_copy_shares_payloads(saver: ZODBSaver) -> None:
+def test_trim_keeps_newest_and_copy_keeps_everything(saver: ZODBSaver) -> None:
     graph = chain_graph(saver)
     graph.invoke({"n": 0, "log": ["z" * 2000]}, cfg("src"))
     saver.copy_thread("src", "dst")
-    with saver._reading() as tree:
-        src, dst = tree.threads["src"], tree.threads["dst"]
-        shared = [k for k, v in src.values.items() if isinstance(v, Payload)]
-        assert shared and all(dst.values[k] is src.values[k] for k in shared)
     assert graph.get_state(cfg("dst")).values == graph.get_state(cfg("src")).values
+    assert [c.metadata for c in saver.list(cfg("dst"))] == [
+        {**c.metadata, "thread_id": "dst"} if "thread_id" in c.metadata else c.metadata
+        for c in saver.list(cfg("src"))
+    ]
     assert saver.trim(["src"], keep=2) == 3
     assert len(list(saver.list(cfg("src")))) == 2
     assert graph.get_state(cfg("src")).values["n"] == 3
@@ -486,14 +577,27 @@ def test_delete_thread_drops_writes_waiting_for_their_checkpoint(file_saver: ZOD
     assert file_saver.get_tuple(config).pending_writes == []
 
 
+def test_writes_for_a_deleted_checkpoint_are_dropped(file_saver: ZODBSaver) -> None:
+    graph = chain_graph(file_saver)
+    graph.invoke({"n": 0, "log": []}, cfg("trimmed"))
+    oldest = list(file_saver.list(cfg("trimmed")))[-1].config
+    file_saver.trim(["trimmed"], keep=1)
+    before = written(file_saver)
+    writer = threading.Thread(target=file_saver.put_writes, args=(oldest, [("ch", 1)], "task"))
+    writer.start()
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert written(file_saver) == before and file_saver._parking.parked() == 0
+
+
 def test_writes_whose_put_never_comes_expire(
     saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.checkpointer
+    import store.checkpoint_parking
 
     _, first = _checkpoint_and_config("lost")
     saver.put_writes(first, [("ch", 1)], "task")
-    monkeypatch.setattr(store.checkpointer, "PARKED_SECONDS", 0.0)
+    monkeypatch.setattr(store.checkpoint_parking, "PARKED_SECONDS", 0.0)
     _, second = _checkpoint_and_config("lost")
     saver.put_writes(second, [("ch", 1)], "task")
     assert saver._parking.parked() == 0

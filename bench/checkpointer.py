@@ -3,9 +3,10 @@
 Same workloads for each, every on-disk saver durable: FileStorage fsyncs the image on every
 commit, SQLite runs in WAL mode with synchronous=FULL, which syncs the WAL on every commit.
 Workloads, sync and async: put + put_writes + get_tuple cycles, listing every checkpoint of a
-thread of N, and whole runs of a 10-node graph. Each round runs every workload on every saver
-(in a rotating order, so no saver always goes first); the table shows the median of the rounds,
-the ratio to the SQLite saver and, for graph runs, to InMemorySaver. JSON goes to bench/results/.
+thread of N, and whole runs of a 10-node graph. In each round every workload runs in slices,
+the savers taking turns slice by slice (first saver rotating per round), so that all of them
+see the same drift of the disk's sync latency. The table shows the median of the rounds and
+ratios to the SQLite saver and, for graph runs, to InMemorySaver; JSON goes to bench/results/.
 
     python bench/checkpointer.py            # full sizes, 3 rounds
     python bench/checkpointer.py --quick    # small sizes, for a smoke run
@@ -22,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -70,26 +71,31 @@ def checkpoint(saver: BaseCheckpointSaver, i: int, previous: dict | None) -> tup
     return cp, {"source": "loop", "step": i, "parents": {}}, new
 
 
-def cycles(saver: BaseCheckpointSaver, n: int, thread: str) -> None:
-    config: dict = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    previous = None
-    for i in range(n):
-        cp, metadata, new = checkpoint(saver, i, previous)
-        config = saver.put(config, cp, metadata, new)
-        saver.put_writes(config, [("messages", f"write {i}"), ("counter", i)], f"task-{i}")
-        assert saver.get_tuple(config) is not None
-        previous = cp
+class Cycles:
+    """put + put_writes + get_tuple cycles on one thread, one cycle per ``step``."""
 
+    def __init__(self, saver: BaseCheckpointSaver, thread: str) -> None:
+        self.saver = saver
+        self.config: dict = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        self.previous: dict | None = None
+        self.i = 0
 
-async def acycles(saver: BaseCheckpointSaver, n: int, thread: str) -> None:
-    config: dict = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-    previous = None
-    for i in range(n):
-        cp, metadata, new = checkpoint(saver, i, previous)
-        config = await saver.aput(config, cp, metadata, new)
-        await saver.aput_writes(config, [("messages", f"write {i}"), ("counter", i)], f"t{i}")
-        assert await saver.aget_tuple(config) is not None
-        previous = cp
+    def step(self) -> None:
+        cp, metadata, new = checkpoint(self.saver, self.i, self.previous)
+        self.config = self.saver.put(self.config, cp, metadata, new)
+        self.saver.put_writes(self.config, self.writes(), f"task-{self.i}")
+        assert self.saver.get_tuple(self.config) is not None
+        self.previous, self.i = cp, self.i + 1
+
+    async def astep(self) -> None:
+        cp, metadata, new = checkpoint(self.saver, self.i, self.previous)
+        self.config = await self.saver.aput(self.config, cp, metadata, new)
+        await self.saver.aput_writes(self.config, self.writes(), f"task-{self.i}")
+        assert await self.saver.aget_tuple(self.config) is not None
+        self.previous, self.i = cp, self.i + 1
+
+    def writes(self) -> list[tuple[str, Any]]:
+        return [("messages", f"write {self.i}"), ("counter", self.i)]
 
 
 def sqlite_conn(path: Path) -> sqlite3.Connection:
@@ -99,20 +105,15 @@ def sqlite_conn(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def rate(ops: int, fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return ops / (time.perf_counter() - start)
-
-
-async def arate(ops: int, fn: Callable[[], Awaitable[Any]]) -> float:
-    start = time.perf_counter()
-    await fn()
-    return ops / (time.perf_counter() - start)
+#: Each round a workload runs in this many slices, the savers taking turns slice by slice:
+#: the disk's sync latency drifts over seconds, and every saver should see the same drift.
+SLICES = 10
+SYNC_WORKLOADS = ("cycle ops/s", "list ops/s", "graph runs/s")
+ASYNC_WORKLOADS = ("async cycle ops/s", "async list ops/s", "async graph runs/s")
 
 
 class Bench:
-    """The savers under test, each holding a 1,000-checkpoint thread to list."""
+    """The savers under test, each holding a thread of ``sizes['list']`` checkpoints to list."""
 
     def __init__(self, folder: Path, sizes: dict[str, int]) -> None:
         self.folder = folder
@@ -142,58 +143,50 @@ class Bench:
             "InMemorySaver": memory,
         }
         for saver in self.sync.values():
-            cycles(saver, self.sizes["list"], "listed")
-        await acycles(asqlite, self.sizes["list"], "listed")
+            listed = Cycles(saver, "listed")
+            for _ in range(self.sizes["list"]):
+                listed.step()
+        alisted = Cycles(asqlite, "listed")
+        for _ in range(self.sizes["list"]):
+            await alisted.astep()
 
     async def close(self) -> None:
         await self.astack.aclose()
         self.stack.close()
 
-    def run_sync(self, name: str, workload: str, round_: int) -> float:
-        saver, n = self.sync[name], self.sizes
-        if workload == "cycle ops/s":
-            return rate(n["cycles"], lambda: cycles(saver, n["cycles"], f"cycles-{round_}"))
-        if workload == "list ops/s":
-            config = {"configurable": {"thread_id": "listed"}}
-            return rate(3, lambda: [len(list(saver.list(config))) for _ in range(3)])
-        graph = ten_node_graph(saver)
-        return rate(
-            n["graph"],
-            lambda: [
-                graph.invoke({"n": 0, "log": []}, {"configurable": {"thread_id": f"g{round_}-{k}"}})
-                for k in range(n["graph"])
-            ],
-        )
+    def workload(
+        self, name: str, saver: BaseCheckpointSaver, round_: int
+    ) -> tuple[int, Callable[[], Any]]:
+        """(operations per slice, one operation) of workload ``name`` on ``saver``."""
+        n, listed = self.sizes, {"configurable": {"thread_id": "listed"}}
+        if "cycle" in name:
+            cycles = Cycles(saver, f"cycles-{round_}")
+            return n["cycles"] // SLICES, cycles.astep if "async" in name else cycles.step
+        if "list" in name:
 
-    async def run_async(self, name: str, workload: str, round_: int) -> float:
-        saver, n = self.asynchronous[name], self.sizes
-        if workload == "async cycle ops/s":
-            return await arate(
-                n["cycles"], lambda: acycles(saver, n["cycles"], f"acycles-{round_}")
-            )
-        if workload == "async list ops/s":
-            config = {"configurable": {"thread_id": "listed"}}
+            async def alisting() -> None:
+                assert len([c async for c in saver.alist(listed)]) == n["list"]
 
-            async def listing() -> None:
-                for _ in range(3):
-                    assert len([c async for c in saver.alist(config)]) == n["list"]
+            def listing() -> None:
+                assert len(list(saver.list(listed))) == n["list"]
 
-            return await arate(3, listing)
-        graph = ten_node_graph(saver)
+            return max(1, n["listings"] // SLICES), alisting if "async" in name else listing
+        graph, runs = ten_node_graph(saver), iter(range(n["graph"]))
 
-        async def runs() -> None:
-            for k in range(n["graph"]):
-                config = {"configurable": {"thread_id": f"ag{round_}-{k}"}}
-                await graph.ainvoke({"n": 0, "log": []}, config)
+        def config() -> dict:
+            return {"configurable": {"thread_id": f"{name}-{round_}-{next(runs)}"}}
 
-        return await arate(n["graph"], runs)
+        async def arun() -> None:
+            await graph.ainvoke({"n": 0, "log": []}, config())
 
+        def run() -> None:
+            graph.invoke({"n": 0, "log": []}, config())
 
-SYNC_WORKLOADS = ("cycle ops/s", "list ops/s", "graph runs/s")
-ASYNC_WORKLOADS = ("async cycle ops/s", "async list ops/s", "async graph runs/s")
+        return n["graph"] // SLICES, arun if "async" in name else run
 
 
 async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """{saver: {workload: [ops/s of each round]}}."""
     samples: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(Path(tmp), sizes)
@@ -201,14 +194,25 @@ async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, lis
         try:
             for round_ in range(rounds):
                 for workload in SYNC_WORKLOADS + ASYNC_WORKLOADS:
-                    names = list(bench.asynchronous if workload.startswith("async") else bench.sync)
-                    shift = round_ % len(names)
-                    for name in names[shift:] + names[:shift]:
-                        if workload.startswith("async"):
-                            value = await bench.run_async(name, workload, round_)
-                        else:
-                            value = bench.run_sync(name, workload, round_)
-                        samples.setdefault(name, {}).setdefault(workload, []).append(value)
+                    is_async = workload.startswith("async")
+                    savers = bench.asynchronous if is_async else bench.sync
+                    names = list(savers)
+                    names = names[round_ % len(names):] + names[: round_ % len(names)]
+                    jobs = {name: bench.workload(workload, savers[name], round_) for name in names}
+                    spent = dict.fromkeys(names, 0.0)
+                    for _ in range(SLICES):
+                        for name in names:
+                            ops, op = jobs[name]
+                            start = time.perf_counter()
+                            for _ in range(ops):
+                                if is_async:
+                                    await op()
+                                else:
+                                    op()
+                            spent[name] += time.perf_counter() - start
+                    for name in names:
+                        rate = jobs[name][0] * SLICES / spent[name]
+                        samples.setdefault(name, {}).setdefault(workload, []).append(rate)
                 print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
         finally:
             await bench.close()
@@ -252,9 +256,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds; medians are shown")
     args = parser.parse_args()
     sizes = (
-        {"cycles": 50, "list": 200, "graph": 20}
+        {"cycles": 50, "list": 200, "listings": 10, "graph": 20}
         if args.quick
-        else {"cycles": 500, "list": 1000, "graph": 200}
+        else {"cycles": 500, "list": 1000, "listings": 20, "graph": 200}
     )
     samples = asyncio.run(measure(sizes, args.rounds))
     results = medians(samples)

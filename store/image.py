@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +46,8 @@ T = TypeVar("T")
 ZEO_CONNECT_TIMEOUT = 10
 #: Pause before the n-th retry of a conflicting transaction (grows linearly, capped).
 RETRY_BACKOFF = 0.01
+#: Attempts at opening a brand-new shared image while other processes create its root.
+FIRST_OPEN_ATTEMPTS = 5
 #: What ZODB raises when an object record is damaged or missing: damage in the image itself.
 LOAD_ERRORS: tuple[type[Exception], ...] = (POSKeyError, StateLoadError, CorruptedError)
 
@@ -85,8 +88,9 @@ def _with_default_blobs(uri: str) -> str:
 
 def _open_db(uri: str) -> ZODB.DB:
     scheme = uri.split(":", 1)[0] if ":" in uri else ""
+    resolved = _with_default_blobs(uri)
     try:
-        factory, dbkw = zodburi.resolve_uri(_with_default_blobs(uri))
+        factory, dbkw = zodburi.resolve_uri(resolved)
     except zodburi.NoResolverForScheme:
         raise ImageURIError(
             f"no storage for URI scheme {scheme!r} in {uri!r}",
@@ -100,15 +104,48 @@ def _open_db(uri: str) -> ZODB.DB:
             _check_file(uri, path)
         path.parent.mkdir(parents=True, exist_ok=True)
         Path(str(path) + ".blobs").mkdir(parents=True, exist_ok=True)
-    try:
-        storage = factory()
-    except Exception as exc:
-        raise _translate_open_error(uri, exc) from exc
-    try:
-        return ZODB.DB(storage, **dbkw)
-    except Exception as exc:
-        storage.close()
-        raise _translate_open_error(uri, exc) from exc
+    elif scheme == "zeo":
+        _prepare_blob_cache(Path(dict(parse_qsl(urlsplit(resolved).query))["blob_dir"]))
+    for attempt in range(1, FIRST_OPEN_ATTEMPTS + 1):
+        try:
+            storage = factory()
+        except Exception as exc:
+            raise _translate_open_error(uri, exc) from exc
+        try:
+            return ZODB.DB(storage, **dbkw)
+        except ConflictError as exc:
+            # A brand-new shared image: another process committed the root object first.
+            # It exists now; opening again finds it.
+            storage.close()
+            if attempt == FIRST_OPEN_ATTEMPTS:
+                raise TransactionFailed(
+                    f"the image {uri} kept changing while it was being opened: {exc}",
+                    hint="retry; if it persists, check what else writes to the image",
+                ) from exc
+            log.info("root of %s created elsewhere meanwhile; opening again", uri)
+            time.sleep(RETRY_BACKOFF * attempt)
+        except Exception as exc:
+            storage.close()
+            raise _translate_open_error(uri, exc) from exc
+    raise AssertionError("unreachable")
+
+
+def _prepare_blob_cache(blob_dir: Path) -> None:
+    """Lay out a ZEO client's blob cache before ZEO does.
+
+    ZODB creates the folders and then writes the layout marker, each after checking that it
+    is missing: two clients starting at once collide on a folder, or one reads the marker
+    while the other has only just created it, empty. Here the marker appears whole, in one
+    rename.
+    """
+    from ZODB.blob import LAYOUT_MARKER
+
+    (blob_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    marker = blob_dir / LAYOUT_MARKER
+    if not marker.exists():
+        draft = blob_dir / f"{LAYOUT_MARKER}.{os.getpid()}.{threading.get_ident()}"
+        draft.write_text("zeocache")
+        os.replace(draft, marker)
 
 
 def _check_file(uri: str, path: Path) -> None:

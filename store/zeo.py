@@ -86,6 +86,7 @@ class ZeoServer:
                 f"something already listens on {self.host}:{self.port}",
                 hint="pick another address with --address, or use the server already running",
             )
+        self._prepare_image()
         self.process = subprocess.Popen(
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
@@ -110,6 +111,22 @@ class ZeoServer:
             time.sleep(0.05)
         log.info("ZEO serving %s at %s", self.path, self.uri)
         return self
+
+    def _prepare_image(self) -> None:
+        """Open the file once here: it is checked for damage, and a new one gets its root.
+
+        Clients connecting to a brand-new image would otherwise all try to create the root
+        object at once, and all but one fail with a conflict.
+        """
+        from store.image import LivingImage
+
+        try:
+            LivingImage.open(f"file://{self.path}").close()
+        except ImageLockedError:
+            raise ImageLockedError(
+                f"{self.path} is open in another process; ZEO cannot serve it",
+                hint="close that process first (only the ZEO server may open the file)",
+            ) from None
 
     def wait(self) -> int:
         assert self.process is not None

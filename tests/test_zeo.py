@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from batos.errors import ImageError, ImageLockedError
 from store.image import LivingImage
-from store.zeo import ZeoServer, free_port
+from store.zeo import ZeoServer, _answers, free_port
 
 CLIENT = textwrap.dedent(
     """
@@ -40,17 +41,57 @@ def test_two_processes_share_one_image(tmp_path):
             subprocess.Popen(
                 [sys.executable, "-c", CLIENT, server.uri, me, other],
                 stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
             )
             for me, other in (("alpha", "beta"), ("beta", "alpha"))
         ]
-        outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
-        assert outputs == ["hello from beta", "hello from alpha"]
-        assert all(p.returncode == 0 for p in procs)
+        results = [p.communicate(timeout=60) for p in procs]
+        errors = [err for _, err in results]
+        outputs = [out.strip() for out, _ in results]
+        assert outputs == ["hello from beta", "hello from alpha"], errors
+        assert all(p.returncode == 0 for p in procs), errors
         with LivingImage.open(server.uri) as image:
             with image.read() as root:
                 assert {"alpha", "beta"} <= set(root)
             assert {r.description for r in image.history(5)} >= {"alpha", "beta"}
+
+
+OPENER = textwrap.dedent(
+    """
+    import sys
+    from store.image import LivingImage
+    with LivingImage.open(sys.argv[1]) as image:
+        image.transact(lambda root: root.__setitem__(sys.argv[2], 1))
+    """
+)
+
+
+@pytest.mark.slow
+def test_clients_racing_to_create_the_root_all_open(tmp_path):
+    """A server that did not create the root first (plain runzeo): every client still opens."""
+    server = ZeoServer(tmp_path / "raw.fs")
+    process = subprocess.Popen(server.command(), stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(server.host, server.port):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        clients = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPENER, server.uri, f"c{i}"],
+                stderr=subprocess.PIPE, text=True,
+            )
+            for i in range(6)
+        ]  # fmt: skip
+        errors = [c.communicate(timeout=60)[1] for c in clients]
+        assert [c.returncode for c in clients] == [0] * 6, errors
+        with LivingImage.open(server.uri) as image, image.read() as root:
+            assert {f"c{i}" for i in range(6)} <= set(root)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        server.stop()
 
 
 @pytest.mark.slow

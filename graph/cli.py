@@ -287,7 +287,7 @@ def zeo_start(
         None, "--address", "-a", help="HOST:PORT to serve on (setting zeo_address)."
     ),
 ) -> None:
-    """Serve the file image to other processes until interrupted.
+    """Serve the file image to other processes until interrupted (Ctrl-C, SIGTERM, SIGHUP).
 
     Example: batos --image file:///srv/batos/live_image.fs zeo start -a 127.0.0.1:8100
     then, elsewhere: BATOS_IMAGE=zeo://127.0.0.1:8100 batos inspect
@@ -298,12 +298,13 @@ def zeo_start(
     path = image_path(image_uri(ctx))
     if path is None:
         raise BatosError("ZEO serves a file image", hint="pass --image file:///path/live_image.fs")
-    server = ZeoServer(path, address or str(settings.get("zeo_address"))).start()
-    console.print(f"serving {path} at [bold]{server.uri}[/] (Ctrl-C stops)")
-    try:
-        server.wait()
-    except KeyboardInterrupt:
-        server.stop()
+    server = ZeoServer(path, address or str(settings.get("zeo_address")))
+    server.serve(
+        on_ready=lambda: console.print(
+            f"serving {path} at [bold]{server.uri}[/] (Ctrl-C or SIGTERM stops)"
+        )
+    )
+    console.print(f"stopped serving {path}")
 
 
 #: Modules that add their commands to ``app`` through a ``register(app)`` function, one per

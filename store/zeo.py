@@ -8,12 +8,16 @@ and the CLI can all open ``zeo://HOST:PORT`` at once.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from batos.errors import ImageError, ImageLockedError
 
@@ -31,6 +35,10 @@ _CONFIG = """\
   blob-dir {blobs}
 </filestorage>
 """
+
+
+class _StopServing(Exception):
+    """Raised by a stop signal's handler to leave ``ZeoServer.serve``."""
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -63,6 +71,9 @@ class ZeoServer:
         self.host, self.port = host, port
         self.process: subprocess.Popen[bytes] | None = None
         self._config: Path | None = None
+        # The server's log goes to an unnamed file, not a pipe: a pipe nobody reads fills up
+        # after some thousands of log lines and then blocks the server.
+        self._log: IO[bytes] | None = None
 
     @property
     def uri(self) -> str:
@@ -87,17 +98,14 @@ class ZeoServer:
                 hint="pick another address with --address, or use the server already running",
             )
         self._prepare_image()
+        self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            self.command(), stdout=subprocess.DEVNULL, stderr=self._log
         )
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
             if self.process.poll() is not None:
-                err = (
-                    self.process.stderr.read().decode(errors="replace")
-                    if self.process.stderr
-                    else ""
-                )
+                err = self.output()
                 self._cleanup()
                 if "LockError" in err:
                     raise ImageLockedError(
@@ -111,6 +119,14 @@ class ZeoServer:
             time.sleep(0.05)
         log.info("ZEO serving %s at %s", self.path, self.uri)
         return self
+
+    def output(self, limit: int = 4000) -> str:
+        """The end of what the server has logged so far."""
+        if self._log is None:
+            return ""
+        self._log.seek(0, os.SEEK_END)
+        self._log.seek(max(0, self._log.tell() - limit))
+        return self._log.read().decode(errors="replace")
 
     def _prepare_image(self) -> None:
         """Open the file once here: it is checked for damage, and a new one gets its root.
@@ -135,6 +151,40 @@ class ZeoServer:
         finally:
             self._cleanup()
 
+    def serve(self, on_ready: Callable[[], object] | None = None) -> None:
+        """Start the server, call ``on_ready``, wait until the server exits or this process is
+        told to stop; then stop it.
+
+        SIGTERM and SIGHUP (a service manager, a closed terminal) stop it as Ctrl-C does, from
+        before the server starts, so it never outlives this process holding the image's lock
+        and the port; only SIGKILL cannot be caught. Call it from the main thread, where
+        signals are handled. A server that fails by itself raises ``ImageError`` with its log.
+        """
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            if not stopping:  # a second signal must not interrupt the stopping itself
+                raise _StopServing(signum)
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self.start()
+            if on_ready is not None:
+                on_ready()
+            assert self.process is not None
+            status = self.process.wait()
+            if status:
+                raise ImageError(
+                    f"the ZEO server stopped by itself with status {status}:\n{self.output()}"
+                )
+        except (KeyboardInterrupt, _StopServing):
+            log.info("stopping the ZEO server at %s", self.uri)
+        finally:
+            stopping = True
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
@@ -149,6 +199,9 @@ class ZeoServer:
         if self._config is not None:
             self._config.unlink(missing_ok=True)
             self._config = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> ZeoServer:
         return self.start()

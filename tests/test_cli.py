@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from graph.cli import main
 from prototypes.uvm import Method
 from store.image import LivingImage
+from store.zeo import _answers, free_port
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -92,3 +96,30 @@ def test_run_shows_image_model_and_personas(capsys, file_uri):
     assert code == 0
     assert "SmolLM2" in out or "smollm2" in out.lower()
     assert "ALFRED" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_zeo_start_stops_its_server_on_a_stop_signal(file_uri, tmp_path, stop_signal):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    port = free_port()
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "graph.cli", "--image", file_uri, "zeo", "start",
+         "-a", f"127.0.0.1:{port}"],
+        env={**os.environ, "TMPDIR": str(temp)},  # where the server's config file goes
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _answers("127.0.0.1", port):
+        assert serving.poll() is None, serving.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    serving.send_signal(stop_signal)
+    out, err = serving.communicate(timeout=60)
+    assert serving.returncode == 0, err
+    assert "stopped serving" in out
+    assert not _answers("127.0.0.1", port)  # the server is gone with its port...
+    with LivingImage.open(file_uri) as image:  # ...and the image's lock
+        image.transact(lambda root: root.__setitem__("after", 1))
+    assert list(temp.iterdir()) == []  # and its config file

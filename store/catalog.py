@@ -10,8 +10,9 @@ Layout under ``root['catalog']`` (declared by ``CATALOG_STEPS``):
     usage       IIBTree  chunk id → times retrieved (the curator's notion of "cold")
     version     Length   bumped by every change to the set of chunks
 
-Retrieval fuses a BM25 ranking and an exact cosine ranking (over an in-memory matrix rebuilt from
-the stored vectors) with reciprocal-rank fusion. Retrieved text is data: nothing here executes it
+Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index) and an
+exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) with
+reciprocal-rank fusion. Retrieved text is data: nothing here executes it
 or hands it to anything that could.
 """
 
@@ -39,6 +40,7 @@ from zope.index.text.textindex import TextIndex
 from batos.errors import CatalogError
 from store.embeddings import DIMS, Embedder, from_bytes, to_bytes
 from store.image import LivingImage
+from store.lexical import LexicalIndex
 from store.schema import UpgradeStep, upgrade
 from store.vectors import VectorIndex, reciprocal_rank_fusion
 
@@ -215,6 +217,7 @@ class KnowledgeCatalog:
         self.image = image
         self.embedder = embedder or Embedder()
         self.vectors = VectorIndex()
+        self.lexical = LexicalIndex()
         self._usage: Counter[int] = Counter()
         self._usage_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -395,21 +398,29 @@ class KnowledgeCatalog:
     # -- keeping this process's vector cache in step -----------------------------------
 
     def committed(self, change: Change, version_before: int) -> None:
-        """Apply a committed change to the cache; ``version_before`` is the counter the
+        """Apply a committed change to the caches; ``version_before`` is the counter the
         writing transaction read before its first change. If anyone else wrote meanwhile,
-        the next search compares the cache with the image."""
+        the next search compares the caches with the image."""
         with self._lock:
-            if self.vectors.version is None:
+            caches = [c for c in (self.vectors, self.lexical) if c.version is not None]
+            if not caches:
                 return  # never loaded: the first search loads everything anyway
-            self.vectors.remove(change.removed)
-            if change.added:
-                self.vectors.add(change.added, np.vstack(change.added_vectors))
+            if self.vectors.version is not None:
+                self.vectors.remove(change.removed)
+                if change.added:
+                    self.vectors.add(change.added, np.vstack(change.added_vectors))
             with self.image.read() as root:
-                now = catalog_root(root)["version"]()
-            alone = self.vectors.version == version_before and now == version_before + change.bumps
-            self.vectors.version = now if alone else -1
+                cat = catalog_root(root)
+                now = cat["version"]()
+                if self.lexical.version is not None:
+                    self.lexical.remove(change.removed)
+                    self.lexical.add(cat["text"].index, change.added)
+            for cache in caches:
+                alone = cache.version == version_before and now == version_before + change.bumps
+                cache.version = now if alone else -1
 
     def _sync(self, cat: Any) -> None:
+        """Bring the vector matrix to the version ``cat`` shows."""
         version = cat["version"]()
         with self._lock:
             if self.vectors.version == version:
@@ -420,9 +431,31 @@ class KnowledgeCatalog:
                 self._reconcile(cat)
             self.vectors.version = version
 
+    def _sync_lexical(self, cat: Any) -> int:
+        """Bring the posting arrays to the version ``cat`` shows; returns that version."""
+        version = cat["version"]()
+        with self._lock:
+            lexical = self.lexical
+            if lexical.version == version:
+                return version
+            index = cat["text"].index
+            if lexical.version is None or lexical.stale:
+                started = time.perf_counter()
+                lexical.load(index)
+                log.info("loaded %d chunk lengths in %.2fs", len(lexical),
+                         time.perf_counter() - started)  # fmt: skip
+            else:
+                stored = np.fromiter(cat["chunks"].keys(), dtype=np.int64)
+                cached = lexical.ids()
+                lexical.remove(np.setdiff1d(cached, stored, assume_unique=True))
+                lexical.add(index, np.setdiff1d(stored, cached, assume_unique=True))
+            lexical.version = version
+            return version
+
     def _rebuild(self, cat: Any) -> None:
         started = time.perf_counter()
         self.vectors.clear()
+        self.vectors.reserve(cat["text"].documentCount())  # one chunk, one indexed document
         for document in cat["documents"].values():
             if document.chunk_ids:
                 self.vectors.add(document.chunk_ids, from_bytes(document.vectors))
@@ -471,7 +504,7 @@ class KnowledgeCatalog:
         with self.image.read() as root:
             cat = catalog_root(root)
             allowed = self._allowed(cat, filters)
-            if allowed is not None and not allowed:
+            if allowed is not None and not len(allowed):
                 return []
             lexical = self._lexical(cat, query, depth, allowed) if mode != "dense" else []
             dense: list[tuple[int, float]] = []
@@ -496,21 +529,17 @@ class KnowledgeCatalog:
         return hits
 
     def _lexical(
-        self, cat: Any, query: str, k: int, allowed: Any | None
+        self, cat: Any, query: str, k: int, allowed: np.ndarray | None
     ) -> list[tuple[int, float]]:
-        from store.vectors import top_k
-
-        scores = cat["text"].index.search(query)
-        if not scores:  # None means the query had only stop words
+        text = cat["text"]
+        wids = [wid for wid in text.lexicon.termToWordIds(query) if wid]
+        if not wids:  # stop words only, or no word the catalog has seen
             return []
-        if allowed is not None:
-            _, scores = family32.IF.weightedIntersection(scores, allowed, 1, 0)
-        ids = np.fromiter(scores.keys(), dtype=np.int64, count=len(scores))
-        values = np.fromiter(scores.values(), dtype=np.float64, count=len(scores))
-        return top_k(ids, values, k)
+        version = self._sync_lexical(cat)
+        return self.lexical.search(text.index, wids, k, allowed, version=version)
 
-    def _allowed(self, cat: Any, filters: Mapping[str, Any] | None) -> Any | None:
-        """The chunk ids every filter accepts (an IFTreeSet), or None for no filter."""
+    def _allowed(self, cat: Any, filters: Mapping[str, Any] | None) -> np.ndarray | None:
+        """The chunk ids every filter accepts (sorted int64), or None for no filter."""
         if not filters:
             return None
         result = None
@@ -520,7 +549,8 @@ class KnowledgeCatalog:
             sets = [values[str(v)] for v in accepted if values is not None and str(v) in values]
             members = family32.IF.multiunion(sets) if sets else IFTreeSet()
             result = members if result is None else family32.IF.intersection(result, members)
-        return result
+        # The tree set iterates in ascending order, which the caches' lookups rely on.
+        return np.fromiter(result.keys(), dtype=np.int64, count=len(result))
 
     @staticmethod
     def _hit(chunk: Chunk, score: float, lexical: int | None, dense: int | None) -> Hit:

@@ -4,6 +4,7 @@
      ├── ConfigurationError          a setting has a value we cannot use
      ├── ImageError                  the living image cannot be opened or used
      │    ├── ImageURIError          unknown scheme or malformed URI
+     │    ├── ImageNotFoundError     no image at that path (and the command does not create)
      │    ├── ImageLockedError       another process holds the FileStorage lock
      │    ├── ImageCorruptError      damaged history or records, or not a FileStorage
      │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
@@ -58,6 +59,10 @@ class ImageError(BatosError):
 
 class ImageURIError(ImageError):
     """The image URI has an unknown scheme or is malformed."""
+
+
+class ImageNotFoundError(ImageError):
+    """No image exists where the URI points, and the command only uses existing ones."""
 
 
 class ImageLockedError(ImageError):

@@ -1,8 +1,9 @@
 """``batos``: the command line of BAT OS.
 
 Every command opens the image named by ``--image`` (or ``BATOS_IMAGE``, or the default file
-image). Errors print what went wrong and what to do, and exit non-zero with a code per error
-family (see ``batos.errors``).
+image); only the ones in ``CREATING_COMMANDS`` create it when it does not exist. Errors print
+what went wrong and what to do, and exit non-zero with a code per error family (see
+``batos.errors``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
 from store import schema
-from store.image import LOAD_ERRORS, LivingImage, load_error
+from store.image import LOAD_ERRORS, LivingImage, creating, load_error
 
 app = typer.Typer(
     name="batos",
@@ -51,6 +52,9 @@ class _NoTracebacks(logging.Filter):
 
 #: The image the running command names, for errors raised outside any command's own handling.
 _current = {"image": ""}
+#: Commands that create the image when there is none yet; every other one needs it to exist,
+#: so that a mistyped --image is an error rather than a new, empty image.
+CREATING_COMMANDS = frozenset({"init", "run", "ingest", "zeo"})
 
 
 @app.callback()
@@ -66,6 +70,7 @@ def _global(
 ) -> None:
     ctx.obj = {"image": image or str(settings.get("image"))}
     _current["image"] = ctx.obj["image"]
+    ctx.with_resource(creating(ctx.invoked_subcommand in CREATING_COMMANDS))
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

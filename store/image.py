@@ -11,8 +11,10 @@ the transaction log.
 from __future__ import annotations
 
 import base64
+import contextvars
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +36,7 @@ from batos.errors import (
     ImageCorruptError,
     ImageError,
     ImageLockedError,
+    ImageNotFoundError,
     ImageURIError,
     TransactionFailed,
 )
@@ -62,6 +65,24 @@ class TransactionRecord:
     description: str
 
 
+#: Whether opening a file image that does not exist creates it, where the caller does not say.
+_CREATING: contextvars.ContextVar[bool] = contextvars.ContextVar("creating", default=True)
+
+
+@contextmanager
+def creating(allowed: bool) -> Iterator[None]:
+    """Within the block, opening a missing file image creates it only if ``allowed``.
+
+    The command line sets it once per command, so a command that only reads (inspect,
+    history, search…) on a mistyped path fails clearly instead of making a new image there.
+    """
+    token = _CREATING.set(allowed)
+    try:
+        yield
+    finally:
+        _CREATING.reset(token)
+
+
 def default_uri() -> str:
     return str(settings.get("image"))
 
@@ -86,7 +107,7 @@ def _with_default_blobs(uri: str) -> str:
     return parts._replace(query=urlencode(query)).geturl()
 
 
-def _open_db(uri: str) -> ZODB.DB:
+def _open_db(uri: str, *, create: bool) -> ZODB.DB:
     scheme = uri.split(":", 1)[0] if ":" in uri else ""
     resolved = _with_default_blobs(uri)
     try:
@@ -98,14 +119,30 @@ def _open_db(uri: str) -> ZODB.DB:
         ) from None
     except (KeyError, ValueError) as exc:
         raise ImageURIError(f"image URI {uri!r} is malformed: {exc}") from exc
-    if scheme == "file":
-        path = Path(urlsplit(uri).path)
-        if path.exists():
-            _check_file(uri, path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Path(str(path) + ".blobs").mkdir(parents=True, exist_ok=True)
-    elif scheme == "zeo":
+    if scheme == "zeo":
         _prepare_blob_cache(Path(dict(parse_qsl(urlsplit(resolved).query))["blob_dir"]))
+    if scheme != "file":
+        return _connect(uri, factory, dbkw)
+    path = Path(urlsplit(uri).path)
+    if path.exists():
+        _check_file(uri, path)
+    elif not create:
+        raise ImageNotFoundError(
+            f"no image at {path}",
+            hint=f"run 'batos --image {uri} init' to create one, or check the path",
+        )
+    added = _FilesAdded(path)
+    try:
+        return _connect(uri, factory, dbkw)
+    except ImageLockedError:
+        raise  # the files are the other process's
+    except BaseException:
+        added.remove()
+        raise
+
+
+def _connect(uri: str, factory: Callable[[], Any], dbkw: dict[str, Any]) -> ZODB.DB:
+    """Open the storage and the database on it, translating failures into ImageErrors."""
     for attempt in range(1, FIRST_OPEN_ATTEMPTS + 1):
         try:
             storage = factory()
@@ -128,6 +165,38 @@ def _open_db(uri: str) -> ZODB.DB:
             storage.close()
             raise _translate_open_error(uri, exc) from exc
     raise AssertionError("unreachable")
+
+
+class _FilesAdded:
+    """Makes the folders a file image needs, noting first what did not exist beside it.
+
+    FileStorage adds the data file, its lock, temporary and index files, and BlobStorage the
+    blob folder: when opening fails, ``remove`` takes away exactly what this open added.
+    """
+
+    def __init__(self, path: Path) -> None:
+        blobs = Path(f"{path}.blobs")
+        beside = [path, blobs, *(Path(f"{path}{s}") for s in _STORAGE_SUFFIXES)]
+        self.files = [p for p in beside if not p.exists()]
+        self.folders = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blobs.mkdir(exist_ok=True)
+
+    def remove(self) -> None:
+        for added in self.files:
+            if added.is_dir():
+                shutil.rmtree(added, ignore_errors=True)
+            else:
+                added.unlink(missing_ok=True)
+        for folder in self.folders:  # the deepest first; only while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+#: Files FileStorage keeps beside its data file.
+_STORAGE_SUFFIXES = (".lock", ".tmp", ".index", ".index.index_tmp")
 
 
 def _prepare_blob_cache(blob_dir: Path) -> None:
@@ -218,9 +287,14 @@ class LivingImage:
         self.uri = uri
 
     @classmethod
-    def open(cls, uri: str | None = None) -> LivingImage:
+    def open(cls, uri: str | None = None, *, create: bool | None = None) -> LivingImage:
+        """Open the image at ``uri`` (default: the ``image`` setting).
+
+        A file:// image that does not exist is created only when ``create`` is true; left
+        out, ``create`` follows ``creating()`` (true unless a caller said otherwise).
+        """
         uri = uri or default_uri()
-        db = _open_db(uri)
+        db = _open_db(uri, create=_CREATING.get() if create is None else create)
         log.info("opened image %s", uri)
         return cls(db, uri)
 

@@ -71,10 +71,37 @@ def test_history_and_undo(capsys, file_uri):
 
 
 def test_schema_and_config(capsys, file_uri):
+    run(capsys, "--image", file_uri, "init")
     code, out, _ = run(capsys, "--image", file_uri, "schema")
     assert code == 0 and "codex-1" in out
     code, out, _ = run(capsys, "config")
     assert code == 0 and "BATOS_IMAGE" in out and "BATOS_MODEL" in out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "robin"], ["history"], ["schema"], ["undo", "ffffffffffffffff"],
+        ["threads"], ["prune", "--keep", "1"], ["pack"], ["methods"], ["send", "brick", "x"],
+        ["search", "anything"], ["curate", "--dry-run"],
+    ],
+)  # fmt: skip
+def test_commands_that_need_an_image_never_create_one(capsys, tmp_path, command):
+    typo = tmp_path / "typo" / "live_image.fs"
+    code, _, err = run(capsys, "--image", f"file://{typo}", *command)
+    flat = err.replace("\n", "")  # rich wraps long paths
+    assert code == 3
+    assert f"no image at {typo}" in flat and "init' to create one" in flat
+    assert not (tmp_path / "typo").exists()
+
+
+def test_failed_open_leaves_nothing_beside_the_file(tmp_path):
+    """A file that is no image at all: refused, and nothing appears next to it."""
+    garbage = tmp_path / "garbage.fs"
+    garbage.write_bytes(b"FS30" + b"\0" * 100)  # the magic, then nothing a header could be
+    for command in (["init"], ["inspect"]):
+        assert main(["--image", f"file://{garbage}", *command]) == 3
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.fs"]
 
 
 def test_bad_uri_exits_3(capsys):

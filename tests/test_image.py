@@ -137,6 +137,45 @@ def test_garbage_file_is_reported_corrupt(tmp_path):
     with pytest.raises(ImageCorruptError, match="damaged or not a ZODB FileStorage"):
         LivingImage.open(f"file://{path}")
     assert path.read_bytes() == b"this is not a FileStorage" * 40
+    assert [p.name for p in tmp_path.iterdir()] == ["garbage.fs"]  # no blobs, lock, temp file
+
+
+def test_failed_open_removes_what_it_added(tmp_path):
+    """ZODB itself finds the damage (a record inside a transaction): its files go again."""
+    import shutil
+    import struct
+
+    from ZODB.FileStorage import FileIterator
+
+    made = tmp_path / "made" / "image.fs"
+    with LivingImage.open(f"file://{made}") as image:
+        image.transact(lambda root: root.__setitem__("k", "v"))
+    copy = tmp_path / "copy" / "image.fs"
+    copy.parent.mkdir()
+    shutil.copy(made, copy)  # the data file alone, as if brought from elsewhere
+    iterator = FileIterator(str(copy))
+    record_pos = [record.pos for txn in iterator for record in txn][-1]
+    iterator.close()
+    with open(copy, "r+b") as handle:  # the record's back-pointer to its transaction
+        handle.seek(record_pos + 24)
+        handle.write(struct.pack(">Q", 12345))
+    with pytest.raises(ImageCorruptError):
+        LivingImage.open(f"file://{copy}")
+    assert [p.name for p in copy.parent.iterdir()] == ["image.fs"]
+
+
+def test_missing_image_is_created_only_when_asked(tmp_path):
+    from batos.errors import ImageNotFoundError
+    from store.image import creating
+
+    path = tmp_path / "new" / "image.fs"
+    with pytest.raises(ImageNotFoundError, match="no image at"):
+        LivingImage.open(f"file://{path}", create=False)
+    with creating(False), pytest.raises(ImageNotFoundError):
+        LivingImage.open(f"file://{path}")
+    assert not path.parent.exists()
+    LivingImage.open(f"file://{path}").close()  # creating is the default
+    assert path.exists()
 
 
 def test_upgrade_steps_apply_once_and_are_recorded(memory_image):

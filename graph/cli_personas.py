@@ -46,6 +46,9 @@ def train(
     rank: int = typer.Option(None, "--rank", help="LoRA rank (alpha is twice the rank)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Examples per step."),
     learning_rate: float = typer.Option(None, "--lr", help="Peak learning rate."),
+    layers: int = typer.Option(
+        None, "--layers", help="Adapt only the last N transformer layers (default: all)."
+    ),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if present)."),
     out: Path = typer.Option(
         None, "--out", help="Adapter folder (default: modelfiles/adapters/<model>)."
@@ -78,6 +81,7 @@ def train(
             batch_size=batch_size or defaults.batch_size,
             learning_rate=learning_rate or defaults.learning_rate,
             device=device,
+            top_layers=layers,
         )
         for name in names
     ]

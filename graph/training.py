@@ -73,6 +73,9 @@ class TrainingPlan:
     max_tokens: int = MAX_TOKENS
     seed: int = 0
     device: str | None = None  # None: cuda when present, else cpu
+    #: Adapt only the last N transformer layers (None: all). Backpropagation then stops at
+    #: the lowest adapted layer, which makes CPU training of a larger base affordable.
+    top_layers: int | None = None
 
 
 @dataclass
@@ -299,6 +302,8 @@ def train_persona(
     persona = persona_name(plan.persona)
     if plan.steps <= 0 or plan.rank <= 0 or plan.batch_size <= 0:
         raise ConfigurationError("steps, rank and batch size must be positive integers")
+    if plan.top_layers is not None and plan.top_layers <= 0:
+        raise ConfigurationError("--layers must be a positive number of layers")
     out_dir = out_dir or adapters_dir(plan.model)
     data_path = data_file(persona)
     if examples is None:
@@ -314,6 +319,8 @@ def train_persona(
     model.to(device)
     system = system_prompt(persona)
     rows = [encode(tokenizer, system, ex, plan.max_tokens) for ex in examples]
+    layers = int(model.config.num_hidden_layers)
+    top = min(plan.top_layers or layers, layers)
     config = LoraConfig(
         r=plan.rank,
         lora_alpha=plan.alpha,
@@ -321,6 +328,7 @@ def train_persona(
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
+        layers_to_transform=list(range(layers - top, layers)) if top < layers else None,
     )
     peft_model = get_peft_model(model, config)
     started = time.monotonic()

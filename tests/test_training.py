@@ -41,7 +41,7 @@ def test_a_tiny_training_run_yields_an_adapter_llama_cpp_applies(
     monkeypatch.setenv("BATOS_MODEL_CACHE", str(_shared_cache(tmp_path)))
     plan = training.TrainingPlan(
         model="test", persona="brick", steps=3, rank=2, alpha=4, batch_size=4,
-        learning_rate=5e-3, max_tokens=128,
+        learning_rate=5e-3, max_tokens=128, top_layers=2,
     )
     seen: list[int] = []
     result = training.train_persona(plan, out_dir=tmp_path / "out",
@@ -51,8 +51,9 @@ def test_a_tiny_training_run_yields_an_adapter_llama_cpp_applies(
     fields, tensors = _gguf_fields(result.adapter)
     assert fields["general.type"] == "adapter" and fields["adapter.type"] == "lora"
     assert fields["adapter.lora.alpha"] == pytest.approx(4.0)
-    layers = 30  # SmolLM2-135M
-    assert len(tensors) == layers * len(plan.target_modules) * 2
+    # SmolLM2-135M has 30 layers: only the last two are adapted.
+    assert len(tensors) == 2 * len(plan.target_modules) * 2
+    assert {name.split(".")[1] for name in tensors} == {"28", "29"}
     assert all(name.endswith((".lora_a", ".lora_b")) for name in tensors)
 
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -60,6 +61,7 @@ def test_a_tiny_training_run_yields_an_adapter_llama_cpp_applies(
     entry = manifest["personas"]["brick"]
     assert (entry["rank"], entry["alpha"], entry["steps"], entry["examples"]) == (2, 4, 3, 8)
     assert entry["target_modules"] == list(training.TARGET_MODULES)
+    assert entry["top_layers"] == 2
     assert entry["data_sha256"] == training.file_sha256(tmp_path / "data" / "brick.jsonl")
     assert entry["final_loss"] == pytest.approx(result.final_loss, abs=1e-3)
     assert (result.peft_dir / "adapter_model.safetensors").is_file()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from persistent.mapping import PersistentMapping
@@ -20,12 +21,22 @@ from store.schema import UpgradeStep, applied, upgrade
 
 
 def test_file_image_persists_and_has_blobs(file_uri):
+    from ZODB.blob import Blob
+    from ZODB.interfaces import IBlobStorage
+
+    def store(root):
+        root["k"] = "v"
+        root["blob"] = Blob(b"large payload " * 1000)
+
     with LivingImage.open(file_uri) as image:
-        image.transact(lambda root: root.__setitem__("k", "v"), note="set k")
-        assert image.db.storage.__class__.__name__ in {"BlobStorage", "FileStorage"}
-        assert hasattr(image.db.storage, "loadBlob")
+        assert IBlobStorage.providedBy(image.db.storage)
+        image.transact(store, note="set k and a blob")
+    blob_dir = Path(file_uri.removeprefix("file://") + ".blobs")
+    assert any(p.suffix == ".blob" for p in blob_dir.rglob("*"))  # the bytes live outside
     with LivingImage.open(file_uri) as image, image.read() as root:
         assert root["k"] == "v"
+        with root["blob"].open("r") as handle:
+            assert handle.read() == b"large payload " * 1000
 
 
 def test_failed_transaction_leaves_nothing(memory_image):

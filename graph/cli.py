@@ -26,7 +26,7 @@ from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
 from store import schema
-from store.image import LOAD_ERRORS, LivingImage, creating, load_error
+from store.image import LOAD_ERRORS, LivingImage, acting_for, creating, load_error
 
 app = typer.Typer(
     name="batos",
@@ -71,6 +71,7 @@ def _global(
     ctx.obj = {"image": image or str(settings.get("image"))}
     _current["image"] = ctx.obj["image"]
     ctx.with_resource(creating(ctx.invoked_subcommand in CREATING_COMMANDS))
+    ctx.with_resource(acting_for(f"batos {ctx.invoked_subcommand}"))
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

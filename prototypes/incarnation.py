@@ -2,8 +2,10 @@
 
 The codex becomes objects under ``root['objects']``: ``traits`` (every persona's parent),
 ``models`` (persona → model name) and one prototype per persona. Incarnating again with the
-same codex changes nothing; a new codex version rewrites the codex-derived slots and keeps
-what the image grew by itself (methods the personas wrote, statistics, extra slots).
+same codex changes nothing; a new codex version rewrites the codex-derived slots, drops the
+intents it no longer declares, and keeps what the image grew by itself (methods the personas
+wrote, statistics, extra slots, intents added by hand). An older codex never overwrites what
+a newer one incarnated.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ from typing import Any
 from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
+from batos.errors import ImageError
 from prototypes.codex import Codex, load_codex
 from prototypes.uvm import UvmObject
 
 OBJECTS_KEY = "objects"
 #: Slots incarnation owns on a persona; everything else on the object is the image's own.
 CODEX_SLOTS = ("name", "role", "inspirations", "activation", "model", "identity", "router_examples")
+#: Private slot of each persona: the intents (selector → text) the codex last declared, so a
+#: later codex can drop the ones it no longer has without touching intents added by hand.
+CODEX_INTENTS = "_codex_intents"
 
 
 def _objects(root: Any) -> OOBTree:
@@ -45,6 +51,13 @@ def incarnate(root: Any, codex: Codex | None = None) -> list[str]:
     changes: list[str] = []
 
     traits = objects.get("traits")
+    recorded = traits._slots().get("codex_version") if traits is not None else None
+    if isinstance(recorded, int) and recorded > codex.version:
+        raise ImageError(
+            f"the personas in this image come from codex version {recorded}, newer than this "
+            f"BAT OS's codex (version {codex.version}); nothing was changed",
+            hint="open the image with the BAT OS version that wrote it, or upgrade this one",
+        )
     if traits is None:
         traits = objects["traits"] = UvmObject(name="traits")
         changes.append("created traits")
@@ -67,15 +80,31 @@ def incarnate(root: Any, codex: Codex | None = None) -> list[str]:
         for slot in CODEX_SLOTS:
             if _set_if_changed(persona, slot, getattr(spec, slot)):
                 changes.append(f"{key}.{slot}")
-        intents = persona.intents
-        for selector, intent in spec.intents.items():
-            if intents.get(selector) != intent:
-                intents[selector] = intent
-                changes.append(f"{key}.intents.{selector}")
+        changes.extend(_update_intents(persona, key, spec.intents))
         if _set_if_changed(models, key, spec.model):
             changes.append(f"models.{key}")
     if _set_if_changed(traits, "codex_version", codex.version):
         changes.append("traits.codex_version")
+    return changes
+
+
+def _update_intents(persona: UvmObject, key: str, declared: dict[str, str]) -> list[str]:
+    changes = []
+    intents = persona.intents
+    owned = getattr(persona, CODEX_INTENTS, None)
+    if owned is None:
+        # Incarnated before the record was kept: only incarnation ever filled the mapping.
+        owned = dict(intents)
+    for selector, text in owned.items():
+        if selector not in declared and intents.get(selector) == text:
+            del intents[selector]
+            changes.append(f"{key}.intents.{selector} dropped")
+    for selector, intent in declared.items():
+        if intents.get(selector) != intent:
+            intents[selector] = intent
+            changes.append(f"{key}.intents.{selector}")
+    if getattr(persona, CODEX_INTENTS, None) != declared:
+        setattr(persona, CODEX_INTENTS, dict(declared))
     return changes
 
 

@@ -33,6 +33,8 @@ which track their own changes. A change that breaks the covenant is lost at the 
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import io
 import pickle
 import threading
@@ -277,6 +279,21 @@ def _install_delegation(name: str) -> _Delegation | None:
     return existing if isinstance(existing, _Delegation) else None
 
 
+@functools.cache
+def _answered_by_class(cls: type) -> frozenset[str]:
+    """Public names the class answers itself (``clone``…), never delegation descriptors.
+
+    A slot of such a name could be stored but never reached: the class attribute would be
+    found before the parent chain (for methods, before the object's own slot too).
+    """
+    return frozenset(
+        name
+        for name in dir(cls)
+        if not name.startswith("_")
+        and not isinstance(inspect.getattr_static(cls, name), _Delegation)
+    )
+
+
 class _ClonePickler(pickle.Pickler):
     """Pickles slot values for a clone, keeping shared persistent objects as references."""
 
@@ -425,12 +442,20 @@ class UvmObject(persistent.Persistent):
         if name.startswith("_"):
             persistent.Persistent.__setattr__(self, name, value)
             return
+        if name in _answered_by_class(type(self)):
+            raise SlotError(
+                f"{type(self).__name__} itself answers {name!r}: a slot of that name would be "
+                "stored but its own class attribute would always be found first",
+                hint=f"choose another name (these are taken: "
+                f"{', '.join(sorted(_answered_by_class(type(self))))})",
+            )
         methods = self._methods
         try:
             if isinstance(value, Method):
                 if name != value.selector:
-                    raise ValueError(
-                        f"method {value.selector!r} cannot be stored in slot {name!r}"
+                    raise SlotError(
+                        f"method {value.selector!r} cannot be stored in slot {name!r}",
+                        hint=f"store it as obj.{value.selector} = method",
                     )
                 self.__dict__.pop(name, None)
                 methods[name] = value

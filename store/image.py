@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import getpass
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +83,30 @@ def creating(allowed: bool) -> Iterator[None]:
         yield
     finally:
         _CREATING.reset(token)
+
+
+#: The command changing the image, as the command line names it ("batos init").
+_COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("command", default=None)
+
+
+@contextmanager
+def acting_for(command: str) -> Iterator[None]:
+    """Within the block, transactions record ``command`` as what changed the image."""
+    token = _COMMAND.set(command)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def actor() -> str:
+    """Who changes the image, as each transaction records it: 'OS user (command)'."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name for this uid (e.g. in a bare container)
+        user = f"uid {os.getuid()}"
+    command = _COMMAND.get() or Path(sys.argv[0]).name or "python"
+    return f"{user} ({command})"
 
 
 def default_uri() -> str:
@@ -329,7 +355,7 @@ class LivingImage:
         fn: Callable[[Any], T],
         *,
         note: str = "",
-        user: str = "batos",
+        user: str | None = None,
         retries: int | None = None,
     ) -> T:
         """Run ``fn(root)`` in one transaction, committing on success.
@@ -337,13 +363,15 @@ class LivingImage:
         A write conflict aborts and runs ``fn`` again on fresh state, up to ``retries`` more
         times (setting ``tx_retries``); ``fn`` must therefore be safe to repeat. Any other
         exception aborts — nothing of a failed call is ever committed — and propagates.
+        The transaction records ``user`` (default: ``actor()``, the OS user and the command)
+        and ``note``, which ``history`` lists.
         """
         attempts = 1 + (retries if retries is not None else int(settings.get("tx_retries")))
         with self.connection() as conn:
             tm = conn.transaction_manager
             for attempt in range(1, attempts + 1):
                 txn = tm.begin()
-                txn.user = user
+                txn.user = user or actor()
                 if note:
                     txn.note(note)
                 try:
@@ -399,7 +427,7 @@ class LivingImage:
             for entry in self.db.undoLog(0, limit)
         ]
 
-    def undo(self, tid: str, *, user: str = "batos") -> None:
+    def undo(self, tid: str, *, user: str | None = None) -> None:
         """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction."""
         wanted = tid.strip().lower()
         for entry in self.db.undoLog(0, 10_000):
@@ -412,7 +440,7 @@ class LivingImage:
             )
         tm = transaction.TransactionManager()
         txn = tm.begin()
-        txn.user = user
+        txn.user = user or actor()
         txn.note(f"undo {wanted}")
         try:
             self.db.undo(entry["id"], txn)

@@ -70,6 +70,17 @@ def test_history_and_undo(capsys, file_uri):
     assert code == 3 and "batos history" in err
 
 
+def test_history_records_the_os_user_and_the_command(capsys, file_uri):
+    import getpass
+
+    run(capsys, "--image", file_uri, "init")
+    with LivingImage.open(file_uri) as image:
+        users = {record.user for record in image.history(5)}
+    assert f"{getpass.getuser()} (batos init)" in users
+    code, out, _ = run(capsys, "--image", file_uri, "history")
+    assert code == 0 and getpass.getuser() in out
+
+
 def test_schema_and_config(capsys, file_uri):
     run(capsys, "--image", file_uri, "init")
     code, out, _ = run(capsys, "--image", file_uri, "schema")

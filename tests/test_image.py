@@ -239,3 +239,44 @@ def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
         assert brick.role == codex2.personas["BRICK"].role  # codex-owned slot restored
         assert brick.double(4) == 8  # what the image grew is kept
         assert "codex-2" in applied(root)
+
+
+def _codex(version: int, drop_intent: str | None = None):
+    text = resources.files("prototypes").joinpath("codex.toml").read_text()
+    text = text.replace("version = 1", f"version = {version}", 1)
+    if drop_intent:
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(drop_intent))
+    return load_codex(text)
+
+
+def test_new_codex_drops_the_intents_it_no_longer_declares(file_uri):
+    with open_image(file_uri) as image:
+        image.transact(
+            lambda root: root["objects"]["robin"].intents.__setitem__("hum", "hum a tune")
+        )
+    with open_image(file_uri, codex=_codex(2, drop_intent="gentle_reframe")) as image:
+        with image.read() as root:
+            intents = root["objects"]["robin"].intents
+            assert "gentle_reframe" not in intents
+            assert "reflect_feelings" in intents
+            assert intents["hum"] == "hum a tune"  # added by hand: not the codex's to drop
+
+
+def test_intents_of_an_image_without_the_record_are_taken_as_the_codex(file_uri):
+    from prototypes.incarnation import CODEX_INTENTS
+
+    with open_image(file_uri) as image:  # as an image incarnated before the record was kept
+        image.transact(lambda root: delattr(root["objects"]["robin"], CODEX_INTENTS))
+    with open_image(file_uri, codex=_codex(2, drop_intent="gentle_reframe")) as image:
+        with image.read() as root:
+            assert "gentle_reframe" not in root["objects"]["robin"].intents
+
+
+def test_an_older_codex_never_overwrites_a_newer_incarnation(file_uri):
+    with open_image(file_uri, codex=_codex(2)):
+        pass
+    with pytest.raises(ImageError, match="codex version 2, newer than"):
+        open_image(file_uri)  # the shipped codex, version 1
+    with open_image(file_uri, codex=_codex(2)) as image, image.read() as root:
+        assert root["objects"]["traits"].codex_version == 2
+        assert "codex-1" not in applied(root)

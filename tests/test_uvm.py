@@ -11,7 +11,13 @@ from ZODB import DB
 from ZODB.FileStorage import FileStorage
 
 from batos.errors import DoesNotUnderstand, SlotError
-from prototypes.uvm import Method, MethodCompileError, UvmObject, set_dnu_handler
+from prototypes.uvm import (
+    Method,
+    MethodCompileError,
+    UvmObject,
+    register_compiler,
+    set_dnu_handler,
+)
 
 GREET = "def greet(self, other):\n    return self.name + ' greets ' + other\n"
 
@@ -118,6 +124,30 @@ def test_method_must_match_its_slot_and_compile():
     obj.misnamed = Method("misnamed", "def other(self):\n    return 1\n")
     with pytest.raises(MethodCompileError, match="named 'misnamed'"):
         obj.misnamed()
+
+
+def test_names_the_class_answers_cannot_be_slots():
+    obj = UvmObject()
+    with pytest.raises(SlotError, match="answers 'clone'"):
+        obj.clone = "data"
+    with pytest.raises(SlotError, match="answers 'clone'"):
+        obj.clone = Method("clone", "def clone(self):\n    return 1\n")
+    with pytest.raises(SlotError):
+        UvmObject(clone=1)
+    assert "clone" not in obj._slots()
+    assert isinstance(obj.clone(), UvmObject)
+
+
+def test_editing_a_method_compiler_in_place_recompiles():
+    register_compiler("constant", lambda selector, source: lambda self: "compiled elsewhere")
+    obj = UvmObject()
+    obj.answer = Method("answer", "def answer(self):\n    return 42\n")
+    assert obj.answer() == 42
+    obj._methods["answer"].compiler = "constant"
+    assert obj.answer() == "compiled elsewhere"
+    obj._methods["answer"].compiler = "nowhere"
+    with pytest.raises(MethodCompileError, match="not loaded"):
+        obj.answer()
 
 
 def test_clone_copies_own_slots_and_shares_parents():

@@ -20,9 +20,10 @@ and no answer is ever stale. Ancestor lists are cached per receiver until a pare
 changes.
 
 Names starting with ``_`` are private: they never delegate and never reach
-``doesNotUnderstand`` (a plain ``AttributeError`` is raised). A public name that nothing
-answers raises ``DoesNotUnderstand`` via ``_does_not_understand`` — a hook the generative
-kernel replaces by installing a handler with ``set_dnu_handler``.
+``doesNotUnderstand`` (a plain ``AttributeError`` is raised). Public names the class itself
+answers (``clone``) cannot be slots: they would be stored but never found. A public name
+that nothing answers raises ``DoesNotUnderstand`` via ``_does_not_understand`` — a hook the
+generative kernel replaces by installing a handler with ``set_dnu_handler``.
 
 The persistence covenant: assigning a slot (``obj.x = v``) marks the object changed. Mutating
 a plain container *inside* a slot (``obj.items.append(v)``) does not — either assign the slot

@@ -248,6 +248,11 @@ def _check_file(uri: str, path: Path) -> None:
     from store.image_file import check
 
     found = check(path)
+    if found.sound:
+        return
+    if _locked_elsewhere(path):
+        # Another process is writing: a commit in progress can look cut short to a reader.
+        raise _locked_error(uri)
     if found.damage is not None:
         raise ImageCorruptError(
             f"the image {uri} is damaged: {found.damage}; the {found.transactions:,} "
@@ -262,6 +267,29 @@ def _check_file(uri: str, path: Path) -> None:
             found.size - found.end,
             path,
         )
+
+
+def _locked_elsewhere(path: Path) -> bool:
+    """Whether another process holds the FileStorage lock of ``path``; takes it only briefly."""
+    import zc.lockfile
+
+    lock_path = Path(f"{path}.lock")
+    was_there = lock_path.exists()
+    try:
+        zc.lockfile.LockFile(str(lock_path)).close()
+    except zc.lockfile.LockError:
+        return True
+    if not was_there:
+        lock_path.unlink(missing_ok=True)
+    return False
+
+
+def _locked_error(uri: str) -> ImageLockedError:
+    return ImageLockedError(
+        f"the image {uri} is in use by another process",
+        hint="a file:// image allows one process; to share it, serve it with "
+        "'batos zeo start' and point every process at BATOS_IMAGE=zeo://HOST:PORT",
+    )
 
 
 def repair_hint(uri: str) -> str:
@@ -287,11 +315,7 @@ def _translate_open_error(uri: str, exc: Exception) -> ImageError:
 
     name = type(exc).__name__
     if isinstance(exc, zc.lockfile.LockError):
-        return ImageLockedError(
-            f"the image {uri} is in use by another process",
-            hint="a file:// image allows one process; to share it, serve it with "
-            "'batos zeo start' and point every process at BATOS_IMAGE=zeo://HOST:PORT",
-        )
+        return _locked_error(uri)
     if isinstance(exc, (CorruptedError, CorruptedFileStorageError, FileStorageFormatError)):
         return ImageCorruptError(
             f"the image {uri} is damaged or not a ZODB FileStorage: {exc}",

@@ -172,3 +172,26 @@ def test_cli_object_damaged_inside_the_file_is_a_clear_error(capsys, file_uri):
     err = capsys.readouterr().err
     assert "damaged" in err and "cannot be read" in err and "repair" in err
     assert "Traceback" not in err
+
+
+def test_a_file_another_process_is_writing_is_reported_in_use(file_uri):
+    """Its last commit may be half-written as we read it: that is not damage."""
+    _two_transactions(file_uri)
+    path = _path(file_uri)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from store.image import LivingImage
+            image = LivingImage.open({file_uri!r})
+            print("open", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        os.truncate(path, path.stat().st_size - 300)  # what a reader may see mid-commit
+        with pytest.raises(ImageLockedError):
+            LivingImage.open(file_uri)
+    finally:
+        holder.communicate("")

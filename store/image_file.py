@@ -206,7 +206,7 @@ def repair(path: Path) -> RepairReport:
         with contextlib.suppress(FileNotFoundError):
             os.replace(f"{recovered}.index", f"{path}.index")
         repaired = check(path)
-        log.warning("repaired %s; the damaged file is kept as %s", path, damaged)
+        log.info("repaired %s; the damaged file is kept as %s", path, damaged)
         return RepairReport(
             found,
             damaged_copy=damaged,

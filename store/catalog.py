@@ -7,7 +7,8 @@ Layout under ``root['catalog']`` (declared by ``CATALOG_STEPS``):
     fields      OOBTree  field → OOBTree value → IFTreeSet of chunk ids (metadata filters)
     text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id
     archives    IOBTree  archive id → Archive (compressed originals the curator folded away)
-    usage       IIBTree  chunk id → times retrieved (the curator's notion of "cold")
+    retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
+                         chunk "cold" for the curator: not retrieved lately)
     version     Length   bumped by every change to the set of chunks
 
 Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index) and an
@@ -22,7 +23,6 @@ import logging
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,9 +52,9 @@ BUILTIN_FIELDS = ("source", "kind", "format")
 #: Candidates each half of a hybrid search contributes to the fusion, per result asked for.
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 50
-#: Retrieval counts are written to the image at most this often (and on close), so searching
+#: Retrieval times are written to the image at most this often (and on close), so searching
 #: does not turn every read into a write transaction.
-USAGE_FLUSH_SECONDS = 30.0
+RETRIEVAL_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
 
 IFTreeSet = family32.IF.TreeSet
@@ -64,7 +64,13 @@ IFTreeSet = family32.IF.TreeSet
 
 
 class Document(Persistent):
-    """One ingested source; its chunks' vectors live here as one float32 block (row = chunk)."""
+    """One ingested source; its chunks' vectors live here as one float32 block (row = chunk).
+
+    ``archived`` lists its chunks the curator folded away, ``archives`` the archives that hold
+    them (so a changed document can drop the summaries made from its old text).
+    """
+
+    archives: tuple[int, ...] = ()  # class default: documents stored before it existed
 
     def __init__(self, source: str, content_hash: str, fmt: str, metadata: Mapping[str, Any]):
         self.source = source
@@ -120,11 +126,29 @@ def _layout_1(root: Any) -> None:
     )
 
 
+def _layout_2(root: Any) -> None:
+    cat = root[CATALOG_KEY]
+    if "retrieved" in cat:
+        return
+    # Counts said how often, never when: chunks retrieved before this step count as retrieved
+    # now, so the change of meaning does not make every used chunk cold at once.
+    now = int(time.time())
+    cat["retrieved"] = IIBTree(
+        {cid: now for cid, count in cat["usage"].items() if count and cid in cat["chunks"]}
+    )
+    del cat["usage"]
+
+
 CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "catalog-1",
         "knowledge catalog: documents, chunks, BM25 text index, field indexes, archives",
         _layout_1,
+    ),
+    UpgradeStep(
+        "catalog-2",
+        "retrieval times (root['catalog']['retrieved']) replace retrieval counts",
+        _layout_2,
     ),
 )
 
@@ -196,6 +220,15 @@ class Change:
     bumps: int = 0
 
     def extend(self, other: Change) -> None:
+        """Follow with ``other``. Caches apply removals before additions, so a chunk this
+        change added and ``other`` removes (a summary restored, then dropped) must not stay
+        listed as added."""
+        gone = set(other.removed)
+        if gone.intersection(self.added):
+            kept = [(i, v) for i, v in zip(self.added, self.added_vectors, strict=True)
+                    if i not in gone]  # fmt: skip
+            self.added = [i for i, _ in kept]
+            self.added_vectors = [v for _, v in kept]
         self.added.extend(other.added)
         self.added_vectors.extend(other.added_vectors)
         self.removed.extend(other.removed)
@@ -218,8 +251,8 @@ class KnowledgeCatalog:
         self.embedder = embedder or Embedder()
         self.vectors = VectorIndex()
         self.lexical = LexicalIndex()
-        self._usage: Counter[int] = Counter()
-        self._usage_flushed = time.monotonic()
+        self._retrieved: dict[int, int] = {}
+        self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
 
     @classmethod
@@ -228,7 +261,7 @@ class KnowledgeCatalog:
         return cls(image, embedder)
 
     def close(self) -> None:
-        self.flush_usage()
+        self.flush_retrievals()
 
     # -- writes (inside the caller's transaction) --------------------------------------
 
@@ -316,10 +349,10 @@ class KnowledgeCatalog:
         return change
 
     def remove_chunks(
-        self, root: Any, chunk_ids: Iterable[int], *, archived: bool = True
+        self, root: Any, chunk_ids: Iterable[int], *, archive: int | None = None
     ) -> Change:
-        """Take chunks out of the live set. With ``archived`` their documents note that they
-        went to an archive (so a restore knows they belong); a document left with neither
+        """Take chunks out of the live set. With ``archive`` their documents note that they
+        went to that archive (so a restore knows they belong); a document left with neither
         live nor archived chunks and no file behind it (a summary holder) is dropped."""
         cat = catalog_root(root)
         by_source: dict[str, set[int]] = {}
@@ -336,8 +369,10 @@ class KnowledgeCatalog:
             keep = [i for i, cid in enumerate(document.chunk_ids) if cid not in ids]
             document.vectors = to_bytes(from_bytes(document.vectors)[keep])
             document.chunk_ids = tuple(document.chunk_ids[i] for i in keep)
-            if archived:
+            if archive is not None:
                 document.archived = (*document.archived, *sorted(ids))
+                if archive not in document.archives:
+                    document.archives = (*document.archives, archive)
             if not (document.chunk_ids or document.archived or document.content_hash):
                 del cat["documents"][source]
         if change.removed:
@@ -382,8 +417,8 @@ class KnowledgeCatalog:
                 members.remove(chunk_id)
                 if not members:
                     del cat["fields"][name][value]
-        if chunk_id in cat["usage"]:
-            del cat["usage"][chunk_id]
+        if chunk_id in cat["retrieved"]:
+            del cat["retrieved"][chunk_id]
 
     @staticmethod
     def _field_values(chunk: Chunk, fmt: str) -> dict[str, str]:
@@ -525,7 +560,7 @@ class KnowledgeCatalog:
                 if cid in cat["chunks"]
             ]
         if record:
-            self._record_usage(hit.chunk_id for hit in hits)
+            self._record_retrievals(hit.chunk_id for hit in hits)
         return hits
 
     def _lexical(
@@ -567,31 +602,32 @@ class KnowledgeCatalog:
             dict(chunk.metadata),
         )
 
-    # -- usage, for the curator --------------------------------------------------------
+    # -- retrieval times, for the curator ---------------------------------------------
 
-    def _record_usage(self, chunk_ids: Iterable[int]) -> None:
+    def _record_retrievals(self, chunk_ids: Iterable[int]) -> None:
+        now = int(time.time())
         with self._lock:
-            self._usage.update(chunk_ids)
-            due = time.monotonic() - self._usage_flushed > USAGE_FLUSH_SECONDS
+            self._retrieved.update(dict.fromkeys(chunk_ids, now))
+            due = time.monotonic() - self._retrieved_flushed > RETRIEVAL_FLUSH_SECONDS
         if due:
-            self.flush_usage()
+            self.flush_retrievals()
 
-    def flush_usage(self) -> None:
-        """Write the retrieval counts gathered in this process to the image."""
+    def flush_retrievals(self) -> None:
+        """Write the retrieval times gathered in this process to the image."""
         with self._lock:
-            pending, self._usage = self._usage, Counter()
-            self._usage_flushed = time.monotonic()
+            pending, self._retrieved = self._retrieved, {}
+            self._retrieved_flushed = time.monotonic()
         if not pending:
             return
 
         def write(root: Any) -> None:
             cat = catalog_root(root)
-            usage = cat["usage"]
-            for chunk_id, count in pending.items():
-                if chunk_id in cat["chunks"]:
-                    usage[chunk_id] = usage.get(chunk_id, 0) + count
+            retrieved = cat["retrieved"]
+            for chunk_id, when in pending.items():
+                if chunk_id in cat["chunks"] and retrieved.get(chunk_id, 0) < when:
+                    retrieved[chunk_id] = when
 
-        self.image.transact(write, note="catalog: retrieval counts")
+        self.image.transact(write, note="catalog: retrieval times")
 
     # -- inspection -------------------------------------------------------------------
 
@@ -606,6 +642,7 @@ class KnowledgeCatalog:
                 "format": document.format,
                 "chunks": list(document.chunk_ids),
                 "archived": list(document.archived),
+                "archives": list(document.archives),
                 "metadata": dict(document.metadata),
             }
 

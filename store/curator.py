@@ -1,14 +1,20 @@
 """The curator: folds cold or redundant chunks into summaries and archives the originals.
 
-A *cluster* is a group of chunks nobody has retrieved lately that either say nearly the same
-thing (cosine at least ``similarity``) or — when the catalog holds more live chunks than
-``catalog_max_chunks`` — sit next to each other in one rarely used document. Each cluster is
-summarised by a callable the caller supplies (``summarize(texts) -> str``; the graph layer wires
-a persona's model to it), the summary becomes one searchable chunk, and the originals go to a
-compressed archive in the image (a ZODB blob where the storage has blobs). ``originals`` reads an
-archive back without changing anything; ``restore`` puts the chunks back and drops the summary.
-Summaries are drafted outside any transaction; each cluster is then applied in its own
-transaction and skipped if any of its chunks changed meanwhile.
+A chunk is *cold* when nobody has retrieved it in the last ``cold_after`` seconds (or ever). A
+*cluster* is a group of cold chunks that say nearly the same thing (cosine at least
+``similarity``) or — when the catalog holds more live chunks than ``catalog_max_chunks`` — a
+topical group of the least recently retrieved ones. Each cluster is summarised by a callable
+the caller supplies (``summarize(texts) -> str``; the graph layer wires a persona's model to
+it), the summary becomes one searchable chunk, and the originals go to a compressed archive in
+the image (a ZODB blob where the storage has blobs). Summaries fold again later, so the live set
+stays bounded however long the image runs.
+
+``originals`` reads an archive back without changing anything; ``restore`` puts the chunks back
+and drops the summary (opening first any archive the summary itself was folded into). When a
+document is re-ingested, ``unfold`` drops the summaries made from its old text and puts the
+other originals they covered back, for a later run to fold again. Summaries are drafted outside
+any transaction; each cluster is then applied in its own transaction and skipped if any of its
+chunks changed meanwhile.
 """
 
 from __future__ import annotations
@@ -30,14 +36,14 @@ from ZODB.interfaces import IBlobStorage
 
 from batos import settings
 from batos.errors import ArchiveError
-from store.catalog import Chunk, KnowledgeCatalog, catalog_root, stored_vector
+from store.catalog import Change, Chunk, KnowledgeCatalog, catalog_root, stored_vector
 
 log = logging.getLogger("batos.curator")
 
 Summarize = Callable[[list[str]], str]
 
-#: Chunks retrieved at most this many times count as cold.
-COLD_HITS = 0
+#: A chunk not retrieved for this long (or never) is cold: a week of disuse.
+COLD_AFTER_SECONDS = 7 * 24 * 3600.0
 #: Cosine at or above which two cold chunks count as saying the same thing.
 REDUNDANT_SIMILARITY = 0.85
 #: Most chunks folded into one summary (keeps the summariser's prompt small).
@@ -101,25 +107,27 @@ class Curator:
         max_chunks: int | None = None,
         similarity: float = REDUNDANT_SIMILARITY,
         min_age_seconds: float = 0.0,
+        cold_after: float = COLD_AFTER_SECONDS,
     ) -> None:
         self.catalog = catalog
         self.summarize = summarize
         self.max_chunks = max_chunks or int(settings.get("catalog_max_chunks"))
         self.similarity = similarity
         self.min_age_seconds = min_age_seconds
+        self.cold_after = cold_after
 
     # -- planning --------------------------------------------------------------------
 
     def plan(self) -> list[Cluster]:
         """Clusters to fold: redundant cold groups first, then, while the catalog is over
-        budget, runs of the least used chunks of each document."""
-        self.catalog.flush_usage()
+        budget, topical groups of the least recently retrieved chunks."""
+        self.catalog.flush_retrievals()
         now = time.time()
         with self.catalog.image.read() as root:
             cat = catalog_root(root)
             self.catalog._sync(cat)
             live = len(cat["chunks"])
-            usage = cat["usage"]
+            retrieved = cat["retrieved"]
             foldable: list[tuple[int, Chunk]] = []
             for document in cat["documents"].values():
                 # Summaries fold too: old summaries become summaries of summaries, which is
@@ -127,9 +135,11 @@ class Curator:
                 for chunk_id in document.chunk_ids:
                     chunk = cat["chunks"][chunk_id]
                     if now - chunk.created >= self.min_age_seconds:
-                        foldable.append((usage.get(chunk_id, 0), chunk))
+                        foldable.append((retrieved.get(chunk_id, 0), chunk))
+            # Never retrieved first (oldest first), then least recently retrieved.
             foldable.sort(key=lambda pair: (pair[0], pair[1].created, pair[1].start))
-            clusters = self._redundant([c for hits, c in foldable if hits <= COLD_HITS])
+            cutoff = now - self.cold_after
+            clusters = self._redundant([c for last, c in foldable if last <= cutoff])
             taken = {cid for c in clusters for cid in c.chunk_ids}
             excess = live - sum(len(c.chunk_ids) - 1 for c in clusters) - self.max_chunks
             if excess > 0:
@@ -220,7 +230,7 @@ class Curator:
             records = [_record(c, stored_vector(cat, c)) for c in chunks]
             payload = zlib.compress(json.dumps(records).encode("utf-8"), 6)
             archive_id = _new_archive_id(cat)
-            change = self.catalog.remove_chunks(root, cluster.chunk_ids)
+            change = self.catalog.remove_chunks(root, cluster.chunk_ids, archive=archive_id)
             change.extend(
                 self.catalog.add_chunk(
                     root,
@@ -246,31 +256,65 @@ class Curator:
         return archive_id
 
     def restore(self, archive_id: int) -> list[int]:
-        """Put an archive's chunks back (where their documents still hold them); drop it."""
+        """Put an archive's chunks back (where their documents still hold them) and drop its
+        summary; returns the chunk ids that came back. If the summary was itself folded into
+        another archive, that one is opened first, so a summary and its originals are never
+        live together."""
         outcome: dict[str, Any] = {}
 
         def apply(root: Any) -> list[int]:
-            cat = catalog_root(root)
-            archive = cat["archives"].get(archive_id)
-            if archive is None:
-                raise _missing(archive_id)
             outcome["version"] = self.catalog.version(root)
-            change = self.catalog.remove_chunks(root, [archive.summary_id], archived=False)
-            restored = []
-            for record in _decode(archive.read()):
-                document = cat["documents"].get(record["source"])
-                if document is None or record["id"] not in document.archived:
-                    continue  # the document was removed or re-ingested since
-                vector = np.frombuffer(base64.b64decode(record["vector"]), dtype="<f4")
-                change.extend(self.catalog.reinstate(root, record, vector))
-                restored.append(record["id"])
-            del cat["archives"][archive_id]
+            change, restored = unfold(self.catalog, root, archive_id, touch=True)
             outcome["change"] = change
             return restored
 
         restored = self.catalog.image.transact(apply, note=f"curator: restore {archive_id}")
         self.catalog.committed(outcome["change"], outcome["version"])
         return restored
+
+
+def unfold(
+    catalog: KnowledgeCatalog, root: Any, archive_id: int, *, touch: bool = False
+) -> tuple[Change, list[int]]:
+    """Inside the caller's transaction: drop ``archive_id``'s summary, put back the archived
+    chunks their documents still list, delete the archive. ``touch`` marks them retrieved now
+    (a restore asked for them); otherwise they come back as cold as they went."""
+    cat = catalog_root(root)
+    archive = cat["archives"].get(archive_id)
+    if archive is None:
+        raise _missing(archive_id)
+    change = Change()
+    restored: list[int] = []
+    holder = cat["documents"].get(f"{SUMMARY_PREFIX}{archive_id}")
+    if archive.summary_id not in cat["chunks"] and holder is not None:
+        # The summary went into an outer archive: open that first, which makes it live.
+        for outer in holder.archives:
+            if outer in cat["archives"]:
+                more, back = unfold(catalog, root, outer, touch=touch)
+                change.extend(more)
+                restored.extend(back)
+    change.extend(catalog.remove_chunks(root, [archive.summary_id]))
+    now = int(time.time())
+    records = _decode(archive.read())
+    for record in records:
+        document = cat["documents"].get(record["source"])
+        if document is None or record["id"] not in document.archived:
+            continue  # the document was removed or re-ingested since
+        inner = record["metadata"].get("archive") if record["kind"] == "summary" else None
+        if inner is not None and inner not in cat["archives"]:
+            continue  # a summary whose originals are back already
+        vector = np.frombuffer(base64.b64decode(record["vector"]), dtype="<f4")
+        added = catalog.reinstate(root, record, vector)
+        change.extend(added)
+        restored.extend(added.added)
+        if touch:
+            cat["retrieved"][added.added[-1]] = now
+    for record in records:
+        document = cat["documents"].get(record["source"])
+        if document is not None and archive_id in document.archives:
+            document.archives = tuple(a for a in document.archives if a != archive_id)
+    del cat["archives"][archive_id]
+    return change, restored
 
 
 def originals(catalog: KnowledgeCatalog, archive_id: int) -> list[dict[str, Any]]:

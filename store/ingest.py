@@ -4,8 +4,8 @@ Text, Markdown, HTML and PDF are read, chunked and embedded outside any transact
 documents are then written in batches of about ``catalog_commit_chunks`` chunks, one commit per
 batch, each document inside its own savepoint so a failing one leaves no trace and the rest of
 its batch still commits. An unchanged file (same content hash) is skipped; a changed one
-replaces its chunks. A file that cannot be read gets a ``DocumentError`` in the report and the
-batch goes on.
+replaces its chunks and drops the curator's summaries of its old text. A file that cannot be
+read gets a ``DocumentError`` in the report and the batch goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from batos import settings
 from batos.errors import DocumentError
 from store.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
 from store.chunking import chunk
+from store.curator import unfold
 
 log = logging.getLogger("batos.ingest")
 
@@ -209,6 +210,7 @@ def write_batch(
         errors.clear()
         change = Change()
         documents = catalog_root(root)["documents"]
+        archives = catalog_root(root)["archives"]
         txn = root._p_jar.transaction_manager.get()
         outcome["version"] = catalog.version(root)
         for doc in batch:
@@ -219,6 +221,11 @@ def write_batch(
             savepoint = txn.savepoint()
             try:
                 change.extend(catalog.put_document(root, doc))
+                # Summaries made from the old text would go on answering for it: drop them,
+                # and put back the other documents' chunks they covered (cold, to fold again).
+                for archive_id in existing.archives if existing is not None else ():
+                    if archive_id in archives:
+                        change.extend(unfold(catalog, root, archive_id)[0])
             except ConflictError:
                 raise  # the whole batch is retried on fresh state
             except Exception as exc:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from batos.errors import ArchiveError
-from store.catalog import KnowledgeCatalog
+from store.catalog import CATALOG_STEPS, KnowledgeCatalog
 from store.curator import Curator, archives, originals
 from store.embeddings import Embedder
 from store.image import LivingImage
 from store.ingest import ingest_text
+from store.schema import upgrade
 
 NEAR_DUPLICATES = [
     "The backup job runs every night at two and copies the image to the NAS.",
@@ -119,3 +122,141 @@ def test_a_cluster_that_changed_meanwhile_is_skipped(
     assert curator.fold(cluster, "stale summary") is None
     assert catalog.search("stale summary", 3, mode="lexical") == []
     assert archives(catalog) == []
+
+
+def _check_archives(catalog: KnowledgeCatalog) -> None:
+    """A summary and the originals it stands for are never live together, and every live
+    summary's archive exists."""
+    with catalog.image.read() as root:
+        cat = root["catalog"]
+        live = set(cat["chunks"].keys())
+        for archive_id, archive in cat["archives"].items():
+            assert not {r["id"] for r in originals(catalog, archive_id)} & live
+            holder = cat["documents"][f"curator://summary/{archive_id}"]
+            assert archive.summary_id in live or archive.summary_id in holder.archived
+        for chunk_id in live:
+            chunk = cat["chunks"][chunk_id]
+            if chunk.kind == "summary":
+                assert chunk.metadata["archive"] in cat["archives"]
+
+
+def _leaf_texts(catalog: KnowledgeCatalog) -> list[str]:
+    """Every original text the catalog holds, live or archived, summaries left out."""
+    texts = []
+    with catalog.image.read() as root:
+        cat = root["catalog"]
+        texts += [c.text for c in cat["chunks"].values() if c.kind != "summary"]
+        archive_ids = list(cat["archives"].keys())
+    for archive_id in archive_ids:
+        texts += [r["text"] for r in originals(catalog, archive_id) if r["kind"] != "summary"]
+    return texts
+
+
+def test_the_live_set_stays_within_its_cap_over_many_rounds(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    subjects = ["rivers", "violins", "comets", "orchids", "glaciers", "lanterns", "ferries"]
+    ingested: list[str] = []
+    for round_ in range(6):
+        for n, subject in enumerate(subjects):
+            text = f"Round {round_} note {n}: {subject} record {round_ * 31 + n} for the archive."
+            ingest_text(catalog, f"r{round_}-{subject}", text)
+            ingested.append(text)
+        catalog.search("violins record", 3)  # some use, so not everything is equally cold
+        report = Curator(catalog, FakeSummarizer(), max_chunks=12).run()
+        assert report.live_after <= 12, (round_, report)
+        stats = catalog.stats()
+        assert stats["chunks"] == report.live_after == len(catalog.vectors) == len(catalog.lexical)
+        _check_archives(catalog)
+    # Nothing was lost: every note is live or in an archive (summaries of summaries included).
+    assert sorted(_leaf_texts(catalog)) == sorted(ingested)
+
+
+def test_cold_means_not_retrieved_lately(memory_image: LivingImage, embedder: Embedder) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    _fill(catalog)
+    only = {"source": "backup-0.txt"}
+    [used] = catalog.search("backup job runs every night at two", 1, filters=only)
+    curator = Curator(catalog, FakeSummarizer(), max_chunks=1000)
+    [cluster] = curator.plan()  # the retrieval was written to the image by plan()
+    assert used.chunk_id not in cluster.chunk_ids and len(cluster.chunk_ids) == 2
+    with memory_image.read() as root:
+        assert root["catalog"]["retrieved"][used.chunk_id] >= time.time() - 60
+    eight_days_ago = int(time.time()) - 8 * 24 * 3600
+    memory_image.transact(
+        lambda root: root["catalog"]["retrieved"].__setitem__(used.chunk_id, eight_days_ago)
+    )
+    [cluster] = curator.plan()
+    assert used.chunk_id in cluster.chunk_ids and len(cluster.chunk_ids) == 3
+    [cluster] = Curator(catalog, FakeSummarizer(), cold_after=10 * 24 * 3600).plan()
+    assert used.chunk_id not in cluster.chunk_ids  # eight days is "lately" for a 10-day window
+
+
+def test_reingesting_a_document_drops_summaries_of_its_old_text(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    _fill(catalog)
+    [archive_id] = Curator(catalog, FakeSummarizer(), max_chunks=1000).run().archives
+    assert catalog.document("backup-0.txt")["archives"] == [archive_id]
+    assert ingest_text(catalog, "backup-0.txt", "The backup job moved to Sundays.") == "replaced"
+    assert archives(catalog) == []
+    assert catalog.search("Summary of 3 notes", 5, filters={"kind": "summary"}) == []
+    live = {h.text for h in catalog.search("backup job NAS", 10, mode="lexical")}
+    assert live == {"The backup job moved to Sundays.", *NEAR_DUPLICATES[1:]}
+    assert catalog.stats()["chunks"] == len(catalog.vectors) == 6
+    _check_archives(catalog)
+
+
+def _nested(catalog: KnowledgeCatalog) -> tuple[int, int]:
+    """An archive (inner) whose summary was folded into a second archive (outer)."""
+    _fill(catalog)
+    [inner] = Curator(catalog, FakeSummarizer(), max_chunks=1000).run().archives
+    outer_run = Curator(catalog, FakeSummarizer(), max_chunks=1, similarity=1.01).run()
+    with catalog.image.read() as root:
+        summary = root["catalog"]["archives"][inner].summary_id
+        assert summary not in root["catalog"]["chunks"]
+    [outer] = [a for a in outer_run.archives if summary in {r["id"] for r in originals(catalog, a)}]
+    _check_archives(catalog)
+    return inner, outer
+
+
+@pytest.mark.parametrize("order", ["inner first", "outer first"])
+def test_nested_archives_restore_in_any_order(
+    memory_image: LivingImage, embedder: Embedder, order: str
+) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    inner, outer = _nested(catalog)
+    curator = Curator(catalog, FakeSummarizer())
+    if order == "inner first":
+        curator.restore(inner)  # opens the outer archive first
+        with pytest.raises(ArchiveError):
+            curator.restore(outer)
+    else:
+        curator.restore(outer)
+        _check_archives(catalog)
+        curator.restore(inner)
+    _check_archives(catalog)
+    backups = {h.text for h in catalog.search("backup job NAS", 10, mode="lexical")}
+    assert backups == set(NEAR_DUPLICATES)
+    remaining = {a["id"] for a in archives(catalog)}
+    assert inner not in remaining and outer not in remaining
+    assert catalog.stats()["chunks"] == len(catalog.vectors)
+
+
+def test_retrieval_counts_of_an_older_image_become_retrieval_times(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    upgrade(memory_image, CATALOG_STEPS[:1])  # the layout before retrieval times
+    old = KnowledgeCatalog(memory_image, embedder)
+    _fill(old)
+    used = old.document("backup-0.txt")["chunks"][0]
+    memory_image.transact(lambda root: root["catalog"]["usage"].__setitem__(used, 3))
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    with memory_image.read() as root:
+        assert "usage" not in root["catalog"]
+        assert dict(root["catalog"]["retrieved"]).keys() == {used}
+    [cluster] = Curator(catalog, FakeSummarizer(), max_chunks=1000).plan()
+    assert used not in cluster.chunk_ids  # the used chunk stays warm after the upgrade
+    assert len(cluster.chunk_ids) == 2

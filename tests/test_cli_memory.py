@@ -1,0 +1,160 @@
+"""The knowledge catalog's command line: batos ingest, batos search and batos curate."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from graph.cli import main
+from store.catalog import KnowledgeCatalog
+from store.curator import Curator
+from store.embeddings import Embedder
+from store.image import LivingImage
+
+CATS = "Cats purr when they are content. Kittens learn to hunt by playing with siblings."
+DOGS = "Dogs bark at strangers. Puppies chew shoes while their teeth grow."
+BACKUPS = [
+    "The backup job runs every night at two and copies the image to the NAS.",
+    "Every night at two the backup job copies the image to the NAS.",
+    "At two each night, the backup job copies the image onto the NAS.",
+]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def flat(text: str) -> str:
+    """``text`` without whitespace: rich wraps tables and messages to the console's width."""
+    return "".join(text.split())
+
+
+@pytest.fixture
+def notes(tmp_path: Path) -> Path:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "cats.md").write_text(f"# Cats\n\n{CATS}")
+    (folder / "dogs.txt").write_text(DOGS)
+    return folder
+
+
+def test_ingest_reports_each_outcome_and_skips_unchanged_files(capsys, file_uri, notes) -> None:
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", str(notes), "-m", "topic=pets")
+    assert code == 0 and "added 2, replaced 0, unchanged 0, failed 0" in out
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", str(notes))
+    assert code == 0 and "added 0, replaced 0, unchanged 2, failed 0; 0 chunks in 0" in out
+    (notes / "dogs.txt").write_text(DOGS + " Old dogs sleep a lot.")
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", str(notes / "dogs.txt"))
+    assert code == 0 and "replaced 1" in out
+
+
+def test_ingest_goes_on_past_missing_and_bad_files_and_exits_9(
+    capsys, file_uri, notes, tmp_path
+) -> None:
+    (tmp_path / "latin1.txt").write_bytes("café crème".encode("latin-1"))
+    missing = tmp_path / "nowhere.txt"
+    code, out, err = run(
+        capsys, "--image", file_uri, "ingest", str(missing), str(tmp_path / "latin1.txt"),
+        str(notes),
+    )  # fmt: skip
+    assert code == 9
+    assert "added 2, replaced 0, unchanged 0, failed 2" in out
+    assert flat(f"no such file: {missing}") in flat(err) and flat("check the path") in flat(err)
+    assert flat("not UTF-8") in flat(err) and "iconv" in err
+    assert flat("2 of 4 file(s) were not ingested") in flat(err)
+    with LivingImage.open(file_uri) as image:
+        catalog = KnowledgeCatalog(image, Embedder())
+        assert catalog.stats()["documents"] == 2
+
+
+def test_search_prints_a_table_json_lines_and_honours_k_file_and_filters(
+    capsys, file_uri, notes, tmp_path, monkeypatch
+) -> None:
+    run(capsys, "--image", file_uri, "ingest", str(notes / "cats.md"), "-m", "topic=pets")
+    run(capsys, "--image", file_uri, "ingest", str(notes / "dogs.txt"), "-m", "topic=dogs")
+    code, out, _ = run(capsys, "--image", file_uri, "search", "why do cats purr", "-k", "1")
+    assert code == 0 and "score" in out and "purr" in out and "Puppies" not in out
+    assert "│ 1 │" in out and "│ 2 │" not in out  # -k 1: one row
+
+    code, out, _ = run(capsys, "--image", file_uri, "search", "puppies", "kittens", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["query"] for line in lines] == ["puppies", "kittens"]
+    top = lines[0]["results"][0]
+    assert top["source"] == str((notes / "dogs.txt").resolve())
+    assert DOGS[top["start"] : top["end"]] == top["text"] and top["score"] > 0
+    assert {"chunk_id", "lexical_rank", "dense_rank", "metadata"} <= set(top)
+
+    queries = tmp_path / "queries.txt"
+    queries.write_text("puppies chew shoes\n\nkittens hunt\nstrangers\n")
+    code, out, _ = run(
+        capsys, "--image", file_uri, "search", "--file", str(queries), "--json", "-k", "1"
+    )
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(lines) == 3 and all(len(line["results"]) == 1 for line in lines)
+    assert lines[1]["results"][0]["source"].endswith("cats.md")
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("kittens\n"))
+    code, out, _ = run(
+        capsys, "--image", file_uri, "search", "--file", "-", "--json", "-w", "topic=dogs"
+    )
+    [line] = [json.loads(x) for x in out.splitlines()]
+    assert {r["source"] for r in line["results"]} == {str((notes / "dogs.txt").resolve())}
+    code, out, _ = run(
+        capsys, "--image", file_uri, "search", "Puppies", "--mode", "lexical", "--json", "-k", "5"
+    )
+    [line] = [json.loads(x) for x in out.splitlines()]
+    assert len(line["results"]) == 1 and line["results"][0]["dense_rank"] is None
+
+
+def test_search_without_a_query_or_with_a_bad_mode_exits_9(capsys, file_uri) -> None:
+    run(capsys, "--image", file_uri, "init")
+    code, _, err = run(capsys, "--image", file_uri, "search")
+    assert code == 9 and "no query given" in err and "--file" in err
+    code, _, err = run(capsys, "--image", file_uri, "search", "x", "--mode", "psychic")
+    assert code == 9 and "unknown search mode" in err
+    code, _, err = run(capsys, "--image", file_uri, "search", "x", "--file", "/nonexistent/q")
+    assert code == 9 and "cannot read queries" in err
+
+
+def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> None:
+    for i, text in enumerate(BACKUPS):
+        (tmp_path / f"backup-{i}.txt").write_text(text)
+    run(
+        capsys,
+        "--image",
+        file_uri,
+        "ingest",
+        *(str(tmp_path / f"backup-{i}.txt") for i in range(3)),
+    )
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--dry-run")
+    assert code == 0 and "redundant: 3 chunks" in out and "1 cluster(s) would be folded" in out
+    with LivingImage.open(file_uri) as image:  # fold with a stand-in for BABS
+        catalog = KnowledgeCatalog.open(image, Embedder())
+        [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives
+        catalog.close()
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")
+    assert code == 0 and str(archive_id) in out
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--show", str(archive_id))
+    assert code == 0 and all(text.split(",")[0] in " ".join(out.split()) for text in BACKUPS)
+    code, out, _ = run(capsys, "--image", file_uri, "search", "NAS backup", "--json", "-k", "5")
+    assert [r["kind"] for r in json.loads(out)["results"]] == ["summary"]
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--restore", str(archive_id))
+    assert code == 0 and f"restored 3 chunk(s) from archive {archive_id}" in out
+    code, _, err = run(capsys, "--image", file_uri, "curate", "--show", str(archive_id))
+    assert code == 9 and "batos curate --list" in err
+
+
+@pytest.mark.model
+def test_curate_folds_with_babs_on_the_test_model(capsys, file_uri, tmp_path) -> None:
+    for i, text in enumerate(BACKUPS):
+        (tmp_path / f"backup-{i}.txt").write_text(text)
+    run(capsys, "--image", file_uri, "ingest", str(tmp_path))
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "-n", "1")
+    assert code == 0 and "folded 3 chunk(s) into 1 summary(ies); live chunks 3 → 1" in out
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")
+    assert code == 0 and "Curator archives" in out

@@ -267,6 +267,27 @@ def test_unchanged_large_values_are_shared_not_copied(saver: ZODBSaver) -> None:
         assert isinstance(records[0].values["log"], Payload)
 
 
+def test_unchanged_channels_are_found_without_a_parent_and_emptied_ones_vanish(
+    saver: ZODBSaver,
+) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    first = generate_checkpoint(
+        channel_values={"a": "a1", "b": "b1", "c": "c1"},
+        channel_versions={"a": "1", "b": "1", "c": "1"},
+    )
+    saver.put(cfg("v", checkpoint_ns=""), first, {}, {"a": "1", "b": "1", "c": "1"})
+    # no parent named: b is looked up by version; c is emptied at version 2
+    second = generate_checkpoint(
+        channel_values={"a": "a2"}, channel_versions={"a": "2", "b": "1", "c": "2"}
+    )
+    stored = saver.put(cfg("v", checkpoint_ns=""), second, {}, {"a": "2", "c": "2"})
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"a": "a2", "b": "b1"}
+    third = generate_checkpoint(channel_versions={"a": "2", "b": "1", "c": "2"})
+    stored = saver.put(stored, third, {}, {})
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"a": "a2", "b": "b1"}
+
+
 def test_runs_are_deleted_with_their_checkpoints(saver: ZODBSaver) -> None:
     graph = chain_graph(saver)
     first, second = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"

@@ -106,8 +106,8 @@ def sqlite_conn(path: Path) -> sqlite3.Connection:
 
 
 #: Operations per slice. Each round a workload runs in slices of this many operations, the
-#: savers taking turns slice by slice: the disk's sync latency drifts within seconds (on the
-#: VM this was tuned on, from 0.1 to 4 ms), and every saver should see the same drift.
+#: savers taking turns slice by slice: a disk's sync latency can drift within seconds (on a
+#: shared virtual disk, between 0.1 and 4 ms), and every saver should see the same drift.
 SLICE = {"cycle": 10, "list": 1, "graph": 4}
 SYNC_WORKLOADS = ("cycle ops/s", "list ops/s", "graph runs/s")
 ASYNC_WORKLOADS = ("async cycle ops/s", "async list ops/s", "async graph runs/s")

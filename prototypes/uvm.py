@@ -224,11 +224,10 @@ class _Delegation:
     receiver that read the name since the last epoch bump to what it saw — the slot value, or
     the method bound to it — so a repeated delegated read or send is one dict lookup in
     ``__get__``, about the least Python can run there (a plain dict in a slot: a dict subclass
-    would cost a fifth more). ``_bump_epoch`` empties every filled cache,
-    so no entry outlives a change that could make it wrong, and a receiver is referenced only
-    until the next bump. Keys are the receivers themselves: UvmObjects hash by identity (a
-    subclass that does not is simply never cached). Never persisted: only the shared class
-    holds it.
+    would cost a fifth more). ``_bump_epoch`` empties every filled cache, so no entry outlives
+    a change that could make it wrong, and a receiver is referenced only until the next bump.
+    Keys are the receivers themselves: UvmObjects hash by identity (a subclass that does not
+    is simply never cached). Never persisted: only the shared class holds it.
     """
 
     __slots__ = ("name", "cache")

@@ -522,11 +522,13 @@ class KnowledgeCatalog:
         filters: Mapping[str, str | Sequence[str]] | None = None,
         mode: str = "hybrid",
         record: bool = True,
+        query_vector: np.ndarray | None = None,
     ) -> list[Hit]:
         """The ``k`` best chunks for ``query``: ``mode`` is 'hybrid', 'lexical' or 'dense'.
 
         ``filters`` maps a metadata field (``source``, ``kind``, ``format`` or a document's own
         metadata key) to a value or a list of accepted values; all fields must match.
+        ``query_vector`` is ``query``'s embedding when the caller has it already.
         """
         if mode not in ("hybrid", "lexical", "dense"):
             raise CatalogError(
@@ -535,7 +537,10 @@ class KnowledgeCatalog:
         if k <= 0 or not query.strip():
             return []
         depth = max(k * CANDIDATES_PER_RESULT, MIN_CANDIDATES) if mode == "hybrid" else k
-        query_vector = self.embedder.encode_one(query) if mode != "lexical" else None
+        if mode == "lexical":
+            query_vector = None
+        elif query_vector is None:
+            query_vector = self.embedder.encode_one(query)
         with self.image.read() as root:
             cat = catalog_root(root)
             allowed = self._allowed(cat, filters)

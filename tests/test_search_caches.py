@@ -126,3 +126,14 @@ def test_the_half_precision_pass_still_gives_the_exact_top_k() -> None:
         assert np.allclose([s for _, s in found], [s for _, s in expected], atol=1e-6)
         assert all(exact[i - 1] >= expected[-1][1] - 1e-6 for i, _ in found)
         assert len({i for i, _ in found}) == 25
+
+
+def test_a_query_vector_the_caller_has_spares_the_embedding(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    for source, text in _notes(4, 12).items():
+        ingest_text(catalog, source, text)
+    vector = embedder.encode_one("router mesh")
+    given = catalog.search("router mesh", 5, query_vector=vector)
+    assert [h.chunk_id for h in given] == [h.chunk_id for h in catalog.search("router mesh", 5)]

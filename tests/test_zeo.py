@@ -71,11 +71,11 @@ OPENER = textwrap.dedent(
 def test_clients_racing_to_create_the_root_all_open(tmp_path):
     """A server that did not create the root first (plain runzeo): every client still opens."""
     server = ZeoServer(tmp_path / "raw.fs")
-    process = subprocess.Popen(server.command(), stderr=subprocess.DEVNULL)
+    server.process = subprocess.Popen(server.command(), stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(server.host, server.port):
-            assert process.poll() is None and time.monotonic() < deadline
+            assert server.process.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         clients = [
             subprocess.Popen(
@@ -89,9 +89,7 @@ def test_clients_racing_to_create_the_root_all_open(tmp_path):
         with LivingImage.open(server.uri) as image, image.read() as root:
             assert {f"c{i}" for i in range(6)} <= set(root)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
-        server.stop()
+        server.stop()  # SIGTERM, then SIGKILL if it has not exited within 10 s
 
 
 @pytest.mark.slow

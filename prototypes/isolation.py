@@ -20,6 +20,7 @@ reached, and the states it returns are checked before any is applied.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import io
 import json
@@ -211,6 +212,9 @@ def _child_main(
     _in_child = True
     status = 70
     try:
+        # A crash here is an expected outcome, reported by the host: it must not print the
+        # host's stack (inherited from the fork) to the shared stderr.
+        faulthandler.disable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         extra = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (_address_space() + extra,) * 2)

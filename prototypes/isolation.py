@@ -150,14 +150,15 @@ class _HostStorage:
 def _state_digest(obj: persistent.Persistent) -> bytes:
     buffer = io.BytesIO()
     try:
-        _IdPickler(buffer, obj).dump(obj.__getstate__())
+        IdentityPickler(buffer, obj).dump(obj.__getstate__())
     except Exception as exc:
         return f"unstorable {type(exc).__name__}".encode()
     return hashlib.sha256(buffer.getvalue()).digest()
 
 
-class _IdPickler(pickle.Pickler):
-    # Other persistent objects count by identity: a change inside them is theirs, not ours.
+class IdentityPickler(pickle.Pickler):
+    """Pickles a value with every persistent object in it but ``own`` as its identity: a
+    change inside another persistent object is that object's, not ours."""
     def __init__(self, buffer: io.BytesIO, own: object) -> None:
         super().__init__(buffer, protocol=5)
         self.own = own

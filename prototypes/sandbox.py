@@ -60,7 +60,6 @@ import linecache
 import logging
 import marshal
 import os
-import pickle
 import resource
 import threading
 import types
@@ -69,7 +68,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import persistent
 from RestrictedPython import compile_restricted_exec
 from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
 from RestrictedPython.PrintCollector import PrintCollector
@@ -657,18 +655,6 @@ def call_checked(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) ->
     return result
 
 
-class _RefPickler(pickle.Pickler):
-    # Other persistent objects count by identity: their own changes mark them, not us.
-    def __init__(self, buffer: io.BytesIO, own: object) -> None:
-        super().__init__(buffer, protocol=5)
-        self.own = own
-
-    def persistent_id(self, obj: Any) -> Any:
-        if obj is not self.own and isinstance(obj, persistent.Persistent):
-            return id(obj)
-        return None
-
-
 _UNSTORABLE = "unstorable:"
 
 
@@ -686,7 +672,7 @@ def slot_digests(obj: UvmObject) -> dict[str, str]:
         except ValueError:  # holds other objects: pickle, persistent ones by identity
             buffer = io.BytesIO()
             try:
-                _RefPickler(buffer, obj).dump(value)
+                isolation.IdentityPickler(buffer, obj).dump(value)
             except Exception as exc:
                 digests[name] = f"{_UNSTORABLE}{type(value).__name__} ({type(exc).__name__})"
                 continue

@@ -48,11 +48,10 @@ class LexicalIndex:
             self._total_length = 0.0
             self._order: np.ndarray | None = None  # argsort of _ids[:size], built on demand
             self._ordered = self._ids  # _ids[:size] sorted, with _order
+            # word id → (rows, counts) of the words queries have used
             self._postings: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-            self._pending: dict[int, list[tuple[int, int]]] = {}
-            # word id → (generation, rows, idf · tf): valid while no row changes.
-            self._scored: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
-            self._generation = 0
+            # word id → (live rows, idf · tf): dropped by any change to the rows
+            self._scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             #: The catalog's change counter this cache reflects (None: never loaded).
             self.version: int | None = None
 
@@ -88,14 +87,22 @@ class LexicalIndex:
         wanted = np.unique(np.fromiter((int(c) for c in chunk_ids), dtype=np.int64))
         with self._lock:
             _, known = self._rows_of(wanted)
+            extra: dict[int, list[tuple[int, int]]] = {}
             for chunk_id in wanted[~known].tolist():
                 length = index._docweight.get(chunk_id)
                 if length is None:
                     continue
                 row = self._append(chunk_id, length)
                 for wid, count in Counter(index.get_words(chunk_id)).items():
-                    if wid in self._postings:
-                        self._pending.setdefault(wid, []).append((row, count))
+                    if wid in self._postings:  # words not loaded yet will read the index
+                        extra.setdefault(wid, []).append((row, count))
+            for wid, pairs in extra.items():
+                rows, counts = self._postings[wid]
+                added = np.array(pairs, dtype=np.int64)
+                self._postings[wid] = (
+                    np.concatenate([rows, added[:, 0].astype(np.int32)]),
+                    np.concatenate([counts, added[:, 1].astype(np.float32)]),
+                )
 
     def remove(self, chunk_ids: Iterable[int]) -> None:
         wanted = np.fromiter((int(c) for c in chunk_ids), dtype=np.int64)
@@ -104,8 +111,7 @@ class LexicalIndex:
             rows = rows[self._alive[rows]]
             self._alive[rows] = False
             self._ids[rows] = -1  # a chunk id may come back (a restore) under a new row
-            self._order = None
-            self._generation += 1
+            self._changed()
             self._live -= len(rows)
             self._total_length -= float(self._lengths[rows].sum(dtype=np.float64))
 
@@ -177,9 +183,10 @@ class LexicalIndex:
         """(live rows, idf · tf) of one word; kept until the next change to the rows, since
         the common words that cost most to score are also the ones queries repeat."""
         cached = self._scored.get(wid)
-        if cached is not None and cached[0] == self._generation:
-            return cached[1], cached[2]
+        if cached is not None:
+            return cached
         rows, counts = self._term(index, wid, keep=keep)
+        rows = rows.astype(np.intp)  # stored as int32; numpy would convert on every use
         if self._live < self._size:
             live = self._alive[rows]
             rows, counts = rows[live], counts[live]
@@ -191,7 +198,7 @@ class LexicalIndex:
         norm = (1.0 - b) + b * (self._lengths[rows] / average)
         weights = (idf * (counts * (k1 + 1.0) / (counts + k1 * norm))).astype(np.float32)
         if keep:
-            self._scored[wid] = (self._generation, rows, weights)
+            self._scored[wid] = (rows, weights)
         return rows, weights
 
     def _term(self, index: Any, wid: int, *, keep: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -200,21 +207,14 @@ class LexicalIndex:
         if cached is None:
             postings = index._wordinfo.get(wid)
             if postings is None:
-                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+                return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
             n = len(postings)
             ids = np.fromiter(postings.keys(), dtype=np.int64, count=n)
             counts = np.fromiter(postings.values(), dtype=np.float32, count=n)
             rows, found = self._rows_of(ids)
-            if not keep:
-                return rows, counts[found]
-            cached = self._postings[wid] = (rows, counts[found])
-        pending = self._pending.pop(wid, None)
-        if pending:
-            extra = np.array(pending, dtype=np.int64)
-            cached = self._postings[wid] = (
-                np.concatenate([cached[0], extra[:, 0]]),
-                np.concatenate([cached[1], extra[:, 1].astype(np.float32)]),
-            )
+            cached = (rows.astype(np.int32), counts[found])
+            if keep:
+                self._postings[wid] = cached
         return cached
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,9 +242,12 @@ class LexicalIndex:
         self._size += 1
         self._live += 1
         self._total_length += float(length)
-        self._order = None
-        self._generation += 1
+        self._changed()
         return row
+
+    def _changed(self) -> None:
+        self._order = None
+        self._scored.clear()
 
 
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:

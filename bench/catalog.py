@@ -23,6 +23,8 @@ see the same texts and vectors. Query kinds, 60 queries each:
     natural   an English question around one or two topic words
     common    three frequent words that are not stop words
     filtered  the natural questions, restricted by a metadata filter to half the documents
+              (one filter for the whole run, as in a batch with --where: the catalog maps it
+              to rows once per catalog version and reuses that)
 
 Each set runs twice: the first pass ("cold") is the first use of each word's postings since
 the caches loaded, the second is the latency reported. Columns: embed = the query embedding

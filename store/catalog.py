@@ -251,6 +251,7 @@ class KnowledgeCatalog:
         self.embedder = embedder or Embedder()
         self.vectors = VectorIndex()
         self.lexical = LexicalIndex()
+        self._last_filter: tuple[Any, np.ndarray] | None = None
         self._retrieved: dict[int, int] = {}
         self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -579,18 +580,32 @@ class KnowledgeCatalog:
         return self.lexical.search(text.index, wids, k, allowed, version=version)
 
     def _allowed(self, cat: Any, filters: Mapping[str, Any] | None) -> np.ndarray | None:
-        """The chunk ids every filter accepts (sorted int64), or None for no filter."""
+        """The chunk ids every filter accepts (sorted int64), or None for no filter.
+
+        The last result is kept for its catalog version: a run of queries under one filter
+        (``batos search --file … --where …``) gets the same array back, which the caches
+        recognise and map to their rows once.
+        """
         if not filters:
             return None
+        wanted = {
+            name: [value] if isinstance(value, (str, int, float, bool)) else list(value)
+            for name, value in filters.items()
+        }
+        key = (cat["version"](), sorted((n, sorted(map(str, v))) for n, v in wanted.items()))
+        last = self._last_filter
+        if last is not None and last[0] == key:
+            return last[1]
         result = None
-        for name, wanted in filters.items():
+        for name, accepted in wanted.items():
             values = cat["fields"].get(name)
-            accepted = [wanted] if isinstance(wanted, (str, int, float, bool)) else list(wanted)
             sets = [values[str(v)] for v in accepted if values is not None and str(v) in values]
             members = family32.IF.multiunion(sets) if sets else IFTreeSet()
             result = members if result is None else family32.IF.intersection(result, members)
         # The tree set iterates in ascending order, which the caches' lookups rely on.
-        return np.fromiter(result.keys(), dtype=np.int64, count=len(result))
+        allowed = np.fromiter(result.keys(), dtype=np.int64, count=len(result))
+        self._last_filter = (key, allowed)
+        return allowed
 
     @staticmethod
     def _hit(chunk: Chunk, score: float, lexical: int | None, dense: int | None) -> Hit:

@@ -48,6 +48,7 @@ class LexicalIndex:
             self._total_length = 0.0
             self._order: np.ndarray | None = None  # argsort of _ids[:size], built on demand
             self._ordered = self._ids  # _ids[:size] sorted, with _order
+            self._last_mask: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
             # word id → (rows, counts) of the words queries have used
             self._postings: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             # word id → (live rows, idf · tf): dropped by any change to the rows
@@ -116,10 +117,16 @@ class LexicalIndex:
             self._total_length -= float(self._lengths[rows].sum(dtype=np.float64))
 
     def mask(self, allowed: np.ndarray) -> np.ndarray:
-        """A boolean array over rows: live rows whose chunk id is in ``allowed``."""
+        """A boolean array over rows: live rows whose chunk id is in ``allowed`` (the answer
+        for the last ``allowed`` array is kept until the rows change)."""
         with self._lock:
+            order, _ = self._sorted()
+            last = self._last_mask
+            if last is not None and last[0] is allowed and last[1] is order:
+                return last[2]
             out = np.zeros(self._size, dtype=bool)
             out[self._rows_of(allowed)[0]] = True
+            self._last_mask = (allowed, order, out)
             return out
 
     def search(
@@ -219,15 +226,19 @@ class LexicalIndex:
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the live chunks among ``ids``, and which of ``ids`` were found."""
-        if self._order is None:
-            self._order = np.argsort(self._ids[: self._size], kind="stable")
-            self._ordered = self._ids[: self._size][self._order]
-        ordered = self._ordered
+        order, ordered = self._sorted()
         ids = np.asarray(ids, dtype=np.int64)
         at = np.searchsorted(ordered, ids)
         found = at < len(ordered)
         found[found] = ordered[at[found]] == ids[found]
-        return self._order[at[found]], found
+        return order[at[found]], found
+
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """(argsort of the row ids, the ids in that order), rebuilt after a change."""
+        if self._order is None:
+            self._order = np.argsort(self._ids[: self._size], kind="stable")
+            self._ordered = self._ids[: self._size][self._order]
+        return self._order, self._ordered
 
     def _append(self, chunk_id: int, length: int) -> int:
         if self._size == len(self._ids):

@@ -61,6 +61,7 @@ class VectorIndex:
             self._size = 0
             self._order: np.ndarray | None = None  # argsort of the live ids, built on demand
             self._ordered = self._ids  # the live ids sorted, with _order
+            self._last_rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
             #: The catalog's change counter this cache reflects (None: never synchronised).
             self.version: int | None = None
 
@@ -145,15 +146,21 @@ class VectorIndex:
         return scores.numpy().astype(np.float32)
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """Rows holding any of ``ids``, found by binary search in a sorted copy of the ids."""
+        """Rows holding any of ``ids``, found by binary search in a sorted copy of the ids.
+        The answer for the last ``ids`` array is kept until the rows change."""
         if self._order is None:
             self._order = np.argsort(self._ids[: self._size], kind="stable")
             self._ordered = self._ids[: self._size][self._order]
+        last = self._last_rows
+        if last is not None and last[0] is ids and last[1] is self._order:
+            return last[2]
         ordered = self._ordered
         at = np.searchsorted(ordered, ids)
         found = at < len(ordered)
         found[found] = ordered[at[found]] == ids[found]
-        return self._order[at[found]]
+        rows = self._order[at[found]]
+        self._last_rows = (ids, self._order, rows)
+        return rows
 
     def reserve(self, n: int) -> None:
         """Make room for ``n`` rows at once (a rebuild knows how many are coming)."""

@@ -137,3 +137,23 @@ def test_a_query_vector_the_caller_has_spares_the_embedding(
     vector = embedder.encode_one("router mesh")
     given = catalog.search("router mesh", 5, query_vector=vector)
     assert [h.chunk_id for h in given] == [h.chunk_id for h in catalog.search("router mesh", 5)]
+
+
+def test_a_repeated_filter_follows_writes_between_queries(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    for source, text in _notes(5, 30).items():
+        ingest_text(catalog, source, text, metadata={"shelf": source[-1]})
+    shelf = {"shelf": "7"}
+    for mode in ("lexical", "dense", "hybrid"):
+        assert {h.metadata["shelf"] for h in catalog.search("pump", 10, mode=mode, filters=shelf)}
+    ingest_text(catalog, "new-7", "Pump pump pump valve.", metadata={"shelf": "7"})
+    for mode in ("lexical", "dense", "hybrid"):
+        hits = catalog.search("pump pump valve", 40, mode=mode, filters=shelf)
+        assert "new-7" in {h.source for h in hits} and {h.metadata["shelf"] for h in hits} == {"7"}
+    other = KnowledgeCatalog.open(memory_image, embedder)  # a write this cache did not see
+    memory_image.transact(lambda root: other.remove_document(root, "new-7"))
+    for mode in ("lexical", "dense", "hybrid"):
+        hits = catalog.search("pump pump valve", 40, mode=mode, filters=shelf)
+        assert "new-7" not in {h.source for h in hits}

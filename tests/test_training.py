@@ -123,3 +123,34 @@ def test_an_adapter_for_another_base_is_refused() -> None:
         pytest.skip(f"the default model ({default.description}) is not installed")
     with pytest.raises(lora_gguf.ConversionError, match="refused"):
         lora_gguf.verify_adapter(base, SHIPPED / "robin.gguf", "You are ROBIN.", PROMPT, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_shipped_default_adapters_match_their_data_and_change_greedy_output() -> None:
+    """The default model's four adapters, applied in place by the embedded engine."""
+    from graph.llm_engine import Sampling, Usage, engine
+
+    shipped = REPO_MODELFILES / "adapters" / "default"
+    manifest = json.loads((shipped / "manifest.json").read_text())
+    assert manifest["base_sha256"] == catalog()["default"].sha256
+    eng = engine(model_path("default"))
+    greedy = Sampling(temperature=0.0, repeat_penalty=1.0, num_predict=24)
+
+    def reply(persona: str, adapters: list[Path]) -> str:
+        messages = [{"role": "system", "content": training.system_prompt(persona)},
+                    {"role": "user", "content": PROMPT}]  # fmt: skip
+        return "".join(p for p in eng.generate(messages, adapters=adapters, sampling=greedy)
+                       if not isinstance(p, Usage))  # fmt: skip
+
+    replies = {}
+    for persona in PERSONAS:
+        adapter = shipped / f"{persona.lower()}.gguf"
+        entry = manifest["personas"][persona.lower()]
+        assert training.file_sha256(adapter) == entry["adapter_sha256"]
+        assert entry["data_sha256"] == training.file_sha256(
+            REPO_MODELFILES / "data" / f"{persona.lower()}.jsonl"
+        ), f"{persona}'s data changed since its adapter was trained: train it again"
+        replies[persona] = reply(persona, [adapter])
+        assert replies[persona] != reply(persona, []), persona
+    assert len(set(replies.values())) == len(PERSONAS)

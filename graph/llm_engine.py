@@ -10,6 +10,7 @@ here only, so the rest of BAT OS starts without it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import logging
 import random
@@ -180,8 +181,9 @@ class Engine:
             if loaded is not None and loaded.stamp == stamp:
                 self._loaded.move_to_end(path)
                 return loaded.handle
-            handle = self._lib.llama_adapter_lora_init(self.llama._model.model,
-                                                       str(path).encode("utf-8"))
+            with _llama_log_muted():
+                handle = self._lib.llama_adapter_lora_init(self.llama._model.model,
+                                                           str(path).encode("utf-8"))
             if not handle:
                 raise ModelError(
                     f"adapter {path.name} does not fit the base model {self.gguf.name}",
@@ -334,6 +336,19 @@ class Engine:
             yield pending
         usage.total_s = time.monotonic() - started
         yield usage
+
+
+@contextlib.contextmanager
+def _llama_log_muted() -> Iterator[None]:
+    """Silence llama.cpp's log while loading an adapter: it prints a line per tensor that
+    cannot use a repacked CPU buffer (harmless), and a failed load is our own ModelError."""
+    logger = logging.getLogger("llama-cpp-python")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _partial_stop(text: str, stops: Sequence[str], hold: int) -> int:

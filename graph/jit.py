@@ -13,6 +13,7 @@ travel in the run's context (``JitContext``); the state holds only what Studio c
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from prototypes.uvm import UvmObject
 
 #: Longest reply a draft may be, in tokens (a method is short; this bounds a rambling model).
 DRAFT_MAX_TOKENS = 600
+#: Sampling temperature of the second, third… draft with the default models.
+RETRY_TEMPERATURES = (0.7, 0.9)
 
 ModelFactory = Callable[[str], BaseChatModel]
 
@@ -72,10 +75,15 @@ def prompts() -> dict[str, Any]:
     return tomllib.loads(text)
 
 
-def default_model_factory(persona: str) -> BaseChatModel:
+def default_model_factory(persona: str, attempt: int = 0) -> BaseChatModel:
+    """The persona's own model; a retry samples hotter, so it does not repeat the draft the
+    findings were about (at the persona's low code temperature it often would)."""
     from graph.models import chat_model
 
-    return chat_model(persona, num_predict=DRAFT_MAX_TOKENS)
+    if attempt == 0:
+        return chat_model(persona, num_predict=DRAFT_MAX_TOKENS)
+    return chat_model(persona, num_predict=DRAFT_MAX_TOKENS,
+                      temperature=RETRY_TEMPERATURES[min(attempt, len(RETRY_TEMPERATURES)) - 1])
 
 
 def _context() -> JitContext:
@@ -132,12 +140,29 @@ _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def extract_code(reply: str, selector: str) -> str:
-    """The method source in a model reply: the fenced block that defines ``selector``."""
+    """The method source in a model reply: the fenced block that defines ``selector``, with
+    whatever else the model put at its top level (example calls, prints, a ``__main__``
+    block) left out; only imports and the method itself are kept."""
     blocks = _FENCE.findall(reply) or [reply]
-    for block in blocks:
-        if f"def {selector}(" in block:
-            return block.strip() + "\n"
-    return blocks[0].strip() + "\n"
+    chosen = next((b for b in blocks if f"def {selector}(" in b), blocks[0])
+    return _method_only(chosen.strip() + "\n", selector)
+
+
+def _method_only(source: str, selector: str) -> str:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # the audit reports it, with its line
+    keep = [node for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            or isinstance(node, ast.FunctionDef) and node.name == selector]  # fmt: skip
+    if not any(isinstance(node, ast.FunctionDef) for node in keep) or len(keep) == len(tree.body):
+        return source
+    lines = source.splitlines(keepends=True)
+    first = [min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", []))])
+             for n in keep]  # fmt: skip
+    return "".join("".join(lines[start - 1:node.end_lineno])
+                   for start, node in zip(first, keep, strict=True))
 
 
 def _text(message: BaseMessage) -> str:
@@ -148,10 +173,12 @@ def _text(message: BaseMessage) -> str:
                    for part in content)  # fmt: skip
 
 
-def _model(context: JitContext, persona: str) -> BaseChatModel:
+def _model(context: JitContext, persona: str, attempt: int) -> BaseChatModel:
     if context.model is not None:
         return context.model
-    return (context.model_factory or default_model_factory)(persona)
+    if context.model_factory is not None:
+        return context.model_factory(persona)
+    return default_model_factory(persona, attempt)
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -178,13 +205,15 @@ def _after_draft(state: JitState, reply: BaseMessage) -> JitState:
 def draft(state: JitState) -> JitState:
     mission = _mission()
     messages = messages_for(mission.brief(), mission.attempts)
-    return _after_draft(state, _model(_context(), mission.author).invoke(messages))
+    model = _model(_context(), mission.author, state["attempt"])
+    return _after_draft(state, model.invoke(messages))
 
 
 async def adraft(state: JitState) -> JitState:
     mission = _mission()
     messages = messages_for(mission.brief(), mission.attempts)
-    return _after_draft(state, await _model(_context(), mission.author).ainvoke(messages))
+    model = _model(_context(), mission.author, state["attempt"])
+    return _after_draft(state, await model.ainvoke(messages))
 
 
 def audit(state: JitState) -> JitState:

@@ -324,7 +324,9 @@ class PersistenceGuardian(ast.NodeVisitor):
             if reassigned_after.get(slot, -1) < getattr(node, "lineno", 0):
                 self._add(node, f"persistence covenant: self.{slot} is changed in place but "
                           f"never assigned again, so the change would be lost on reload; "
-                          f"end with 'self.{slot} = ...' after changing it")  # fmt: skip
+                          f"change a copy and assign it back: '{slot} = list(self.{slot})' for "
+                          f"a list or '{slot} = dict(self.{slot})' for a dict, change '{slot}', "
+                          f"then 'self.{slot} = {slot}'")  # fmt: skip
 
 
 def _is_literal(node: ast.AST) -> bool:

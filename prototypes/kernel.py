@@ -287,8 +287,13 @@ class Mission:
             result = method.bind(self.receiver)(*self.args, **self.kwargs)
             findings = []
             if self.acceptance is not None and not self.acceptance(result):
-                findings = [f"the method returned {_short(result)}, which is not what the "
-                            f"intent asks for with arguments {_short(self.args)}"]
+                # The check may look at the slots as well as the result: show both.
+                slots = ", ".join(f"{k}={_short(v, 60)}" for k, v in sorted(
+                    self.receiver._slots().items()) if not isinstance(v, Method)
+                    and not k.endswith("*") and k != "intents")
+                findings = [f"called with {_short(self.args)} it returned {_short(result)} and "
+                            f"left the slots as {{{slots}}}, which is not what the intent asks "
+                            "for: check the result and every slot the intent says to change"]
         except GeneratedCodeError as exc:
             findings = exc.findings or [exc.message]
         except Exception as exc:

@@ -33,6 +33,16 @@ def test_graph_is_exported_for_langgraph_json() -> None:
                                                 "invoke", "fail"}  # fmt: skip
 
 
+def test_a_reply_gives_only_its_imports_and_the_method() -> None:
+    reply = ("Sure!\n```python\nimport math\n\ndef area(self, r):\n    return math.pi * r * r\n"
+             "\nshape = Shape()\nprint(shape.area(2))\nif __name__ == '__main__':\n    run()\n```")
+    assert jit.extract_code(reply, "area") == (
+        "import math\ndef area(self, r):\n    return math.pi * r * r\n")
+    # Without the method, or unparsable, the reply is left for the audit to judge.
+    assert jit.extract_code("```python\nprint(1)\n```", "area") == "print(1)\n"
+    assert jit.extract_code("```python\ndef area(self:\n```", "area") == "def area(self:\n"
+
+
 def test_unknown_message_is_written_installed_and_answered(image, enabled) -> None:
     model = ScriptedChatModel().enqueue(GOOD)
     jit.enable(model)

@@ -249,7 +249,21 @@ class Mission:
             function = sandbox.compile_sandboxed(self.selector, source)
         except GeneratedCodeError as exc:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
-        outcome = sandbox.run_isolated(function, self.receiver, *self.args, **self.kwargs)
+        target, selector = self.target, self.selector
+
+        def installed_for_the_trial(*args: Any, **kwargs: Any) -> Any:
+            # In the child only (whose changes are dropped): in its slot, so a method that
+            # calls itself, or another object that inherits it, finds it as it will for real.
+            trial_method = Method(selector, source, compiler="sandbox")
+            trial_method._v_function = function
+            target._add_method(trial_method)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                delattr(target, selector)
+
+        outcome = sandbox.run_isolated(installed_for_the_trial, self.receiver, *self.args,
+                                       **self.kwargs)  # fmt: skip
         if not outcome.ok:
             findings = list(outcome.findings) or [outcome.summary]
             return self._record(source, "trial", findings).findings

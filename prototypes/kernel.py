@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -346,12 +345,7 @@ class Mission:
 
 
 def _describe(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
-    # A call isolated in a child process carries its line as a note instead of frames.
-    where = f" at {lines[-1]}" if lines else "".join(f" {n}" for n in getattr(
-        exc, "__notes__", ()))
-    return f"calling the method raised {type(exc).__name__}: {exc}{where}"
+    return "calling it, " + sandbox.describe_exception(exc)
 
 
 def run_mission(

@@ -60,8 +60,10 @@ import linecache
 import logging
 import marshal
 import os
+import re
 import resource
 import threading
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -733,10 +735,24 @@ def run_isolated(
     except GeneratedCodeError as exc:
         return IsolatedOutcome(False, exc.reason, tuple(exc.findings) or (exc.reason,))
     except Exception as exc:
-        notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))
         return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}",
-                               (f"the method raised {type(exc).__name__}: {exc}{notes}",))
+                               (describe_exception(exc),))
     return IsolatedOutcome(True, _short_repr(result))
+
+
+def describe_exception(exc: BaseException) -> str:
+    """What a method's exception tells its author: type, message, the line, and for a module
+    used without its import, the fix."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
+    # A call isolated in a child process carries its line as a note instead of frames.
+    where = f" at {lines[-1]}" if lines else "".join(
+        f" {n}" for n in getattr(exc, "__notes__", ()))
+    text = f"the method raised {type(exc).__name__}: {exc}{where}"
+    missing = re.match(r"name '(\w+)' is not defined", str(exc))
+    if isinstance(exc, NameError) and missing and missing.group(1) in guardian.ALLOWED_IMPORTS:
+        text += f" — add 'import {missing.group(1)}' above the function"
+    return text
 
 
 def _short_repr(value: Any, limit: int = 500) -> str:

@@ -38,7 +38,7 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "math": frozenset(
         "pi e tau inf nan sqrt isqrt floor ceil trunc fabs gcd lcm log log2 log10 exp "
         "sin cos tan asin acos atan atan2 hypot degrees radians isclose isfinite isinf "
-        "isnan copysign fsum dist fmod modf".split()
+        "isnan copysign fsum dist fmod modf factorial comb perm".split()
     ),
     "statistics": frozenset("mean median mode fmean pstdev stdev pvariance variance".split()),
     "json": frozenset(["dumps", "loads"]),

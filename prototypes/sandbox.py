@@ -317,11 +317,48 @@ class CuratedModule:
         return f"<sandboxed module {self._name}>"
 
 
+def _bounded_bits(what: str, bits: float) -> None:
+    if bits > MAX_INT_BITS:
+        raise _violation(f"{what} would have about {int(bits)} bits; the limit is {MAX_INT_BITS}")
+
+
+def guarded_factorial(n: int) -> int:
+    import math
+
+    if isinstance(n, int) and n > 2:
+        _bounded_bits(f"factorial({n})", n * math.log2(n))
+    return math.factorial(n)
+
+
+def guarded_comb(n: int, k: int) -> int:
+    import math
+
+    if isinstance(n, int) and n > 0:
+        _bounded_bits(f"comb({n}, {k})", n)  # C(n, k) < 2**n
+    return math.comb(n, k)
+
+
+def guarded_perm(n: int, k: int | None = None) -> int:
+    import math
+
+    if isinstance(n, int) and n > 2:
+        _bounded_bits(f"perm({n}, {k})", (n if k is None else min(k, n)) * math.log2(n))
+    return math.perm(n, k)
+
+
+#: Allowed functions whose C implementation could run unbounded: the sandbox's versions.
+_GUARDED_FUNCTIONS = {
+    "math": {"factorial": guarded_factorial, "comb": guarded_comb, "perm": guarded_perm},
+}
+
+
 def _curated(name: str) -> CuratedModule:
     import importlib
 
     module = importlib.import_module(name)
-    return CuratedModule(name, {n: getattr(module, n) for n in guardian.ALLOWED_IMPORTS[name]})
+    guarded = _GUARDED_FUNCTIONS.get(name, {})
+    return CuratedModule(name, {n: guarded.get(n) or getattr(module, n)
+                                for n in guardian.ALLOWED_IMPORTS[name]})  # fmt: skip
 
 
 _CURATED: dict[str, CuratedModule] = {}

@@ -264,3 +264,16 @@ def test_the_host_refuses_states_it_would_not_accept() -> None:
             isolation._unpack(buffer.getvalue(), known, None, set())
         assert why in str(caught.value), caught.value
     assert obj.name == "x"
+
+
+def test_math_functions_that_could_run_unbounded_are_guarded() -> None:
+    obj = UvmObject(name="calc")
+    kernel.add_method(obj, "fact", "import math\ndef fact(self, n):\n    return math.factorial(n)\n")
+    assert obj.fact(5) == 120
+    with pytest.raises(SandboxViolation, match="bits"):
+        obj.fact(10**6)
+    kernel.add_method(obj, "choose", "import math\ndef choose(self, n, k):\n"
+                                     "    return math.comb(n, k) + math.perm(n, 2)\n")
+    assert obj.choose(5, 2) == 10 + 20
+    with pytest.raises(SandboxViolation, match="bits"):
+        obj.choose(10**7, 3)

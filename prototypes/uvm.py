@@ -123,7 +123,20 @@ def _bump_epoch(*, lineage: bool = True) -> None:
 _COMPILED_FROM = frozenset({"selector", "source", "compiler"})
 
 
-class Method(persistent.Persistent):
+class _EpochTracked(persistent.Persistent):
+    """Loading or invalidating changes state that cached lookups may have seen; the epoch
+    moves *after* the change, so a lookup racing with it cannot cache what it read before."""
+
+    def __setstate__(self, state: Any) -> None:
+        persistent.Persistent.__setstate__(self, state)
+        _bump_epoch()
+
+    def _p_invalidate(self) -> None:
+        persistent.Persistent._p_invalidate(self)
+        _bump_epoch()
+
+
+class Method(_EpochTracked):
     """A method slot: the source text and what we know of it; never a pickled function.
 
     The compiled function lives only in the volatile ``_v_function`` and is rebuilt from
@@ -155,14 +168,6 @@ class Method(persistent.Persistent):
             # from the old text: drop them so the next send compiles the new one.
             self.__dict__.pop("_v_function", None)
             _bump_epoch(lineage=False)
-
-    def __setstate__(self, state: Any) -> None:
-        persistent.Persistent.__setstate__(self, state)
-        _bump_epoch()
-
-    def _p_invalidate(self) -> None:
-        persistent.Persistent._p_invalidate(self)
-        _bump_epoch()
 
     def function(self) -> Callable[..., Any]:
         fn = self.__dict__.get("_v_function")
@@ -330,7 +335,7 @@ def _copied(owner: UvmObject, slots: dict[str, Any]) -> dict[str, Any]:
     return unpickler.load()
 
 
-class UvmObject(persistent.Persistent):
+class UvmObject(_EpochTracked):
     """A persistent prototype: slots, parent slots and methods in one namespace."""
 
     # Plain attribute lookup instead of Persistent's: a miss then costs no exception before
@@ -369,16 +374,6 @@ class UvmObject(persistent.Persistent):
         if _DNU_HANDLER is not None:
             return _DNU_HANDLER(self, selector)
         raise DoesNotUnderstand(self, selector)
-
-    # Each of these changes or drops state that cached lookups may have seen; the epoch moves
-    # *after* the change, so a lookup racing with it cannot cache what it read before.
-    def __setstate__(self, state: Any) -> None:
-        persistent.Persistent.__setstate__(self, state)
-        _bump_epoch()
-
-    def _p_invalidate(self) -> None:
-        persistent.Persistent._p_invalidate(self)
-        _bump_epoch()
 
     def _p_deactivate(self) -> None:
         # Ancestor lists survive: a ghost ancestor is the same object, loaded again on use.

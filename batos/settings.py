@@ -233,3 +233,28 @@ def get(name: str) -> object:
         raise ConfigurationError(
             f"{setting.env}={raw!r} is not valid: {exc}", hint=setting.help
         ) from None
+
+
+def _typed(name: str, kind: type[object]) -> object:
+    value = get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"setting {name!r} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def get_str(name: str) -> str:
+    """Setting ``name`` as text (paths, URIs, choices)."""
+    return _typed(name, str)  # type: ignore[return-value]
+
+
+def get_int(name: str) -> int:
+    """Setting ``name`` as an integer (counts, sizes)."""
+    return _typed(name, int)  # type: ignore[return-value]
+
+
+def get_float(name: str) -> float:
+    """Setting ``name`` as a number (seconds, ratios); integer settings are widened."""
+    value = get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"setting {name!r} is a {type(value).__name__}, not a number")
+    return float(value)

@@ -198,7 +198,7 @@ async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, lis
                     is_async = workload.startswith("async")
                     savers = bench.asynchronous if is_async else bench.sync
                     names = list(savers)
-                    names = names[round_ % len(names):] + names[: round_ % len(names)]
+                    names = names[round_ % len(names) :] + names[: round_ % len(names)]
                     jobs = {name: bench.workload(workload, savers[name], round_) for name in names}
                     size = next(v for k, v in SLICE.items() if k in workload)
                     ops = next(iter(jobs.values()))[0]

@@ -54,55 +54,169 @@ class Case:
 
 
 CASES: list[Case] = [
-    Case("reverse_words", "Given a sentence, return it with the word order reversed.",
-         ("the cat sat",), lambda r, o: r == "sat cat the",
-         ("a b",), lambda r, o: r == "b a"),
-    Case("count_vowels", "Given a text, return how many vowels (a, e, i, o, u) it contains.",
-         ("education",), lambda r, o: r == 5, ("xyz",), lambda r, o: r == 0),
-    Case("title_case", "Given a text, return it with the first letter of each word upper-case.",
-         ("hello big world",), lambda r, o: r == "Hello Big World",
-         ("x",), lambda r, o: r == "X"),
-    Case("is_palindrome", "Given a word, return True if it reads the same backwards, else False.",
-         ("level",), lambda r, o: r is True, ("house",), lambda r, o: r is False),
-    Case("initials", "Given a full name, return the upper-case initials joined without spaces.",
-         ("ada king lovelace",), lambda r, o: r == "AKL", ("bo",), lambda r, o: r == "B"),
-    Case("dedupe", "Given a list, return its items without duplicates, keeping first order.",
-         ([3, 1, 3, 2, 1],), lambda r, o: list(r) == [3, 1, 2], ([],), lambda r, o: list(r) == []),
-    Case("evens", "Given a list of integers, return a list of the even ones in order.",
-         ([1, 2, 3, 4, 6],), lambda r, o: list(r) == [2, 4, 6], ([1],), lambda r, o: list(r) == []),
-    Case("flatten", "Given a list of lists, return one list with all their items in order.",
-         ([[1, 2], [3], []],), lambda r, o: list(r) == [1, 2, 3],
-         ([],), lambda r, o: list(r) == []),
-    Case("chunk", "Given a list and a size n, return the list split into consecutive lists of n.",
-         ([1, 2, 3, 4, 5], 2), lambda r, o: [list(c) for c in r] == [[1, 2], [3, 4], [5]]),
-    Case("top_three", "Given a list of numbers, return the three largest, largest first.",
-         ([5, 1, 9, 7, 3],), lambda r, o: list(r) == [9, 7, 5]),
-    Case("mean", "Given a list of numbers, return their arithmetic mean, or 0 if it is empty.",
-         ([2, 4, 9],), lambda r, o: abs(r - 5) < 1e-9, ([],), lambda r, o: r == 0),
-    Case("factorial", "Given a non-negative integer n, return n factorial.",
-         (5,), lambda r, o: r == 120, (0,), lambda r, o: r == 1),
-    Case("celsius_to_fahrenheit", "Given degrees Celsius, return degrees Fahrenheit.",
-         (100,), lambda r, o: abs(r - 212) < 1e-9, (0,), lambda r, o: abs(r - 32) < 1e-9),
-    Case("is_prime", "Given an integer, return True if it is a prime number, else False.",
-         (13,), lambda r, o: r is True, (12,), lambda r, o: r is False),
-    Case("digit_sum", "Given a non-negative integer, return the sum of its decimal digits.",
-         (4096,), lambda r, o: r == 19, (0,), lambda r, o: r == 0),
-    Case("deposit", "Given an amount, add it to the balance slot and return the new balance.",
-         (50,), lambda r, o: r == 150 and o.balance == 150,
-         (25,), lambda r, o: r == 175 and o.balance == 175, {"balance": 100}),
-    Case("add_tag", "Given a tag, append it to the tags slot (a list) unless it is already "
-         "there; return the tags.", ("red",), lambda r, o: list(o.tags) == ["blue", "red"],
-         ("red",), lambda r, o: list(o.tags) == ["blue", "red"], {"tags": ["blue"]}),
-    Case("count_word", "Given a word, add one to its count in the counts slot (a dict) and "
-         "return the new count.", ("hi",), lambda r, o: r == 1 and dict(o.counts) == {"hi": 1},
-         ("hi",), lambda r, o: r == 2 and dict(o.counts) == {"hi": 2}, {"counts": {}}),
-    Case("rename", "Given a new name, store it in the name slot and return the old name.",
-         ("Bo",), lambda r, o: r == "Al" and o.name == "Bo", ("Cy",),
-         lambda r, o: r == "Bo" and o.name == "Cy", {"name": "Al"}),
-    Case("reset_counter", "Set the counter slot to zero and return the value it had before.",
-         (), lambda r, o: r == 7 and o.counter == 0, (), lambda r, o: r == 0 and o.counter == 0,
-         {"counter": 7}),
-]  # fmt: skip
+    Case(
+        "reverse_words",
+        "Given a sentence, return it with the word order reversed.",
+        ("the cat sat",),
+        lambda r, o: r == "sat cat the",
+        ("a b",),
+        lambda r, o: r == "b a",
+    ),
+    Case(
+        "count_vowels",
+        "Given a text, return how many vowels (a, e, i, o, u) it contains.",
+        ("education",),
+        lambda r, o: r == 5,
+        ("xyz",),
+        lambda r, o: r == 0,
+    ),
+    Case(
+        "title_case",
+        "Given a text, return it with the first letter of each word upper-case.",
+        ("hello big world",),
+        lambda r, o: r == "Hello Big World",
+        ("x",),
+        lambda r, o: r == "X",
+    ),
+    Case(
+        "is_palindrome",
+        "Given a word, return True if it reads the same backwards, else False.",
+        ("level",),
+        lambda r, o: r is True,
+        ("house",),
+        lambda r, o: r is False,
+    ),
+    Case(
+        "initials",
+        "Given a full name, return the upper-case initials joined without spaces.",
+        ("ada king lovelace",),
+        lambda r, o: r == "AKL",
+        ("bo",),
+        lambda r, o: r == "B",
+    ),
+    Case(
+        "dedupe",
+        "Given a list, return its items without duplicates, keeping first order.",
+        ([3, 1, 3, 2, 1],),
+        lambda r, o: list(r) == [3, 1, 2],
+        ([],),
+        lambda r, o: list(r) == [],
+    ),
+    Case(
+        "evens",
+        "Given a list of integers, return a list of the even ones in order.",
+        ([1, 2, 3, 4, 6],),
+        lambda r, o: list(r) == [2, 4, 6],
+        ([1],),
+        lambda r, o: list(r) == [],
+    ),
+    Case(
+        "flatten",
+        "Given a list of lists, return one list with all their items in order.",
+        ([[1, 2], [3], []],),
+        lambda r, o: list(r) == [1, 2, 3],
+        ([],),
+        lambda r, o: list(r) == [],
+    ),
+    Case(
+        "chunk",
+        "Given a list and a size n, return the list split into consecutive lists of n.",
+        ([1, 2, 3, 4, 5], 2),
+        lambda r, o: [list(c) for c in r] == [[1, 2], [3, 4], [5]],
+    ),
+    Case(
+        "top_three",
+        "Given a list of numbers, return the three largest, largest first.",
+        ([5, 1, 9, 7, 3],),
+        lambda r, o: list(r) == [9, 7, 5],
+    ),
+    Case(
+        "mean",
+        "Given a list of numbers, return their arithmetic mean, or 0 if it is empty.",
+        ([2, 4, 9],),
+        lambda r, o: abs(r - 5) < 1e-9,
+        ([],),
+        lambda r, o: r == 0,
+    ),
+    Case(
+        "factorial",
+        "Given a non-negative integer n, return n factorial.",
+        (5,),
+        lambda r, o: r == 120,
+        (0,),
+        lambda r, o: r == 1,
+    ),
+    Case(
+        "celsius_to_fahrenheit",
+        "Given degrees Celsius, return degrees Fahrenheit.",
+        (100,),
+        lambda r, o: abs(r - 212) < 1e-9,
+        (0,),
+        lambda r, o: abs(r - 32) < 1e-9,
+    ),
+    Case(
+        "is_prime",
+        "Given an integer, return True if it is a prime number, else False.",
+        (13,),
+        lambda r, o: r is True,
+        (12,),
+        lambda r, o: r is False,
+    ),
+    Case(
+        "digit_sum",
+        "Given a non-negative integer, return the sum of its decimal digits.",
+        (4096,),
+        lambda r, o: r == 19,
+        (0,),
+        lambda r, o: r == 0,
+    ),
+    Case(
+        "deposit",
+        "Given an amount, add it to the balance slot and return the new balance.",
+        (50,),
+        lambda r, o: r == 150 and o.balance == 150,
+        (25,),
+        lambda r, o: r == 175 and o.balance == 175,
+        {"balance": 100},
+    ),
+    Case(
+        "add_tag",
+        "Given a tag, append it to the tags slot (a list) unless it is already "
+        "there; return the tags.",
+        ("red",),
+        lambda r, o: list(o.tags) == ["blue", "red"],
+        ("red",),
+        lambda r, o: list(o.tags) == ["blue", "red"],
+        {"tags": ["blue"]},
+    ),
+    Case(
+        "count_word",
+        "Given a word, add one to its count in the counts slot (a dict) and return the new count.",
+        ("hi",),
+        lambda r, o: r == 1 and dict(o.counts) == {"hi": 1},
+        ("hi",),
+        lambda r, o: r == 2 and dict(o.counts) == {"hi": 2},
+        {"counts": {}},
+    ),
+    Case(
+        "rename",
+        "Given a new name, store it in the name slot and return the old name.",
+        ("Bo",),
+        lambda r, o: r == "Al" and o.name == "Bo",
+        ("Cy",),
+        lambda r, o: r == "Bo" and o.name == "Cy",
+        {"name": "Al"},
+    ),
+    Case(
+        "reset_counter",
+        "Set the counter slot to zero and return the value it had before.",
+        (),
+        lambda r, o: r == 7 and o.counter == 0,
+        (),
+        lambda r, o: r == 0 and o.counter == 0,
+        {"counter": 7},
+    ),
+]
 
 
 @dataclass
@@ -121,10 +235,13 @@ def _drafts_used(obj: UvmObject, selector: str) -> int | None:
 def run_case(case: Case, attempts: int) -> Outcome:
     image = LivingImage.open("memory://")
     try:
+
         def build(root: Any) -> None:
-            root["obj"] = UvmObject(name=case.slots.get("name", "bench"),
-                                    intents=PersistentMapping({case.selector: case.intent}),
-                                    **{k: v for k, v in case.slots.items() if k != "name"})
+            root["obj"] = UvmObject(
+                name=case.slots.get("name", "bench"),
+                intents=PersistentMapping({case.selector: case.intent}),
+                **{k: v for k, v in case.slots.items() if k != "name"},
+            )
 
         image.transact(build)
         started = time.perf_counter()
@@ -132,13 +249,15 @@ def run_case(case: Case, attempts: int) -> Outcome:
             conn.transaction_manager.begin()
             obj = conn.root()["obj"]
             # The check is the acceptance test: a wrong result is fed back like an error.
-            runner = jit.JitRunner(attempts=attempts,
-                                   acceptance=lambda r: _holds(case.expect, r, obj))  # fmt: skip
+            runner = jit.JitRunner(
+                attempts=attempts, acceptance=lambda r: _holds(case.expect, r, obj)
+            )
             try:
                 first = runner.send(obj, case.selector, case.args, {})
             except GeneratedCodeError as exc:
-                return Outcome(case.selector, None, time.perf_counter() - started,
-                               exc.message.splitlines()[0])  # fmt: skip
+                return Outcome(
+                    case.selector, None, time.perf_counter() - started, exc.message.splitlines()[0]
+                )
             seconds = time.perf_counter() - started
             used = _drafts_used(obj, case.selector)
             ok = _holds(case.expect, first, obj)
@@ -196,8 +315,8 @@ def main() -> None:
     if args.calls_only:
         return
     cases = CASES[:2] if args.quick else CASES
-    model = str(settings.get("model"))
-    from graph.models import chat_model
+    model = settings.get_str("model")
+    from graph.llm import chat_model
 
     chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     outcomes = []
@@ -221,12 +340,21 @@ def main() -> None:
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"jit-{Path(model).stem}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps({
-        "model": model, "intents": n, "attempts": args.attempts, "pass@1": pass1,
-        "pass@3": pass3, "seconds_per_installed_method": per_method,
-        "call_costs_us": {label: us for label, us, _ in costs},
-        "cases": [o.__dict__ for o in outcomes],
-    }, indent=2))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "model": model,
+                "intents": n,
+                "attempts": args.attempts,
+                "pass@1": pass1,
+                "pass@3": pass3,
+                "seconds_per_installed_method": per_method,
+                "call_costs_us": {label: us for label, us, _ in costs},
+                "cases": [o.__dict__ for o in outcomes],
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {path}")
 
 

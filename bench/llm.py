@@ -24,13 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graph.llm_engine import Engine, Sampling  # noqa: E402
-from graph.modelfile import modelfiles_dir  # noqa: E402
-from store.models import model_path  # noqa: E402
+from graph.llm.engine import Engine, Sampling  # noqa: E402
+from graph.llm.modelfile import modelfiles_dir  # noqa: E402
+from store.model_files import model_path  # noqa: E402
 
-PROMPT = [{"role": "system", "content": "You are BRICK, the engineer of BAT OS."},
-          {"role": "user", "content": "Explain, step by step, how a hash map handles "
-                                      "collisions, and when it should resize itself."}]
+PROMPT = [
+    {"role": "system", "content": "You are BRICK, the engineer of BAT OS."},
+    {
+        "role": "user",
+        "content": "Explain, step by step, how a hash map handles "
+        "collisions, and when it should resize itself.",
+    },
+]
 
 
 def _random_adapter(gguf_path: Path, out: Path, seed: int, rank: int = 16) -> Path:
@@ -49,10 +54,12 @@ def _random_adapter(gguf_path: Path, out: Path, seed: int, rank: int = 16) -> Pa
         if not tensor.name.endswith(("attn_output.weight", "ffn_up.weight", "ffn_down.weight")):
             continue
         n_in, n_out = (int(x) for x in tensor.shape[:2])  # ggml order: ne0 = inputs
-        writer.add_tensor(tensor.name + ".lora_a",
-                          rng.normal(0, 0.01, (rank, n_in)).astype(np.float32))
-        writer.add_tensor(tensor.name + ".lora_b",
-                          rng.normal(0, 0.01, (n_out, rank)).astype(np.float32))
+        writer.add_tensor(
+            tensor.name + ".lora_a", rng.normal(0, 0.01, (rank, n_in)).astype(np.float32)
+        )
+        writer.add_tensor(
+            tensor.name + ".lora_b", rng.normal(0, 0.01, (n_out, rank)).astype(np.float32)
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -77,8 +84,9 @@ def throughput(eng: Engine, tokens: int, runs: int) -> dict:
         started = time.monotonic()
         first = None
         count = 0
-        for _chunk in llama.create_completion(prompt, max_tokens=tokens, temperature=0.0,
-                                              repeat_penalty=1.0, stream=True):
+        for _chunk in llama.create_completion(
+            prompt, max_tokens=tokens, temperature=0.0, repeat_penalty=1.0, stream=True
+        ):
             first = first or time.monotonic() - started
             count += 1
         raw.append((first, time.monotonic() - started, count))
@@ -89,15 +97,25 @@ def throughput(eng: Engine, tokens: int, runs: int) -> dict:
         return len(prompt) / ttft, gen, ttft
 
     o, r = rates(ours), rates(raw)
-    return {"prompt_tokens": len(prompt), "ours_prompt_tps": o[0], "raw_prompt_tps": r[0],
-            "ours_gen_tps": o[1], "raw_gen_tps": r[1], "ours_ttft_s": o[2], "raw_ttft_s": r[2]}
+    return {
+        "prompt_tokens": len(prompt),
+        "ours_prompt_tps": o[0],
+        "raw_prompt_tps": r[0],
+        "ours_gen_tps": o[1],
+        "raw_gen_tps": r[1],
+        "ours_ttft_s": o[2],
+        "raw_ttft_s": r[2],
+    }
 
 
 def switching(eng: Engine, which: str, swaps: int) -> dict:
     shipped = sorted((modelfiles_dir() / "adapters" / which).glob("*.gguf"))
     tmp = Path(tempfile.mkdtemp(prefix="batos-bench-"))
-    adapters = shipped[:2] if len(shipped) >= 2 else [
-        _random_adapter(eng.gguf, tmp / f"r{i}.gguf", seed=i) for i in range(2)]
+    adapters = (
+        shipped[:2]
+        if len(shipped) >= 2
+        else [_random_adapter(eng.gguf, tmp / f"r{i}.gguf", seed=i) for i in range(2)]
+    )
     for path in adapters:
         eng._handle(path)  # both in RAM: we time the switch, not the first load
     times = []
@@ -117,22 +135,27 @@ def switching(eng: Engine, which: str, swaps: int) -> dict:
         reloads.append(time.perf_counter() - started)
         del again
     swap = statistics.median(times)
-    return {"adapters": "shipped" if len(shipped) >= 2 else "random (none trained yet)",
-            "swap_ms": swap * 1000, "reload_ms": statistics.median(reloads) * 1000,
-            "speedup": statistics.median(reloads) / swap}
+    return {
+        "adapters": "shipped" if len(shipped) >= 2 else "random (none trained yet)",
+        "swap_ms": swap * 1000,
+        "reload_ms": statistics.median(reloads) * 1000,
+        "speedup": statistics.median(reloads) / swap,
+    }
 
 
 def fidelity(which: str, limit: int) -> dict:
     heldout = modelfiles_dir() / "data" / "heldout.jsonl"
     if not heldout.is_file():
         return {"skipped": f"{heldout} is missing (written by the training step)"}
-    from graph.llm_embedded import EmbeddedChatModel
+    from graph.llm.embedded import EmbeddedChatModel
 
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     rows = rows[:limit]
-    missing = [r["persona"] for r in rows
-               if not (modelfiles_dir() / "adapters" / which / f"{r['persona'].lower()}.gguf")
-               .is_file()]
+    missing = [
+        r["persona"]
+        for r in rows
+        if not (modelfiles_dir() / "adapters" / which / f"{r['persona'].lower()}.gguf").is_file()
+    ]
     if missing:
         return {"skipped": f"no trained adapters for {sorted(set(missing))} on model {which!r}"}
     import numpy as np
@@ -144,16 +167,21 @@ def fidelity(which: str, limit: int) -> dict:
     encoder = SentenceTransformer(str(get_model_path()), device="cpu")
     codex = load_codex()
     names = list(codex.personas)
-    centroids = np.stack([
-        encoder.encode([p.identity, *p.router_examples], normalize_embeddings=True).mean(0)
-        for p in codex.personas.values()])
+    centroids = np.stack(
+        [
+            encoder.encode([p.identity, *p.router_examples], normalize_embeddings=True).mean(0)
+            for p in codex.personas.values()
+        ]
+    )
 
     def classify(texts: list[str]) -> list[str]:
         vectors = encoder.encode(texts, normalize_embeddings=True)
         return [names[int(i)] for i in (vectors @ centroids.T).argmax(1)]
 
-    result = {"replies": len(rows), "reference": _accuracy(classify([r["reply"] for r in rows]),
-                                                           rows)}
+    result = {
+        "replies": len(rows),
+        "reference": _accuracy(classify([r["reply"] for r in rows]), rows),
+    }
     for label, with_adapter in (("with_adapters", True), ("system_prompt_only", False)):
         replies = []
         for row in rows:
@@ -186,13 +214,18 @@ def main() -> None:
     which = args.model or ("test" if args.quick else "default")
     tokens, runs, swaps, held = (32, 2, 200, 8) if args.quick else (128, 3, 2000, 40)
     eng = Engine(model_path(which), n_ctx=4096)
-    report = {"model": which, "load_s": eng.load_s,
-              "throughput": throughput(eng, tokens, runs),
-              "switch": switching(eng, which, swaps),
-              "fidelity": fidelity(which, held)}
+    report = {
+        "model": which,
+        "load_s": eng.load_s,
+        "throughput": throughput(eng, tokens, runs),
+        "switch": switching(eng, which, swaps),
+        "fidelity": fidelity(which, held),
+    }
     t, s = report["throughput"], report["switch"]
-    print(f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
-          f"{tokens} generated, median of {runs}")
+    print(
+        f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
+        f"{tokens} generated, median of {runs}"
+    )
     print(f"{'measure':34}{'ours':>12}{'raw llama.cpp':>15}{'ratio':>9}")
     for label, ours, raw in (
         ("prompt tokens/s", t["ours_prompt_tps"], t["raw_prompt_tps"]),
@@ -200,15 +233,19 @@ def main() -> None:
         ("time to first token (s)", t["ours_ttft_s"], t["raw_ttft_s"]),
     ):
         print(f"{label:34}{ours:12.3f}{raw:15.3f}{ours / raw:9.3f}")
-    print(f"{'persona switch vs reload (ms)':34}{s['swap_ms']:12.4f}{s['reload_ms']:15.1f}"
-          f"{s['speedup']:8.0f}x   adapters: {s['adapters']}")
+    print(
+        f"{'persona switch vs reload (ms)':34}{s['swap_ms']:12.4f}{s['reload_ms']:15.1f}"
+        f"{s['speedup']:8.0f}x   adapters: {s['adapters']}"
+    )
     f = report["fidelity"]
     if "skipped" in f:
         print(f"persona fidelity: skipped — {f['skipped']}")
     else:
-        print(f"persona fidelity over {f['replies']} held-out prompts: with adapters "
-              f"{f['with_adapters']:.2f}, system prompt only {f['system_prompt_only']:.2f} "
-              f"(classifier on the reference replies: {f['reference']:.2f})")
+        print(
+            f"persona fidelity over {f['replies']} held-out prompts: with adapters "
+            f"{f['with_adapters']:.2f}, system prompt only {f['system_prompt_only']:.2f} "
+            f"(classifier on the reference replies: {f['reference']:.2f})"
+        )
     out = Path(__file__).resolve().parent / "results" / "llm.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

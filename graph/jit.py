@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from typing import Any, TypedDict
 
 from langchain_core.language_models import BaseChatModel
@@ -30,6 +27,7 @@ from langgraph.runtime import get_runtime
 
 from batos import settings
 from batos.errors import BatosError
+from graph import prompts as prompt_files
 from prototypes import kernel
 from prototypes.codex import load_codex
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
@@ -69,21 +67,22 @@ class JitState(TypedDict, total=False):
     result: str
 
 
-@cache
 def prompts() -> dict[str, Any]:
-    text = resources.files("graph").joinpath("prompts/jit.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return prompt_files.load("jit")
 
 
 def default_model_factory(persona: str, attempt: int = 0) -> BaseChatModel:
     """The persona's own model; a retry samples hotter, so it does not repeat the draft the
     findings were about (at the persona's low code temperature it often would)."""
-    from graph.models import chat_model
+    from graph.llm import chat_model
 
     if attempt == 0:
         return chat_model(persona, num_predict=DRAFT_MAX_TOKENS)
-    return chat_model(persona, num_predict=DRAFT_MAX_TOKENS,
-                      temperature=RETRY_TEMPERATURES[min(attempt, len(RETRY_TEMPERATURES)) - 1])
+    return chat_model(
+        persona,
+        num_predict=DRAFT_MAX_TOKENS,
+        temperature=RETRY_TEMPERATURES[min(attempt, len(RETRY_TEMPERATURES)) - 1],
+    )
 
 
 def _context() -> JitContext:
@@ -153,24 +152,29 @@ def _method_only(source: str, selector: str) -> str:
         tree = ast.parse(source)
     except SyntaxError:
         return source  # the audit reports it, with its line
-    keep = [node for node in tree.body
-            if isinstance(node, (ast.Import, ast.ImportFrom))
-            or isinstance(node, ast.FunctionDef) and node.name == selector]  # fmt: skip
+    keep = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        or isinstance(node, ast.FunctionDef)
+        and node.name == selector
+    ]
     if not any(isinstance(node, ast.FunctionDef) for node in keep) or len(keep) == len(tree.body):
         return source
     lines = source.splitlines(keepends=True)
-    first = [min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", []))])
-             for n in keep]  # fmt: skip
-    return "".join("".join(lines[start - 1:node.end_lineno])
-                   for start, node in zip(first, keep, strict=True))
+    first = [min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", []))]) for n in keep]
+    return "".join(
+        "".join(lines[start - 1 : node.end_lineno]) for start, node in zip(first, keep, strict=True)
+    )
 
 
 def _text(message: BaseMessage) -> str:
     content = message.content
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") if isinstance(part, dict) else str(part)
-                   for part in content)  # fmt: skip
+    return "".join(
+        part.get("text", "") if isinstance(part, dict) else str(part) for part in content
+    )
 
 
 def _model(context: JitContext, persona: str, attempt: int) -> BaseChatModel:
@@ -234,8 +238,11 @@ def invoke(state: JitState) -> JitState:
     findings = mission.invoke()
     if findings:
         return {"findings": findings}
-    return {"status": "installed", "result": kernel._short(mission.result),
-            "history": [r.as_dict() for r in mission.attempts]}  # fmt: skip
+    return {
+        "status": "installed",
+        "result": kernel._short(mission.result),
+        "history": [r.as_dict() for r in mission.attempts],
+    }
 
 
 def fail(state: JitState) -> JitState:
@@ -294,9 +301,10 @@ class JitRunner:
         self.attempts = attempts
         self.acceptance = acceptance
 
-    def _start(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
-               ) -> tuple[JitState, JitContext, dict[str, Any]]:  # fmt: skip
-        attempts = self.attempts or int(settings.get("jit_attempts"))  # type: ignore[call-overload]
+    def _start(
+        self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
+    ) -> tuple[JitState, JitContext, dict[str, Any]]:
+        attempts = self.attempts or settings.get_int("jit_attempts")
         context = JitContext(
             receiver=receiver,
             args=tuple(args),
@@ -319,14 +327,16 @@ class JitRunner:
             raise mission.failure()
         return mission.result
 
-    def send(self, receiver: UvmObject, selector: str, args: tuple = (),
-             kwargs: dict | None = None) -> Any:  # fmt: skip
+    def send(
+        self, receiver: UvmObject, selector: str, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         """Write, install and run ``selector`` for ``receiver``; its result."""
         state, context, config = self._start(receiver, selector, args, kwargs or {})
         return self._finish(graph.invoke(state, config=config, context=context), context)
 
-    async def asend(self, receiver: UvmObject, selector: str, args: tuple = (),
-                    kwargs: dict | None = None) -> Any:  # fmt: skip
+    async def asend(
+        self, receiver: UvmObject, selector: str, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         state, context, config = self._start(receiver, selector, args, kwargs or {})
         return self._finish(await graph.ainvoke(state, config=config, context=context), context)
 
@@ -346,4 +356,3 @@ def enable(
 def disable() -> None:
     """Unknown messages raise ``DoesNotUnderstand`` again."""
     kernel.install_handler(None)
-

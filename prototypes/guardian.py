@@ -84,18 +84,87 @@ MUTATING_METHODS = frozenset(
 
 # Node types a method may contain; anything else is a finding.
 _ALLOWED_NODES: tuple[type[ast.AST], ...] = (
-    ast.Module, ast.FunctionDef, ast.arguments, ast.arg, ast.Return, ast.Delete, ast.Assign,
-    ast.AugAssign, ast.AnnAssign, ast.For, ast.While, ast.If, ast.Raise, ast.Try,
-    ast.ExceptHandler, ast.Assert, ast.Import, ast.ImportFrom, ast.alias, ast.Expr, ast.Pass,
-    ast.Break, ast.Continue, ast.BoolOp, ast.NamedExpr, ast.BinOp, ast.UnaryOp, ast.Lambda,
-    ast.IfExp, ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
-    ast.comprehension, ast.Compare, ast.Call, ast.keyword, ast.FormattedValue, ast.JoinedStr,
-    ast.Constant, ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List, ast.Tuple,
-    ast.Slice, ast.Load, ast.Store, ast.Del, ast.And, ast.Or, ast.Add, ast.Sub, ast.Mult,
-    ast.Div, ast.Mod, ast.Pow, ast.LShift, ast.RShift, ast.BitOr, ast.BitXor, ast.BitAnd,
-    ast.FloorDiv, ast.Invert, ast.Not, ast.UAdd, ast.USub, ast.Eq, ast.NotEq, ast.Lt, ast.LtE,
-    ast.Gt, ast.GtE, ast.Is, ast.IsNot, ast.In, ast.NotIn,
-)  # fmt: skip
+    ast.Module,
+    ast.FunctionDef,
+    ast.arguments,
+    ast.arg,
+    ast.Return,
+    ast.Delete,
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.For,
+    ast.While,
+    ast.If,
+    ast.Raise,
+    ast.Try,
+    ast.ExceptHandler,
+    ast.Assert,
+    ast.Import,
+    ast.ImportFrom,
+    ast.alias,
+    ast.Expr,
+    ast.Pass,
+    ast.Break,
+    ast.Continue,
+    ast.BoolOp,
+    ast.NamedExpr,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Lambda,
+    ast.IfExp,
+    ast.Dict,
+    ast.Set,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.comprehension,
+    ast.Compare,
+    ast.Call,
+    ast.keyword,
+    ast.FormattedValue,
+    ast.JoinedStr,
+    ast.Constant,
+    ast.Attribute,
+    ast.Subscript,
+    ast.Starred,
+    ast.Name,
+    ast.List,
+    ast.Tuple,
+    ast.Slice,
+    ast.Load,
+    ast.Store,
+    ast.Del,
+    ast.And,
+    ast.Or,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.Mod,
+    ast.Pow,
+    ast.LShift,
+    ast.RShift,
+    ast.BitOr,
+    ast.BitXor,
+    ast.BitAnd,
+    ast.FloorDiv,
+    ast.Invert,
+    ast.Not,
+    ast.UAdd,
+    ast.USub,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Is,
+    ast.IsNot,
+    ast.In,
+    ast.NotIn,
+)
 
 
 @dataclass
@@ -129,8 +198,7 @@ class PersistenceGuardian(ast.NodeVisitor):
         if not self.selector.isidentifier() or self.selector.startswith("_"):
             self._add(None, f"selector {self.selector!r} must be a public identifier")
         if len(source) > MAX_SOURCE_CHARS:
-            self._add(None, f"source is {len(source)} characters; the limit is "
-                      f"{MAX_SOURCE_CHARS}")  # fmt: skip
+            self._add(None, f"source is {len(source)} characters; the limit is {MAX_SOURCE_CHARS}")
             return report
         try:
             tree = ast.parse(source, mode="exec")
@@ -163,13 +231,18 @@ class PersistenceGuardian(ast.NodeVisitor):
                 and isinstance(node.value.value, str)
             ):
                 continue
-            self._add(node, f"{type(node).__name__} outside the function: a method's source is "
-                      f"one 'def {self.selector}(self, ...)' (imports allowed), because code "
-                      "outside it would run when the method is loaded")  # fmt: skip
+            self._add(
+                node,
+                f"{type(node).__name__} outside the function: a method's source is "
+                f"one 'def {self.selector}(self, ...)' (imports allowed), because code "
+                "outside it would run when the method is loaded",
+            )
         if [d.name for d in defs] != [self.selector]:
             names = ", ".join(d.name for d in defs) or "none"
-            self._add(None, f"define exactly one top-level function named {self.selector!r} "
-                      f"(found: {names})")  # fmt: skip
+            self._add(
+                None,
+                f"define exactly one top-level function named {self.selector!r} (found: {names})",
+            )
             return
         fn = defs[0]
         first = (fn.args.posonlyargs + fn.args.args)[:1]
@@ -189,21 +262,28 @@ class PersistenceGuardian(ast.NodeVisitor):
         args = node.args
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
             if not _is_literal(default):
-                self._add(default, "default values must be literals (they run when the "
-                          "method is defined)")  # fmt: skip
+                self._add(
+                    default, "default values must be literals (they run when the method is defined)"
+                )
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
             if arg is not None:
                 self._check_name(arg, arg.arg)
                 if arg.annotation is not None and not _is_type_hint(arg.annotation):
-                    self._add(arg, "parameter annotations may only name types, like 'int' or "
-                              "'list[str]' (they run when the method is defined)")  # fmt: skip
+                    self._add(
+                        arg,
+                        "parameter annotations may only name types, like 'int' or "
+                        "'list[str]' (they run when the method is defined)",
+                    )
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         if node.decorator_list:
             self._add(node, "decorators are not allowed (they run when the method is defined)")
         if node.returns is not None and not _is_type_hint(node.returns):
-            self._add(node, "return annotations may only name types, like 'int' or "
-                      "'dict[str, int]' (they run when the method is defined)")  # fmt: skip
+            self._add(
+                node,
+                "return annotations may only name types, like 'int' or "
+                "'dict[str, int]' (they run when the method is defined)",
+            )
         self._check_name(node, node.name)
         self._check_signature(node)
         self._function_depth += 1
@@ -230,16 +310,22 @@ class PersistenceGuardian(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr.startswith("_"):
-            self._add(node, f"attribute {node.attr!r} starts with '_'; private and dunder "
-                      "attributes are not reachable")  # fmt: skip
+            self._add(
+                node,
+                f"attribute {node.attr!r} starts with '_'; private and dunder "
+                "attributes are not reachable",
+            )
         elif node.attr in DENIED_ATTRIBUTES:
             hint = "; use an f-string instead" if node.attr.startswith("format") else ""
             self._add(node, f"attribute {node.attr!r} is not allowed{hint}")
         elif isinstance(node.value, ast.Name) and node.value.id in self._modules:
             module = self._modules[node.value.id]
             if node.attr not in ALLOWED_IMPORTS[module]:
-                self._add(node, f"{module}.{node.attr} is not available; use one of "
-                          f"{', '.join(sorted(ALLOWED_IMPORTS[module]))}")  # fmt: skip
+                self._add(
+                    node,
+                    f"{module}.{node.attr} is not available; use one of "
+                    f"{', '.join(sorted(ALLOWED_IMPORTS[module]))}",
+                )
         self.visit(node.value)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -258,8 +344,11 @@ class PersistenceGuardian(ast.NodeVisitor):
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             if alias.name not in ALLOWED_IMPORTS:
-                self._add(node, f"import of {alias.name!r} is not allowed; allowed modules: "
-                          f"{', '.join(sorted(ALLOWED_IMPORTS))}")  # fmt: skip
+                self._add(
+                    node,
+                    f"import of {alias.name!r} is not allowed; allowed modules: "
+                    f"{', '.join(sorted(ALLOWED_IMPORTS))}",
+                )
             else:
                 self._modules[alias.asname or alias.name] = alias.name
             if alias.asname:
@@ -268,13 +357,19 @@ class PersistenceGuardian(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
         if node.level or module not in ALLOWED_IMPORTS:
-            self._add(node, f"import from {module!r} is not allowed; allowed modules: "
-                      f"{', '.join(sorted(ALLOWED_IMPORTS))}")  # fmt: skip
+            self._add(
+                node,
+                f"import from {module!r} is not allowed; allowed modules: "
+                f"{', '.join(sorted(ALLOWED_IMPORTS))}",
+            )
             return
         for alias in node.names:
             if alias.name not in ALLOWED_IMPORTS[module]:
-                self._add(node, f"{module}.{alias.name} is not available; use one of "
-                          f"{', '.join(sorted(ALLOWED_IMPORTS[module]))}")  # fmt: skip
+                self._add(
+                    node,
+                    f"{module}.{alias.name} is not available; use one of "
+                    f"{', '.join(sorted(ALLOWED_IMPORTS[module]))}",
+                )
             self._check_name(node, alias.asname or alias.name)
 
     def visit_Try(self, node: ast.Try) -> None:
@@ -283,8 +378,11 @@ class PersistenceGuardian(ast.NodeVisitor):
         for handler in node.handlers:
             caught = handler.type
             if caught is None:
-                self._add(handler, "bare 'except:' is not allowed; catch a specific error such "
-                          "as 'except ValueError:'")  # fmt: skip
+                self._add(
+                    handler,
+                    "bare 'except:' is not allowed; catch a specific error such "
+                    "as 'except ValueError:'",
+                )
         self.generic_visit(node)
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
@@ -322,11 +420,14 @@ class PersistenceGuardian(ast.NodeVisitor):
                     mutated[slot] = node
         for slot, node in mutated.items():
             if reassigned_after.get(slot, -1) < getattr(node, "lineno", 0):
-                self._add(node, f"persistence covenant: self.{slot} is changed in place but "
-                          f"never assigned again, so the change would be lost on reload; "
-                          f"change a copy and assign it back: '{slot} = list(self.{slot})' for "
-                          f"a list or '{slot} = dict(self.{slot})' for a dict, change '{slot}', "
-                          f"then 'self.{slot} = {slot}'")  # fmt: skip
+                self._add(
+                    node,
+                    f"persistence covenant: self.{slot} is changed in place but "
+                    f"never assigned again, so the change would be lost on reload; "
+                    f"change a copy and assign it back: '{slot} = list(self.{slot})' for "
+                    f"a list or '{slot} = dict(self.{slot})' for a dict, change '{slot}', "
+                    f"then 'self.{slot} = {slot}'",
+                )
 
 
 def _is_literal(node: ast.AST) -> bool:

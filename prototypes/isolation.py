@@ -53,15 +53,26 @@ MAX_REPORT_BYTES = 64 * 1024 * 1024
 SAFE_CLASSES: dict[tuple[str, str], type] = {
     (cls.__module__, cls.__qualname__): cls
     for cls in (
-        set, frozenset, complex, slice, range, bytearray,
-        PersistentList, PersistentMapping, UvmObject,
-        __import__("collections").OrderedDict, __import__("collections").Counter,
-        __import__("collections").defaultdict, __import__("collections").deque,
-        __import__("datetime").date, __import__("datetime").datetime,
-        __import__("datetime").timedelta, __import__("datetime").timezone,
+        set,
+        frozenset,
+        complex,
+        slice,
+        range,
+        bytearray,
+        PersistentList,
+        PersistentMapping,
+        UvmObject,
+        __import__("collections").OrderedDict,
+        __import__("collections").Counter,
+        __import__("collections").defaultdict,
+        __import__("collections").deque,
+        __import__("datetime").date,
+        __import__("datetime").datetime,
+        __import__("datetime").timedelta,
+        __import__("datetime").timezone,
         __import__("datetime").time,
     )
-}  # fmt: skip
+}
 #: Objects whose state the host accepts from a child.
 WRITABLE = (UvmObject, PersistentList, PersistentMapping)
 
@@ -159,6 +170,7 @@ def _state_digest(obj: persistent.Persistent) -> bytes:
 class IdentityPickler(pickle.Pickler):
     """Pickles a value with every persistent object in it but ``own`` as its identity: a
     change inside another persistent object is that object's, not ours."""
+
     def __init__(self, buffer: io.BytesIO, own: object) -> None:
         super().__init__(buffer, protocol=5)
         self.own = own
@@ -206,9 +218,14 @@ def _safe_class(cls: type) -> bool:
 
 
 def _child_main(
-    to_host: int, from_host: int, run: Callable[[], Any], jar: Any, known: dict[int, Any],
-    seconds: float, memory_mb: int,
-) -> None:  # fmt: skip
+    to_host: int,
+    from_host: int,
+    run: Callable[[], Any],
+    jar: Any,
+    known: dict[int, Any],
+    seconds: float,
+    memory_mb: int,
+) -> None:
     global _in_child
     _in_child = True
     status = 70
@@ -227,8 +244,11 @@ def _child_main(
             jar._storage = jar._normal_storage = _HostStorage(to_host, from_host)
             registered_before = len(jar._registered_objects)
             watched = list(jar._registered_objects)
-        watched += [o for o in known.values()
-                    if isinstance(o, WRITABLE) and getattr(o, "_p_jar", None) is None]  # fmt: skip
+        watched += [
+            o
+            for o in known.values()
+            if isinstance(o, WRITABLE) and getattr(o, "_p_jar", None) is None
+        ]
         digests = {id(o): _state_digest(o) for o in watched}
         try:
             result = run()
@@ -268,13 +288,16 @@ def _report(result: Any, changed: list[Any], known: dict[int, Any], jar: Any) ->
     except (_Unsendable, pickle.PicklingError, TypeError, AttributeError) as exc:
         raise SandboxViolation(
             "the method's result cannot leave the sandbox",
-            [f"the method returned {_describe_unsendable(exc)}: return plain data (numbers, "
-             "strings, lists, dicts, sets, tuples) or prototypes, not iterators, generators "
-             "or functions"],
+            [
+                f"the method returned {_describe_unsendable(exc)}: return plain data (numbers, "
+                "strings, lists, dicts, sets, tuples) or prototypes, not iterators, generators "
+                "or functions"
+            ],
         ) from None
     # New objects (no reference) travel by value inside whatever refers to them.
-    states = [(obj, obj.__getstate__()) for obj in changed
-              if pickler.persistent_id(obj) is not None]  # fmt: skip
+    states = [
+        (obj, obj.__getstate__()) for obj in changed if pickler.persistent_id(obj) is not None
+    ]
     try:
         pickler.dump(states)
     except (_Unsendable, pickle.PicklingError, TypeError, AttributeError):
@@ -284,9 +307,11 @@ def _report(result: Any, changed: list[Any], known: dict[int, Any], jar: Any) ->
             except (_Unsendable, pickle.PicklingError, TypeError, AttributeError) as exc:
                 raise SandboxViolation(
                     "the method stored a value the image cannot keep",
-                    [f"a slot of {_safe_repr(obj)} now holds {_describe_unsendable(exc)}: "
-                     "slots may hold plain data (numbers, strings, lists, dicts, sets, "
-                     "tuples) and prototypes only"],
+                    [
+                        f"a slot of {_safe_repr(obj)} now holds {_describe_unsendable(exc)}: "
+                        "slots may hold plain data (numbers, strings, lists, dicts, sets, "
+                        "tuples) and prototypes only"
+                    ],
                 ) from None
         raise
     return buffer.getvalue()
@@ -308,8 +333,11 @@ def _safe_repr(obj: Any) -> str:
 
 def _error_report(exc: BaseException) -> bytes:
     frames = traceback.extract_tb(exc.__traceback__)
-    where = [f"line {f.lineno}: {f.line}" if f.line else f"line {f.lineno}"
-             for f in frames if f.filename.startswith("<method")]  # fmt: skip
+    where = [
+        f"line {f.lineno}: {f.line}" if f.line else f"line {f.lineno}"
+        for f in frames
+        if f.filename.startswith("<method")
+    ]
     report = {
         "class": type(exc).__name__,
         "mro": [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"],
@@ -366,8 +394,11 @@ class _ReportUnpickler(pickle.Unpickler):
         if kind == "known" and isinstance(value, int) and value in self.known:
             return self.known[value]
         if kind == "oid" and isinstance(value, bytes) and self.jar is not None:
-            reachable = (value in self.served or self.jar._cache.get(value) is not None
-                         or value in self.jar._added)  # fmt: skip
+            reachable = (
+                value in self.served
+                or self.jar._cache.get(value) is not None
+                or value in self.jar._added
+            )
             if reachable:
                 return self.jar.get(value)
         raise pickle.UnpicklingError(f"reference {kind}:{value!r} was never given to the method")
@@ -375,14 +406,20 @@ class _ReportUnpickler(pickle.Unpickler):
 
 def _check_state(obj: Any, state: Any) -> None:
     if not isinstance(obj, WRITABLE):
-        raise SandboxViolation("the method changed an object it may not write",
-                               [f"a {type(obj).__name__} cannot be changed by a method"])
+        raise SandboxViolation(
+            "the method changed an object it may not write",
+            [f"a {type(obj).__name__} cannot be changed by a method"],
+        )
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-        raise SandboxViolation("the method sent a malformed object state",
-                               ["an object's state must be a mapping of slot names"])
+        raise SandboxViolation(
+            "the method sent a malformed object state",
+            ["an object's state must be a mapping of slot names"],
+        )
     if any(k.startswith(("_p_", "_v_")) for k in state):
-        raise SandboxViolation("the method sent a malformed object state",
-                               ["private persistence attributes cannot be set by a method"])
+        raise SandboxViolation(
+            "the method sent a malformed object state",
+            ["private persistence attributes cannot be set by a method"],
+        )
     if isinstance(obj, UvmObject):
         # A Method cannot be built from a report (it is not a safe class), so every one
         # here is an existing method the child kept, moved or left out.
@@ -390,11 +427,15 @@ def _check_state(obj: Any, state: Any) -> None:
         if not isinstance(methods, dict) or not all(
             isinstance(m, Method) and m.selector == name for name, m in methods.items()
         ):
-            raise SandboxViolation("the method sent a malformed object state",
-                                   ["methods can only be kept or removed by a method"])
+            raise SandboxViolation(
+                "the method sent a malformed object state",
+                ["methods can only be kept or removed by a method"],
+            )
     elif set(state) - {"data"}:
-        raise SandboxViolation("the method sent a malformed object state",
-                               ["a persistent container's state holds only its data"])
+        raise SandboxViolation(
+            "the method sent a malformed object state",
+            ["a persistent container's state holds only its data"],
+        )
 
 
 def _known_objects(roots: list[Any], jar: Any) -> dict[int, Any]:
@@ -441,15 +482,17 @@ def run(
     if pid == 0:
         os.close(to_host_r)
         os.close(from_host_w)
-        _child_main(to_host_w, from_host_r, lambda: fn(*args, **kwargs), jar, known,
-                    seconds, memory_mb)  # fmt: skip
+        _child_main(
+            to_host_w, from_host_r, lambda: fn(*args, **kwargs), jar, known, seconds, memory_mb
+        )
     os.close(to_host_w)
     os.close(from_host_r)
     os.set_blocking(from_host_w, False)
     served: set[bytes] = set()
     try:
-        kind, payload = _serve(pid, to_host_r, from_host_w, jar, served,
-                               seconds + GRACE_SECONDS, memory_mb)  # fmt: skip
+        kind, payload = _serve(
+            pid, to_host_r, from_host_w, jar, served, seconds + GRACE_SECONDS, memory_mb
+        )
     finally:
         os.close(to_host_r)
         os.close(from_host_w)
@@ -465,8 +508,9 @@ def run(
     return outcome.result
 
 
-def _serve(pid: int, inbox: int, outbox: int, jar: Any, served: set[bytes], timeout: float,
-           memory_mb: int) -> tuple[bytes, bytes]:  # fmt: skip
+def _serve(
+    pid: int, inbox: int, outbox: int, jar: Any, served: set[bytes], timeout: float, memory_mb: int
+) -> tuple[bytes, bytes]:
     """Answer the child's loads until it reports; kill it at the deadline."""
     deadline = time.monotonic() + timeout
     verdict: tuple[bytes, bytes] | None = None
@@ -494,10 +538,11 @@ def _serve(pid: int, inbox: int, outbox: int, jar: Any, served: set[bytes], time
     except TimeoutError:
         _kill(pid)
         raise SandboxLimitExceeded(
-            f"the method ran longer than {timeout - GRACE_SECONDS:g} s and its process was "
-            "stopped",
-            [f"time limit of {timeout - GRACE_SECONDS:g} s exceeded: avoid unbounded loops "
-             "and huge computations"],
+            f"the method ran longer than {timeout - GRACE_SECONDS:g} s and its process was stopped",
+            [
+                f"time limit of {timeout - GRACE_SECONDS:g} s exceeded: avoid unbounded loops "
+                "and huge computations"
+            ],
         ) from None
     except (_ChildGone, OSError, struct.error):
         status = _kill(pid)
@@ -521,12 +566,16 @@ def _death(status: int, memory_mb: int) -> GeneratedCodeError:
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name
         if sig == "SIGXCPU":
-            return SandboxLimitExceeded("the method used up its CPU time and was stopped",
-                                        ["CPU time limit exceeded: avoid huge computations"])
+            return SandboxLimitExceeded(
+                "the method used up its CPU time and was stopped",
+                ["CPU time limit exceeded: avoid huge computations"],
+            )
         return SandboxViolation(
             f"the method's process died of {sig}",
-            [f"the method crashed its process ({sig}): it built something too deep or too "
-             f"large for the interpreter (memory limit {memory_mb} MiB)"],
+            [
+                f"the method crashed its process ({sig}): it built something too deep or too "
+                f"large for the interpreter (memory limit {memory_mb} MiB)"
+            ],
         )
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
     return SandboxViolation(
@@ -540,17 +589,28 @@ def _unpack(payload: bytes, known: dict[int, Any], jar: Any, served: set[bytes])
     try:
         result = unpickler.load()
         states = unpickler.load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            KeyError, IndexError) as exc:  # fmt: skip
-        raise SandboxViolation("the host refused what the method sent back",
-                               [f"its report could not be read safely: {exc}"]) from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        KeyError,
+        IndexError,
+    ) as exc:
+        raise SandboxViolation(
+            "the host refused what the method sent back",
+            [f"its report could not be read safely: {exc}"],
+        ) from None
     if not isinstance(states, list):
-        raise SandboxViolation("the host refused what the method sent back",
-                               ["its report is malformed"])
+        raise SandboxViolation(
+            "the host refused what the method sent back", ["its report is malformed"]
+        )
     for entry in states:
         if not (isinstance(entry, tuple) and len(entry) == 2):
-            raise SandboxViolation("the host refused what the method sent back",
-                                   ["its report is malformed"])
+            raise SandboxViolation(
+                "the host refused what the method sent back", ["its report is malformed"]
+            )
         _check_state(*entry)
     return Outcome(result, states)
 
@@ -580,5 +640,7 @@ def _rebuild_error(payload: bytes) -> BaseException:
             if where:
                 exc.add_note(f"at {where}")
             return exc
-    return SandboxViolation(f"the method raised {name}, which the sandbox contains",
-                            [f"{name} may not leave a method: raise an Exception subclass"])
+    return SandboxViolation(
+        f"the method raised {name}, which the sandbox contains",
+        [f"{name} may not leave a method: raise an Exception subclass"],
+    )

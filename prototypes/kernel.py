@@ -188,8 +188,12 @@ class AttemptRecord:
     findings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "source": self.source, "stage": self.stage,
-                "findings": list(self.findings)}  # fmt: skip
+        return {
+            "number": self.number,
+            "source": self.source,
+            "stage": self.stage,
+            "findings": list(self.findings),
+        }
 
 
 class Mission:
@@ -261,8 +265,9 @@ class Mission:
             finally:
                 delattr(target, selector)
 
-        outcome = sandbox.run_isolated(installed_for_the_trial, self.receiver, *self.args,
-                                       **self.kwargs)  # fmt: skip
+        outcome = sandbox.run_isolated(
+            installed_for_the_trial, self.receiver, *self.args, **self.kwargs
+        )
         if not outcome.ok:
             findings = list(outcome.findings) or [outcome.summary]
             return self._record(source, "trial", findings).findings
@@ -301,12 +306,16 @@ class Mission:
             findings = []
             if self.acceptance is not None and not self.acceptance(result):
                 # The check may look at the slots as well as the result: show both.
-                slots = ", ".join(f"{k}={_short(v, 60)}" for k, v in sorted(
-                    self.receiver._slots().items()) if not isinstance(v, Method)
-                    and not k.endswith("*") and k != "intents")
-                findings = [f"called with {_short(self.args)} it returned {_short(result)} and "
-                            f"left the slots as {{{slots}}}, which is not what the intent asks "
-                            "for: check the result and every slot the intent says to change"]
+                slots = ", ".join(
+                    f"{k}={_short(v, 60)}"
+                    for k, v in sorted(self.receiver._slots().items())
+                    if not isinstance(v, Method) and not k.endswith("*") and k != "intents"
+                )
+                findings = [
+                    f"called with {_short(self.args)} it returned {_short(result)} and "
+                    f"left the slots as {{{slots}}}, which is not what the intent asks "
+                    "for: check the result and every slot the intent says to change"
+                ]
         except GeneratedCodeError as exc:
             findings = exc.findings or [exc.message]
         except Exception as exc:
@@ -377,8 +386,9 @@ def add_method(
     sandbox.compile_sandboxed(selector, source)
     if not intent:
         intent, _ = intent_for(target, selector)
-    method = Method(selector, source, intent=intent, author=author, compiler="sandbox",
-                    audit=report.as_dict())  # fmt: skip
+    method = Method(
+        selector, source, intent=intent, author=author, compiler="sandbox", audit=report.as_dict()
+    )
     return target._add_method(method)
 
 
@@ -393,8 +403,7 @@ def generated_methods(obj: UvmObject) -> list[Method]:
 class MissionRunner(Protocol):
     def send(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict) -> Any: ...
 
-    async def asend(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict) -> Any:
-        ...
+    async def asend(self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict) -> Any: ...
 
 
 class PendingMessage:
@@ -429,4 +438,3 @@ def install_handler(runner: MissionRunner | None) -> None:
         return PendingMessage(receiver, selector, runner)
 
     set_dnu_handler(handler)
-

@@ -115,8 +115,7 @@ def _violation(message: str) -> SandboxViolation:
 
 
 def _check_value(value: Any) -> Any:
-    if isinstance(value, (types.ModuleType, types.FrameType, types.CodeType,
-                          types.TracebackType)):  # fmt: skip
+    if isinstance(value, (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)):
         raise _violation(f"a method may not hold a {type(value).__name__} object")
     module = getattr(type(value), "__module__", "") or ""
     if module.split(".")[0] in FORBIDDEN_MODULES:
@@ -241,8 +240,9 @@ def guarded_binop(op: str, left: Any, right: Any) -> Any:
         if isinstance(left, int) and isinstance(right, int) and right > 0:
             bits = max(abs(left).bit_length(), 1) * right
             if abs(left) > 1 and bits > MAX_INT_BITS:
-                raise _violation(f"{left} ** {right} would have about {bits} bits; the limit "
-                                 f"is {MAX_INT_BITS}")  # fmt: skip
+                raise _violation(
+                    f"{left} ** {right} would have about {bits} bits; the limit is {MAX_INT_BITS}"
+                )
         return left**right
     if op == "<<":
         if isinstance(right, int) and right > MAX_INT_BITS:
@@ -252,18 +252,26 @@ def guarded_binop(op: str, left: Any, right: Any) -> Any:
         for seq, count in ((left, right), (right, left)):
             if isinstance(count, int) and not isinstance(seq, (int, float, complex, bool)):
                 if _size(seq) * count > MAX_RESULT_ITEMS:
-                    raise _violation(f"repeating a sequence {count} times exceeds the limit of "
-                                     f"{MAX_RESULT_ITEMS} items")  # fmt: skip
+                    raise _violation(
+                        f"repeating a sequence {count} times exceeds the limit of "
+                        f"{MAX_RESULT_ITEMS} items"
+                    )
         return left * right
     raise _violation(f"operator {op!r} is not guarded")
 
 
 _INPLACE = {
-    "+=": lambda a, b: a + b, "-=": lambda a, b: a - b, "/=": lambda a, b: a / b,
-    "//=": lambda a, b: a // b, "%=": lambda a, b: a % b, "|=": lambda a, b: a | b,
-    "&=": lambda a, b: a & b, "^=": lambda a, b: a ^ b, ">>=": lambda a, b: a >> b,
+    "+=": lambda a, b: a + b,
+    "-=": lambda a, b: a - b,
+    "/=": lambda a, b: a / b,
+    "//=": lambda a, b: a // b,
+    "%=": lambda a, b: a % b,
+    "|=": lambda a, b: a | b,
+    "&=": lambda a, b: a & b,
+    "^=": lambda a, b: a ^ b,
+    ">>=": lambda a, b: a >> b,
     "@=": lambda a, b: a @ b,
-}  # fmt: skip
+}
 _GUARDED_INPLACE = {"*=": "*", "**=": "**", "<<=": "<<"}
 
 
@@ -279,8 +287,7 @@ def guarded_inplacevar(op: str, left: Any, right: Any) -> Any:
 def guarded_range(*args: int) -> range:
     span = range(*args)
     if len(span) > MAX_RESULT_ITEMS * 10:
-        raise _violation(f"range of {len(span)} items exceeds the limit of "
-                         f"{MAX_RESULT_ITEMS * 10}")  # fmt: skip
+        raise _violation(f"range of {len(span)} items exceeds the limit of {MAX_RESULT_ITEMS * 10}")
     return span
 
 
@@ -307,8 +314,10 @@ class CuratedModule:
         try:
             return self._names[attr]
         except KeyError:
-            raise AttributeError(f"{self._name}.{attr} is not available in the sandbox; "
-                                 f"available: {', '.join(sorted(self._names))}") from None
+            raise AttributeError(
+                f"{self._name}.{attr} is not available in the sandbox; "
+                f"available: {', '.join(sorted(self._names))}"
+            ) from None
 
     def __setattr__(self, attr: str, value: Any) -> None:
         raise _violation(f"{self._name} is read-only")
@@ -357,15 +366,17 @@ def _curated(name: str) -> CuratedModule:
 
     module = importlib.import_module(name)
     guarded = _GUARDED_FUNCTIONS.get(name, {})
-    return CuratedModule(name, {n: guarded.get(n) or getattr(module, n)
-                                for n in guardian.ALLOWED_IMPORTS[name]})  # fmt: skip
+    return CuratedModule(
+        name, {n: guarded.get(n) or getattr(module, n) for n in guardian.ALLOWED_IMPORTS[name]}
+    )
 
 
 _CURATED: dict[str, CuratedModule] = {}
 
 
-def guarded_import(name: str, globals: Any = None, locals: Any = None,
-                   fromlist: Any = (), level: int = 0) -> CuratedModule:  # fmt: skip
+def guarded_import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> CuratedModule:
     if level or name not in guardian.ALLOWED_IMPORTS:
         raise _violation(f"import of {name!r} is not allowed")
     for attr in fromlist or ():
@@ -379,8 +390,11 @@ def guarded_import(name: str, globals: Any = None, locals: Any = None,
 def _builtins() -> dict[str, Any]:
     import builtins
 
-    table = {name: getattr(builtins, name) for name in guardian.ALLOWED_BUILTINS
-             if hasattr(builtins, name)}  # fmt: skip
+    table = {
+        name: getattr(builtins, name)
+        for name in guardian.ALLOWED_BUILTINS
+        if hasattr(builtins, name)
+    }
     table.update(
         getattr=guarded_getattr,
         hasattr=guarded_hasattr,
@@ -447,7 +461,6 @@ class BatosPolicy(RestrictingNodeTransformer):
             return self.visit(assign)
         return super().visit_AugAssign(node)
 
-
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> Any:
         # A bare ``except:`` would catch the watchdog's timeout and keep the code alive:
         # it becomes ``except Exception:``, which the timeout (a BaseException) passes through.
@@ -499,9 +512,11 @@ def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
         if isolation.inside_child() or isolation_mode() == "host":
             return call_checked(fn, args, kwargs)
         return isolation.run(
-            lambda *a, **k: call_checked(fn, a, k), args, kwargs,
-            seconds=float(settings.get("sandbox_seconds")),  # type: ignore[arg-type]
-            memory_mb=int(settings.get("sandbox_memory_mb")),  # type: ignore[call-overload]
+            lambda *a, **k: call_checked(fn, a, k),
+            args,
+            kwargs,
+            seconds=settings.get_float("sandbox_seconds"),
+            memory_mb=settings.get_int("sandbox_memory_mb"),
         )
 
     guarded.__name__ = fn.__name__
@@ -616,8 +631,8 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     if getattr(_state, "depth", 0):
         return fn(*args, **kwargs)
-    seconds = float(settings.get("sandbox_seconds"))  # type: ignore[arg-type]
-    memory_mb = int(settings.get("sandbox_memory_mb"))  # type: ignore[call-overload]
+    seconds = settings.get_float("sandbox_seconds")
+    memory_mb = settings.get_int("sandbox_memory_mb")
     _state.depth = 1
     _state.violations = violations = []
     dog = _Watchdog(seconds)
@@ -662,18 +677,26 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def isolation_mode() -> str:
-    mode = str(settings.get("sandbox_isolation"))
+    mode = settings.get_str("sandbox_isolation")
     if mode == "process" and not hasattr(os, "fork"):
         from batos.errors import ConfigurationError
 
-        raise ConfigurationError("process isolation needs os.fork, which this platform lacks",
-                                 hint="set BATOS_SANDBOX_ISOLATION=host")  # fmt: skip
+        raise ConfigurationError(
+            "process isolation needs os.fork, which this platform lacks",
+            hint="set BATOS_SANDBOX_ISOLATION=host",
+        )
     return mode
 
 
 #: Results that would run code later, in the host, outside every limit.
-_DEFERRED = (collections.abc.Iterator, collections.abc.Generator, types.FunctionType,
-             types.BuiltinFunctionType, types.MethodType, types.CoroutineType)  # fmt: skip
+_DEFERRED = (
+    collections.abc.Iterator,
+    collections.abc.Generator,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CoroutineType,
+)
 
 
 def call_checked(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -684,11 +707,16 @@ def call_checked(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) ->
     before = [slot_digests(obj) for obj in watched]
     with watch_writes() as writes:
         result = call_limited(fn, *args, **kwargs)
-    findings = [f for obj, digests in zip(watched, before, strict=True)
-                for f in covenant_findings(obj, digests, writes, receiver)]  # fmt: skip
+    findings = [
+        f
+        for obj, digests in zip(watched, before, strict=True)
+        for f in covenant_findings(obj, digests, writes, receiver)
+    ]
     if isinstance(result, _DEFERRED):
-        findings.append(f"the method returned a {type(result).__name__}, which would run later "
-                        "outside the sandbox's limits: return a list or another plain value")
+        findings.append(
+            f"the method returned a {type(result).__name__}, which would run later "
+            "outside the sandbox's limits: return a list or another plain value"
+        )
     if findings:
         raise SandboxViolation("the method broke a rule of the image", findings)
     return result
@@ -721,21 +749,27 @@ def slot_digests(obj: UvmObject) -> dict[str, str]:
 
 
 def covenant_findings(
-    obj: UvmObject, before: dict[str, str], writes: set[tuple[int, str]],
+    obj: UvmObject,
+    before: dict[str, str],
+    writes: set[tuple[int, str]],
     receiver: UvmObject | None = None,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """What a call did to ``obj``'s slots that the image would not keep."""
     who = "self" if obj is receiver or receiver is None else repr(obj)
     findings = []
     for name, digest in slot_digests(obj).items():
         written = (id(obj), name) in writes
         if digest.startswith(_UNSTORABLE) and (written or before.get(name) != digest):
-            findings.append(f"{who}.{name} now holds a {digest[len(_UNSTORABLE):]}, which the "
-                            "image cannot store: keep plain data and prototypes in slots")
+            findings.append(
+                f"{who}.{name} now holds a {digest[len(_UNSTORABLE) :]}, which the "
+                "image cannot store: keep plain data and prototypes in slots"
+            )
         elif before.get(name, digest) != digest and not written:
-            findings.append(f"persistence covenant: {who}.{name} changed in place without "
-                            f"'{who}.{name} = ...'; the change would be lost on reload — assign "
-                            "the slot after changing it")
+            findings.append(
+                f"persistence covenant: {who}.{name} changed in place without "
+                f"'{who}.{name} = ...'; the change would be lost on reload — assign "
+                "the slot after changing it"
+            )
     return findings
 
 
@@ -764,16 +798,14 @@ def run_isolated(
     its result and changes back; the host checks them as it would for a real call, then drops
     them. Whatever the code does, the host only reads a verdict.
     """
-    seconds = float(seconds or settings.get("sandbox_seconds"))  # type: ignore[arg-type]
-    memory_mb = int(memory_mb or settings.get("sandbox_memory_mb"))  # type: ignore[call-overload]
+    seconds = float(seconds or settings.get_float("sandbox_seconds"))
+    memory_mb = int(memory_mb or settings.get_int("sandbox_memory_mb"))
     try:
-        result = isolation.run(fn, args, kwargs, seconds=seconds, memory_mb=memory_mb,
-                               apply=False)  # fmt: skip
+        result = isolation.run(fn, args, kwargs, seconds=seconds, memory_mb=memory_mb, apply=False)
     except GeneratedCodeError as exc:
         return IsolatedOutcome(False, exc.reason, tuple(exc.findings) or (exc.reason,))
     except Exception as exc:
-        return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}",
-                               (describe_exception(exc),))
+        return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}", (describe_exception(exc),))
     return IsolatedOutcome(True, _short_repr(result))
 
 
@@ -783,8 +815,7 @@ def describe_exception(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
     # A call isolated in a child process carries its line as a note instead of frames.
-    where = f" at {lines[-1]}" if lines else "".join(
-        f" {n}" for n in getattr(exc, "__notes__", ()))
+    where = f" at {lines[-1]}" if lines else "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
     text = f"the method raised {type(exc).__name__}: {exc}{where}"
     missing = re.match(r"name '(\w+)' is not defined", str(exc))
     if isinstance(exc, NameError) and missing and missing.group(1) in guardian.ALLOWED_IMPORTS:

@@ -225,8 +225,9 @@ class Change:
         listed as added."""
         gone = set(other.removed)
         if gone.intersection(self.added):
-            kept = [(i, v) for i, v in zip(self.added, self.added_vectors, strict=True)
-                    if i not in gone]  # fmt: skip
+            kept = [
+                (i, v) for i, v in zip(self.added, self.added_vectors, strict=True) if i not in gone
+            ]
             self.added = [i for i, _ in kept]
             self.added_vectors = [v for _, v in kept]
         self.added.extend(other.added)
@@ -478,8 +479,9 @@ class KnowledgeCatalog:
             if lexical.version is None or lexical.stale:
                 started = time.perf_counter()
                 lexical.load(index)
-                log.info("loaded %d chunk lengths in %.2fs", len(lexical),
-                         time.perf_counter() - started)  # fmt: skip
+                log.info(
+                    "loaded %d chunk lengths in %.2fs", len(lexical), time.perf_counter() - started
+                )
             else:
                 stored = np.fromiter(cat["chunks"].keys(), dtype=np.int64)
                 cached = lexical.ids()

@@ -97,9 +97,7 @@ def stored_type(stored: Any) -> str:
     return stored.type if isinstance(stored, Payload) else stored[0]
 
 
-def add_writes(
-    writes: Writes, task_writes: TaskWrites, encoder: Callable[[Typed], Any]
-) -> bool:
+def add_writes(writes: Writes, task_writes: TaskWrites, encoder: Callable[[Typed], Any]) -> bool:
     """Add one put_writes call to ``writes``; returns whether anything changed.
 
     A task retried after a crash sends its regular writes again: the first ones stay. Special

@@ -92,6 +92,7 @@ MAX_CONNECTIONS = 16
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
 
+
 class _ExplicitTransactions(transaction.TransactionManager):
     """An explicit transaction manager whose ``abort`` is a no-op outside a transaction.
 
@@ -240,11 +241,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         self.image = image
         upgrade(image, CHECKPOINT_STEPS)
         self._blob_threshold: int | None = (
-            (blob_threshold or int(settings.get("checkpoint_blob_bytes")))
+            (blob_threshold or settings.get_int("checkpoint_blob_bytes"))
             if IBlobStorage.providedBy(image.db.storage)
             else None
         )
-        self._attempts = 1 + int(settings.get("tx_retries"))
+        self._attempts = 1 + settings.get_int("tx_retries")
         self._pool = _ConnectionPool(image, max_connections)
         self._parking = ParkedWrites()
 
@@ -287,9 +288,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                     # The usual conflict is a sibling put of the same graph run, already
                     # committed: retrying at once succeeds. Back off only if it persists.
                     if attempt > 1:
-                        time.sleep(
-                            min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random())
-                        )
+                        time.sleep(min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random()))
                 except BaseException:
                     tm.abort()
                     raise
@@ -769,7 +768,7 @@ async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSav
     Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
     ``langgraph up`` keep their threads in the living image.
     """
-    uri = uri or str(settings.get("image"))
+    uri = uri or settings.get_str("image")
     loop = asyncio.get_running_loop()
     image = await loop.run_in_executor(None, acquire_shared, uri)
     try:

@@ -111,7 +111,7 @@ class Curator:
     ) -> None:
         self.catalog = catalog
         self.summarize = summarize
-        self.max_chunks = max_chunks or int(settings.get("catalog_max_chunks"))
+        self.max_chunks = max_chunks or settings.get_int("catalog_max_chunks")
         self.similarity = similarity
         self.min_age_seconds = min_age_seconds
         self.cold_after = cold_after

@@ -110,7 +110,7 @@ def actor() -> str:
 
 
 def default_uri() -> str:
-    return str(settings.get("image"))
+    return settings.get_str("image")
 
 
 def _with_default_blobs(uri: str) -> str:
@@ -126,7 +126,7 @@ def _with_default_blobs(uri: str) -> str:
     elif parts.scheme == "zeo":
         if "blob_dir" not in query:
             label = (parts.netloc or Path(parts.path).name).replace(":", "_")
-            query["blob_dir"] = str(Path(str(settings.get("home"))) / "zeo-blob-cache" / label)
+            query["blob_dir"] = str(Path(settings.get_str("home")) / "zeo-blob-cache" / label)
         query.setdefault("wait_timeout", str(ZEO_CONNECT_TIMEOUT))
     else:
         return uri
@@ -390,7 +390,7 @@ class LivingImage:
         The transaction records ``user`` (default: ``actor()``, the OS user and the command)
         and ``note``, which ``history`` lists.
         """
-        attempts = 1 + (retries if retries is not None else int(settings.get("tx_retries")))
+        attempts = 1 + (retries if retries is not None else settings.get_int("tx_retries"))
         with self.connection() as conn:
             tm = conn.transaction_manager
             for attempt in range(1, attempts + 1):

@@ -58,7 +58,7 @@ class IngestReport:
 
 def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str, str]:
     """(text, format, content hash) of one file, or a ``DocumentError`` saying what is wrong."""
-    limit = max_bytes if max_bytes is not None else int(settings.get("catalog_max_bytes"))
+    limit = max_bytes if max_bytes is not None else settings.get_int("catalog_max_bytes")
     try:
         size = path.stat().st_size
         if size > limit:
@@ -178,7 +178,7 @@ def prepare(
     """Chunk and embed one document's text (slow; runs outside any transaction)."""
     # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
     # budget would make chunks whose tail is never embedded.
-    max_tokens = min(int(settings.get("catalog_chunk_tokens")), catalog.embedder.max_tokens - 2)
+    max_tokens = min(settings.get_int("catalog_chunk_tokens"), catalog.embedder.max_tokens - 2)
     pieces = chunk(text, catalog.embedder, max_tokens=max_tokens)
     if not pieces:
         raise DocumentError(f"{source} produced no chunks")
@@ -253,7 +253,7 @@ def ingest_paths(
 ) -> IngestReport:
     """Ingest files (folders are walked); ``on_file(path, outcome)`` follows the progress."""
     report = IngestReport()
-    commit_chunks = int(settings.get("catalog_commit_chunks"))
+    commit_chunks = settings.get_int("catalog_commit_chunks")
     batch: list[PreparedDocument] = []
     paths_of: dict[str, Path] = {}
 

@@ -324,7 +324,7 @@ async def make_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
 async def open_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
     """An ``ImageStore`` sharing the process's open image with the checkpointer, since a
     file:// image can be opened only once per process."""
-    uri = uri or str(settings.get("image"))
+    uri = uri or settings.get_str("image")
     loop = asyncio.get_running_loop()
     image = await loop.run_in_executor(None, acquire_shared, uri)
     try:

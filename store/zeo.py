@@ -99,9 +99,7 @@ class ZeoServer:
             )
         self._prepare_image()
         self._log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=self._log
-        )
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
             if self.process.poll() is not None:

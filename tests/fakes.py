@@ -26,8 +26,9 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
-    def enqueue(self, *replies: str | AIMessage | BaseException | Callable[..., Any]
-                ) -> ScriptedChatModel:  # fmt: skip
+    def enqueue(
+        self, *replies: str | AIMessage | BaseException | Callable[..., Any]
+    ) -> ScriptedChatModel:
         self.replies.extend(replies)
         return self
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from batos.errors import CatalogError
+from graph.retrieval import cited_context, retrieval_node
 from store.catalog import KnowledgeCatalog
 from store.chunking import chunk, sentences
 from store.embeddings import Embedder
 from store.image import LivingImage
 from store.ingest import ingest_text
-from store.retrieval import cited_context, retrieval_node
 from store.zeo import ZeoServer
 
 CATS = (

@@ -116,7 +116,8 @@ async def test_conformance_through_zeo(tmp_path: Path) -> None:
 def test_graph_state_survives_reopening_the_image(file_uri: str) -> None:
     with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
         assert chain_graph(s).invoke({"n": 0, "log": []}, cfg("t1")) == {
-            "n": 3, "log": ["n0", "n1", "n2"],
+            "n": 3,
+            "log": ["n0", "n1", "n2"],
         }
     with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
         graph = chain_graph(s)
@@ -239,7 +240,7 @@ def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> N
         values = latest_record(s, "big").values
         assert isinstance(values["log"], Payload) and values["log"].blob is not None
         assert isinstance(values["n"], tuple)
-    blob_files = list(Path(file_uri[len("file://"):] + ".blobs").rglob("*.blob"))
+    blob_files = list(Path(file_uri[len("file://") :] + ".blobs").rglob("*.blob"))
     assert blob_files
 
 
@@ -317,11 +318,16 @@ def _layout_1_thread(memory: InMemorySaver, thread_id: str) -> Any:
         for checkpoint_id, (body, metadata, parent_id) in checkpoints.items():
             versions = memory.serde.loads_typed(body)["channel_versions"]
             record = CheckpointRecord.__new__(CheckpointRecord)
-            record.__setstate__({
-                "checkpoint": body, "metadata": metadata, "parent_id": parent_id,
-                "run_id": None, "size": len(body[1]),
-                "versions": tuple((channel, str(v)) for channel, v in versions.items()),
-            })
+            record.__setstate__(
+                {
+                    "checkpoint": body,
+                    "metadata": metadata,
+                    "parent_id": parent_id,
+                    "run_id": None,
+                    "size": len(body[1]),
+                    "versions": tuple((channel, str(v)) for channel, v in versions.items()),
+                }
+            )
             old[checkpoint_id] = record
     for (tid, ns, channel, version), typed in memory.blobs.items():
         if tid == thread_id:  # layout 1 keyed values (ns, channel, version)
@@ -354,8 +360,13 @@ def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> 
 
     def history(saver: Any) -> list:
         return [
-            (c.config, c.checkpoint, c.metadata, c.parent_config,
-             sorted(c.pending_writes or [], key=repr))
+            (
+                c.config,
+                c.checkpoint,
+                c.metadata,
+                c.parent_config,
+                sorted(c.pending_writes or [], key=repr),
+            )
             for c in saver.list(cfg("old"))
         ]
 
@@ -471,11 +482,13 @@ def test_put_needs_its_parent_in_the_same_namespace(saver: ZODBSaver) -> None:
     root = saver.put(cfg("ns", checkpoint_ns=""), generate_checkpoint(), {}, {})
     parent_id = root["configurable"]["checkpoint_id"]
     with pytest.raises(CheckpointNotFound, match="child"):
-        saver.put(cfg("ns", checkpoint_ns="child", checkpoint_id=parent_id),
-                  generate_checkpoint(), {}, {})
+        saver.put(
+            cfg("ns", checkpoint_ns="child", checkpoint_id=parent_id), generate_checkpoint(), {}, {}
+        )
     with pytest.raises(CheckpointNotFound):
-        saver.put(cfg("other", checkpoint_ns="", checkpoint_id=parent_id),
-                  generate_checkpoint(), {}, {})
+        saver.put(
+            cfg("other", checkpoint_ns="", checkpoint_id=parent_id), generate_checkpoint(), {}, {}
+        )
     saver.put(root, generate_checkpoint(), {}, {})
     assert len(list(saver.list(cfg("ns")))) == 2
 
@@ -502,8 +515,7 @@ def test_subgraphs_interrupts_and_time_travel_keep_their_parents(saver: ZODBSave
     assert graph.get_state(cfg("sub"), subgraphs=True).tasks[0].state.next == ("ask",)
     done = graph.invoke(Command(resume=10), cfg("sub"))
     assert done["n"] == 13
-    assert any(ns for ns in {c.config["configurable"]["checkpoint_ns"]
-                             for c in saver.list(None)})
+    assert any(ns for ns in {c.config["configurable"]["checkpoint_ns"] for c in saver.list(None)})
     past = next(h for h in graph.get_state_history(cfg("sub")) if h.next == ("inner",))
     graph.invoke(None, past.config)  # replay: the subgraph interrupts again
     assert graph.invoke(Command(resume=20), cfg("sub"))["n"] == 23
@@ -569,7 +581,9 @@ def test_writes_before_their_checkpoint_are_stored_by_its_put(file_saver: ZODBSa
     file_saver.put(cfg("early", checkpoint_ns=""), checkpoint, {}, {"x": "1"})
     assert transactions(file_saver.image) == before[0] + 1  # checkpoint and writes together
     assert file_saver.get_tuple(config).pending_writes == [
-        ("task-2", "ch", "c"), ("task-1", "ch", "a"), ("task-1", "other", "b"),
+        ("task-2", "ch", "c"),
+        ("task-1", "ch", "a"),
+        ("task-1", "other", "b"),
     ]
     assert file_saver._parking.parked() == 0
     file_saver.put_writes(config, [("ch", "late")], "task-3")  # stored at once now

@@ -21,7 +21,7 @@ from store.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
-GRAPH_MODULE = '''
+GRAPH_MODULE = """
 import os, time, operator
 from pathlib import Path
 from typing import Annotated, TypedDict
@@ -50,9 +50,9 @@ builder.add_edge("first", "slow")
 builder.add_edge("slow", "last")
 builder.add_edge("last", END)
 graph = builder.compile()
-'''
+"""
 
-RUNNER = '''
+RUNNER = """
 import json, sys
 from store.image import LivingImage
 from store.checkpointer import ZODBSaver
@@ -62,7 +62,7 @@ uri, thread, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
     graph = builder.compile(checkpointer=saver)
     print(json.dumps(graph.invoke(payload, {"configurable": {"thread_id": thread}})))
-'''
+"""
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -127,7 +127,7 @@ def test_cli_lists_prunes_and_packs(
         graph = builder.compile(checkpointer=saver)
         for thread in ("alpha", "beta"):
             graph.invoke({"n": 1, "log": ["x" * 5000]}, {"configurable": {"thread_id": thread}})
-    size_before = Path(file_uri[len("file://"):]).stat().st_size
+    size_before = Path(file_uri[len("file://") :]).stat().st_size
 
     assert batos(["--image", file_uri, "threads"]) == 0
     out = capsys.readouterr().out
@@ -142,12 +142,15 @@ def test_cli_lists_prunes_and_packs(
     assert batos(["--image", file_uri, "prune", "--keep", "1", "gamma"]) == 8
     assert batos(["--image", file_uri, "pack"]) == 0
     assert "packed" in capsys.readouterr().out
-    assert Path(file_uri[len("file://"):]).stat().st_size < size_before
+    assert Path(file_uri[len("file://") :]).stat().st_size < size_before
     with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
         assert len(list(saver.list({"configurable": {"thread_id": "alpha"}}))) == 2
-        assert saver.get_tuple({"configurable": {"thread_id": "beta"}}).checkpoint[
-            "channel_values"
-        ]["n"] == 22
+        assert (
+            saver.get_tuple({"configurable": {"thread_id": "beta"}}).checkpoint["channel_values"][
+                "n"
+            ]
+            == 22
+        )
 
 
 @pytest.mark.slow
@@ -172,9 +175,20 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
     }
     with log_path.open("w") as log:
         server = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload",
-             "--port", str(port), "--host", "127.0.0.1"],
-            cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(REPO / ".venv" / "bin" / "langgraph"),
+                "dev",
+                "--no-browser",
+                "--no-reload",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+            ],
+            cwd=project,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
@@ -212,7 +226,8 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
     assert "Using custom checkpointer: ZODBSaver" in text, text[-4000:]
     assert "Custom checkpointer missing" not in text, text[-4000:]
     warnings = [
-        line for line in text.splitlines()
+        line
+        for line in text.splitlines()
         if "checkpointer" in line.lower() and ("warn" in line.lower() or "error" in line.lower())
     ]
     assert not warnings, warnings

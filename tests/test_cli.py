@@ -92,11 +92,19 @@ def test_schema_and_config(capsys, file_uri):
 @pytest.mark.parametrize(
     "command",
     [
-        ["inspect", "robin"], ["history"], ["schema"], ["undo", "ffffffffffffffff"],
-        ["threads"], ["prune", "--keep", "1"], ["pack"], ["methods"], ["send", "brick", "x"],
-        ["search", "anything"], ["curate", "--dry-run"],
+        ["inspect", "robin"],
+        ["history"],
+        ["schema"],
+        ["undo", "ffffffffffffffff"],
+        ["threads"],
+        ["prune", "--keep", "1"],
+        ["pack"],
+        ["methods"],
+        ["send", "brick", "x"],
+        ["search", "anything"],
+        ["curate", "--dry-run"],
     ],
-)  # fmt: skip
+)
 def test_commands_that_need_an_image_never_create_one(capsys, tmp_path, command):
     typo = tmp_path / "typo" / "live_image.fs"
     code, _, err = run(capsys, "--image", f"file://{typo}", *command)
@@ -143,11 +151,22 @@ def test_zeo_start_stops_its_server_on_a_stop_signal(file_uri, tmp_path, stop_si
     temp.mkdir()
     port = free_port()
     serving = subprocess.Popen(
-        [sys.executable, "-m", "graph.cli", "--image", file_uri, "zeo", "start",
-         "-a", f"127.0.0.1:{port}"],
+        [
+            sys.executable,
+            "-m",
+            "graph.cli",
+            "--image",
+            file_uri,
+            "zeo",
+            "start",
+            "-a",
+            f"127.0.0.1:{port}",
+        ],
         env={**os.environ, "TMPDIR": str(temp)},  # where the server's config file goes
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not _answers("127.0.0.1", port):
         assert serving.poll() is None, serving.communicate()

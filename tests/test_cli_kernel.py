@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedChatModel
 
-from graph import cli_kernel
 from graph.cli import main
 from store.image import LivingImage
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:
+    code = main(list(argv), models=models)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -55,16 +54,22 @@ def test_rejected_method_exits_non_zero_with_every_finding(capsys, image, tmp_pa
         assert fragment in err
 
 
-def test_send_unknown_selector_goes_through_does_not_understand(
-    capsys, image, monkeypatch
-) -> None:
+def test_send_unknown_selector_goes_through_does_not_understand(capsys, image, monkeypatch) -> None:
     model = ScriptedChatModel().enqueue(
         "```python\ndef estimate(self, sizes):\n"
         "    return {'total': sum(sizes), 'largest': max(sizes)}\n```"
     )
-    monkeypatch.setattr(cli_kernel, "model_factory", lambda persona: model)
-    code, out, _ = run(capsys, "--image", image, "send", "brick", "estimate", "[3, 5, 2]",
-                       "--json")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "--image",
+        image,
+        "send",
+        "brick",
+        "estimate",
+        "[3, 5, 2]",
+        "--json",
+        models=lambda persona: model,
+    )
     assert code == 0 and json.loads(out) == {"total": 10, "largest": 5}
     assert "Given a list of task sizes" in model.history[0][-1].content  # the codex intent
     with LivingImage.open(image) as img:

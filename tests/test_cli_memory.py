@@ -59,9 +59,14 @@ def test_ingest_goes_on_past_missing_and_bad_files_and_exits_9(
     (tmp_path / "latin1.txt").write_bytes("café crème".encode("latin-1"))
     missing = tmp_path / "nowhere.txt"
     code, out, err = run(
-        capsys, "--image", file_uri, "ingest", str(missing), str(tmp_path / "latin1.txt"),
+        capsys,
+        "--image",
+        file_uri,
+        "ingest",
+        str(missing),
+        str(tmp_path / "latin1.txt"),
         str(notes),
-    )  # fmt: skip
+    )
     assert code == 9
     assert "added 2, replaced 0, unchanged 0, failed 2" in out
     assert flat(f"no such file: {missing}") in flat(err) and flat("check the path") in flat(err)

@@ -12,7 +12,7 @@ import pytest
 from persistent.mapping import PersistentMapping
 
 from batos.errors import ImageCorruptError, ImageError, ImageLockedError, ImageURIError
-from graph.app import open_image
+from graph.boot import open_image
 from prototypes.codex import load_codex
 from prototypes.incarnation import incarnate, personas
 from prototypes.uvm import Method

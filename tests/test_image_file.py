@@ -160,8 +160,12 @@ def test_cli_object_damaged_inside_the_file_is_a_clear_error(capsys, file_uri):
         oid = root["objects"]["robin"]._p_oid
     path = _path(file_uri)
     iterator = FileIterator(str(path))
-    where = [(record.pos, len(record.data)) for txn in iterator for record in txn
-             if record.oid == oid and record.data][-1]  # fmt: skip
+    where = [
+        (record.pos, len(record.data))
+        for txn in iterator
+        for record in txn
+        if record.oid == oid and record.data
+    ][-1]
     iterator.close()
     pos, size = where
     with open(path, "r+b") as handle:  # garbage instead of robin's pickle; lengths intact
@@ -179,15 +183,21 @@ def test_a_file_another_process_is_writing_is_reported_in_use(file_uri):
     _two_transactions(file_uri)
     path = _path(file_uri)
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys
             from store.image import LivingImage
             image = LivingImage.open({file_uri!r})
             print("open", flush=True)
             sys.stdin.read()
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         os.truncate(path, path.stat().st_size - 300)  # what a reader may see mid-commit

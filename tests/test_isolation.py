@@ -88,9 +88,11 @@ def test_code_that_detects_its_trial_meets_the_same_boundary_at_invoke(
     memory_image, monkeypatch
 ) -> None:
     monkeypatch.setenv("BATOS_SANDBOX_SECONDS", "20")
+
     def build(root):
-        root["target"] = UvmObject(name="vault",
-                                   cfg=UvmObject(name="cfg", data=PersistentList([1])))
+        root["target"] = UvmObject(
+            name="vault", cfg=UvmObject(name="cfg", data=PersistentList([1]))
+        )
 
     memory_image.transact(build)
     memory_image.db.cacheMinimize()  # cfg is a ghost: the child must ask the host for it
@@ -126,8 +128,9 @@ def test_a_slot_the_image_cannot_store_is_refused_and_nothing_is_lost(memory_ima
 
 def test_objects_the_host_never_loaded_are_read_through_the_host(memory_image) -> None:
     def build(root):
-        root["target"] = UvmObject(name="vault",
-                                   cfg=UvmObject(name="cfg", data=PersistentList([2, 3])))
+        root["target"] = UvmObject(
+            name="vault", cfg=UvmObject(name="cfg", data=PersistentList([2, 3]))
+        )
 
     memory_image.transact(build)
     memory_image.db.cacheMinimize()
@@ -138,8 +141,10 @@ def test_objects_the_host_never_loaded_are_read_through_the_host(memory_image) -
 
 def test_an_unbound_mutation_on_a_later_branch_is_caught_at_that_call(memory_image) -> None:
     _target(memory_image, name="vault", items=[0])
-    source = ("def note(self, x):\n    if x > 5:\n        list.append(self.items, x)\n"
-              "    return len(self.items)\n")  # fmt: skip
+    source = (
+        "def note(self, x):\n    if x > 5:\n        list.append(self.items, x)\n"
+        "    return len(self.items)\n"
+    )
     assert _install(memory_image, "note", source, (1,)) == []
     with pytest.raises(SandboxViolation, match="persistence covenant: self.items"):
         memory_image.transact(lambda root: root["target"].note(10))
@@ -153,9 +158,11 @@ def test_changes_come_back_applied_shared_values_stay_shared(memory_image) -> No
         root["target"] = UvmObject(name="vault", items=PersistentList([1]), log=[])
 
     memory_image.transact(build)
-    source = ("def grow(self, x):\n    items = self.items\n    items.append(x)\n"
-              "    self.items = items\n    entry = [x]\n    self.log = self.log + [entry]\n"
-              "    return entry\n")
+    source = (
+        "def grow(self, x):\n    items = self.items\n    items.append(x)\n"
+        "    self.items = items\n    entry = [x]\n    self.log = self.log + [entry]\n"
+        "    return entry\n"
+    )
     assert _install(memory_image, "grow", source, (2,)) == []
 
     def call(root):
@@ -185,16 +192,21 @@ def test_ordinary_exceptions_keep_their_type_and_line(memory_image) -> None:
 def test_unsaved_prototypes_work_too() -> None:
     base = UvmObject(greeting="hi")
     obj = UvmObject(base, name="loose", count=0)
-    kernel.add_method(obj, "bump", "def bump(self):\n    self.count = self.count + 1\n"
-                                   "    return self.greeting + ' ' + str(self.count)\n")
+    kernel.add_method(
+        obj,
+        "bump",
+        "def bump(self):\n    self.count = self.count + 1\n"
+        "    return self.greeting + ' ' + str(self.count)\n",
+    )
     assert obj.bump() == "hi 1" and obj.bump() == "hi 2" and obj.count == 2
 
 
 def test_host_mode_runs_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATOS_SANDBOX_ISOLATION", "host")
     obj = UvmObject(name="loose", count=0)
-    kernel.add_method(obj, "pid", "def pid(self):\n    self.count = self.count + 1\n"
-                                  "    return self.count\n")
+    kernel.add_method(
+        obj, "pid", "def pid(self):\n    self.count = self.count + 1\n    return self.count\n"
+    )
     assert obj.pid() == 1 and obj.count == 1
     kernel.add_method(obj, "lazy", "def lazy(self):\n    return map(abs, [1])\n")
     with pytest.raises(SandboxViolation, match="returned a map"):
@@ -253,9 +265,11 @@ def test_the_host_refuses_states_it_would_not_accept() -> None:
         def persistent_id(self, value):
             return ("known", id(value)) if value is obj else None
 
-    for state, why in ((["not", "a", "dict"], "malformed"), ({"_p_jar": 1, "_methods": {}},
-                                                             "private"),
-                       ({"name": "y"}, "methods can only be kept")):
+    for state, why in (
+        (["not", "a", "dict"], "malformed"),
+        ({"_p_jar": 1, "_methods": {}}, "private"),
+        ({"name": "y"}, "methods can only be kept"),
+    ):
         buffer = io.BytesIO()
         pickler = Known(buffer, protocol=5)
         pickler.dump(None)
@@ -268,12 +282,17 @@ def test_the_host_refuses_states_it_would_not_accept() -> None:
 
 def test_math_functions_that_could_run_unbounded_are_guarded() -> None:
     obj = UvmObject(name="calc")
-    kernel.add_method(obj, "fact", "import math\ndef fact(self, n):\n    return math.factorial(n)\n")
+    kernel.add_method(
+        obj, "fact", "import math\ndef fact(self, n):\n    return math.factorial(n)\n"
+    )
     assert obj.fact(5) == 120
     with pytest.raises(SandboxViolation, match="bits"):
         obj.fact(10**6)
-    kernel.add_method(obj, "choose", "import math\ndef choose(self, n, k):\n"
-                                     "    return math.comb(n, k) + math.perm(n, 2)\n")
+    kernel.add_method(
+        obj,
+        "choose",
+        "import math\ndef choose(self, n, k):\n    return math.comb(n, k) + math.perm(n, 2)\n",
+    )
     assert obj.choose(5, 2) == 10 + 20
     with pytest.raises(SandboxViolation, match="bits"):
         obj.choose(10**7, 3)

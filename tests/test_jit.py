@@ -29,15 +29,25 @@ def enabled():
 
 
 def test_graph_is_exported_for_langgraph_json() -> None:
-    assert set(jit.graph.get_graph().nodes) >= {"brief", "draft", "audit", "trial", "install",
-                                                "invoke", "fail"}  # fmt: skip
+    assert set(jit.graph.get_graph().nodes) >= {
+        "brief",
+        "draft",
+        "audit",
+        "trial",
+        "install",
+        "invoke",
+        "fail",
+    }
 
 
 def test_a_reply_gives_only_its_imports_and_the_method() -> None:
-    reply = ("Sure!\n```python\nimport math\n\ndef area(self, r):\n    return math.pi * r * r\n"
-             "\nshape = Shape()\nprint(shape.area(2))\nif __name__ == '__main__':\n    run()\n```")
+    reply = (
+        "Sure!\n```python\nimport math\n\ndef area(self, r):\n    return math.pi * r * r\n"
+        "\nshape = Shape()\nprint(shape.area(2))\nif __name__ == '__main__':\n    run()\n```"
+    )
     assert jit.extract_code(reply, "area") == (
-        "import math\ndef area(self, r):\n    return math.pi * r * r\n")
+        "import math\ndef area(self, r):\n    return math.pi * r * r\n"
+    )
     # Without the method, or unparsable, the reply is left for the audit to judge.
     assert jit.extract_code("```python\nprint(1)\n```", "area") == "print(1)\n"
     assert jit.extract_code("```python\ndef area(self:\n```", "area") == "def area(self:\n"
@@ -120,7 +130,7 @@ def test_end_to_end_on_the_real_model(image, monkeypatch) -> None:
     """
     monkeypatch.setenv("BATOS_MODEL", "default")
     pytest.importorskip("llama_cpp")
-    from graph.models import chat_model
+    from graph.llm import chat_model
 
     seeds = itertools.count(1)
 

@@ -183,9 +183,14 @@ def test_hand_written_method_goes_through_the_same_gate() -> None:
 
 def test_a_method_that_calls_itself_passes_its_trial(memory_image) -> None:
     memory_image.transact(lambda root: root.__setitem__("calc", UvmObject(name="calc")))
-    draft = _scripted("def fact(self, n):\n    if n <= 1:\n        return 1\n"
-                      "    return n * self.fact(n - 1)\n")  # fmt: skip
-    assert memory_image.transact(
-        lambda root: kernel.run_mission(root["calc"], "fact", (5,), {}, draft, 1)) == 120
+    draft = _scripted(
+        "def fact(self, n):\n    if n <= 1:\n        return 1\n    return n * self.fact(n - 1)\n"
+    )
+    assert (
+        memory_image.transact(
+            lambda root: kernel.run_mission(root["calc"], "fact", (5,), {}, draft, 1)
+        )
+        == 120
+    )
     with memory_image.read() as root:
         assert root["calc"].fact(6) == 720

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from graph.modelfile import (
+from graph.llm.modelfile import (
     BASE_NAME,
     ModelfileError,
     parse,
@@ -38,8 +38,11 @@ LICENSE Apache-2.0
     assert mf.from_ == "batos-base"
     assert mf.system == "You are ROBIN.\nYou listen first."
     assert mf.template == "{{ .Prompt }}"
-    assert mf.parameters == {"temperature": 0.8, "num_ctx": 2048,
-                             "stop": ("<|im_end|>", "<|endoftext|>")}
+    assert mf.parameters == {
+        "temperature": 0.8,
+        "num_ctx": 2048,
+        "stop": ("<|im_end|>", "<|endoftext|>"),
+    }
     assert mf.messages == (("user", 'hello "there"'), ("assistant", "hi"))
     assert mf.license == ("Apache-2.0",)
     assert mf.adapter_paths() == ((SHIPPED / "adapters/default/robin.gguf").resolve(),)

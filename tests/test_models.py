@@ -9,11 +9,11 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from batos.errors import ConfigurationError, ModelError
-from graph.llm_embedded import EmbeddedChatModel, message_dicts
-from graph.llm_engine import FairLock, Sampling, engine
-from graph.models import chat_model, select_backend
+from graph.llm import chat_model, select_backend
+from graph.llm.embedded import EmbeddedChatModel, message_dicts
+from graph.llm.engine import FairLock, Sampling, engine
 from prototypes.codex import load_codex
-from store.models import model_path
+from store.model_files import model_path
 
 
 @pytest.fixture(autouse=True)
@@ -57,9 +57,13 @@ def test_bad_options_are_configuration_errors() -> None:
 
 def test_a_system_message_replaces_the_modelfile_system() -> None:
     assert message_dicts([HumanMessage("hi")], "You are X.") == [
-        {"role": "system", "content": "You are X."}, {"role": "user", "content": "hi"}]
+        {"role": "system", "content": "You are X."},
+        {"role": "user", "content": "hi"},
+    ]
     assert message_dicts([SystemMessage("Be brief."), HumanMessage("hi")], "You are X.") == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
 
 
 def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
@@ -102,8 +106,12 @@ def test_prompt_longer_than_the_context_is_refused_and_the_model_stays_usable() 
     eng = engine(model_path("test"))
     with pytest.raises(ModelError, match="the context holds 4096"):
         list(eng.generate([{"role": "user", "content": "word " * 5000}]))
-    pieces = list(eng.generate([{"role": "user", "content": "Say hi."}],
-                               sampling=Sampling(temperature=0, num_predict=4)))
+    pieces = list(
+        eng.generate(
+            [{"role": "user", "content": "Say hi."}],
+            sampling=Sampling(temperature=0, num_predict=4),
+        )
+    )
     assert pieces[-1].completion_tokens > 0
 
 

@@ -13,15 +13,20 @@ from pathlib import Path
 import pytest
 
 from batos.errors import ModelError
-from graph.llm_engine import Engine, Sampling, Usage, engine
-from store.models import model_path
+from graph.llm.engine import Engine, Sampling, Usage, engine
+from store.model_files import model_path
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 # Only projections llama.cpp stores unpermuted (q/k are row-permuted for RoPE in GGUF).
 TARGETS = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-GGUF_NAMES = {"self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+GGUF_NAMES = {
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 RANK, ALPHA = 8, 16
 STEPS = 6
 MESSAGES = [{"role": "user", "content": "Count from one to ten."}]
@@ -63,8 +68,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> dict:
     gguf_path = model_path("test")
     folder = tmp_path_factory.mktemp("adapters")
     eng = engine(gguf_path)
-    base = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
     base.eval()
     prompt = eng.prompt_tokens(MESSAGES)
 
@@ -77,17 +83,22 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 greedy.append(token)
                 ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
             ours = _ids(eng, adapters)
-            logits = model(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1: -1]
+            logits = model(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1 : -1]
         top2 = logits.topk(2).values
-        return {"peft": greedy, "llama": ours, "eos": eng.llama.token_eos(),
-                "gap": [float(logits[i].max() - logits[i][t]) for i, t in enumerate(ours)],
-                "margin": [float(v[0] - v[1]) for v in top2]}
+        return {
+            "peft": greedy,
+            "llama": ours,
+            "eos": eng.llama.token_eos(),
+            "gap": [float(logits[i].max() - logits[i][t]) for i, t in enumerate(ours)],
+            "margin": [float(v[0] - v[1]) for v in top2],
+        }
 
     result = {"folder": folder, "prompt": prompt, "base": compare(base, [])}
     for label, seed in (("a", 1), ("b", 2)):
         torch.manual_seed(seed)
-        config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS),
-                            init_lora_weights=False)
+        config = LoraConfig(
+            r=RANK, lora_alpha=ALPHA, target_modules=list(TARGETS), init_lora_weights=False
+        )
         model = get_peft_model(base, config)
         model.eval()
         state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
@@ -145,7 +156,8 @@ def test_switching_back_and_forth_never_reloads_the_model(lab: dict) -> None:
 
 
 def test_adapter_that_does_not_fit_the_base_is_refused_and_the_model_stays_usable(
-        lab: dict) -> None:
+    lab: dict,
+) -> None:
     eng = engine(model_path("test"))
     with pytest.raises(ModelError, match="does not fit the base model"):
         list(eng.generate(MESSAGES, adapters=[lab["folder"] / "wrong.gguf"], sampling=GREEDY))
@@ -166,8 +178,9 @@ def test_adapters_beyond_capacity_are_evicted_least_recently_used(lab: dict) -> 
 
 
 def test_chat_model_applies_an_adapter_as_soon_as_its_file_appears(
-        lab: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graph.models import chat_model
+    lab: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graph.llm import chat_model
 
     shipped = Path(__file__).resolve().parent.parent / "modelfiles"
     folder = tmp_path / "modelfiles"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from batos.errors import ModelError
-from graph import llm_ollama
-from graph.llm_ollama import provision
-from graph.models import chat_model, select_backend
+from graph.llm import chat_model, select_backend
+from graph.llm import ollama as llm_ollama
+from graph.llm.ollama import provision
 
 SHIPPED = Path(__file__).resolve().parent.parent / "modelfiles"
 PERSONAS = ["batos-robin", "batos-brick", "batos-babs", "batos-alfred"]
@@ -63,11 +63,22 @@ class FakeOllama:
                 if self.path == "/api/version":
                     self._send(200, {"version": fake.version})
                 elif self.path == "/api/tags":
-                    self._send(200, {"models": [
-                        {"name": m, "model": m, "modified_at": "2025-01-01T00:00:00Z",
-                         "size": 1, "digest": "0" * 64,
-                         "details": {"format": "gguf", "family": "qwen2"}}
-                        for m in sorted(fake.models)]})
+                    self._send(
+                        200,
+                        {
+                            "models": [
+                                {
+                                    "name": m,
+                                    "model": m,
+                                    "modified_at": "2025-01-01T00:00:00Z",
+                                    "size": 1,
+                                    "digest": "0" * 64,
+                                    "details": {"format": "gguf", "family": "qwen2"},
+                                }
+                                for m in sorted(fake.models)
+                            ]
+                        },
+                    )
                 else:
                     self._send(404, {"error": "not found"})
 
@@ -92,15 +103,30 @@ class FakeOllama:
                 if _tag(body["model"]) not in fake.models:
                     self._send(404, {"error": f"model '{body['model']}' not found"})
                     return
-                lines = [{"model": body["model"], "created_at": "2025-01-01T00:00:00Z",
-                          "message": {"role": "assistant", "content": piece}, "done": False}
-                         for piece in fake.reply]
-                lines.append({"model": body["model"], "created_at": "2025-01-01T00:00:00Z",
-                              "message": {"role": "assistant", "content": ""}, "done": True,
-                              "done_reason": "stop", "total_duration": 1000,
-                              "load_duration": 10, "prompt_eval_count": 12,
-                              "prompt_eval_duration": 100, "eval_count": len(fake.reply),
-                              "eval_duration": 300})
+                lines = [
+                    {
+                        "model": body["model"],
+                        "created_at": "2025-01-01T00:00:00Z",
+                        "message": {"role": "assistant", "content": piece},
+                        "done": False,
+                    }
+                    for piece in fake.reply
+                ]
+                lines.append(
+                    {
+                        "model": body["model"],
+                        "created_at": "2025-01-01T00:00:00Z",
+                        "message": {"role": "assistant", "content": ""},
+                        "done": True,
+                        "done_reason": "stop",
+                        "total_duration": 1000,
+                        "load_duration": 10,
+                        "prompt_eval_count": 12,
+                        "prompt_eval_duration": 100,
+                        "eval_count": len(fake.reply),
+                        "eval_duration": 300,
+                    }
+                )
                 data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-ndjson")
@@ -219,8 +245,9 @@ def test_a_model_deleted_behind_our_back_says_how_to_rebuild(ollama_server: Fake
 
 
 def test_unreachable_ollama_falls_back_to_the_embedded_backend(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from graph.llm_embedded import EmbeddedChatModel
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from graph.llm.embedded import EmbeddedChatModel
 
     monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
     monkeypatch.delenv("BATOS_OPENAI_BASE_URL", raising=False)

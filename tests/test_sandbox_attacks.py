@@ -34,8 +34,11 @@ SECRET = "the-launch-code"
 # (id, method source for selector 'attack', text expected in the findings)
 ATTACKS: list[tuple[str, str, str]] = [
     # -- subclass walking and dunders
-    ("subclass-walk", "def attack(self):\n    return ().__class__.__bases__[0].__subclasses__()\n",
-     "'__class__'"),
+    (
+        "subclass-walk",
+        "def attack(self):\n    return ().__class__.__bases__[0].__subclasses__()\n",
+        "'__class__'",
+    ),
     ("self-class", "def attack(self):\n    return self.__class__\n", "'__class__'"),
     ("self-dict", "def attack(self):\n    return self.__dict__\n", "'__dict__'"),
     ("object-subclasses", "def attack(self):\n    return object.__subclasses__()\n", "'object'"),
@@ -47,65 +50,115 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("build-class", "def attack(self):\n    return __build_class__\n", "'__build_class__'"),
     ("walrus-dunder", "def attack(self):\n    return (c := self.__class__)\n", "'__class__'"),
     # -- function globals
-    ("lambda-globals", "def attack(self):\n    f = lambda: 0\n    return f.__globals__\n",
-     "'__globals__'"),
-    ("method-globals", "def attack(self):\n    return self.attack.__func__.__globals__\n",
-     "'__func__'"),
-    ("getattr-globals", "def attack(self):\n    f = lambda: 0\n    return getattr(f, '__globals__')\n",
-     "'__globals__'"),
+    (
+        "lambda-globals",
+        "def attack(self):\n    f = lambda: 0\n    return f.__globals__\n",
+        "'__globals__'",
+    ),
+    (
+        "method-globals",
+        "def attack(self):\n    return self.attack.__func__.__globals__\n",
+        "'__func__'",
+    ),
+    (
+        "getattr-globals",
+        "def attack(self):\n    f = lambda: 0\n    return getattr(f, '__globals__')\n",
+        "'__globals__'",
+    ),
     # -- frames: generators, coroutines, tracebacks (CVE-2023-37271)
-    ("gi-frame", "def attack(self):\n    g = (x for x in [1])\n    return g.gi_frame.f_back.f_globals\n",
-     "'gi_frame'"),
-    ("gi-frame-getattr", "def attack(self):\n    g = (x for x in [1])\n    return getattr(g, 'gi_frame')\n",
-     "'gi_frame'"),
+    (
+        "gi-frame",
+        "def attack(self):\n    g = (x for x in [1])\n    return g.gi_frame.f_back.f_globals\n",
+        "'gi_frame'",
+    ),
+    (
+        "gi-frame-getattr",
+        "def attack(self):\n    g = (x for x in [1])\n    return getattr(g, 'gi_frame')\n",
+        "'gi_frame'",
+    ),
     ("gi-code", "def attack(self):\n    g = (x for x in [1])\n    return g.gi_code\n", "'gi_code'"),
     ("yield-generator", "def attack(self):\n    yield self\n", "yield"),
     ("async-coroutine", "async def attack(self):\n    return 1\n", "asyncfunctiondef"),
     ("await", "def attack(self):\n    return [await x for x in []]\n", "await"),
-    ("traceback-frame",
-     "def attack(self):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
-     "        return e.__traceback__.tb_frame.f_back\n", "'__traceback__'"),
-    ("tb-frame-attr",
-     "def attack(self):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
-     "        t = e.args\n        return t.tb_frame\n", "'tb_frame'"),
+    (
+        "traceback-frame",
+        "def attack(self):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
+        "        return e.__traceback__.tb_frame.f_back\n",
+        "'__traceback__'",
+    ),
+    (
+        "tb-frame-attr",
+        "def attack(self):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n"
+        "        t = e.args\n        return t.tb_frame\n",
+        "'tb_frame'",
+    ),
     ("f-back", "def attack(self, frame=None):\n    return frame.f_back\n", "'f_back'"),
     # -- str.format traversal (CVE-2023-41039)
-    ("format-traversal", "def attack(self):\n    return '{0.__class__.__base__}'.format(self)\n",
-     "'format'"),
-    ("format-map", "def attack(self):\n    return '{x.__class__}'.format_map({'x': self})\n",
-     "'format_map'"),
-    ("str-type-format", "def attack(self):\n    return str.format('{0.__class__}', self)\n",
-     "'format'"),
-    ("getattr-format", "def attack(self):\n    return getattr('{0.secret}', 'format')(self)\n",
-     "'format'"),
+    (
+        "format-traversal",
+        "def attack(self):\n    return '{0.__class__.__base__}'.format(self)\n",
+        "'format'",
+    ),
+    (
+        "format-map",
+        "def attack(self):\n    return '{x.__class__}'.format_map({'x': self})\n",
+        "'format_map'",
+    ),
+    (
+        "str-type-format",
+        "def attack(self):\n    return str.format('{0.__class__}', self)\n",
+        "'format'",
+    ),
+    (
+        "getattr-format",
+        "def attack(self):\n    return getattr('{0.secret}', 'format')(self)\n",
+        "'format'",
+    ),
     ("format-builtin", "def attack(self):\n    return format(self, '')\n", "'format'"),
     ("fstring-dunder", "def attack(self):\n    return f'{self.__class__}'\n", "'__class__'"),
-    ("string-formatter",
-     "import string\ndef attack(self):\n    return string.Formatter().format('{0.__class__}', 1)\n",
-     "string.formatter"),
+    (
+        "string-formatter",
+        "import string\ndef attack(self):\n    return string.Formatter().format('{0.__class__}', 1)\n",
+        "string.formatter",
+    ),
     # -- imports and modules (smolagents-style: dangerous modules through allowed ones)
     ("import-os", "def attack(self):\n    import os\n    return os.system('true')\n", "'os'"),
     ("dunder-import", "def attack(self):\n    return __import__('os')\n", "'__import__'"),
     ("from-os", "from os import system\ndef attack(self):\n    return system('true')\n", "'os'"),
     ("import-subprocess", "import subprocess\ndef attack(self):\n    return 1\n", "'subprocess'"),
     ("import-sys", "def attack(self):\n    import sys\n    return sys.modules\n", "'sys'"),
-    ("import-importlib", "def attack(self):\n    import importlib\n    return 1\n",
-     "'importlib'"),
-    ("relative-import", "def attack(self):\n    from . import uvm\n    return uvm\n",
-     "import from"),
-    ("module-loader", "import math\ndef attack(self):\n    return math.__loader__\n",
-     "'__loader__'"),
-    ("json-decoder", "import json\ndef attack(self):\n    return json.decoder\n",
-     "json.decoder"),
-    ("collections-abc", "import collections\ndef attack(self):\n    return collections.abc\n",
-     "collections.abc"),
-    ("from-functools-partial",
-     "from functools import partial\ndef attack(self):\n    return partial(print, 1)\n",
-     "functools.partial"),
-    ("patch-module", "import math\ndef attack(self):\n    math.pi = 3\n    return math.pi\n",
-     "may not write to a curatedmodule"),
-    ("regex-bomb",
-     "import re\ndef attack(self):\n    return re.match('(a+)+$', 'a' * 40 + 'b')\n", "'re'"),
+    ("import-importlib", "def attack(self):\n    import importlib\n    return 1\n", "'importlib'"),
+    (
+        "relative-import",
+        "def attack(self):\n    from . import uvm\n    return uvm\n",
+        "import from",
+    ),
+    (
+        "module-loader",
+        "import math\ndef attack(self):\n    return math.__loader__\n",
+        "'__loader__'",
+    ),
+    ("json-decoder", "import json\ndef attack(self):\n    return json.decoder\n", "json.decoder"),
+    (
+        "collections-abc",
+        "import collections\ndef attack(self):\n    return collections.abc\n",
+        "collections.abc",
+    ),
+    (
+        "from-functools-partial",
+        "from functools import partial\ndef attack(self):\n    return partial(print, 1)\n",
+        "functools.partial",
+    ),
+    (
+        "patch-module",
+        "import math\ndef attack(self):\n    math.pi = 3\n    return math.pi\n",
+        "may not write to a curatedmodule",
+    ),
+    (
+        "regex-bomb",
+        "import re\ndef attack(self):\n    return re.match('(a+)+$', 'a' * 40 + 'b')\n",
+        "'re'",
+    ),
     # -- builtins that leave the sandbox
     ("eval", "def attack(self):\n    return eval('1')\n", "'eval'"),
     ("exec", "def attack(self):\n    exec('x = 1')\n    return 1\n", "'exec'"),
@@ -117,88 +170,147 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("breakpoint", "def attack(self):\n    breakpoint()\n    return 1\n", "'breakpoint'"),
     ("help", "def attack(self):\n    return help\n", "'help'"),
     ("bytes-literal", "def attack(self):\n    return b'\\x00'\n", "bytes"),
-    ("write-function-attr", "def attack(self):\n    f = lambda: 0\n    f.secret = 1\n    return f\n",
-     "may not write to a function"),
+    (
+        "write-function-attr",
+        "def attack(self):\n    f = lambda: 0\n    f.secret = 1\n    return f\n",
+        "may not write to a function",
+    ),
     # -- the database behind the object
     ("p-jar", "def attack(self):\n    return self._p_jar\n", "'_p_jar'"),
     ("p-jar-db", "def attack(self):\n    return self._p_jar.db().storage\n", "'_p_jar'"),
     ("getattr-p-jar", "def attack(self):\n    return getattr(self, '_p_jar')\n", "'_p_jar'"),
-    ("dynamic-p-jar", "def attack(self):\n    return getattr(self, '_' + 'p_jar')\n",
-     "literal attribute name"),
+    (
+        "dynamic-p-jar",
+        "def attack(self):\n    return getattr(self, '_' + 'p_jar')\n",
+        "literal attribute name",
+    ),
     ("p-changed", "def attack(self):\n    self._p_changed = False\n    return 1\n", "'_p_changed'"),
     ("v-cache", "def attack(self):\n    return self._v_hits\n", "'_v_hits'"),
     ("methods-table", "def attack(self):\n    return self._methods\n", "'_methods'"),
-    ("setattr-p-jar", "def attack(self):\n    setattr(self, '_p_jar', None)\n    return 1\n",
-     "'setattr'"),
+    (
+        "setattr-p-jar",
+        "def attack(self):\n    setattr(self, '_p_jar', None)\n    return 1\n",
+        "'setattr'",
+    ),
     # -- process exits and swallowing the time limit
     ("system-exit", "def attack(self):\n    raise SystemExit(0)\n", "'systemexit'"),
-    ("keyboard-interrupt", "def attack(self):\n    raise KeyboardInterrupt\n",
-     "'keyboardinterrupt'"),
+    (
+        "keyboard-interrupt",
+        "def attack(self):\n    raise KeyboardInterrupt\n",
+        "'keyboardinterrupt'",
+    ),
     ("base-exception", "def attack(self):\n    raise BaseException('x')\n", "'baseexception'"),
     ("exit", "def attack(self):\n    exit(0)\n", "'exit'"),
     ("quit", "def attack(self):\n    quit()\n", "'quit'"),
-    ("bare-except-loop",
-     "def attack(self):\n    while True:\n        try:\n            while True:\n                pass\n"
-     "        except:\n            pass\n", "bare 'except:'"),
-    ("catch-baseexception",
-     "def attack(self):\n    try:\n        while True:\n            pass\n"
-     "    except BaseException:\n        return 1\n", "'baseexception'"),
-    ("finally-loop",
-     "def attack(self):\n    try:\n        return 1\n    finally:\n        while True:\n"
-     "            pass\n", "'finally'"),
-    ("except-star", "def attack(self):\n    try:\n        pass\n    except* Exception:\n"
-     "        pass\n", "trystar"),
+    (
+        "bare-except-loop",
+        "def attack(self):\n    while True:\n        try:\n            while True:\n                pass\n"
+        "        except:\n            pass\n",
+        "bare 'except:'",
+    ),
+    (
+        "catch-baseexception",
+        "def attack(self):\n    try:\n        while True:\n            pass\n"
+        "    except BaseException:\n        return 1\n",
+        "'baseexception'",
+    ),
+    (
+        "finally-loop",
+        "def attack(self):\n    try:\n        return 1\n    finally:\n        while True:\n"
+        "            pass\n",
+        "'finally'",
+    ),
+    (
+        "except-star",
+        "def attack(self):\n    try:\n        pass\n    except* Exception:\n        pass\n",
+        "trystar",
+    ),
     # -- code that runs when the method is defined
-    ("decorator", "def deco(f):\n    while True:\n        pass\n@deco\ndef attack(self):\n"
-     "    return 1\n", "decorators"),
+    (
+        "decorator",
+        "def deco(f):\n    while True:\n        pass\n@deco\ndef attack(self):\n    return 1\n",
+        "decorators",
+    ),
     ("lambda-decorator", "@(lambda f: f)\ndef attack(self):\n    return 1\n", "decorators"),
-    ("default-arg-walk",
-     "def attack(self, x=[c for c in ().__class__.__bases__[0].__subclasses__()]):\n"
-     "    return x\n", "default values must be literals"),
-    ("default-arg-open", "def attack(self, x=open('/etc/passwd')):\n    return x\n",
-     "default values must be literals"),
+    (
+        "default-arg-walk",
+        "def attack(self, x=[c for c in ().__class__.__bases__[0].__subclasses__()]):\n"
+        "    return x\n",
+        "default values must be literals",
+    ),
+    (
+        "default-arg-open",
+        "def attack(self, x=open('/etc/passwd')):\n    return x\n",
+        "default values must be literals",
+    ),
     ("annotation", "def attack(self, x: print('pwned') = 1):\n    return x\n", "annotations"),
-    ("return-annotation", "def attack(self) -> print('pwned'):\n    return 1\n",
-     "return annotations"),
-    ("top-level-code", "import math\nx = math.pi\ndef attack(self):\n    return 1\n",
-     "outside the function"),
+    (
+        "return-annotation",
+        "def attack(self) -> print('pwned'):\n    return 1\n",
+        "return annotations",
+    ),
+    (
+        "top-level-code",
+        "import math\nx = math.pi\ndef attack(self):\n    return 1\n",
+        "outside the function",
+    ),
     ("class-def", "class A:\n    pass\ndef attack(self):\n    return 1\n", "classdef"),
     ("nested-class", "def attack(self):\n    class A:\n        pass\n    return A\n", "classdef"),
-    ("match-class-pattern",
-     "def attack(self):\n    match self:\n        case object(__class__=c):\n            return c\n",
-     "match"),
-    ("match-int-pattern",
-     "def attack(self):\n    match 1:\n        case int(real=r):\n            return r\n", "match"),
+    (
+        "match-class-pattern",
+        "def attack(self):\n    match self:\n        case object(__class__=c):\n            return c\n",
+        "match",
+    ),
+    (
+        "match-int-pattern",
+        "def attack(self):\n    match 1:\n        case int(real=r):\n            return r\n",
+        "match",
+    ),
     ("with-statement", "def attack(self):\n    with self as s:\n        return s\n", "with"),
     ("global", "def attack(self):\n    global SECRET\n    return SECRET\n", "global"),
     # -- resource bombs
     ("cpu-loop", "def attack(self):\n    while True:\n        pass\n", "time limit"),
-    ("cpu-comprehension",
-     "def attack(self):\n    return sum(1 for i in range(10**7) for j in range(10**7))\n",
-     "time limit"),
+    (
+        "cpu-comprehension",
+        "def attack(self):\n    return sum(1 for i in range(10**7) for j in range(10**7))\n",
+        "time limit",
+    ),
     ("list-repeat-bomb", "def attack(self):\n    return [0] * 10**9\n", "repeating a sequence"),
-    ("memory-grow",
-     "def attack(self):\n    x = 'a' * 1000000\n    return [x + str(i) for i in range(100000)]\n",
-     # ~100 GB of strings: the memory limit stops it, or on a loaded machine the clock first.
-     "memory limit|time limit"),
+    (
+        "memory-grow",
+        "def attack(self):\n    x = 'a' * 1000000\n    return [x + str(i) for i in range(100000)]\n",
+        # ~100 GB of strings: the memory limit stops it, or on a loaded machine the clock first.
+        "memory limit|time limit",
+    ),
     ("int-pow-bomb", "def attack(self):\n    return 10 ** 10 ** 10\n", "bits"),
     ("builtin-pow-bomb", "def attack(self):\n    return pow(10, 10**9)\n", "bits"),
     ("shift-bomb", "def attack(self):\n    return 1 << 10**10\n", "shifting"),
     ("inplace-pow-bomb", "def attack(self):\n    n = 10\n    n **= 10**9\n    return n\n", "bits"),
     ("range-bomb", "def attack(self):\n    return list(range(10**12))\n", "range of"),
-    ("infinite-count",
-     "import itertools\ndef attack(self):\n    return list(itertools.count())\n",
-     "itertools.count"),
-    ("recursion", "def attack(self):\n    def f(n):\n        return f(n + 1)\n    return f(0)\n",
-     "recursionerror"),
-]  # fmt: skip
+    (
+        "infinite-count",
+        "import itertools\ndef attack(self):\n    return list(itertools.count())\n",
+        "itertools.count",
+    ),
+    (
+        "recursion",
+        "def attack(self):\n    def f(n):\n        return f(n + 1)\n    return f(0)\n",
+        "recursionerror",
+    ),
+]
 
 
 #: Refused by the guardian as policy, but harmless once sandboxed (the code they run at
 #: definition time is itself sandboxed, a generator's internals are unreachable, bytes are
 #: inert): the run-time layers rightly let them through, so the second pass leaves them out.
-POLICY_ONLY = {"yield-generator", "bytes-literal", "lambda-decorator", "annotation",
-               "return-annotation", "top-level-code"}  # fmt: skip
+POLICY_ONLY = {
+    "yield-generator",
+    "bytes-literal",
+    "lambda-decorator",
+    "annotation",
+    "return-annotation",
+    "top-level-code",
+}
 RUNTIME_ATTACKS = [a for a in ATTACKS if a[0] not in POLICY_ONLY]
 
 
@@ -249,8 +361,9 @@ def test_attack_is_blocked_by_the_gate(world, name: str, source: str, expected: 
 def test_attack_is_blocked_without_the_guardian(name: str, source: str, expected: str) -> None:
     """Defence in depth: RestrictedPython and the run-time guards alone stop each attack."""
     target = UvmObject(name="vault", secret=SECRET, items=[1])
-    with pytest.raises((GeneratedCodeError, NameError, SyntaxError, RecursionError,
-                        AttributeError, TypeError)):  # fmt: skip
+    with pytest.raises(
+        (GeneratedCodeError, NameError, SyntaxError, RecursionError, AttributeError, TypeError)
+    ):
         fn = sandbox.compile_sandboxed("attack", source, audit=False)
         outcome = sandbox.run_isolated(fn, target)
         assert not outcome.ok, f"{name} ran in the isolated trial: {outcome.summary}"

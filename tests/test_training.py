@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from graph import lora_gguf, training
+from graph.training import gguf as lora_gguf
+from graph.training import lora as training
 from prototypes.codex import PERSONAS
-from store.models import catalog, model_path
+from store.model_files import catalog, model_path
 
 REPO_MODELFILES = Path(__file__).resolve().parent.parent / "modelfiles"
 SHIPPED = REPO_MODELFILES / "adapters" / "test"
@@ -40,12 +41,20 @@ def test_a_tiny_training_run_yields_an_adapter_llama_cpp_applies(
     monkeypatch.setenv("BATOS_MODELFILES", str(tmp_path))
     monkeypatch.setenv("BATOS_MODEL_CACHE", str(_shared_cache(tmp_path)))
     plan = training.TrainingPlan(
-        model="test", persona="brick", steps=3, rank=2, alpha=4, batch_size=4,
-        learning_rate=5e-3, max_tokens=128, top_layers=2,
+        model="test",
+        persona="brick",
+        steps=3,
+        rank=2,
+        alpha=4,
+        batch_size=4,
+        learning_rate=5e-3,
+        max_tokens=128,
+        top_layers=2,
     )
     seen: list[int] = []
-    result = training.train_persona(plan, out_dir=tmp_path / "out",
-                                    on_step=lambda step, total, loss: seen.append(step))
+    result = training.train_persona(
+        plan, out_dir=tmp_path / "out", on_step=lambda step, total, loss: seen.append(step)
+    )
     assert seen == [1, 2, 3]
     assert result.adapter == tmp_path / "out" / "brick.gguf"
     fields, tensors = _gguf_fields(result.adapter)
@@ -77,7 +86,7 @@ def _shared_cache(tmp_path: Path) -> Path:
     """A cache with the real assembled test model and converters, but private peft output."""
     from batos import settings
 
-    real = Path(str(settings.get("model_cache")))
+    real = Path(settings.get_str("model_cache"))
     cache = tmp_path / "cache"
     cache.mkdir()
     spec = catalog()["test"]
@@ -129,7 +138,7 @@ def test_an_adapter_for_another_base_is_refused() -> None:
 @pytest.mark.model
 def test_shipped_default_adapters_match_their_data_and_change_greedy_output() -> None:
     """The default model's four adapters, applied in place by the embedded engine."""
-    from graph.llm_engine import Sampling, Usage, engine
+    from graph.llm.engine import Sampling, Usage, engine
 
     shipped = REPO_MODELFILES / "adapters" / "default"
     manifest = json.loads((shipped / "manifest.json").read_text())
@@ -138,10 +147,15 @@ def test_shipped_default_adapters_match_their_data_and_change_greedy_output() ->
     greedy = Sampling(temperature=0.0, repeat_penalty=1.0, num_predict=24)
 
     def reply(persona: str, adapters: list[Path]) -> str:
-        messages = [{"role": "system", "content": training.system_prompt(persona)},
-                    {"role": "user", "content": PROMPT}]  # fmt: skip
-        return "".join(p for p in eng.generate(messages, adapters=adapters, sampling=greedy)
-                       if not isinstance(p, Usage))  # fmt: skip
+        messages = [
+            {"role": "system", "content": training.system_prompt(persona)},
+            {"role": "user", "content": PROMPT},
+        ]
+        return "".join(
+            p
+            for p in eng.generate(messages, adapters=adapters, sampling=greedy)
+            if not isinstance(p, Usage)
+        )
 
     replies = {}
     for persona in PERSONAS:

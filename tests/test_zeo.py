@@ -80,10 +80,11 @@ def test_clients_racing_to_create_the_root_all_open(tmp_path):
         clients = [
             subprocess.Popen(
                 [sys.executable, "-c", OPENER, server.uri, f"c{i}"],
-                stderr=subprocess.PIPE, text=True,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for i in range(6)
-        ]  # fmt: skip
+        ]
         errors = [c.communicate(timeout=60)[1] for c in clients]
         assert [c.returncode for c in clients] == [0] * 6, errors
         with LivingImage.open(server.uri) as image, image.read() as root:

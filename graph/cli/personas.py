@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,19 +16,19 @@ from rich.progress import (
 from rich.table import Table
 
 from batos import settings
+from graph.cli.app import console
 from prototypes.codex import PERSONAS
 
 personas_app = typer.Typer(
     help="Train the persona LoRA adapters and build fused persona models.",
     no_args_is_help=True,
 )
-console = Console()
 
 VERIFY_PROMPT = "What should I pack for a beach holiday?"
 
 
 def _personas(chosen: list[str] | None) -> list[str]:
-    from graph.training import persona_name
+    from graph.training.lora import persona_name
 
     return [persona_name(p) for p in chosen] if chosen else list(PERSONAS)
 
@@ -65,10 +64,11 @@ def train(
 
       batos personas train --model default --persona brick --steps 200 --device cuda
     """
-    from graph import lora_gguf, training
-    from store.models import model_path
+    from graph.training import gguf as lora_gguf
+    from graph.training import lora as training
+    from store.model_files import model_path
 
-    model = model or str(settings.get("model"))
+    model = model or settings.get_str("model")
     names = _personas(persona)
     defaults = training.TrainingPlan(model=model, persona=names[0])
     plans = [
@@ -107,17 +107,25 @@ def train(
             def on_step(step: int, total: int, loss: float, task: int = task) -> None:
                 progress.update(task, completed=step, loss=f"{loss:.3f}")
 
-            results.append(training.train_persona(
-                plan, base=base, examples=examples[plan.persona], out_dir=out_dir,
-                on_step=on_step,
-            ))
+            results.append(
+                training.train_persona(
+                    plan,
+                    base=base,
+                    examples=examples[plan.persona],
+                    out_dir=out_dir,
+                    on_step=on_step,
+                )
+            )
     table = Table(title=f"Persona adapters for {model!r} in {out_dir}")
     for column in ("persona", "examples", "steps", "final loss", "adapter", "seconds"):
         table.add_column(column)
     for plan, result in zip(plans, results, strict=True):
         table.add_row(
-            plan.persona, str(len(examples[plan.persona])), str(plan.steps),
-            f"{result.final_loss:.3f}", f"{result.adapter.stat().st_size / 1e6:.1f} MB",
+            plan.persona,
+            str(len(examples[plan.persona])),
+            str(plan.steps),
+            f"{result.final_loss:.3f}",
+            f"{result.adapter.stat().st_size / 1e6:.1f} MB",
             f"{result.seconds:.0f}",
         )
     console.print(table)
@@ -150,9 +158,9 @@ def fuse(
 
       batos personas fuse --model test --persona robin
     """
-    from graph import training
+    from graph.training import lora as training
 
-    model = model or str(settings.get("model"))
+    model = model or settings.get_str("model")
     for name in _personas(persona):
         with console.status(f"fusing {name} into {model!r}…"):
             path = training.fuse_persona(model, name, outtype)

@@ -25,7 +25,7 @@ from typing import Any
 from batos import settings
 from batos.errors import ModelError
 
-log = logging.getLogger("batos.llm")
+log = logging.getLogger("batos.llm.engine")
 
 DEFAULT_N_CTX = 4096
 N_BATCH = 512
@@ -105,27 +105,41 @@ class _Loaded:
 class Engine:
     """A base model loaded once, with its persona adapters, serving one generation at a time."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
-                 last_n: int = 64, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        gguf: Path,
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        last_n: int = 64,
+        capacity: int | None = None,
+    ) -> None:
         try:
             import llama_cpp
         except ImportError as exc:
-            raise ModelError("llama-cpp-python is not installed",
-                             hint="run 'make setup' (it builds llama-cpp-python)") from exc
+            raise ModelError(
+                "llama-cpp-python is not installed",
+                hint="run 'make setup' (it builds llama-cpp-python)",
+            ) from exc
         self._lib = llama_cpp
         self.gguf = Path(gguf)
         self.n_ctx = n_ctx
-        self.capacity = capacity or int(settings.get("adapter_capacity"))  # type: ignore[arg-type]
+        self.capacity = capacity or settings.get_int("adapter_capacity")
         started = time.perf_counter()
         try:
             self.llama = llama_cpp.Llama(
-                str(self.gguf), n_ctx=n_ctx, n_batch=N_BATCH, last_n_tokens_size=last_n,
-                n_threads=n_threads or int(settings.get("llm_threads")),  # type: ignore[arg-type]
+                str(self.gguf),
+                n_ctx=n_ctx,
+                n_batch=N_BATCH,
+                last_n_tokens_size=last_n,
+                n_threads=n_threads or settings.get_int("llm_threads"),
                 verbose=False,
             )
         except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"llama.cpp cannot load {self.gguf}: {exc}",
-                             hint="check BATOS_MODEL names a valid GGUF model") from exc
+            raise ModelError(
+                f"llama.cpp cannot load {self.gguf}: {exc}",
+                hint="check BATOS_MODEL names a valid GGUF model",
+            ) from exc
         self.load_s = time.perf_counter() - started
         self.lock = FairLock()
         self._registry = threading.Lock()
@@ -141,8 +155,10 @@ class Engine:
 
         template = self.llama.metadata.get("tokenizer.chat_template")
         if not template:
-            raise ModelError(f"{self.gguf.name} carries no chat template",
-                             hint="use a GGUF converted with its tokenizer's chat template")
+            raise ModelError(
+                f"{self.gguf.name} carries no chat template",
+                hint="use a GGUF converted with its tokenizer's chat template",
+            )
         model = self.llama._model
         eos, bos = self.llama.token_eos(), self.llama.token_bos()
         return Jinja2ChatFormatter(
@@ -154,8 +170,9 @@ class Engine:
     def prompt_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """``messages`` rendered by the GGUF's own chat template, tokenized."""
         result = self._formatter(messages=list(messages))
-        return self.llama.tokenize(result.prompt.encode("utf-8"),
-                                   add_bos=not result.added_special, special=True)
+        return self.llama.tokenize(
+            result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
+        )
 
     # --- adapters --------------------------------------------------------------------
 
@@ -172,9 +189,10 @@ class Engine:
         try:
             st = path.stat()
         except OSError as exc:
-            raise ModelError(f"adapter {path} cannot be read: {exc.strerror}",
-                             hint="train it with 'batos personas train' or remove the "
-                             "ADAPTER line") from None
+            raise ModelError(
+                f"adapter {path} cannot be read: {exc.strerror}",
+                hint="train it with 'batos personas train' or remove the ADAPTER line",
+            ) from None
         stamp = (st.st_size, st.st_mtime_ns)
         with self._registry:
             loaded = self._loaded.get(path)
@@ -182,8 +200,9 @@ class Engine:
                 self._loaded.move_to_end(path)
                 return loaded.handle
             with _llama_log_muted():
-                handle = self._lib.llama_adapter_lora_init(self.llama._model.model,
-                                                           str(path).encode("utf-8"))
+                handle = self._lib.llama_adapter_lora_init(
+                    self.llama._model.model, str(path).encode("utf-8")
+                )
             if not handle:
                 raise ModelError(
                     f"adapter {path.name} does not fit the base model {self.gguf.name}",
@@ -224,8 +243,10 @@ class Engine:
         array = (self._lib.llama_adapter_lora_p_ctypes * count)(*handles) if count else None
         scales = (ctypes.c_float * count)(*([1.0] * count)) if count else None
         if self._lib.llama_set_adapters_lora(self.llama._ctx.ctx, array, count, scales):
-            raise ModelError(f"llama.cpp refused adapters {[p.name for p in wanted]}",
-                             hint="check they were converted for this base model")
+            raise ModelError(
+                f"llama.cpp refused adapters {[p.name for p in wanted]}",
+                hint="check they were converted for this base model",
+            )
         # The cached keys and values were computed under the old adapter: forget them all.
         self._forget_cache()
         self._active = wanted
@@ -246,7 +267,7 @@ class Engine:
         """Load ``adapters`` into RAM in the background, taking a turn in the queue."""
 
         def load() -> None:
-            if not self.lock.acquire(timeout=float(settings.get("llm_timeout"))):  # type: ignore[arg-type]
+            if not self.lock.acquire(timeout=settings.get_float("llm_timeout")):
                 return
             try:
                 for path in adapters:
@@ -262,26 +283,35 @@ class Engine:
 
     # --- generation ------------------------------------------------------------------
 
-    def generate(self, messages: Sequence[dict[str, str]], *, adapters: Sequence[Path] = (),
-                 sampling: Sampling = Sampling(),
-                 timeout: float | None = None) -> Iterator[str | Usage]:
+    def generate(
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        adapters: Sequence[Path] = (),
+        sampling: Sampling = Sampling(),
+        timeout: float | None = None,
+    ) -> Iterator[str | Usage]:
         """Stream text pieces for ``messages``, then one ``Usage``; waits its turn first."""
         started = time.monotonic()
-        deadline = started + (timeout or float(settings.get("llm_timeout")))  # type: ignore[arg-type]
+        deadline = started + (timeout or settings.get_float("llm_timeout"))
         if not self.lock.acquire(timeout=deadline - started):
-            raise ModelError(f"the model stayed busy for {timeout}s; the request was dropped",
-                             hint="raise BATOS_LLM_TIMEOUT or send fewer requests at once")
+            raise ModelError(
+                f"the model stayed busy for {timeout}s; the request was dropped",
+                hint="raise BATOS_LLM_TIMEOUT or send fewer requests at once",
+            )
         try:
-            usage = Usage(queued_s=time.monotonic() - started,
-                          adapters=tuple(p.name for p in adapters))
+            usage = Usage(
+                queued_s=time.monotonic() - started, adapters=tuple(p.name for p in adapters)
+            )
             usage.swap_s = self.activate(adapters)
             tokens = self.prompt_tokens(messages)
             yield from self._run(tokens, sampling, deadline, usage, started)
         finally:
             self.lock.release()
 
-    def _run(self, tokens: list[int], sampling: Sampling, deadline: float, usage: Usage,
-             started: float) -> Iterator[str | Usage]:
+    def _run(
+        self, tokens: list[int], sampling: Sampling, deadline: float, usage: Usage, started: float
+    ) -> Iterator[str | Usage]:
         llama, lib = self.llama, self._lib
         usage.prompt_tokens = len(tokens)
         room = self.n_ctx - len(tokens)
@@ -299,8 +329,12 @@ class Engine:
         hold = max((len(s) for s in sampling.stop), default=0)
         try:
             for token in llama.generate(
-                tokens, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
-                temp=sampling.temperature, repeat_penalty=sampling.repeat_penalty,
+                tokens,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                min_p=sampling.min_p,
+                temp=sampling.temperature,
+                repeat_penalty=sampling.repeat_penalty,
             ):
                 if usage.first_token_s is None:
                     usage.first_token_s = time.monotonic() - started
@@ -310,8 +344,9 @@ class Engine:
                 usage.completion_tokens += 1
                 usage.token_ids.append(token)
                 pending += decoder.decode(llama.detokenize([token]))
-                cut = min((i for i in (pending.find(s) for s in sampling.stop) if i >= 0),
-                          default=-1)
+                cut = min(
+                    (i for i in (pending.find(s) for s in sampling.stop) if i >= 0), default=-1
+                )
                 if cut >= 0:
                     pending = pending[:cut]
                     usage.finish_reason = "stop"
@@ -366,7 +401,7 @@ _ENGINES_LOCK = threading.Lock()
 
 def engine(gguf: Path, n_ctx: int = DEFAULT_N_CTX) -> Engine:
     """The process-wide engine for ``gguf`` at ``n_ctx``, loading the model on first use."""
-    threads = int(settings.get("llm_threads"))  # type: ignore[arg-type]
+    threads = settings.get_int("llm_threads")
     key = (str(Path(gguf).resolve()), n_ctx, threads)
     with _ENGINES_LOCK:
         if key not in _ENGINES:

@@ -20,12 +20,20 @@ from batos import settings
 from batos.errors import ModelError
 from prototypes.codex import Codex, PersonaSpec, load_codex
 
-log = logging.getLogger("batos.modelfile")
+log = logging.getLogger("batos.llm.modelfile")
 
 BASE_NAME = "batos-base"
 BASE_FILE = "base.Modelfile"
-INSTRUCTIONS = ("FROM", "ADAPTER", "SYSTEM", "TEMPLATE", "PARAMETER", "MESSAGE", "LICENSE",
-                "REQUIRES")
+INSTRUCTIONS = (
+    "FROM",
+    "ADAPTER",
+    "SYSTEM",
+    "TEMPLATE",
+    "PARAMETER",
+    "MESSAGE",
+    "LICENSE",
+    "REQUIRES",
+)
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -37,11 +45,28 @@ def _bool(text: str) -> bool:
 
 #: Ollama's runtime parameters and their types (api/types.go ``Options``); ``stop`` repeats.
 PARAMETER_TYPES: dict[str, Callable[[str], object]] = {
-    "num_ctx": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
-    "num_keep": int, "num_predict": int, "seed": int, "top_k": int, "repeat_last_n": int,
-    "mirostat": int, "temperature": float, "top_p": float, "min_p": float, "typical_p": float,
-    "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
-    "mirostat_tau": float, "mirostat_eta": float, "use_mmap": _bool, "stop": str,
+    "num_ctx": int,
+    "num_batch": int,
+    "num_gpu": int,
+    "main_gpu": int,
+    "num_thread": int,
+    "num_keep": int,
+    "num_predict": int,
+    "seed": int,
+    "top_k": int,
+    "repeat_last_n": int,
+    "mirostat": int,
+    "temperature": float,
+    "top_p": float,
+    "min_p": float,
+    "typical_p": float,
+    "repeat_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "mirostat_tau": float,
+    "mirostat_eta": float,
+    "use_mmap": _bool,
+    "stop": str,
 }
 
 
@@ -65,8 +90,9 @@ class Modelfile:
     def adapter_paths(self) -> tuple[Path, ...]:
         """ADAPTER values as paths; relative ones are relative to the Modelfile's folder."""
         folder = self.path.parent if self.path else Path.cwd()
-        return tuple((folder / a).resolve() if not Path(a).is_absolute() else Path(a)
-                     for a in self.adapters)
+        return tuple(
+            (folder / a).resolve() if not Path(a).is_absolute() else Path(a) for a in self.adapters
+        )
 
 
 def _unquote(value: str, where: str) -> str:
@@ -74,8 +100,10 @@ def _unquote(value: str, where: str) -> str:
         body = value[1:-1]
         return re.sub(r'\\(["\\])', r"\1", body)
     if value.startswith('"'):
-        raise ModelfileError(f"{where}: unterminated string {value!r}",
-                             hint='close the value with " or use """…""" for several lines')
+        raise ModelfileError(
+            f"{where}: unterminated string {value!r}",
+            hint='close the value with " or use """…""" for several lines',
+        )
     return value
 
 
@@ -95,19 +123,23 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
         word, _, rest = raw.partition(" ")
         instruction, rest = word.upper(), rest.strip()
         if instruction not in INSTRUCTIONS:
-            raise ModelfileError(f"{where}: unknown instruction {word!r}",
-                                 hint=f"use one of {', '.join(INSTRUCTIONS)}")
+            raise ModelfileError(
+                f"{where}: unknown instruction {word!r}",
+                hint=f"use one of {', '.join(INSTRUCTIONS)}",
+            )
         if rest.startswith('"""'):
             body, rest_of_line = rest[3:], ""
             while '"""' not in body:
                 if i >= len(lines):
-                    raise ModelfileError(f"{where}: {instruction} opens \"\"\" but never closes it",
-                                         hint='end the value with """')
+                    raise ModelfileError(
+                        f'{where}: {instruction} opens """ but never closes it',
+                        hint='end the value with """',
+                    )
                 body += "\n" + lines[i]
                 i += 1
             value, _, rest_of_line = body.partition('"""')
             if rest_of_line.strip():
-                raise ModelfileError(f"{where}: text after the closing \"\"\": {rest_of_line!r}")
+                raise ModelfileError(f'{where}: text after the closing """: {rest_of_line!r}')
         else:
             value = rest
         if not value and instruction != "SYSTEM":
@@ -119,8 +151,9 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
         elif instruction == "ADAPTER":
             fields["adapters"].append(_unquote(value, where))  # type: ignore[union-attr]
         elif instruction in ("SYSTEM", "TEMPLATE"):
-            fields[instruction.lower()] = value if rest.startswith('"""') else _unquote(value,
-                                                                                      where)
+            fields[instruction.lower()] = (
+                value if rest.startswith('"""') else _unquote(value, where)
+            )
         elif instruction == "LICENSE":
             fields["license"].append(value)  # type: ignore[union-attr]
         elif instruction == "PARAMETER":
@@ -128,17 +161,23 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
         elif instruction == "MESSAGE":
             role, _, content = value.partition(" ")
             if role.lower() not in MESSAGE_ROLES:
-                raise ModelfileError(f"{where}: MESSAGE role {role!r} is not one of "
-                                     f"{', '.join(MESSAGE_ROLES)}")
+                raise ModelfileError(
+                    f"{where}: MESSAGE role {role!r} is not one of {', '.join(MESSAGE_ROLES)}"
+                )
             fields["messages"].append((role.lower(), _unquote(content.strip(), where)))  # type: ignore[union-attr]
     if from_ is None:
-        raise ModelfileError(f"{name}: no FROM instruction",
-                             hint="start the Modelfile with FROM <model or file>")
+        raise ModelfileError(
+            f"{name}: no FROM instruction", hint="start the Modelfile with FROM <model or file>"
+        )
     return Modelfile(
-        from_=from_, path=path, adapters=tuple(fields["adapters"]),  # type: ignore[arg-type]
-        system=fields.get("system"), template=fields.get("template"),  # type: ignore[arg-type]
+        from_=from_,
+        path=path,
+        adapters=tuple(fields["adapters"]),  # type: ignore[arg-type]
+        system=fields.get("system"),
+        template=fields.get("template"),  # type: ignore[arg-type]
         parameters=fields["parameters"],  # type: ignore[arg-type]
-        messages=tuple(fields["messages"]), license=tuple(fields["license"]),  # type: ignore[arg-type]
+        messages=tuple(fields["messages"]),
+        license=tuple(fields["license"]),  # type: ignore[arg-type]
     )
 
 
@@ -146,8 +185,10 @@ def _parameter(parameters: dict[str, object], value: str, where: str) -> None:
     key, _, raw = value.partition(" ")
     key, raw = key.lower(), raw.strip()
     if key not in PARAMETER_TYPES:
-        raise ModelfileError(f"{where}: unknown PARAMETER {key!r}",
-                             hint=f"known parameters: {', '.join(sorted(PARAMETER_TYPES))}")
+        raise ModelfileError(
+            f"{where}: unknown PARAMETER {key!r}",
+            hint=f"known parameters: {', '.join(sorted(PARAMETER_TYPES))}",
+        )
     if not raw:
         raise ModelfileError(f"{where}: PARAMETER {key} needs a value")
     try:
@@ -175,7 +216,7 @@ def load(path: Path) -> Modelfile:
 
 
 def modelfiles_dir() -> Path:
-    return Path(str(settings.get("modelfiles")))
+    return Path(settings.get_str("modelfiles"))
 
 
 def persona_file(persona: str) -> str:
@@ -198,18 +239,24 @@ class PersonaModel:
         return self.modelfile.adapter_paths()
 
 
-def persona_model(persona: str, folder: Path | None = None,
-                  codex: Codex | None = None) -> PersonaModel:
+def persona_model(
+    persona: str, folder: Path | None = None, codex: Codex | None = None
+) -> PersonaModel:
     """Resolve ``persona``'s Modelfile against the base Modelfile its FROM names."""
     spec = (codex or load_codex()).persona(persona)
     folder = folder or modelfiles_dir()
     own = load(folder / persona_file(spec.name))
     base = base_modelfile(folder)
     if own.from_ != BASE_NAME:
-        raise ModelfileError(f"{own.path}: FROM {own.from_!r}, expected FROM {BASE_NAME}",
-                             hint="persona models share one base; run 'batos models render'")
+        raise ModelfileError(
+            f"{own.path}: FROM {own.from_!r}, expected FROM {BASE_NAME}",
+            hint="persona models share one base; run 'batos models render'",
+        )
     return PersonaModel(
-        persona=spec.name, name=spec.model, modelfile=own, base=base,
+        persona=spec.name,
+        name=spec.model,
+        modelfile=own,
+        base=base,
         system=own.system if own.system is not None else base.system,
         parameters={**base.parameters, **own.parameters},
     )
@@ -221,9 +268,11 @@ def base_modelfile(folder: Path | None = None) -> Modelfile:
 
 # --- rendering from the codex -------------------------------------------------------------
 
-_HEADER = ("# {persona}'s model. SYSTEM is generated from prototypes/codex.toml by "
-           "'batos models render';\n# edit the codex, not the SYSTEM block. The rest of this "
-           "file is maintained by hand.\n")
+_HEADER = (
+    "# {persona}'s model. SYSTEM is generated from prototypes/codex.toml by "
+    "'batos models render';\n# edit the codex, not the SYSTEM block. The rest of this "
+    "file is maintained by hand.\n"
+)
 _SYSTEM_BLOCK = re.compile(r'^SYSTEM[ \t]+"""(?:.|\n)*?"""[ \t]*$', re.MULTILINE | re.IGNORECASE)
 
 
@@ -231,9 +280,12 @@ def render(spec: PersonaSpec, current: str | None) -> str:
     """``current`` with its SYSTEM block replaced by the codex identity (a new file if None)."""
     block = f'SYSTEM """{spec.identity}"""'
     if current is None:
-        return (_HEADER.format(persona=spec.name)
-                + f"FROM {BASE_NAME}\nADAPTER ./adapters/default/{spec.name.lower()}.gguf\n"
-                + block + "\n")
+        return (
+            _HEADER.format(persona=spec.name)
+            + f"FROM {BASE_NAME}\nADAPTER ./adapters/default/{spec.name.lower()}.gguf\n"
+            + block
+            + "\n"
+        )
     if _SYSTEM_BLOCK.search(current):
         return _SYSTEM_BLOCK.sub(lambda _: block, current, count=1)
     return current.rstrip("\n") + "\n" + block + "\n"

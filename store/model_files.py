@@ -21,7 +21,7 @@ from pathlib import Path
 from batos import settings
 from batos.errors import ModelFileError
 
-log = logging.getLogger("batos.models")
+log = logging.getLogger("batos.model_files")
 
 _CHUNK = 1 << 22
 _GGUF_MAGIC = b"GGUF"
@@ -107,7 +107,7 @@ def _verified(path: Path, marker: Path) -> bool:
 
 def assemble(spec: ModelSpec, cache: Path | None = None) -> Path:
     """The verified GGUF file of ``spec``, assembling it from its parts on first use."""
-    cache = Path(cache or str(settings.get("model_cache")))
+    cache = Path(cache or settings.get_str("model_cache"))
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / spec.filename
     marker = cache / (spec.filename + ".verified")
@@ -152,7 +152,7 @@ def assemble(spec: ModelSpec, cache: Path | None = None) -> Path:
 
 def model_path(which: str | None = None) -> Path:
     """The GGUF file for ``which`` (default: the ``model`` setting): a name or a path."""
-    which = which or str(settings.get("model"))
+    which = which or settings.get_str("model")
     specs = catalog()
     if which in specs:
         return assemble(specs[which])

@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from batos import settings
 from batos.errors import ModelError
+from graph.cli.app import console
 
-console = Console()
-models_app = typer.Typer(help="Persona models: Modelfiles, adapters, Ollama and embedded backends.",
-                         no_args_is_help=True)
+models_app = typer.Typer(
+    help="Persona models: Modelfiles, adapters, Ollama and embedded backends.", no_args_is_help=True
+)
 
 
 @models_app.command("list")
@@ -22,12 +22,12 @@ def list_models() -> None:
 
     Example: batos models list
     """
-    from graph.modelfile import persona_model
+    from graph.llm.modelfile import persona_model
     from prototypes.codex import load_codex
-    from store.models import catalog
+    from store.model_files import catalog
 
     names = list(catalog())
-    table = Table(title=f"Persona models ({settings.get('modelfiles')})")
+    table = Table(title=f"Persona models ({settings.get_str('modelfiles')})")
     columns = ("persona", "ollama model", "FROM", "temperature", *[f"adapter:{n}" for n in names])
     for column in columns:
         table.add_column(column)
@@ -37,8 +37,13 @@ def list_models() -> None:
         for which in names:
             paths = [p.parent.parent / which / p.name for p in model.adapters]
             cells.append(", ".join("✓" if p.is_file() else "not trained" for p in paths) or "-")
-        table.add_row(name, model.name, model.modelfile.from_,
-                      str(model.parameters.get("temperature", "-")), *cells)
+        table.add_row(
+            name,
+            model.name,
+            model.modelfile.from_,
+            str(model.parameters.get("temperature", "-")),
+            *cells,
+        )
     console.print(table)
 
 
@@ -50,7 +55,7 @@ def render(
 
     Example: batos models render --check
     """
-    from graph.modelfile import render_all
+    from graph.llm.modelfile import render_all
 
     stale = render_all(write=not check)
     for path in stale:
@@ -69,23 +74,25 @@ def build(
 
     Example: OLLAMA_HOST=http://127.0.0.1:11434 batos models build
     """
-    from graph.llm_ollama import provision
-    from graph.models import _host_url
+    from graph.llm import _host_url
+    from graph.llm.ollama import provision
 
-    host = str(settings.get("ollama_host"))
+    host = settings.get_str("ollama_host")
     if not host:
-        raise ModelError("OLLAMA_HOST is not set",
-                         hint="set it to your server (http://127.0.0.1:11434); without Ollama the "
-                         "embedded backend serves the Modelfiles directly and needs no build")
+        raise ModelError(
+            "OLLAMA_HOST is not set",
+            hint="set it to your server (http://127.0.0.1:11434); without Ollama the "
+            "embedded backend serves the Modelfiles directly and needs no build",
+        )
     with console.status("provisioning persona models…") as status:
-        report = provision(_host_url(host), force=force,
-                           progress=lambda text: status.update(text))
+        report = provision(_host_url(host), force=force, progress=lambda text: status.update(text))
     console.print(f"present: {', '.join(report.present) or '-'}")
     console.print(f"pulled:  {', '.join(report.pulled) or '-'}")
     console.print(f"created: {', '.join(report.created) or '-'}")
     if report.without_adapter:
-        console.print(f"[yellow]without adapter (not trained yet):[/] "
-                      f"{', '.join(report.without_adapter)}")
+        console.print(
+            f"[yellow]without adapter (not trained yet):[/] {', '.join(report.without_adapter)}"
+        )
 
 
 @models_app.command("status")
@@ -94,29 +101,31 @@ def status() -> None:
 
     Example: BATOS_MODEL=test batos models status
     """
-    from graph.llm_embedded import adapter_paths
-    from graph.modelfile import persona_model
-    from graph.models import _host_url, select_backend
+    from graph.llm import _host_url, select_backend
+    from graph.llm.embedded import adapter_paths
+    from graph.llm.modelfile import persona_model
     from prototypes.codex import load_codex
 
     backend = select_backend()
     console.print(f"backend: [bold]{backend}[/]")
     if backend == "openai":
-        console.print(f"endpoint: {settings.get('openai_base_url')}")
+        console.print(f"endpoint: {settings.get_str('openai_base_url')}")
         return
     if backend == "ollama":
         import ollama
 
-        host = _host_url(str(settings.get("ollama_host")))
+        host = _host_url(settings.get_str("ollama_host"))
         present = {m.model for m in ollama.Client(host=host).list().models}
         for name, spec in load_codex().personas.items():
             ready = f"{spec.model}:latest" in present or spec.model in present
-            console.print(f"  {name:7} {spec.model:14} "
-                          f"{'ready' if ready else 'missing: run batos models build'}")
+            console.print(
+                f"  {name:7} {spec.model:14} "
+                f"{'ready' if ready else 'missing: run batos models build'}"
+            )
         return
-    from store.models import model_path
+    from store.model_files import model_path
 
-    which = str(settings.get("model"))
+    which = settings.get_str("model")
     console.print(f"base model: {which} → {model_path(which)}")
     for name in load_codex().personas:
         adapters = adapter_paths(persona_model(name), which)
@@ -134,10 +143,13 @@ def say(
 
     Example: BATOS_MODEL=test batos say robin "I feel lost today"
     """
-    from graph.models import chat_model
+    from graph.llm import chat_model
 
-    options = {k: v for k, v in (("temperature", temperature), ("num_predict", max_tokens))
-               if v is not None}
+    options = {
+        k: v
+        for k, v in (("temperature", temperature), ("num_predict", max_tokens))
+        if v is not None
+    }
     model = chat_model(persona, **options)
     usage = None
     for chunk in model.stream(text):
@@ -146,8 +158,10 @@ def say(
         usage = chunk.usage_metadata or usage
     sys.stdout.write("\n")
     if usage:
-        console.print(f"[dim]{usage['input_tokens']} prompt + {usage['output_tokens']} "
-                      "reply tokens[/]", highlight=False)
+        console.print(
+            f"[dim]{usage['input_tokens']} prompt + {usage['output_tokens']} reply tokens[/]",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,13 +18,19 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from batos import settings
-from graph.llm_engine import DEFAULT_N_CTX, Engine, Sampling, Usage, engine
-from graph.modelfile import PersonaModel, modelfiles_dir, persona_model
+from graph.llm.engine import DEFAULT_N_CTX, Engine, Sampling, Usage, engine
+from graph.llm.modelfile import PersonaModel, modelfiles_dir, persona_model
 
-log = logging.getLogger("batos.llm")
+log = logging.getLogger("batos.llm.embedded")
 
-_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool",
-          "chat": "user", "function": "tool"}
+_ROLES = {
+    "system": "system",
+    "human": "user",
+    "ai": "assistant",
+    "tool": "tool",
+    "chat": "user",
+    "function": "tool",
+}
 _warned: set[tuple[str, str]] = set()
 
 
@@ -42,8 +48,7 @@ def message_dicts(messages: Sequence[BaseMessage], system: str | None) -> list[d
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "".join(part if isinstance(part, str) else str(part.get("text", ""))
-                   for part in content)
+    return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
 
 
 def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
@@ -53,11 +58,15 @@ def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
     named base model ``which`` takes the same file name from adapters/<which>/. A custom GGUF
     path has no trained adapters, so it runs on the system prompt alone.
     """
-    from store.models import catalog
+    from store.model_files import catalog
 
     if which not in catalog():
-        _warn_once(model.persona, which, f"{model.persona}: base {which} is a custom GGUF; "
-                   "persona adapters are trained per named model, so only SYSTEM applies")
+        _warn_once(
+            model.persona,
+            which,
+            f"{model.persona}: base {which} is a custom GGUF; "
+            "persona adapters are trained per named model, so only SYSTEM applies",
+        )
         return ()
     found = []
     for declared in model.adapters:
@@ -65,8 +74,12 @@ def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
         if path.is_file():
             found.append(path)
         else:
-            _warn_once(model.persona, which, f"{model.persona} has no adapter for model "
-                       f"{which!r} yet ({path} is missing); serving it with its system prompt")
+            _warn_once(
+                model.persona,
+                which,
+                f"{model.persona} has no adapter for model "
+                f"{which!r} yet ({path} is missing); serving it with its system prompt",
+            )
     return tuple(found)
 
 
@@ -115,11 +128,11 @@ class EmbeddedChatModel(BaseChatModel):
         return {"persona": self.persona, "base_model": self._which()}
 
     def _which(self) -> str:
-        return self.base_model or str(settings.get("model"))
+        return self.base_model or settings.get_str("model")
 
     def resolve(self) -> tuple[PersonaModel, Engine, tuple[Path, ...]]:
         """The persona's resolved Modelfile, the engine serving it and its adapter files."""
-        from store.models import model_path
+        from store.model_files import model_path
 
         folder = Path(self.modelfiles) if self.modelfiles else modelfiles_dir()
         model = persona_model(self.persona, folder)
@@ -127,36 +140,60 @@ class EmbeddedChatModel(BaseChatModel):
         n_ctx = int(model.parameters.get("num_ctx", DEFAULT_N_CTX))  # type: ignore[call-overload]
         return model, engine(model_path(which), n_ctx), adapter_paths(model, which)
 
-    def _pieces(self, messages: list[BaseMessage],
-                stop: list[str] | None) -> Iterator[str | Usage]:
+    def _pieces(self, messages: list[BaseMessage], stop: list[str] | None) -> Iterator[str | Usage]:
         model, eng, adapters = self.resolve()
-        overrides = {name: getattr(self, name) for name in
-                     ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                      "num_predict", "seed")}
+        overrides = {
+            name: getattr(self, name)
+            for name in (
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "repeat_penalty",
+                "num_predict",
+                "seed",
+            )
+        }
         sampling = sampling_for(model.parameters, overrides)
         if stop:
             sampling = Sampling(**{**sampling.__dict__, "stop": (*sampling.stop, *stop)})
-        return eng.generate(message_dicts(messages, model.system), adapters=adapters,
-                            sampling=sampling, timeout=self.timeout)
+        return eng.generate(
+            message_dicts(messages, model.system),
+            adapters=adapters,
+            sampling=sampling,
+            timeout=self.timeout,
+        )
 
-    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                run_manager: CallbackManagerForLLMRun | None = None,
-                **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
         for piece in self._pieces(messages, stop):
             if isinstance(piece, Usage):
-                yield ChatGenerationChunk(message=AIMessageChunk(
-                    content="", usage_metadata=_usage_metadata(piece),
-                    response_metadata=self._metadata(piece), chunk_position="last",
-                ))
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content="",
+                        usage_metadata=_usage_metadata(piece),
+                        response_metadata=self._metadata(piece),
+                        chunk_position="last",
+                    )
+                )
                 return
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
             if run_manager:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         text: list[str] = []
         usage = Usage()
         for piece in self._pieces(messages, stop):
@@ -164,16 +201,26 @@ class EmbeddedChatModel(BaseChatModel):
                 usage = piece
             else:
                 text.append(piece)
-        message = AIMessage(content="".join(text), usage_metadata=_usage_metadata(usage),
-                            response_metadata=self._metadata(usage))
+        message = AIMessage(
+            content="".join(text),
+            usage_metadata=_usage_metadata(usage),
+            response_metadata=self._metadata(usage),
+        )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _metadata(self, usage: Usage) -> dict[str, Any]:
-        return {"model_name": f"{self.persona.lower()}@{self._which()}",
-                "finish_reason": usage.finish_reason, "adapters": list(usage.adapters),
-                "time_to_first_token_s": usage.first_token_s, "total_s": usage.total_s}
+        return {
+            "model_name": f"{self.persona.lower()}@{self._which()}",
+            "finish_reason": usage.finish_reason,
+            "adapters": list(usage.adapters),
+            "time_to_first_token_s": usage.first_token_s,
+            "total_s": usage.total_s,
+        }
 
 
 def _usage_metadata(usage: Usage) -> Any:
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }

@@ -17,31 +17,18 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from batos.errors import BatosError, ObjectPathError
-from graph.app import open_image
+from graph.boot import open_image
+from graph.cli.app import console, image_uri, model_factory
 from prototypes import kernel
 from prototypes.incarnation import OBJECTS_KEY
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
-
-#: Chat-model factory for missions started from the command line (None: graph.models).
-model_factory = None
 
 methods_app = typer.Typer(
     help="Methods in the image: list them, add one by hand, remove one.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
-
-
-def _cli() -> Any:
-    from graph import cli
-
-    return cli
-
-
-def _uri(ctx: typer.Context) -> str:
-    root_ctx = ctx.find_root()
-    return root_ctx.obj["image"]
 
 
 def _prototype(root: Any, path: str) -> UvmObject:
@@ -67,9 +54,11 @@ def _walk(root: Any) -> Iterator[tuple[str, UvmObject]]:
                 continue
             seen.add(id(obj))
             yield where, obj
-            following += [(f"{where}.{slot}", value)
-                          for slot, value in sorted(obj._slots().items())
-                          if isinstance(value, UvmObject)]  # fmt: skip
+            following += [
+                (f"{where}.{slot}", value)
+                for slot, value in sorted(obj._slots().items())
+                if isinstance(value, UvmObject)
+            ]
         frontier = following
 
 
@@ -90,8 +79,7 @@ def methods(
     """
     if ctx.invoked_subcommand is not None:
         return
-    console = _cli().console
-    with open_image(_uri(ctx)) as image, image.read() as root:
+    with open_image(image_uri(ctx)) as image, image.read() as root:
         found = [
             (where, m)
             for where, obj in ([(path, _prototype(root, path))] if path else _walk(root))
@@ -99,18 +87,31 @@ def methods(
         ]
         if as_json:
             rows = [
-                {"path": where, "selector": m.selector, "intent": m.intent, "author": m.author,
-                 "verdict": m.audit.get("verdict"), "created": m.created, "source": m.source}
+                {
+                    "path": where,
+                    "selector": m.selector,
+                    "intent": m.intent,
+                    "author": m.author,
+                    "verdict": m.audit.get("verdict"),
+                    "created": m.created,
+                    "source": m.source,
+                }
                 for where, m in found
-            ]  # fmt: skip
+            ]
             console.print_json(json.dumps(rows))
             return
         table = Table(title="Methods written through the gate")
         for column in ("object", "selector", "author", "verdict", "created", "intent"):
             table.add_column(column)
         for where, m in found:
-            table.add_row(where, m.selector, m.author, str(m.audit.get("verdict", "-")),
-                          _when(m.created), m.intent or "-")  # fmt: skip
+            table.add_row(
+                where,
+                m.selector,
+                m.author,
+                str(m.audit.get("verdict", "-")),
+                _when(m.created),
+                m.intent or "-",
+            )
         console.print(table)
         if source:
             for where, m in found:
@@ -124,8 +125,11 @@ def methods_add(
     path: str = typer.Argument(..., help="Object that gets the method, e.g. brick."),
     selector: str = typer.Argument(..., help="Method name; the file must define it."),
     file: Path = typer.Argument(..., help="Python file with 'def SELECTOR(self, ...):'."),
-    intent: str = typer.Option("", "--intent", help="What the method is for (default: the "
-                               "object's declared intent, if any)."),  # fmt: skip
+    intent: str = typer.Option(
+        "",
+        "--intent",
+        help="What the method is for (default: the object's declared intent, if any).",
+    ),
 ) -> None:
     """Audit a hand-written method and install it; every finding is printed if it is refused.
 
@@ -134,15 +138,16 @@ def methods_add(
     try:
         source = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise BatosError(f"cannot read {file}: {exc.strerror}",
-                         hint="pass the path of a Python file") from exc  # fmt: skip
+        raise BatosError(
+            f"cannot read {file}: {exc.strerror}", hint="pass the path of a Python file"
+        ) from exc
 
     def install(root: Any) -> Method:
         return kernel.add_method(_prototype(root, path), selector, source, intent=intent)
 
-    with open_image(_uri(ctx)) as image:
+    with open_image(image_uri(ctx)) as image:
         method = image.transact(install, note=f"methods add {path}.{selector}")
-        _cli().console.print(f"installed [bold]{path}.{method.selector}[/] (audit: approved)")
+        console.print(f"installed [bold]{path}.{method.selector}[/] (audit: approved)")
 
 
 @methods_app.command("remove")
@@ -159,15 +164,18 @@ def methods_remove(
     def remove(root: Any) -> None:
         target = _prototype(root, path)
         if not isinstance(target._slots().get(selector), Method):
-            own = ", ".join(sorted(k for k, v in target._slots().items()
-                                   if isinstance(v, Method))) or "none"  # fmt: skip
-            raise ObjectPathError(f"{path} has no own method {selector!r}",
-                                  hint=f"its methods: {own}")  # fmt: skip
+            own = (
+                ", ".join(sorted(k for k, v in target._slots().items() if isinstance(v, Method)))
+                or "none"
+            )
+            raise ObjectPathError(
+                f"{path} has no own method {selector!r}", hint=f"its methods: {own}"
+            )
         delattr(target, selector)
 
-    with open_image(_uri(ctx)) as image:
+    with open_image(image_uri(ctx)) as image:
         image.transact(remove, note=f"methods remove {path}.{selector}")
-    _cli().console.print(f"removed {path}.{selector}")
+    console.print(f"removed {path}.{selector}")
 
 
 def _argument(text: str) -> Any:
@@ -176,7 +184,7 @@ def _argument(text: str) -> Any:
     except json.JSONDecodeError:
         raise BatosError(
             f"argument {text!r} is not a JSON literal",
-            hint='quote strings JSON-style: \'"hello"\', numbers as 3, lists as \'[1, 2]\'',
+            hint="quote strings JSON-style: '\"hello\"', numbers as 3, lists as '[1, 2]'",
         ) from None
 
 
@@ -205,16 +213,16 @@ def send(
     from graph import jit
 
     values = [_argument(a) for a in args or []]
-    console = _cli().console
 
     def deliver(root: Any) -> Any:
         receiver = _prototype(root, path)
         found = receiver._lookup(selector)
         if found is not None and not isinstance(found[1], Method):
             if values:
-                raise BatosError(f"{path}.{selector} is a data slot, not a method",
-                                 hint=f"send it without arguments to read it, or use "
-                                 f"'batos inspect {path}'")  # fmt: skip
+                raise BatosError(
+                    f"{path}.{selector} is a data slot, not a method",
+                    hint=f"send it without arguments to read it, or use 'batos inspect {path}'",
+                )
             return found[1]
         if found is not None:
             try:
@@ -228,11 +236,11 @@ def send(
                     hint="nothing was changed; check the arguments ('batos methods -p "
                     f"{path}' shows the method's source)",
                 ) from exc
-        runner = jit.JitRunner(model_factory=model_factory)
+        runner = jit.JitRunner(model_factory=model_factory(ctx))
         with console.status(f"{path} does not understand {selector!r}: writing it…"):
             return runner.send(receiver, selector, tuple(values), {})
 
-    with open_image(_uri(ctx)) as image:
+    with open_image(image_uri(ctx)) as image:
         result = _plain(image.transact(deliver, note=f"send {path}.{selector}"))
     if as_json:
         typer.echo(json.dumps(result, default=repr))

@@ -28,7 +28,7 @@ from batos.errors import ModelError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-log = logging.getLogger("batos.lora_gguf")
+log = logging.getLogger("batos.training.gguf")
 
 DISTRIBUTION = "llama-cpp-python"
 #: What the converters need from ``vendor/llama.cpp`` of the sdist.
@@ -43,7 +43,7 @@ class ConversionError(ModelError):
 def tools_dir() -> Path:
     """The unpacked converters for the installed llama-cpp-python, fetched on first use."""
     version = importlib.metadata.version(DISTRIBUTION)
-    target = Path(str(settings.get("model_cache"))) / f"llama.cpp-tools-{version}"
+    target = Path(settings.get_str("model_cache")) / f"llama.cpp-tools-{version}"
     if (target / "convert_lora_to_gguf.py").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def tools_dir() -> Path:
 
 
 def _sdist(version: str, scratch: Path) -> Path:
-    local = str(settings.get("llama_cpp_sdist"))
+    local = settings.get_str("llama_cpp_sdist")
     if local:
         path = Path(local).expanduser()
         if not path.is_file():
@@ -67,8 +67,19 @@ def _sdist(version: str, scratch: Path) -> Path:
                 hint=f"point it at llama_cpp_python-{version}.tar.gz, or unset it to download",
             )
         return path
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               f"{DISTRIBUTION}=={version}", "-d", str(scratch), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        f"{DISTRIBUTION}=={version}",
+        "-d",
+        str(scratch),
+        "--quiet",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     found = sorted(scratch.glob("llama_cpp_python-*.tar.gz"))
     if done.returncode != 0 or not found:
@@ -112,7 +123,11 @@ def _run(script: str, args: list[str], what: str) -> None:
     try:
         done = subprocess.run(
             [sys.executable, str(tools / script), *args],
-            capture_output=True, text=True, env=env, timeout=CONVERT_TIMEOUT, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=CONVERT_TIMEOUT,
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         raise ConversionError(f"{what} took longer than {CONVERT_TIMEOUT}s") from exc
@@ -184,7 +199,10 @@ def _quiet_llama(base: Path) -> Iterator[object]:
 def greedy_reply(llm: object, system: str, prompt: str, max_tokens: int) -> str:
     reply = llm.create_chat_completion(  # type: ignore[attr-defined]
         messages=[{"role": "system", "content": system}, {"role": "user", "content": prompt}],
-        temperature=0.0, top_k=1, max_tokens=max_tokens, seed=0,
+        temperature=0.0,
+        top_k=1,
+        max_tokens=max_tokens,
+        seed=0,
     )
     return reply["choices"][0]["message"]["content"]
 

@@ -11,18 +11,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from graph.cli.app import console, image_uri
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage
-
-console = Console()
 
 
 @contextmanager
 def _saver(ctx: typer.Context) -> Iterator[ZODBSaver]:
-    with LivingImage.open(ctx.obj["image"]) as image, ZODBSaver(image) as saver:
+    with LivingImage.open(image_uri(ctx)) as image, ZODBSaver(image) as saver:
         yield saver
 
 
@@ -54,8 +52,12 @@ def threads(
                 table.add_column(column)
             for s in saver.threads():
                 table.add_row(
-                    s.thread_id, str(s.namespaces), str(s.checkpoints), str(s.writes),
-                    _size(s.bytes), _when(s.created),
+                    s.thread_id,
+                    str(s.namespaces),
+                    str(s.checkpoints),
+                    str(s.writes),
+                    _size(s.bytes),
+                    _when(s.created),
                 )
             console.print(table)
             return
@@ -108,7 +110,7 @@ def pack(
     Packing removes the undo history older than --days: transactions before that point can no
     longer be undone with 'batos undo'. Example: batos pack --days 7
     """
-    with LivingImage.open(ctx.obj["image"]) as image:
+    with LivingImage.open(image_uri(ctx)) as image:
         before = image.db.getSize()
         with console.status("packing…"):
             image.db.pack(days=days)

@@ -3,7 +3,7 @@
 A persona's adapter is trained on ``modelfiles/data/<persona>.jsonl`` (prompt/reply pairs in
 the persona's voice), each example formatted with the base model's chat template under the
 persona's system prompt, with the loss on the reply tokens only. The result is converted to a
-GGUF LoRA (``graph.lora_gguf``) at ``modelfiles/adapters/<model>/<persona>.gguf`` and recorded
+GGUF LoRA (``graph.training.gguf``) at ``modelfiles/adapters/<model>/<persona>.gguf`` and recorded
 in that folder's ``manifest.json``. The peft weights are kept in the model cache for ``fuse``.
 """
 
@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 from batos import settings
 from batos.errors import ConfigurationError, ModelError
 from prototypes.codex import PERSONAS, load_codex
-from store.models import catalog, model_path
+from store.model_files import catalog, model_path
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-log = logging.getLogger("batos.training")
+log = logging.getLogger("batos.training.lora")
 
 #: Attention projections only: enough to carry a voice, and small enough to commit.
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -92,7 +92,7 @@ class TrainingResult:
 
 
 def modelfiles_dir() -> Path:
-    return Path(str(settings.get("modelfiles")))
+    return Path(settings.get_str("modelfiles"))
 
 
 def data_file(persona: str) -> Path:
@@ -110,7 +110,7 @@ def adapters_dir(model: str) -> Path:
 
 
 def cache_dir() -> Path:
-    return Path(str(settings.get("model_cache")))
+    return Path(settings.get_str("model_cache"))
 
 
 def peft_dir(model: str, persona: str) -> Path:
@@ -232,7 +232,7 @@ def encode(
             hint="train on a model with a ChatML-like template",
         )
     prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    reply_ids = tokenizer(full[len(prefix):], add_special_tokens=False)["input_ids"]
+    reply_ids = tokenizer(full[len(prefix) :], add_special_tokens=False)["input_ids"]
     ids = (prefix_ids + reply_ids)[:max_tokens]
     labels = ([-100] * len(prefix_ids) + reply_ids)[:max_tokens]
     return ids, labels
@@ -246,7 +246,7 @@ def _batches(
         order = list(range(len(rows)))
         rng.shuffle(order)
         for start in range(0, len(order) - batch_size + 1, batch_size):
-            yield [rows[i] for i in order[start:start + batch_size]]
+            yield [rows[i] for i in order[start : start + batch_size]]
 
 
 def _collate(
@@ -262,8 +262,11 @@ def _collate(
         ids[row, : len(tokens)] = torch.tensor(tokens)
         labels[row, : len(targets)] = torch.tensor(targets)
         mask[row, : len(tokens)] = 1
-    return {"input_ids": ids.to(device), "labels": labels.to(device),
-            "attention_mask": mask.to(device)}
+    return {
+        "input_ids": ids.to(device),
+        "labels": labels.to(device),
+        "attention_mask": mask.to(device),
+    }
 
 
 def _learning_rate(step: int, plan: TrainingPlan) -> float:
@@ -297,7 +300,7 @@ def train_persona(
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    from graph import lora_gguf
+    from graph.training import gguf as lora_gguf
 
     persona = persona_name(plan.persona)
     if plan.steps <= 0 or plan.rank <= 0 or plan.batch_size <= 0:
@@ -354,8 +357,14 @@ def train_persona(
             optimiser.zero_grad(set_to_none=True)
             losses.append(float(loss.item()))
             if (step + 1) % max(1, plan.steps // 10) == 0:
-                log.info("%s: step %d/%d, loss %.3f, %.1f s/step", persona, step + 1,
-                         plan.steps, losses[-1], (time.monotonic() - started) / (step + 1))
+                log.info(
+                    "%s: step %d/%d, loss %.3f, %.1f s/step",
+                    persona,
+                    step + 1,
+                    plan.steps,
+                    losses[-1],
+                    (time.monotonic() - started) / (step + 1),
+                )
             if on_step:
                 on_step(step + 1, plan.steps, losses[-1])
         peft_model.eval()
@@ -484,7 +493,7 @@ def fuse_persona(model: str, persona: str, outtype: str = "q8_0") -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from graph import lora_gguf
+    from graph.training import gguf as lora_gguf
 
     persona = persona_name(persona)
     source = peft_dir(model, persona)

@@ -8,29 +8,25 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from batos.errors import BatosError, CatalogError, DocumentError
+from graph.cli.app import console, err_console, image_uri, model_factory
+from graph.curation import babs_summarizer
 from store.catalog import KnowledgeCatalog
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 @contextmanager
 def _catalog(ctx: typer.Context) -> Iterator[KnowledgeCatalog]:
-    from graph.app import open_image
+    from graph.boot import open_image
 
-    with open_image(ctx.obj["image"]) as image:
+    with open_image(image_uri(ctx)) as image:
         catalog = KnowledgeCatalog.open(image)
         try:
             yield catalog
@@ -147,30 +143,6 @@ def search(
             console.print(table)
 
 
-def babs_summarizer(**options: object) -> Callable[[list[str]], str]:
-    """``summarize(texts) -> str`` backed by BABS's chat model and graph/prompts/curator.toml."""
-    from langchain_core.messages import HumanMessage, SystemMessage
-
-    from graph.models import chat_model
-
-    prompt = tomllib.loads(
-        resources.files("graph").joinpath("prompts/curator.toml").read_text(encoding="utf-8")
-    )
-    model = chat_model("BABS", **options)
-
-    def summarize(texts: list[str]) -> str:
-        passages = "\n\n".join(f"[{n}] {t}" for n, t in enumerate(texts, start=1))
-        reply = model.invoke(
-            [
-                SystemMessage(prompt["system"]),
-                HumanMessage(prompt["user"].format(passages=passages)),
-            ]
-        )
-        return str(reply.content)
-
-    return summarize
-
-
 def curate(
     ctx: typer.Context,
     max_chunks: int = typer.Option(
@@ -215,7 +187,9 @@ def curate(
                 )
             console.print(f"{len(plan)} cluster(s) would be folded")
             return
-        folder = curator.Curator(catalog, babs_summarizer(), max_chunks=max_chunks)
+        folder = curator.Curator(
+            catalog, babs_summarizer(model_factory(ctx)), max_chunks=max_chunks
+        )
         with console.status("curating…"):
             report = folder.run(clusters)
     console.print(

@@ -21,10 +21,10 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_ollama import ChatOllama
 
 from batos.errors import ModelError
-from graph.modelfile import BASE_NAME, Modelfile, base_modelfile, modelfiles_dir, persona_model
+from graph.llm.modelfile import BASE_NAME, Modelfile, base_modelfile, modelfiles_dir, persona_model
 from prototypes.codex import load_codex
 
-log = logging.getLogger("batos.ollama")
+log = logging.getLogger("batos.llm.ollama")
 
 PROBE_TIMEOUT_S = 2.0
 #: The first Ollama release whose /api/create takes ``from``/``adapters`` instead of a Modelfile.
@@ -37,16 +37,23 @@ def _error(host: str, exc: BaseException, model: str | None = None) -> ModelErro
 
     if isinstance(exc, ollama.ResponseError):
         if exc.status_code == 404 and model:
-            return ModelError(f"Ollama at {host} has no model {model!r}",
-                              hint="run 'batos models build' to create the persona models")
-        return ModelError(f"Ollama at {host} answered {exc.status_code}: {exc.error}",
-                          hint="see the Ollama server's log ('ollama serve')")
+            return ModelError(
+                f"Ollama at {host} has no model {model!r}",
+                hint="run 'batos models build' to create the persona models",
+            )
+        return ModelError(
+            f"Ollama at {host} answered {exc.status_code}: {exc.error}",
+            hint="see the Ollama server's log ('ollama serve')",
+        )
     if isinstance(exc, httpx.TimeoutException):
-        return ModelError(f"Ollama at {host} did not answer in time",
-                          hint="raise BATOS_LLM_TIMEOUT, or check the server is not overloaded")
-    return ModelError(f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}",
-                      hint="start it with 'ollama serve', or unset OLLAMA_HOST to use the "
-                      "embedded backend")
+        return ModelError(
+            f"Ollama at {host} did not answer in time",
+            hint="raise BATOS_LLM_TIMEOUT, or check the server is not overloaded",
+        )
+    return ModelError(
+        f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}",
+        hint="start it with 'ollama serve', or unset OLLAMA_HOST to use the embedded backend",
+    )
 
 
 _TRANSPORT = (httpx.HTTPError, ConnectionError, OSError)
@@ -97,9 +104,14 @@ def wanted_models(folder: Path | None = None) -> dict[str, Modelfile]:
     return wanted
 
 
-def provision(host: str, *, folder: Path | None = None, force: bool = False,
-              timeout: float = 600.0,
-              progress: Callable[[str], None] | None = None) -> ProvisionReport:
+def provision(
+    host: str,
+    *,
+    folder: Path | None = None,
+    force: bool = False,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+) -> ProvisionReport:
     """Make ``host`` serve every persona model; only what is missing is built (all if force)."""
     import ollama
 
@@ -107,11 +119,15 @@ def provision(host: str, *, folder: Path | None = None, force: bool = False,
     client = ollama.Client(host=host, timeout=timeout)
     version = server_version(host)
     if version is None:
-        raise ModelError(f"no Ollama server answers at {host}",
-                         hint="start it with 'ollama serve', or unset OLLAMA_HOST")
+        raise ModelError(
+            f"no Ollama server answers at {host}",
+            hint="start it with 'ollama serve', or unset OLLAMA_HOST",
+        )
     if version and _version_tuple(version) < MIN_VERSION:
-        raise ModelError(f"Ollama {version} at {host} is too old to create models from blobs",
-                         hint="upgrade Ollama to 0.5.5 or newer")
+        raise ModelError(
+            f"Ollama {version} at {host} is too old to create models from blobs",
+            hint="upgrade Ollama to 0.5.5 or newer",
+        )
     wanted = wanted_models(folder)
     base = wanted[BASE_NAME]
     try:
@@ -143,11 +159,16 @@ def provision(host: str, *, folder: Path | None = None, force: bool = False,
                 with lock:
                     report.without_adapter.append(name)
         say(f"creating {name}")
-        client.create(model=name, from_=modelfile.from_, adapters=adapters or None,
-                      system=modelfile.system, template=modelfile.template,
-                      parameters=dict(modelfile.parameters) or None,
-                      messages=[{"role": r, "content": c} for r, c in modelfile.messages] or None,
-                      license=list(modelfile.license) or None)
+        client.create(
+            model=name,
+            from_=modelfile.from_,
+            adapters=adapters or None,
+            system=modelfile.system,
+            template=modelfile.template,
+            parameters=dict(modelfile.parameters) or None,
+            messages=[{"role": r, "content": c} for r, c in modelfile.messages] or None,
+            license=list(modelfile.license) or None,
+        )
         with lock:
             report.created.append(name)
 

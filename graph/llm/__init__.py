@@ -20,26 +20,34 @@ from batos import settings
 from batos.errors import ConfigurationError, ModelError
 from prototypes.codex import load_codex
 
-log = logging.getLogger("batos.models")
+log = logging.getLogger("batos.llm")
 
 BACKENDS = ("openai", "ollama", "embedded")
 #: Options every backend understands (Ollama PARAMETER names), besides backend and timeout.
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "num_predict",
-                    "seed")
+SAMPLING_OPTIONS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "num_predict",
+    "seed",
+)
 
 
 def select_backend(backend: str | None = None) -> str:
     """Which backend ``chat_model`` would use now (``backend`` forces one)."""
     if backend is not None:
         if backend not in BACKENDS:
-            raise ConfigurationError(f"unknown backend {backend!r}",
-                                     hint=f"choose one of {', '.join(BACKENDS)}")
+            raise ConfigurationError(
+                f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
+            )
         return backend
-    if settings.get("openai_base_url"):
+    if settings.get_str("openai_base_url"):
         return "openai"
-    host = str(settings.get("ollama_host"))
+    host = settings.get_str("ollama_host")
     if host:
-        from graph.llm_ollama import server_version
+        from graph.llm.ollama import server_version
 
         if server_version(_host_url(host)) is not None:
             return "ollama"
@@ -62,44 +70,53 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     spec = load_codex().persona(persona)
     options = dict(options)
     backend = select_backend(options.pop("backend", None))
-    timeout = float(options.pop("timeout", None) or settings.get("llm_timeout"))  # type: ignore[arg-type]
+    timeout = float(options.pop("timeout", None) or settings.get_int("llm_timeout"))
     if "max_tokens" in options:
         options["num_predict"] = options.pop("max_tokens")
     unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
     if unknown:
-        raise ConfigurationError(f"chat_model() does not take {', '.join(unknown)}",
-                                 hint=f"options: backend, timeout, {', '.join(SAMPLING_OPTIONS)}")
+        raise ConfigurationError(
+            f"chat_model() does not take {', '.join(unknown)}",
+            hint=f"options: backend, timeout, {', '.join(SAMPLING_OPTIONS)}",
+        )
     if backend == "openai":
         return _openai(spec.name, spec.model, timeout, options)
     if backend == "ollama":
         return _ollama(spec.model, timeout, options)
-    from graph.llm_embedded import EmbeddedChatModel
+    from graph.llm.embedded import EmbeddedChatModel
 
     return EmbeddedChatModel(persona=spec.name, timeout=timeout, **options)
 
 
 def _ollama(model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
-    from graph.llm_ollama import OllamaPersonaChat, ensure_provisioned
+    from graph.llm.ollama import OllamaPersonaChat, ensure_provisioned
 
-    host = _host_url(str(settings.get("ollama_host")))
+    host = _host_url(settings.get_str("ollama_host"))
     ensure_provisioned(host)
-    return OllamaPersonaChat(model=model, base_url=host, client_kwargs={"timeout": timeout},
-                             **options)
+    return OllamaPersonaChat(
+        model=model, base_url=host, client_kwargs={"timeout": timeout}, **options
+    )
 
 
 def _openai(persona: str, model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
-    from graph.modelfile import persona_model
+    from graph.llm.modelfile import persona_model
 
     resolved = persona_model(persona)
     params = {**resolved.parameters, **options}
     extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
     return _openai_class()(
-        model=model, base_url=str(settings.get("openai_base_url")),
-        api_key=str(settings.get("openai_api_key")) or "not-needed", timeout=timeout,
-        temperature=params.get("temperature"), top_p=params.get("top_p"),
-        max_tokens=params.get("num_predict"), seed=params.get("seed"),
-        stop=list(params.get("stop", ())) or None, extra_body=extra or None,
-        stream_usage=True, persona_system=resolved.system or "",
+        model=model,
+        base_url=settings.get_str("openai_base_url"),
+        api_key=settings.get_str("openai_api_key") or "not-needed",
+        timeout=timeout,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        max_tokens=params.get("num_predict"),
+        seed=params.get("seed"),
+        stop=list(params.get("stop", ())) or None,
+        extra_body=extra or None,
+        stream_usage=True,
+        persona_system=resolved.system or "",
     )
 
 
@@ -118,9 +135,11 @@ def _openai_class() -> type[BaseChatModel]:
     from langchain_openai import ChatOpenAI
 
     def fail(self: Any, exc: BaseException) -> ModelError:
-        return ModelError(f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
-                          hint="check BATOS_OPENAI_BASE_URL and that the server serves "
-                          f"{self.model_name!r}, or unset it to use Ollama or the embedded model")
+        return ModelError(
+            f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
+            hint="check BATOS_OPENAI_BASE_URL and that the server serves "
+            f"{self.model_name!r}, or unset it to use Ollama or the embedded model",
+        )
 
     class OpenAIPersonaChat(ChatOpenAI):
         """A persona on an OpenAI-compatible server (vLLM names the LoRA by the model name)."""
@@ -133,8 +152,9 @@ def _openai_class() -> type[BaseChatModel]:
             except openai.OpenAIError as exc:
                 raise fail(self, exc) from exc
 
-        def _stream(self, messages: list[BaseMessage], *a: Any,
-                    **k: Any) -> Iterator[ChatGenerationChunk]:
+        def _stream(
+            self, messages: list[BaseMessage], *a: Any, **k: Any
+        ) -> Iterator[ChatGenerationChunk]:
             try:
                 yield from super()._stream(_with_system(messages, self.persona_system), *a, **k)
             except openai.OpenAIError as exc:
@@ -142,16 +162,19 @@ def _openai_class() -> type[BaseChatModel]:
 
         async def _agenerate(self, messages: list[BaseMessage], *a: Any, **k: Any) -> ChatResult:
             try:
-                return await super()._agenerate(_with_system(messages, self.persona_system),
-                                                *a, **k)
+                return await super()._agenerate(
+                    _with_system(messages, self.persona_system), *a, **k
+                )
             except openai.OpenAIError as exc:
                 raise fail(self, exc) from exc
 
-        async def _astream(self, messages: list[BaseMessage], *a: Any,
-                           **k: Any) -> AsyncIterator[ChatGenerationChunk]:
+        async def _astream(
+            self, messages: list[BaseMessage], *a: Any, **k: Any
+        ) -> AsyncIterator[ChatGenerationChunk]:
             try:
                 async for chunk in super()._astream(
-                        _with_system(messages, self.persona_system), *a, **k):
+                    _with_system(messages, self.persona_system), *a, **k
+                ):
                     yield chunk
             except openai.OpenAIError as exc:
                 raise fail(self, exc) from exc

@@ -1,89 +1,26 @@
-"""``batos``: the command line of BAT OS.
-
-Every command opens the image named by ``--image`` (or ``BATOS_IMAGE``, or the default file
-image); only the ones in ``CREATING_COMMANDS`` create it when it does not exist. Errors print
-what went wrong and what to do, and exit non-zero with a code per error family (see
-``batos.errors``).
-"""
+"""Commands on the image itself: init, run, inspect, history, undo, schema, repair, config, zeo."""
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import sys
 from typing import Any
 
-import click
 import typer
-from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
 from batos import settings
 from batos.errors import BatosError, ImageURIError
-from graph.app import open_image
+from graph.boot import open_image
+from graph.cli.app import console, image_uri
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
 from store import schema
-from store.image import LOAD_ERRORS, LivingImage, acting_for, creating, load_error
+from store.image import LivingImage
 
-app = typer.Typer(
-    name="batos",
-    help="BAT OS: a persistent, self-extending, multi-persona agent in one ZODB image.",
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
-)
+image_app = typer.Typer()
 zeo_app = typer.Typer(help="Share one image between processes through a ZEO server.")
-app.add_typer(zeo_app, name="zeo")
-
-console = Console()
-err_console = Console(stderr=True)
-
-
-class _NoTracebacks(logging.Filter):
-    """Keeps library tracebacks (ZODB logs one for every object it cannot load) for -v."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.exc_info = record.exc_text = None
-        return True
-
-
-#: The image the running command names, for errors raised outside any command's own handling.
-_current = {"image": ""}
-#: Commands that create the image when there is none yet; every other one needs it to exist,
-#: so that a mistyped --image is an error rather than a new, empty image.
-CREATING_COMMANDS = frozenset({"init", "run", "ingest", "zeo"})
-
-
-@app.callback()
-def _global(
-    ctx: typer.Context,
-    image: str = typer.Option(
-        None,
-        "--image",
-        envvar="BATOS_IMAGE",
-        help="URI of the living image (file://…/live_image.fs, zeo://host:port, postgres://…).",
-    ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what BAT OS does."),
-) -> None:
-    ctx.obj = {"image": image or str(settings.get("image"))}
-    _current["image"] = ctx.obj["image"]
-    ctx.with_resource(creating(ctx.invoked_subcommand in CREATING_COMMANDS))
-    ctx.with_resource(acting_for(f"batos {ctx.invoked_subcommand}"))
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    if not verbose:
-        for handler in logging.getLogger().handlers:
-            if not any(isinstance(f, _NoTracebacks) for f in handler.filters):
-                handler.addFilter(_NoTracebacks())
-
-
-def image_uri(ctx: typer.Context) -> str:
-    return ctx.obj["image"]
 
 
 def _short(value: Any, width: int = 70) -> str:
@@ -107,7 +44,7 @@ def _persona_table(root: Any) -> Table:
     return table
 
 
-@app.command()
+@image_app.command()
 def init(ctx: typer.Context) -> None:
     """Create the image if needed, apply pending upgrades and incarnate the personas.
 
@@ -122,24 +59,24 @@ def init(ctx: typer.Context) -> None:
         console.print(_persona_table(root))
 
 
-@app.command("run")
+@image_app.command("run")
 def run_main(ctx: typer.Context) -> None:
     """The main job: open the image, incarnate the personas, check the model, show them all.
 
     Example: BATOS_MODEL=test batos run
     """
-    from store.models import model_path
+    from store.model_files import model_path
 
     uri = image_uri(ctx)
     with console.status("checking the embedded model…"):
         path = model_path()
     with open_image(uri) as image, image.read() as root:
         console.print(f"image [bold]{uri}[/]")
-        console.print(f"model [bold]{settings.get('model')}[/] → {path}")
+        console.print(f"model [bold]{settings.get_str('model')}[/] → {path}")
         console.print(_persona_table(root))
 
 
-@app.command()
+@image_app.command()
 def inspect(
     ctx: typer.Context,
     path: str = typer.Argument("", help="Dotted path: robin, robin.intents, traits …"),
@@ -184,7 +121,7 @@ def _show_object(label: str, obj: UvmObject) -> None:
         console.print(Syntax(method.source, "python", line_numbers=False))
 
 
-@app.command()
+@image_app.command()
 def history(
     ctx: typer.Context,
     limit: int = typer.Option(20, "--limit", "-n", help="How many transactions to show."),
@@ -203,7 +140,7 @@ def history(
         console.print(table)
 
 
-@app.command()
+@image_app.command()
 def undo(
     ctx: typer.Context, tid: str = typer.Argument(..., help="Id from 'batos history'.")
 ) -> None:
@@ -216,7 +153,7 @@ def undo(
     console.print(f"undid transaction {tid}")
 
 
-@app.command("schema")
+@image_app.command("schema")
 def schema_cmd(ctx: typer.Context) -> None:
     """Show which layout upgrades this image has had, and when."""
     with open_image(image_uri(ctx)) as image, image.read() as root:
@@ -229,7 +166,7 @@ def schema_cmd(ctx: typer.Context) -> None:
         console.print(table)
 
 
-@app.command()
+@image_app.command()
 def repair(ctx: typer.Context) -> None:
     """Repair a damaged file image with ZODB's own recovery; the damaged file is kept beside it.
 
@@ -272,7 +209,7 @@ def repair(ctx: typer.Context) -> None:
     console.print(f"the damaged original is kept as {report.damaged_copy}")
 
 
-@app.command("config")
+@image_app.command("config")
 def config_cmd() -> None:
     """Show every setting: its environment variable, the value in force and what it does."""
     table = Table(title="Settings")
@@ -304,7 +241,7 @@ def zeo_start(
     path = image_path(image_uri(ctx))
     if path is None:
         raise BatosError("ZEO serves a file image", hint="pass --image file:///path/live_image.fs")
-    server = ZeoServer(path, address or str(settings.get("zeo_address")))
+    server = ZeoServer(path, address or settings.get_str("zeo_address"))
     server.serve(
         on_ready=lambda: console.print(
             f"serving {path} at [bold]{server.uri}[/] (Ctrl-C or SIGTERM stops)"
@@ -313,53 +250,7 @@ def zeo_start(
     console.print(f"stopped serving {path}")
 
 
-#: Modules that add their commands to ``app`` through a ``register(app)`` function, one per
-#: capability, so the CLI grows without this file growing.
-FEATURES: tuple[str, ...] = (
-    # one "graph.cli_<area>" module per line
-    "graph.cli_models",
-    "graph.cli_threads",
-    "graph.cli_kernel",
-    "graph.cli_memory",
-    "graph.cli_personas",
-)
-
-
-def _register_features() -> None:
-    import importlib
-
-    for module in FEATURES:
-        importlib.import_module(module).register(app)
-
-
-_register_features()
-
-
-def _report(exc: BatosError) -> int:
-    err_console.print(f"[bold red]error:[/] {exc.message}")
-    if exc.hint:
-        err_console.print(f"[yellow]hint:[/] {exc.hint}")
-    return exc.exit_code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``batos`` script; returns the process exit code."""
-    try:
-        result = app(args=argv, standalone_mode=False)
-    except BatosError as exc:
-        return _report(exc)
-    except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command
-        return _report(load_error(_current["image"], exc))
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        return 130
-    return result if isinstance(result, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def register(app: typer.Typer) -> None:
+    for command in image_app.registered_commands:
+        app.registered_commands.append(command)
+    app.add_typer(zeo_app, name="zeo")

@@ -1,0 +1,7 @@
+"""``python -m graph.cli``: the ``batos`` command."""
+
+import sys
+
+from graph.cli.app import main
+
+sys.exit(main())

@@ -317,6 +317,7 @@ def train_router(
     ``cross_validate``); the final model is fitted on all of them.
     """
     from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
 
     codex = codex or load_codex()
     embedder = embedder or Embedder()
@@ -325,8 +326,11 @@ def train_router(
     labels = np.array([personas.index(n) for n in names])
     started = time.perf_counter()
     vectors = embedder.encode(texts)
-    cv = cross_validate(vectors, labels, grid=grid, folds=folds)
-    model = LogisticRegression(C=cv["C"], max_iter=2000).fit(vectors, labels)
+    # Hundreds of tiny L-BFGS steps: BLAS threads only wait on each other (10x slower on a
+    # busy two-core machine than one thread).
+    with threadpool_limits(1):
+        cv = cross_validate(vectors, labels, grid=grid, folds=folds)
+        model = LogisticRegression(C=cv["C"], max_iter=2000).fit(vectors, labels)
     info = {
         "examples": len(texts),
         "C": cv["C"],

@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,8 @@ class Route:
     text: str
     ranked: tuple[tuple[str, float], ...]
     chosen: tuple[str, ...]
-    vector: np.ndarray | None
+    # Left out of ==/hash: an array has no single truth value; the scores say the same.
+    vector: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def best(self) -> str:
@@ -254,7 +255,13 @@ def training_digest(codex: Codex) -> str:
     except metadata.PackageNotFoundError:
         encoder = "unknown"
     payload = json.dumps(
-        {"format": FORMAT, "encoder": encoder, "grid": C_GRID, "examples": [labels, texts]},
+        {
+            "format": FORMAT,
+            "encoder": encoder,
+            "grid": C_GRID,
+            "folds": FOLDS,
+            "examples": [labels, texts],
+        },
         ensure_ascii=False,
     )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
@@ -279,8 +286,8 @@ def cross_validate(
 ) -> dict[str, Any]:
     """Out-of-fold logits for each C; picks the C and temperature with the lowest log-loss.
 
-    Returns {'C', 'temperature', 'log_loss', 'accuracy', 'folds', 'grid': [{C, temperature,
-    log_loss, accuracy}], 'oof': out-of-fold probabilities at the chosen C}.
+    Returns {'C', 'temperature', 'log_loss', 'accuracy', 'folds', 'grid'}, where 'grid' holds
+    the same figures for every C tried.
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold
@@ -295,13 +302,8 @@ def cross_validate(
         temperature, loss = fit_temperature(logits, labels)
         accuracy = float((logits.argmax(1) == labels).mean())
         rows.append({"C": c, "temperature": temperature, "log_loss": loss, "accuracy": accuracy})
-        rows[-1]["_logits"] = logits
     best = min(rows, key=lambda r: r["log_loss"])
-    z = best.pop("_logits") / best["temperature"]
-    z = np.exp(z - z.max(axis=1, keepdims=True))
-    for row in rows:
-        row.pop("_logits", None)
-    return {**best, "folds": folds, "grid": rows, "oof": z / z.sum(axis=1, keepdims=True)}
+    return {**best, "folds": folds, "grid": rows}
 
 
 def train_router(
@@ -418,7 +420,9 @@ def load_router(
     return trained
 
 
-def prefetch_runner_up(route: Route, *, engines: Sequence[Any] | None = None) -> Any:
+def prefetch_runner_up(
+    route: Route, *, engines: Sequence[Any] | None = None
+) -> threading.Thread | None:
     """Start loading the runner-up persona's adapter into the embedded engine, in the
     background; the started thread, or None when there is nothing to do.
 

@@ -119,6 +119,7 @@ def test_route_many_matches_route_one_by_one(router):
         assert route.text == text and route.chosen == alone.chosen
         assert [p for p, _ in route.ranked] == [p for p, _ in alone.ranked]
         assert np.allclose([s for _, s in route.ranked], [s for _, s in alone.ranked], atol=1e-4)
+    assert batched[0] == batched[0] and len({batched[0], batched[1]}) == 2  # comparable, hashable
 
 
 def test_a_request_spanning_two_personas_is_answered_by_both():

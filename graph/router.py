@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -433,6 +434,8 @@ def prefetch_runner_up(
     persona = route.runner_up
     if persona is None:
         return None
+    if engines is None and "graph.llm.engine" not in sys.modules:
+        return None  # never imported, so nothing is loaded; importing it would cost 1.6 s
     try:
         from batos import settings
         from graph.llm.embedded import adapter_paths

@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
+import sys
 import threading
 import tomllib
 from importlib import resources
@@ -299,11 +301,23 @@ def test_prefetch_does_nothing_without_a_loaded_engine_or_runner_up():
 
     route = _route(("BRICK", 0.6), ("BABS", 0.3), ("ROBIN", 0.05), ("ALFRED", 0.05))
     assert prefetch_runner_up(route, engines=[]) is None
-    assert prefetch_runner_up(route) is None  # this process has loaded no model
     custom = FakeEngine(Path("/models/custom.gguf"))  # no trained adapters for a custom GGUF
     assert prefetch_runner_up(route, engines=[custom]) is None and not custom.asked
     lone = FakeEngine(Path("/models") / catalog()["test"].filename)
     assert prefetch_runner_up(_route(("BRICK", 1.0)), engines=[lone]) is None
+
+
+def test_prefetch_in_a_process_without_a_model_loads_nothing():
+    script = (
+        "import sys\n"
+        "from graph.router import Route, prefetch_runner_up\n"
+        "route = Route('t', (('BRICK', 0.6), ('BABS', 0.4)), ('BRICK', 'BABS'))\n"
+        "assert prefetch_runner_up(route) is None\n"
+        "assert 'graph.llm.engine' not in sys.modules and 'llama_cpp' not in sys.modules\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
 
 
 def test_prefetch_never_fails_the_route(monkeypatch):

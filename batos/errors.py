@@ -24,9 +24,10 @@
      │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
      │    ├── CheckpointNotFound      no such thread or checkpoint (also a LookupError)
      │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
-     └── CatalogError                 the knowledge catalog cannot do what was asked
-          ├── DocumentError           one input document cannot be ingested
-          └── ArchiveError            a curator archive is missing or unreadable
+     ├── CatalogError                 the knowledge catalog cannot do what was asked
+     │    ├── DocumentError           one input document cannot be ingested
+     │    └── ArchiveError            a curator archive is missing or unreadable
+     └── RoutingError                 a request the router cannot route (empty, too large)
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
 """
@@ -188,3 +189,9 @@ class DocumentError(CatalogError):
 
 class ArchiveError(CatalogError):
     """A curator archive does not exist or cannot be read back."""
+
+
+class RoutingError(BatosError, ValueError):
+    """A request the router cannot route: empty, not text, or read from an unusable file."""
+
+    exit_code = 10

@@ -42,6 +42,7 @@ from batos.errors import (
     ImageURIError,
     TransactionFailed,
 )
+from store.files import write_text
 
 log = logging.getLogger("batos.image")
 
@@ -238,9 +239,7 @@ def _prepare_blob_cache(blob_dir: Path) -> None:
     (blob_dir / "tmp").mkdir(parents=True, exist_ok=True)
     marker = blob_dir / LAYOUT_MARKER
     if not marker.exists():
-        draft = blob_dir / f"{LAYOUT_MARKER}.{os.getpid()}.{threading.get_ident()}"
-        draft.write_text("zeocache")
-        os.replace(draft, marker)
+        write_text(marker, "zeocache")
 
 
 def _check_file(uri: str, path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -66,8 +65,25 @@ def test_a_system_message_replaces_the_modelfile_system() -> None:
     ]
 
 
+class _Handshake(threading.Condition):
+    """The lock's condition, telling the test each time a caller starts waiting on it.
+
+    A waiter takes its ticket and then waits, under this condition: once ``queued`` is
+    released the waiter holds its place in the line, with no sleep to guess how long it takes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued = threading.Semaphore(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.queued.release()
+        return super().wait(timeout)
+
+
 def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
     lock = FairLock()
+    handshake = lock._cond = _Handshake()
     lock.acquire()
     order: list[int] = []
 
@@ -76,16 +92,18 @@ def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
         order.append(i)
         lock.release()
 
+    # Started in reverse, each only once the one before is in line: arrival order is 3, 2, 1, 0.
     threads = []
-    for i in range(4):
+    for i in reversed(range(4)):
         threads.append(threading.Thread(target=waiter, args=(i,)))
         threads[-1].start()
-        time.sleep(0.05)  # so each takes its ticket before the next starts
+        assert handshake.queued.acquire(timeout=10), f"waiter {i} never queued"
+    assert lock.waiting == 5  # the holder and four in line
     assert lock.acquire(timeout=0.01) is False  # gives up; must not block the others
     lock.release()
     for thread in threads:
         thread.join(timeout=5)
-    assert order == [0, 1, 2, 3]
+    assert order == [3, 2, 1, 0]
     assert lock.acquire(timeout=1) is True
 
 

@@ -4,8 +4,9 @@
 ``postgres://`` through zodburi, turns blobs on for file images and ZEO clients, and translates
 the storages' own failures (lock held, truncated file, server not answering) into
 ``ImageError``s that say what to do. ``transact`` runs a function in one transaction and retries
-it on write conflicts; ``read`` gives a view that can never commit; ``history``/``undo`` expose
-the transaction log.
+it on conflicts (``store.transactions``); ``read`` gives a view that can never commit;
+``history``/``undo`` expose the transaction log; ``shared_image`` is the one open image of a
+server process.
 """
 
 from __future__ import annotations

@@ -5,10 +5,18 @@ from __future__ import annotations
 import threading
 
 import pytest
+from fakes import ScriptedChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from batos.errors import ConfigurationError, ModelError
-from graph.llm import chat_model, select_backend
+from graph.llm import (
+    backends,
+    chat_model,
+    register_backend,
+    select_backend,
+    unregister_backend,
+)
+from graph.llm.base import ExceptionTable, PersonaChatModel
 from graph.llm.embedded import EmbeddedChatModel, message_dicts
 from graph.llm.engine import FairLock, Sampling, engine
 from prototypes.codex import load_codex
@@ -43,6 +51,56 @@ def test_a_dead_openai_endpoint_is_a_model_error(monkeypatch: pytest.MonkeyPatch
     model.max_retries = 0
     with pytest.raises(ModelError, match="OpenAI-compatible endpoint"):
         model.invoke("hello")
+
+
+class _Flaky(RuntimeError):
+    """What an outside backend's client raises."""
+
+
+class ScriptedPersonaChat(PersonaChatModel, ScriptedChatModel):
+    """An outside backend: a scripted model behind the persona seam."""
+
+    def exception_table(self) -> ExceptionTable:
+        return {
+            RuntimeError: lambda exc: ModelError(f"scripted backend failed: {exc}"),
+            _Flaky: lambda exc: ModelError(f"scripted backend is flaky: {exc}", hint="retry"),
+        }
+
+
+def test_an_outside_backend_registers_like_the_built_in_ones() -> None:
+    built: list[tuple[str, float, dict]] = []
+
+    def factory(persona, timeout, options):
+        built.append((persona.name, timeout, options))
+        return ScriptedPersonaChat(persona_system=persona.identity).enqueue(
+            "one", _Flaky("socket closed"), "two", ValueError("not in the table")
+        )
+
+    register_backend("scripted", factory, lambda: True, before="embedded")
+    try:
+        assert [b.name for b in backends()] == ["openai", "ollama", "scripted", "embedded"]
+        assert select_backend() == "scripted"
+        model = chat_model("robin", temperature=0.2, timeout=3)
+        assert built == [("ROBIN", 3.0, {"temperature": 0.2})]
+        # The persona's SYSTEM goes first, unless the call brings its own.
+        assert model.invoke("hi").content == "one"
+        system = model.history[-1][0]
+        assert isinstance(system, SystemMessage)
+        assert system.content == load_codex().persona("ROBIN").identity
+        # The most specific entry of the table wins; the original is the cause.
+        with pytest.raises(ModelError, match="flaky: socket closed") as info:
+            model.invoke([SystemMessage("Be brief."), HumanMessage("hi")])
+        assert isinstance(info.value.__cause__, _Flaky) and info.value.hint == "retry"
+        assert [m.content for m in model.history[-1]] == ["Be brief.", "hi"]
+        # A backend without streaming streams its whole reply as one chunk.
+        assert [c.content for c in model.stream("again")] == ["two"]
+        with pytest.raises(ValueError, match="not in the table"):
+            model.invoke("hi")
+    finally:
+        unregister_backend("scripted")
+    assert select_backend() == "embedded"
+    with pytest.raises(ConfigurationError, match="unknown backend 'scripted'"):
+        chat_model("ROBIN", backend="scripted")
 
 
 def test_bad_options_are_configuration_errors() -> None:

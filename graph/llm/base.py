@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages import AIMessageChunk, BaseMessage, SystemMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from batos.errors import ModelError
@@ -67,27 +67,43 @@ class PersonaChatModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
         with map_exceptions(self.exception_table()):
-            return super()._generate(with_system(messages, self.system_prompt()), *args, **kwargs)
+            messages = with_system(messages, self.system_prompt())
+            return super()._generate(messages, *args, **kwargs)
 
     def _stream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
         with map_exceptions(self.exception_table()):
-            yield from super()._stream(with_system(messages, self.system_prompt()), *args, **kwargs)
+            messages = with_system(messages, self.system_prompt())
+            if getattr(super()._stream, "__func__", None) is BaseChatModel._stream:
+                # A backend that only writes whole replies streams each as one chunk.
+                yield _one_chunk(super()._generate(messages, *args, **kwargs))
+                return
+            yield from super()._stream(messages, *args, **kwargs)
 
     async def _agenerate(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> ChatResult:
         with map_exceptions(self.exception_table()):
-            return await super()._agenerate(
-                with_system(messages, self.system_prompt()), *args, **kwargs
-            )
+            messages = with_system(messages, self.system_prompt())
+            return await super()._agenerate(messages, *args, **kwargs)
 
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
         with map_exceptions(self.exception_table()):
-            async for chunk in super()._astream(
-                with_system(messages, self.system_prompt()), *args, **kwargs
-            ):
+            messages = with_system(messages, self.system_prompt())
+            async for chunk in super()._astream(messages, *args, **kwargs):
                 yield chunk
+
+
+def _one_chunk(result: ChatResult) -> ChatGenerationChunk:
+    message = result.generations[0].message
+    return ChatGenerationChunk(
+        message=AIMessageChunk(
+            content=message.content,
+            usage_metadata=getattr(message, "usage_metadata", None),
+            response_metadata=message.response_metadata,
+            chunk_position="last",
+        )
+    )

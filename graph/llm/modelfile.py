@@ -5,7 +5,8 @@ builds them with ``create``; the embedded backend reads the same files through t
 both apply the same system prompt, parameters and adapter. No maintained Python parser for the
 format exists on PyPI (only linters), so this one follows Ollama's own grammar: one instruction
 per line (case-insensitive), ``#`` comments, values raw, ``"quoted"`` or ``\"\"\"multi-line\"\"\"``.
-Every error names the file and line.
+Every error names the file and line. ``adapter_path`` is the one rule for where persona adapters
+live (``adapters/<model>/<persona>.gguf``).
 """
 
 from __future__ import annotations

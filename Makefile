@@ -11,7 +11,8 @@ test: setup
 	.venv/bin/python -m pytest -q
 
 lint: setup
-	.venv/bin/ruff check batos graph prototypes store tests bench
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 bench: setup
 	.venv/bin/python bench/uvm.py

@@ -98,11 +98,12 @@ SETTINGS: dict[str, Setting] = {
             "HOST:PORT on which 'batos zeo' serves the image to other processes.",
         ),
         Setting(
-            "tx_retries",
-            "BATOS_TX_RETRIES",
-            lambda: "5",
-            "How many times a transaction that hit a write conflict is retried.",
-            _positive_int,
+            "tx_retry_seconds",
+            "BATOS_TX_RETRY_SECONDS",
+            lambda: "10",
+            "How long a transaction that hit a conflict (or a brief ZEO disconnection) is "
+            "retried, with jittered exponential back-off, before it fails.",
+            _positive_float,
         ),
         Setting(
             "checkpoint_blob_bytes",

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graph.llm.engine import Engine, Sampling  # noqa: E402
-from graph.llm.modelfile import modelfiles_dir  # noqa: E402
+from graph.llm.modelfile import adapter_path, modelfiles_dir  # noqa: E402
 from store.model_files import model_path  # noqa: E402
 
 PROMPT = [
@@ -109,7 +109,7 @@ def throughput(eng: Engine, tokens: int, runs: int) -> dict:
 
 
 def switching(eng: Engine, which: str, swaps: int) -> dict:
-    shipped = sorted((modelfiles_dir() / "adapters" / which).glob("*.gguf"))
+    shipped = sorted(adapter_path(which).glob("*.gguf"))
     tmp = Path(tempfile.mkdtemp(prefix="batos-bench-"))
     adapters = (
         shipped[:2]
@@ -151,11 +151,7 @@ def fidelity(which: str, limit: int) -> dict:
 
     rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
     rows = rows[:limit]
-    missing = [
-        r["persona"]
-        for r in rows
-        if not (modelfiles_dir() / "adapters" / which / f"{r['persona'].lower()}.gguf").is_file()
-    ]
+    missing = [r["persona"] for r in rows if not adapter_path(which, r["persona"]).is_file()]
     if missing:
         return {"skipped": f"no trained adapters for {sorted(set(missing))} on model {which!r}"}
     import numpy as np

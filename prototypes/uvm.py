@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import io
 import pickle
@@ -82,6 +83,9 @@ def compile_plain(selector: str, source: str) -> Callable[..., Any]:
 
 
 _COMPILERS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"plain": compile_plain}
+#: Where a compiler named by stored methods is defined: its module registers it when imported,
+#: on the first method that needs it, so opening an image is enough to call every method in it.
+_COMPILER_MODULES = {"sandbox": "prototypes.sandbox"}
 
 
 def register_compiler(name: str, compiler: Callable[[str, str], Callable[..., Any]]) -> None:
@@ -173,6 +177,8 @@ class Method(_EpochTracked):
         fn = self.__dict__.get("_v_function")
         if fn is None:
             self._p_activate()
+            if self.compiler not in _COMPILERS and self.compiler in _COMPILER_MODULES:
+                importlib.import_module(_COMPILER_MODULES[self.compiler])
             try:
                 compiler = _COMPILERS[self.compiler]
             except KeyError:

@@ -25,7 +25,6 @@ import asyncio
 import logging
 import random
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -47,7 +46,6 @@ from langgraph.checkpoint.base import (
 from transaction.interfaces import NoTransaction
 from ZODB.Connection import Connection
 from ZODB.interfaces import IBlobStorage
-from ZODB.POSException import ConflictError
 
 from batos import settings
 from batos.errors import (
@@ -55,7 +53,6 @@ from batos.errors import (
     CheckpointError,
     CheckpointNotFound,
     CheckpointSerializationError,
-    TransactionFailed,
 )
 from store.checkpoint_layout import (
     CHECKPOINT_STEPS,
@@ -70,8 +67,9 @@ from store.checkpoint_layout import (
     encode,
 )
 from store.checkpoint_parking import ParkedWrites
-from store.image import RETRY_BACKOFF, LivingImage, acquire_shared, release_shared
+from store.image import LivingImage, shared_image
 from store.schema import upgrade
+from store.transactions import run_in_transaction
 
 __all__ = [
     "CheckpointConfigError",
@@ -245,7 +243,6 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             if IBlobStorage.providedBy(image.db.storage)
             else None
         )
-        self._attempts = 1 + settings.get_int("tx_retries")
         self._pool = _ConnectionPool(image, max_connections)
         self._parking = ParkedWrites()
 
@@ -268,31 +265,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
         with self._pool.connection() as conn:
-            tm = conn.transaction_manager
-            for attempt in range(1, self._attempts + 1):
-                txn = tm.begin()
-                txn.user = "checkpointer"
-                txn.note(note)
-                try:
-                    result = fn(conn.root()[CHECKPOINTS_KEY])
-                    tm.commit()
-                    return result
-                except ConflictError as exc:
-                    tm.abort()
-                    if attempt == self._attempts:
-                        raise TransactionFailed(
-                            f"{note} conflicted {attempt} times: {exc}",
-                            hint="other runs keep writing the same thread; retry later",
-                        ) from exc
-                    log.info("conflict on attempt %d of %s; retrying", attempt, note)
-                    # The usual conflict is a sibling put of the same graph run, already
-                    # committed: retrying at once succeeds. Back off only if it persists.
-                    if attempt > 1:
-                        time.sleep(min(RETRY_BACKOFF * attempt, 0.2) * (0.5 + random.random()))
-                except BaseException:
-                    tm.abort()
-                    raise
-        raise AssertionError("unreachable")
+            return run_in_transaction(
+                conn.transaction_manager,
+                lambda: fn(conn.root()[CHECKPOINTS_KEY]),
+                note=note,
+                user="checkpointer",
+                hint="other runs keep writing the same thread; retry later",
+            )
 
     def _dumps(self, value: Any, what: str) -> Typed:
         try:
@@ -768,17 +747,10 @@ async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSav
     Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
     ``langgraph up`` keep their threads in the living image.
     """
-    uri = uri or settings.get_str("image")
-    loop = asyncio.get_running_loop()
-    image = await loop.run_in_executor(None, acquire_shared, uri)
-    try:
-        saver = await loop.run_in_executor(None, ZODBSaver, image)
-    except BaseException:
-        release_shared(uri)
-        raise
-    log.info("checkpointer on %s", uri)
-    try:
-        yield saver
-    finally:
-        saver.close()
-        await loop.run_in_executor(None, release_shared, uri)
+    async with shared_image(uri) as image:
+        saver = await asyncio.get_running_loop().run_in_executor(None, ZODBSaver, image)
+        log.info("checkpointer on %s", image.uri)
+        try:
+            yield saver
+        finally:
+            saver.close()

@@ -4,12 +4,14 @@
 ``postgres://`` through zodburi, turns blobs on for file images and ZEO clients, and translates
 the storages' own failures (lock held, truncated file, server not answering) into
 ``ImageError``s that say what to do. ``transact`` runs a function in one transaction and retries
-it on write conflicts; ``read`` gives a view that can never commit; ``history``/``undo`` expose
-the transaction log.
+it on conflicts (``store.transactions``); ``read`` gives a view that can never commit;
+``history``/``undo`` expose the transaction log; ``shared_image`` is the one open image of a
+server process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import getpass
@@ -18,9 +20,8 @@ import os
 import shutil
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,8 +41,9 @@ from batos.errors import (
     ImageLockedError,
     ImageNotFoundError,
     ImageURIError,
-    TransactionFailed,
 )
+from store.files import write_text
+from store.transactions import retry, run_in_transaction
 
 log = logging.getLogger("batos.image")
 
@@ -49,10 +51,6 @@ T = TypeVar("T")
 
 #: Seconds a ZEO client waits for its server before giving up with a clear error.
 ZEO_CONNECT_TIMEOUT = 10
-#: Pause before the n-th retry of a conflicting transaction (grows linearly, capped).
-RETRY_BACKOFF = 0.01
-#: Attempts at opening a brand-new shared image while other processes create its root.
-FIRST_OPEN_ATTEMPTS = 5
 #: What ZODB raises when an object record is damaged or missing: damage in the image itself.
 LOAD_ERRORS: tuple[type[Exception], ...] = (POSKeyError, StateLoadError, CorruptedError)
 
@@ -168,29 +166,31 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
 
 
 def _connect(uri: str, factory: Callable[[], Any], dbkw: dict[str, Any]) -> ZODB.DB:
-    """Open the storage and the database on it, translating failures into ImageErrors."""
-    for attempt in range(1, FIRST_OPEN_ATTEMPTS + 1):
+    """Open the storage and the database on it, translating failures into ImageErrors.
+
+    On a brand-new shared image another process may commit the root object first: the
+    conflict is retried like any transaction's, and opening again finds the root.
+    """
+
+    def attempt() -> ZODB.DB:
         try:
             storage = factory()
         except Exception as exc:
             raise _translate_open_error(uri, exc) from exc
         try:
             return ZODB.DB(storage, **dbkw)
-        except ConflictError as exc:
-            # A brand-new shared image: another process committed the root object first.
-            # It exists now; opening again finds it.
+        except ConflictError:
             storage.close()
-            if attempt == FIRST_OPEN_ATTEMPTS:
-                raise TransactionFailed(
-                    f"the image {uri} kept changing while it was being opened: {exc}",
-                    hint="retry; if it persists, check what else writes to the image",
-                ) from exc
-            log.info("root of %s created elsewhere meanwhile; opening again", uri)
-            time.sleep(RETRY_BACKOFF * attempt)
+            raise
         except Exception as exc:
             storage.close()
             raise _translate_open_error(uri, exc) from exc
-    raise AssertionError("unreachable")
+
+    return retry(
+        attempt,
+        what=f"creating the root of {uri}",
+        hint="retry; if it persists, check what else writes to the image",
+    )
 
 
 class _FilesAdded:
@@ -238,9 +238,7 @@ def _prepare_blob_cache(blob_dir: Path) -> None:
     (blob_dir / "tmp").mkdir(parents=True, exist_ok=True)
     marker = blob_dir / LAYOUT_MARKER
     if not marker.exists():
-        draft = blob_dir / f"{LAYOUT_MARKER}.{os.getpid()}.{threading.get_ident()}"
-        draft.write_text("zeocache")
-        os.replace(draft, marker)
+        write_text(marker, "zeocache")
 
 
 def _check_file(uri: str, path: Path) -> None:
@@ -380,41 +378,25 @@ class LivingImage:
         *,
         note: str = "",
         user: str | None = None,
-        retries: int | None = None,
+        retry_seconds: float | None = None,
     ) -> T:
         """Run ``fn(root)`` in one transaction, committing on success.
 
-        A write conflict aborts and runs ``fn`` again on fresh state, up to ``retries`` more
-        times (setting ``tx_retries``); ``fn`` must therefore be safe to repeat. Any other
-        exception aborts — nothing of a failed call is ever committed — and propagates.
-        The transaction records ``user`` (default: ``actor()``, the OS user and the command)
-        and ``note``, which ``history`` lists.
+        A conflict (any ``TransientError``) aborts and runs ``fn`` again on fresh state, with
+        jittered back-off, for up to ``retry_seconds`` (setting ``tx_retry_seconds``); ``fn``
+        must therefore be safe to repeat. Past that, ``TransactionFailed``. Any other exception
+        aborts — nothing of a failed call is ever committed — and propagates. The transaction
+        records ``user`` (default: ``actor()``, the OS user and the command) and ``note``,
+        which ``history`` lists.
         """
-        attempts = 1 + (retries if retries is not None else settings.get_int("tx_retries"))
         with self.connection() as conn:
-            tm = conn.transaction_manager
-            for attempt in range(1, attempts + 1):
-                txn = tm.begin()
-                txn.user = user or actor()
-                if note:
-                    txn.note(note)
-                try:
-                    result = fn(conn.root())
-                    tm.commit()
-                    return result
-                except ConflictError as exc:
-                    tm.abort()
-                    if attempt == attempts:
-                        raise TransactionFailed(
-                            f"{note or 'transaction'} conflicted {attempts} times: {exc}",
-                            hint="another process keeps changing the same objects; retry later",
-                        ) from exc
-                    log.info("conflict on attempt %d of %s; retrying", attempt, note or "txn")
-                    time.sleep(min(RETRY_BACKOFF * attempt, 0.2))
-                except BaseException:
-                    tm.abort()
-                    raise
-        raise AssertionError("unreachable")
+            return run_in_transaction(
+                conn.transaction_manager,
+                lambda: fn(conn.root()),
+                note=note,
+                user=user or actor(),
+                seconds=retry_seconds,
+            )
 
     @contextmanager
     def read(self) -> Iterator[Any]:
@@ -530,11 +512,18 @@ class _SharedImages:
 _SHARED = _SharedImages()
 
 
-def acquire_shared(uri: str) -> LivingImage:
-    """The process's one open image at ``uri`` (opened on first use); pair with release."""
-    return _SHARED.acquire(uri)
+@asynccontextmanager
+async def shared_image(uri: str | None = None) -> AsyncIterator[LivingImage]:
+    """The shared image of this server process: one open ``LivingImage`` per URI.
 
-
-def release_shared(uri: str) -> None:
-    """Drop one use of the shared image at ``uri``; the last use closes it."""
-    _SHARED.release(uri)
+    ``uri`` defaults to the ``image`` setting. The first user opens it, the last one leaving
+    closes it; opening and closing run in the event loop's executor, since both can block.
+    langgraph.json's checkpointer and store factories both hold the image through this.
+    """
+    uri = uri or default_uri()
+    loop = asyncio.get_running_loop()
+    image = await loop.run_in_executor(None, _SHARED.acquire, uri)
+    try:
+        yield image
+    finally:
+        await loop.run_in_executor(None, _SHARED.release, uri)

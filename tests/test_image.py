@@ -66,8 +66,25 @@ def test_conflict_is_retried(memory_image):
             memory_image.transact(lambda other: other["counter"].__setitem__("n", 100))
         return root["counter"]["n"]
 
-    assert memory_image.transact(bump, retries=3) == 101
+    assert memory_image.transact(bump) == 101
     assert len(attempts) == 2
+
+
+def test_every_transient_error_is_retried_not_only_conflicts(memory_image):
+    from transaction.interfaces import TransientError
+    from ZEO.Exceptions import ClientDisconnected
+
+    failures = [TransientError("a resubmittable failure"), ClientDisconnected("server restarted")]
+
+    def flaky(root):
+        root["flaky"] = len(failures)
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    assert memory_image.transact(flaky) == "done"
+    with memory_image.read() as root:
+        assert root["flaky"] == 0
 
 
 def test_conflicts_beyond_retries_fail_cleanly(memory_image):
@@ -79,8 +96,11 @@ def test_conflicts_beyond_retries_fail_cleanly(memory_image):
         root["c"]["n"] += 1
         memory_image.transact(lambda other: other["c"].__setitem__("n", -1))
 
-    with pytest.raises(TransactionFailed, match="conflicted 2 times"):
-        memory_image.transact(always_conflicts, retries=1)
+    with pytest.raises(TransactionFailed, match=r"bump conflicted \d+ times in") as info:
+        memory_image.transact(always_conflicts, note="bump", retry_seconds=0.2)
+    assert "retry later" in info.value.hint
+    with memory_image.read() as root:
+        assert root["c"]["n"] == -1  # only the other writer's commits, none of ours
 
 
 def test_read_view_refuses_changes(memory_image):

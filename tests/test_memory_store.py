@@ -158,19 +158,18 @@ def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_u
     sys.modules["__store__checkpointer"] = loaded
     spec.loader.exec_module(loaded)
     try:
-        image = loaded.acquire_shared(file_uri)
-        try:
 
-            async def use() -> dict:
+        async def use() -> dict:
+            async with loaded.generate_checkpointer(file_uri) as saver:
                 async with make_store(file_uri) as memory:
+                    assert memory.image is saver.image  # borrowed, not reopened
                     await memory.aput(("s",), "k", {"v": 2})
-                    return (await memory.aget(("s",), "k")).value
+                    value = (await memory.aget(("s",), "k")).value
+                with saver.image.read() as root:  # still open after the store has left
+                    assert ("s",) in root["memory"]
+                return value
 
-            assert asyncio.run(use()) == {"v": 2}
-            with image.read() as root:  # still open: the store borrowed, not reopened, it
-                assert ("s",) in root["memory"]
-        finally:
-            loaded.release_shared(file_uri)
+        assert asyncio.run(use()) == {"v": 2}
     finally:
         del sys.modules["__store__checkpointer"]
 

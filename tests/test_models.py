@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from fakes import ScriptedChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from batos.errors import ConfigurationError, ModelError
-from graph.llm import chat_model, select_backend
+from graph.llm import (
+    backends,
+    chat_model,
+    register_backend,
+    select_backend,
+    unregister_backend,
+)
+from graph.llm.base import ExceptionTable, PersonaChatModel
 from graph.llm.embedded import EmbeddedChatModel, message_dicts
 from graph.llm.engine import FairLock, Sampling, engine
 from prototypes.codex import load_codex
@@ -46,6 +53,56 @@ def test_a_dead_openai_endpoint_is_a_model_error(monkeypatch: pytest.MonkeyPatch
         model.invoke("hello")
 
 
+class _Flaky(RuntimeError):
+    """What an outside backend's client raises."""
+
+
+class ScriptedPersonaChat(PersonaChatModel, ScriptedChatModel):
+    """An outside backend: a scripted model behind the persona seam."""
+
+    def exception_table(self) -> ExceptionTable:
+        return {
+            RuntimeError: lambda exc: ModelError(f"scripted backend failed: {exc}"),
+            _Flaky: lambda exc: ModelError(f"scripted backend is flaky: {exc}", hint="retry"),
+        }
+
+
+def test_an_outside_backend_registers_like_the_built_in_ones() -> None:
+    built: list[tuple[str, float, dict]] = []
+
+    def factory(persona, timeout, options):
+        built.append((persona.name, timeout, options))
+        return ScriptedPersonaChat(persona_system=persona.identity).enqueue(
+            "one", _Flaky("socket closed"), "two", ValueError("not in the table")
+        )
+
+    register_backend("scripted", factory, lambda: True, before="embedded")
+    try:
+        assert [b.name for b in backends()] == ["openai", "ollama", "scripted", "embedded"]
+        assert select_backend() == "scripted"
+        model = chat_model("robin", temperature=0.2, timeout=3)
+        assert built == [("ROBIN", 3.0, {"temperature": 0.2})]
+        # The persona's SYSTEM goes first, unless the call brings its own.
+        assert model.invoke("hi").content == "one"
+        system = model.history[-1][0]
+        assert isinstance(system, SystemMessage)
+        assert system.content == load_codex().persona("ROBIN").identity
+        # The most specific entry of the table wins; the original is the cause.
+        with pytest.raises(ModelError, match="flaky: socket closed") as info:
+            model.invoke([SystemMessage("Be brief."), HumanMessage("hi")])
+        assert isinstance(info.value.__cause__, _Flaky) and info.value.hint == "retry"
+        assert [m.content for m in model.history[-1]] == ["Be brief.", "hi"]
+        # A backend without streaming streams its whole reply as one chunk.
+        assert [c.content for c in model.stream("again")] == ["two"]
+        with pytest.raises(ValueError, match="not in the table"):
+            model.invoke("hi")
+    finally:
+        unregister_backend("scripted")
+    assert select_backend() == "embedded"
+    with pytest.raises(ConfigurationError, match="unknown backend 'scripted'"):
+        chat_model("ROBIN", backend="scripted")
+
+
 def test_bad_options_are_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match="unknown backend"):
         chat_model("ROBIN", backend="gpt")
@@ -66,8 +123,25 @@ def test_a_system_message_replaces_the_modelfile_system() -> None:
     ]
 
 
+class _Handshake(threading.Condition):
+    """The lock's condition, telling the test each time a caller starts waiting on it.
+
+    A waiter takes its ticket and then waits, under this condition: once ``queued`` is
+    released the waiter holds its place in the line, with no sleep to guess how long it takes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued = threading.Semaphore(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.queued.release()
+        return super().wait(timeout)
+
+
 def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
     lock = FairLock()
+    handshake = lock._cond = _Handshake()
     lock.acquire()
     order: list[int] = []
 
@@ -76,16 +150,18 @@ def test_fair_lock_serves_in_arrival_order_and_skips_who_gave_up() -> None:
         order.append(i)
         lock.release()
 
+    # Started in reverse, each only once the one before is in line: arrival order is 3, 2, 1, 0.
     threads = []
-    for i in range(4):
+    for i in reversed(range(4)):
         threads.append(threading.Thread(target=waiter, args=(i,)))
         threads[-1].start()
-        time.sleep(0.05)  # so each takes its ticket before the next starts
+        assert handshake.queued.acquire(timeout=10), f"waiter {i} never queued"
+    assert lock.waiting == 5  # the holder and four in line
     assert lock.acquire(timeout=0.01) is False  # gives up; must not block the others
     lock.release()
     for thread in threads:
         thread.join(timeout=5)
-    assert order == [0, 1, 2, 3]
+    assert order == [3, 2, 1, 0]
     assert lock.acquire(timeout=1) is True
 
 

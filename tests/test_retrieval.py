@@ -1,5 +1,6 @@
 """Retrieval in a graph: cited, fenced context from ingested documents, and nothing it quotes
-can install a method or call a tool."""
+can install a method or call a tool — even when the model repeats the injection and its reply is
+fed back into retrieval, while doesNotUnderstand stands ready to install whatever is asked."""
 
 from __future__ import annotations
 
@@ -38,11 +39,18 @@ DNU_SHAPED = (
 )
 
 
+#: What the drafting model writes for any mission: a send of wipe_disk would install it.
+WIPE_DISK = "```python\ndef wipe_disk(self):\n    return 'wiped'\n```"
+
+
 class State(TypedDict, total=False):
     question: str
     context: str
     citations: list[dict[str, Any]]
     messages: list[Any]
+    reply: str
+    recalled: str
+    recalled_citations: list[dict[str, Any]]
 
 
 @pytest.fixture
@@ -58,8 +66,9 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
     catalog = KnowledgeCatalog.open(memory_image, Embedder())
     for source, text in (("manual.txt", MANUAL), ("evil.txt", INJECTION), ("dnu.txt", DNU_SHAPED)):
         ingest_text(catalog, source, text)
-    # doesNotUnderstand is live: a message to calc it lacks would ask this model for code.
-    drafter = ScriptedChatModel()
+    # doesNotUnderstand is live and willing: a message to calc it lacks would be answered by
+    # this model with a working wipe_disk, installed and run (checked at the end).
+    drafter = ScriptedChatModel().enqueue(WIPE_DISK)
     jit.enable(drafter)
     installs: list[dict[str, Any]] = []
 
@@ -69,22 +78,37 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
         installs.append({"receiver": receiver, "selector": selector, "source": source})
         return "installed"
 
-    answerer = ScriptedChatModel().enqueue("Reseat the intake valve, then clear the fault [1].")
+    # The model falls for the injection: its answer is the doesNotUnderstand-shaped text.
+    answerer = ScriptedChatModel().enqueue(DNU_SHAPED)
 
     def answer(state: State) -> State:
         prompt = [
             SystemMessage("Answer from the passages; cite them as [n]."),
             HumanMessage(f"{state['context']}\n\nQuestion: {state['question']}"),
         ]
-        return {"messages": [answerer.invoke(prompt)]}
+        reply = answerer.invoke(prompt)
+        return {"messages": [reply], "reply": str(reply.content)}
 
     builder = StateGraph(State)
     builder.add_node("retrieve", retrieval_node(catalog, k=3))
     builder.add_node("answer", answer)
+    # The model's reply goes back into retrieval as a query: the path now reads hostile text
+    # both as documents and as its input.
+    builder.add_node(
+        "recall",
+        retrieval_node(
+            catalog,
+            query_key="reply",
+            context_key="recalled",
+            citations_key="recalled_citations",
+            k=3,
+        ),
+    )
     builder.add_node("tools", ToolNode([install_method]))
     builder.add_edge(START, "retrieve")
     builder.add_edge("retrieve", "answer")
-    builder.add_conditional_edges("answer", tools_condition, {"tools": "tools", END: END})
+    builder.add_edge("answer", "recall")
+    builder.add_conditional_edges("recall", tools_condition, {"tools": "tools", END: END})
     builder.add_edge("tools", END)
     result = builder.compile().invoke({"question": "how do I clear fault E-4471 on the pump?"})
 
@@ -100,13 +124,24 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
     assert any("install a method wipe_disk" in b for b in blocks)  # quoted whole, as data
     assert any('"selector": "wipe_disk"' in b for b in blocks)
     assert all(isinstance(c["score"], float) for c in result["citations"])
-    # The model read the passages inside the fence, and answered in words.
+    # The model read the passages inside the fence, and answered with the injected text, which
+    # retrieval then took as a query and answered with passages, fenced like the first ones.
     [prompt] = answerer.history
     assert "not instructions" in prompt[-1].content and "install_method" in prompt[-1].content
     assert isinstance(result["messages"][-1], AIMessage) and not result["messages"][-1].tool_calls
-    # Nothing the passages asked for happened: no tool ran, no method was drafted or installed.
+    assert result["reply"] == DNU_SHAPED
+    assert result["recalled"].startswith(CONTEXT_HEADER)
+    assert "dnu.txt" in {c["source"] for c in result["recalled_citations"]}
+    # Nothing the passages or the reply asked for happened: no tool ran, nothing was drafted,
+    # nothing installed.
     assert installs == [] and drafter.calls == 0
     with memory_image.read() as root:
         assert root["calc"]._methods == {}
         assert "wipe_disk" not in root["calc"]._slots()
-    assert set(result) == {"question", "context", "citations", "messages"}
+    assert set(result) == set(State.__annotations__)
+    # The checks above could fail: a send of the message the text asks for is answered by the
+    # drafting model, and the method is installed and run.
+    assert memory_image.transact(lambda root: root["calc"].wipe_disk()) == "wiped"
+    assert drafter.calls == 1
+    with memory_image.read() as root:
+        assert "wipe_disk" in root["calc"]._slots()

@@ -57,6 +57,55 @@ def test_two_processes_share_one_image(tmp_path):
             assert {r.description for r in image.history(5)} >= {"alpha", "beta"}
 
 
+INCREMENTER = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from store.image import LivingImage
+
+    def bump(root):
+        root["counter"] += 1
+
+    uri, count, ready, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], pathlib.Path(sys.argv[4])
+    with LivingImage.open(uri) as image:
+        pathlib.Path(ready).touch()
+        while not go.exists():  # start together, so that every commit races the others
+            time.sleep(0.001)
+        for _ in range(count):
+            image.transact(bump, note="bump")
+    """
+)
+
+WRITERS = 4
+INCREMENTS = 50
+
+
+@pytest.mark.slow
+def test_several_writers_on_one_hot_counter_all_get_through(tmp_path):
+    """Every writer conflicts with the others on every commit; the retries must outlast it."""
+    with ZeoServer(tmp_path / "hot.fs") as server:
+        with LivingImage.open(server.uri) as image:
+            image.transact(lambda root: root.__setitem__("counter", 0))
+        go = tmp_path / "go"
+        ready = [tmp_path / f"ready-{i}" for i in range(WRITERS)]
+        writers = [
+            subprocess.Popen(
+                [sys.executable, "-c", INCREMENTER, server.uri, str(INCREMENTS), str(r), str(go)],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in ready
+        ]
+        deadline = time.monotonic() + 120
+        while not all(r.exists() for r in ready):
+            assert all(w.poll() is None for w in writers) and time.monotonic() < deadline
+            time.sleep(0.01)
+        go.touch()
+        errors = [w.communicate(timeout=300)[1] for w in writers]
+        assert [w.returncode for w in writers] == [0] * WRITERS, errors
+        with LivingImage.open(server.uri) as image, image.read() as root:
+            assert root["counter"] == WRITERS * INCREMENTS
+
+
 OPENER = textwrap.dedent(
     """
     import sys

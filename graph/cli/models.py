@@ -22,7 +22,7 @@ def list_models() -> None:
 
     Example: batos models list
     """
-    from graph.llm.modelfile import persona_model
+    from graph.llm.modelfile import adapter_path, persona_model
     from prototypes.codex import load_codex
     from store.model_files import catalog
 
@@ -35,8 +35,11 @@ def list_models() -> None:
         model = persona_model(name)
         cells = []
         for which in names:
-            paths = [p.parent.parent / which / p.name for p in model.adapters]
-            cells.append(", ".join("✓" if p.is_file() else "not trained" for p in paths) or "-")
+            if not model.adapters:
+                cells.append("-")
+            else:
+                trained = adapter_path(which, name).is_file()
+                cells.append("✓" if trained else "not trained")
         table.add_row(
             name,
             model.name,
@@ -74,8 +77,7 @@ def build(
 
     Example: OLLAMA_HOST=http://127.0.0.1:11434 batos models build
     """
-    from graph.llm import _host_url
-    from graph.llm.ollama import provision
+    from graph.llm.ollama import host_url, provision
 
     host = settings.get_str("ollama_host")
     if not host:
@@ -85,7 +87,7 @@ def build(
             "embedded backend serves the Modelfiles directly and needs no build",
         )
     with console.status("provisioning persona models…") as status:
-        report = provision(_host_url(host), force=force, progress=lambda text: status.update(text))
+        report = provision(host_url(host), force=force, progress=lambda text: status.update(text))
     console.print(f"present: {', '.join(report.present) or '-'}")
     console.print(f"pulled:  {', '.join(report.pulled) or '-'}")
     console.print(f"created: {', '.join(report.created) or '-'}")
@@ -101,7 +103,7 @@ def status() -> None:
 
     Example: BATOS_MODEL=test batos models status
     """
-    from graph.llm import _host_url, select_backend
+    from graph.llm import select_backend
     from graph.llm.embedded import adapter_paths
     from graph.llm.modelfile import persona_model
     from prototypes.codex import load_codex
@@ -114,7 +116,9 @@ def status() -> None:
     if backend == "ollama":
         import ollama
 
-        host = _host_url(settings.get_str("ollama_host"))
+        from graph.llm.ollama import host_url
+
+        host = host_url(settings.get_str("ollama_host"))
         present = {m.model for m in ollama.Client(host=host).list().models}
         for name, spec in load_codex().personas.items():
             ready = f"{spec.model}:latest" in present or spec.model in present

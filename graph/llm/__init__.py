@@ -1,28 +1,34 @@
-"""The chat-model factory: persona name → a LangChain chat model on the best backend at hand.
+"""Persona chat models: persona name → a LangChain chat model on the best backend at hand.
 
-Order: an OpenAI-compatible endpoint when ``openai_base_url`` is set (vLLM, llama-server: the
-scale-out engine), else Ollama when ``OLLAMA_HOST`` answers (persona models are provisioned on
-first use), else the embedded llama.cpp backend. Each applies the persona's Modelfile: SYSTEM
-(unless the messages bring their own), PARAMETERs, and the adapter where the backend can.
+Backends come from a registry (``graph.llm.backends``), tried in order: an OpenAI-compatible
+endpoint when ``openai_base_url`` is set (vLLM, llama-server: the scale-out engine), else Ollama
+when ``OLLAMA_HOST`` answers (persona models are provisioned on first use), else the embedded
+llama.cpp backend. Each applies the persona's Modelfile — SYSTEM (unless the messages bring
+their own), PARAMETERs, the adapter where the backend can — behind one base class
+(``graph.llm.base.PersonaChatModel``). Another backend is added with ``register_backend``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import BaseMessage, SystemMessage
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from batos import settings
-from batos.errors import ConfigurationError, ModelError
+from batos.errors import ConfigurationError
+from graph.llm.backends import Backend, backend, backends, register_backend, unregister_backend
 from prototypes.codex import load_codex
 
-log = logging.getLogger("batos.llm")
+__all__ = [
+    "SAMPLING_OPTIONS",
+    "Backend",
+    "backends",
+    "chat_model",
+    "register_backend",
+    "select_backend",
+    "unregister_backend",
+]
 
-BACKENDS = ("openai", "ollama", "embedded")
 #: Options every backend understands (Ollama PARAMETER names), besides backend and timeout.
 SAMPLING_OPTIONS = (
     "temperature",
@@ -34,42 +40,36 @@ SAMPLING_OPTIONS = (
     "seed",
 )
 
-
-def select_backend(backend: str | None = None) -> str:
-    """Which backend ``chat_model`` would use now (``backend`` forces one)."""
-    if backend is not None:
-        if backend not in BACKENDS:
-            raise ConfigurationError(
-                f"unknown backend {backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
-            )
-        return backend
-    if settings.get_str("openai_base_url"):
-        return "openai"
-    host = settings.get_str("ollama_host")
-    if host:
-        from graph.llm.ollama import server_version
-
-        if server_version(_host_url(host)) is not None:
-            return "ollama"
-        log.warning("OLLAMA_HOST=%s does not answer; using the embedded backend", host)
-    return "embedded"
+# The built-in backends, registered as an outside one would be, most preferred first.
+register_backend("openai", "graph.llm.openai_compat:build", "graph.llm.openai_compat:available")
+register_backend("ollama", "graph.llm.ollama:build", "graph.llm.ollama:available")
+register_backend("embedded", "graph.llm.embedded:build", "graph.llm.embedded:available")
 
 
-def _host_url(host: str) -> str:
-    return host if "://" in host else f"http://{host}"
+def select_backend(name: str | None = None) -> str:
+    """Which backend ``chat_model`` would use now: the first available, or ``name`` if given."""
+    if name is not None:
+        return backend(name).name
+    for candidate in backends():
+        if candidate.available():
+            return candidate.name
+    raise ConfigurationError(
+        "no chat-model backend is available",
+        hint="register one with graph.llm.register_backend, or set OLLAMA_HOST",
+    )
 
 
 def chat_model(persona: str, **options: Any) -> BaseChatModel:
     """A chat model that speaks as ``persona`` (ROBIN, BRICK, BABS or ALFRED).
 
-    Options: ``backend`` ('openai' | 'ollama' | 'embedded', default: the first available),
-    ``timeout`` (seconds; default the ``llm_timeout`` setting), and Modelfile PARAMETER
-    overrides: temperature, top_k, top_p, min_p, repeat_penalty, num_predict, seed.
-    ``max_tokens`` is accepted as another name for num_predict.
+    Options: ``backend`` (a registered name — 'openai' | 'ollama' | 'embedded' built in —
+    default: the first available), ``timeout`` (seconds; default the ``llm_timeout`` setting),
+    and Modelfile PARAMETER overrides: temperature, top_k, top_p, min_p, repeat_penalty,
+    num_predict, seed. ``max_tokens`` is accepted as another name for num_predict.
     """
     spec = load_codex().persona(persona)
     options = dict(options)
-    backend = select_backend(options.pop("backend", None))
+    chosen = backend(select_backend(options.pop("backend", None)))
     timeout = float(options.pop("timeout", None) or settings.get_int("llm_timeout"))
     if "max_tokens" in options:
         options["num_predict"] = options.pop("max_tokens")
@@ -79,108 +79,4 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
             f"chat_model() does not take {', '.join(unknown)}",
             hint=f"options: backend, timeout, {', '.join(SAMPLING_OPTIONS)}",
         )
-    if backend == "openai":
-        return _openai(spec.name, spec.model, timeout, options)
-    if backend == "ollama":
-        return _ollama(spec.model, timeout, options)
-    from graph.llm.embedded import EmbeddedChatModel
-
-    return EmbeddedChatModel(persona=spec.name, timeout=timeout, **options)
-
-
-def _ollama(model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
-    from graph.llm.ollama import OllamaPersonaChat, ensure_provisioned
-
-    host = _host_url(settings.get_str("ollama_host"))
-    ensure_provisioned(host)
-    return OllamaPersonaChat(
-        model=model, base_url=host, client_kwargs={"timeout": timeout}, **options
-    )
-
-
-def _openai(persona: str, model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
-    from graph.llm.modelfile import persona_model
-
-    resolved = persona_model(persona)
-    params = {**resolved.parameters, **options}
-    extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
-    return _openai_class()(
-        model=model,
-        base_url=settings.get_str("openai_base_url"),
-        api_key=settings.get_str("openai_api_key") or "not-needed",
-        timeout=timeout,
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        max_tokens=params.get("num_predict"),
-        seed=params.get("seed"),
-        stop=list(params.get("stop", ())) or None,
-        extra_body=extra or None,
-        stream_usage=True,
-        persona_system=resolved.system or "",
-    )
-
-
-def _with_system(messages: list[BaseMessage], system: str) -> list[BaseMessage]:
-    if system and not any(isinstance(m, SystemMessage) for m in messages):
-        return [SystemMessage(system), *messages]
-    return messages
-
-
-def _openai_class() -> type[BaseChatModel]:
-    """``ChatOpenAI`` that prepends the persona's SYSTEM, built lazily (openai is heavy)."""
-    global _OpenAIPersonaChat
-    if _OpenAIPersonaChat is not None:
-        return _OpenAIPersonaChat
-    import openai
-    from langchain_openai import ChatOpenAI
-
-    def fail(self: Any, exc: BaseException) -> ModelError:
-        return ModelError(
-            f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
-            hint="check BATOS_OPENAI_BASE_URL and that the server serves "
-            f"{self.model_name!r}, or unset it to use Ollama or the embedded model",
-        )
-
-    class OpenAIPersonaChat(ChatOpenAI):
-        """A persona on an OpenAI-compatible server (vLLM names the LoRA by the model name)."""
-
-        persona_system: str = ""
-
-        def _generate(self, messages: list[BaseMessage], *a: Any, **k: Any) -> ChatResult:
-            try:
-                return super()._generate(_with_system(messages, self.persona_system), *a, **k)
-            except openai.OpenAIError as exc:
-                raise fail(self, exc) from exc
-
-        def _stream(
-            self, messages: list[BaseMessage], *a: Any, **k: Any
-        ) -> Iterator[ChatGenerationChunk]:
-            try:
-                yield from super()._stream(_with_system(messages, self.persona_system), *a, **k)
-            except openai.OpenAIError as exc:
-                raise fail(self, exc) from exc
-
-        async def _agenerate(self, messages: list[BaseMessage], *a: Any, **k: Any) -> ChatResult:
-            try:
-                return await super()._agenerate(
-                    _with_system(messages, self.persona_system), *a, **k
-                )
-            except openai.OpenAIError as exc:
-                raise fail(self, exc) from exc
-
-        async def _astream(
-            self, messages: list[BaseMessage], *a: Any, **k: Any
-        ) -> AsyncIterator[ChatGenerationChunk]:
-            try:
-                async for chunk in super()._astream(
-                    _with_system(messages, self.persona_system), *a, **k
-                ):
-                    yield chunk
-            except openai.OpenAIError as exc:
-                raise fail(self, exc) from exc
-
-    _OpenAIPersonaChat = OpenAIPersonaChat
-    return OpenAIPersonaChat
-
-
-_OpenAIPersonaChat: type[BaseChatModel] | None = None
+    return chosen.build(spec, timeout, options)

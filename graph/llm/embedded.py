@@ -1,8 +1,10 @@
-"""The embedded backend as a LangChain chat model: a persona's Modelfile served by llama.cpp.
+"""The embedded backend: a persona's Modelfile served in process by llama.cpp.
 
 ``EmbeddedChatModel`` reads the persona's Modelfile on every call (so a new adapter or an
 edited parameter applies without a restart), asks the process-wide ``Engine`` for the base
 model named by the ``model`` setting, and streams through it with the persona's adapter active.
+``LlamaCppChat`` is the engine as a LangChain chat model; the persona seam
+(``PersonaChatModel``) puts the Modelfile's SYSTEM in front of it, as for every backend.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from batos import settings
+from graph.llm.base import PersonaChatModel
 from graph.llm.engine import DEFAULT_N_CTX, Engine, Sampling, Usage, engine
-from graph.llm.modelfile import PersonaModel, modelfiles_dir, persona_model
+from graph.llm.modelfile import PersonaModel, adapter_path, modelfiles_dir, persona_model
+from prototypes.codex import PersonaSpec
 
 log = logging.getLogger("batos.llm.embedded")
 
@@ -51,12 +55,21 @@ def _text(content: Any) -> str:
     return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
 
 
-def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
-    """The persona's adapters for base model ``which``; those not trained yet are skipped.
+def available() -> bool:
+    """Always: the base model ships as a package, so the embedded backend is the fallback."""
+    return True
 
-    ADAPTER lines name the 'default' model's files (adapters/default/<persona>.gguf); a
-    named base model ``which`` takes the same file name from adapters/<which>/. A custom GGUF
-    path has no trained adapters, so it runs on the system prompt alone.
+
+def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> BaseChatModel:
+    return EmbeddedChatModel(persona=persona.name, timeout=timeout, **options)
+
+
+def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
+    """The persona's adapter for base model ``which``, unless it is not trained yet.
+
+    A Modelfile with an ADAPTER line (they name the 'default' model's file) is served with the
+    persona's adapter for the base in use, ``adapter_path(which, persona)``. A custom GGUF path
+    has no trained adapters, so it runs on the system prompt alone.
     """
     from store.model_files import catalog
 
@@ -68,19 +81,19 @@ def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
             "persona adapters are trained per named model, so only SYSTEM applies",
         )
         return ()
-    found = []
-    for declared in model.adapters:
-        path = declared.parent.parent / which / declared.name
-        if path.is_file():
-            found.append(path)
-        else:
-            _warn_once(
-                model.persona,
-                which,
-                f"{model.persona} has no adapter for model "
-                f"{which!r} yet ({path} is missing); serving it with its system prompt",
-            )
-    return tuple(found)
+    if not model.adapters:
+        return ()
+    folder = model.modelfile.path.parent if model.modelfile.path else modelfiles_dir()
+    path = adapter_path(which, model.persona, folder)
+    if path.is_file():
+        return (path,)
+    _warn_once(
+        model.persona,
+        which,
+        f"{model.persona} has no adapter for model "
+        f"{which!r} yet ({path} is missing); serving it with its system prompt",
+    )
+    return ()
 
 
 def _warn_once(persona: str, which: str, text: str) -> None:
@@ -104,8 +117,11 @@ def sampling_for(parameters: dict[str, Any], overrides: dict[str, Any]) -> Sampl
     )
 
 
-class EmbeddedChatModel(BaseChatModel):
-    """A persona served in process by llama.cpp, exactly as its Modelfile describes."""
+class LlamaCppChat(BaseChatModel):
+    """The engine as a chat model: ``persona``'s adapter and PARAMETERs over the base GGUF.
+
+    It sends the messages as they are; ``EmbeddedChatModel`` adds the persona's SYSTEM.
+    """
 
     persona: str
     base_model: str | None = None
@@ -130,12 +146,16 @@ class EmbeddedChatModel(BaseChatModel):
     def _which(self) -> str:
         return self.base_model or settings.get_str("model")
 
+    def persona_model(self) -> PersonaModel:
+        """The persona's Modelfile as it is on disk now, FROM chain folded in."""
+        folder = Path(self.modelfiles) if self.modelfiles else modelfiles_dir()
+        return persona_model(self.persona, folder)
+
     def resolve(self) -> tuple[PersonaModel, Engine, tuple[Path, ...]]:
         """The persona's resolved Modelfile, the engine serving it and its adapter files."""
         from store.model_files import model_path
 
-        folder = Path(self.modelfiles) if self.modelfiles else modelfiles_dir()
-        model = persona_model(self.persona, folder)
+        model = self.persona_model()
         which = self._which()
         n_ctx = int(model.parameters.get("num_ctx", DEFAULT_N_CTX))  # type: ignore[call-overload]
         return model, engine(model_path(which), n_ctx), adapter_paths(model, which)
@@ -158,7 +178,7 @@ class EmbeddedChatModel(BaseChatModel):
         if stop:
             sampling = Sampling(**{**sampling.__dict__, "stop": (*sampling.stop, *stop)})
         return eng.generate(
-            message_dicts(messages, model.system),
+            message_dicts(messages, None),
             adapters=adapters,
             sampling=sampling,
             timeout=self.timeout,
@@ -224,3 +244,10 @@ def _usage_metadata(usage: Usage) -> Any:
         "output_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+
+
+class EmbeddedChatModel(PersonaChatModel, LlamaCppChat):
+    """A persona served in process by llama.cpp, exactly as its Modelfile describes."""
+
+    def system_prompt(self) -> str:
+        return self.persona_model().system or ""

@@ -5,7 +5,8 @@ builds them with ``create``; the embedded backend reads the same files through t
 both apply the same system prompt, parameters and adapter. No maintained Python parser for the
 format exists on PyPI (only linters), so this one follows Ollama's own grammar: one instruction
 per line (case-insensitive), ``#`` comments, values raw, ``"quoted"`` or ``\"\"\"multi-line\"\"\"``.
-Every error names the file and line.
+Every error names the file and line. ``adapter_path`` is the one rule for where persona adapters
+live (``adapters/<model>/<persona>.gguf``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from batos import settings
 from batos.errors import ModelError
 from prototypes.codex import Codex, PersonaSpec, load_codex
+from store.files import write_text
 
 log = logging.getLogger("batos.llm.modelfile")
 
@@ -223,6 +225,16 @@ def persona_file(persona: str) -> str:
     return f"{persona.lower()}.Modelfile"
 
 
+def adapter_path(model: str, persona: str | None = None, folder: Path | None = None) -> Path:
+    """Where persona LoRA adapters live: ``adapters/<model>/<persona>.gguf``.
+
+    The one statement of that rule: base ``model``'s adapter folder under the Modelfiles
+    ``folder`` (default: the ``modelfiles`` setting), or ``persona``'s adapter file in it.
+    """
+    adapters = (folder or modelfiles_dir()) / "adapters" / model
+    return adapters / f"{persona.lower()}.gguf" if persona else adapters
+
+
 @dataclass(frozen=True)
 class PersonaModel:
     """A persona's Modelfile with its FROM chain folded in: what a backend needs to serve it."""
@@ -280,9 +292,10 @@ def render(spec: PersonaSpec, current: str | None) -> str:
     """``current`` with its SYSTEM block replaced by the codex identity (a new file if None)."""
     block = f'SYSTEM """{spec.identity}"""'
     if current is None:
+        adapter = adapter_path("default", spec.name, Path(".")).as_posix()
         return (
             _HEADER.format(persona=spec.name)
-            + f"FROM {BASE_NAME}\nADAPTER ./adapters/default/{spec.name.lower()}.gguf\n"
+            + f"FROM {BASE_NAME}\nADAPTER ./{adapter}\n"
             + block
             + "\n"
         )
@@ -303,6 +316,6 @@ def render_all(folder: Path | None = None, *, write: bool) -> list[Path]:
             stale.append(path)
             if write:
                 parse(wanted, path)  # never write a file we could not read back
-                path.write_text(wanted, encoding="utf-8")
+                write_text(path, wanted)
                 log.info("rendered %s", path)
     return stale

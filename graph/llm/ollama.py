@@ -3,26 +3,28 @@
 ``provision()`` lists the server's models, works out which are missing, pulls the library base
 and creates ``batos-base`` and the persona models from ``modelfiles/`` (adapters uploaded as
 blobs), persona models concurrently; it is idempotent. ``OllamaPersonaChat`` is langchain-
-ollama's ``ChatOllama`` with transport failures turned into ``ModelError``s that say what to do.
+ollama's ``ChatOllama`` behind the persona seam, its failures mapped by ``exception_table``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.language_models import BaseChatModel
 from langchain_ollama import ChatOllama
 
+from batos import settings
 from batos.errors import ModelError
+from graph.llm.base import ExceptionTable, PersonaChatModel, map_exceptions
 from graph.llm.modelfile import BASE_NAME, Modelfile, base_modelfile, modelfiles_dir, persona_model
-from prototypes.codex import load_codex
+from prototypes.codex import PersonaSpec, load_codex
 
 log = logging.getLogger("batos.llm.ollama")
 
@@ -31,11 +33,12 @@ PROBE_TIMEOUT_S = 2.0
 MIN_VERSION = (0, 5, 5)
 
 
-def _error(host: str, exc: BaseException, model: str | None = None) -> ModelError:
-    """A transport or server failure as a ModelError with the fix in its hint."""
+def exception_table(host: str, model: str | None = None) -> ExceptionTable:
+    """How the Ollama client's failures read as ``ModelError``s naming the server and the fix."""
     import ollama
 
-    if isinstance(exc, ollama.ResponseError):
+    def answered(exc: BaseException) -> ModelError:
+        assert isinstance(exc, ollama.ResponseError)
         if exc.status_code == 404 and model:
             return ModelError(
                 f"Ollama at {host} has no model {model!r}",
@@ -45,18 +48,51 @@ def _error(host: str, exc: BaseException, model: str | None = None) -> ModelErro
             f"Ollama at {host} answered {exc.status_code}: {exc.error}",
             hint="see the Ollama server's log ('ollama serve')",
         )
-    if isinstance(exc, httpx.TimeoutException):
+
+    def timed_out(exc: BaseException) -> ModelError:
         return ModelError(
             f"Ollama at {host} did not answer in time",
             hint="raise BATOS_LLM_TIMEOUT, or check the server is not overloaded",
         )
-    return ModelError(
-        f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}",
-        hint="start it with 'ollama serve', or unset OLLAMA_HOST to use the embedded backend",
+
+    def lost(exc: BaseException) -> ModelError:
+        return ModelError(
+            f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}",
+            hint="start it with 'ollama serve', or unset OLLAMA_HOST to use the embedded backend",
+        )
+
+    # ConnectionError is an OSError; httpx's timeouts are HTTPErrors, the more specific wins.
+    return {
+        ollama.ResponseError: answered,
+        httpx.TimeoutException: timed_out,
+        httpx.HTTPError: lost,
+        OSError: lost,
+    }
+
+
+def host_url(host: str) -> str:
+    """``OLLAMA_HOST`` as a URL (Ollama accepts a bare ``host:port``)."""
+    return host if "://" in host else f"http://{host}"
+
+
+def available() -> bool:
+    """``OLLAMA_HOST`` is set and answers like Ollama (a warning if it is set but silent)."""
+    host = settings.get_str("ollama_host")
+    if not host:
+        return False
+    if server_version(host_url(host)) is not None:
+        return True
+    log.warning("OLLAMA_HOST=%s does not answer; using the embedded backend", host)
+    return False
+
+
+def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> BaseChatModel:
+    """``persona``'s model on the server at ``OLLAMA_HOST``, provisioned on first use."""
+    host = host_url(settings.get_str("ollama_host"))
+    ensure_provisioned(host)
+    return OllamaPersonaChat(
+        model=persona.model, base_url=host, client_kwargs={"timeout": timeout}, **options
     )
-
-
-_TRANSPORT = (httpx.HTTPError, ConnectionError, OSError)
 
 
 def server_version(host: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -130,10 +166,8 @@ def provision(
         )
     wanted = wanted_models(folder)
     base = wanted[BASE_NAME]
-    try:
+    with map_exceptions(exception_table(host)):
         existing = {_tagged(m.model or "") for m in client.list().models}
-    except (ollama.ResponseError, *_TRANSPORT) as exc:
-        raise _error(host, exc) from exc
     report = ProvisionReport(present=sorted(n for n in wanted if _tagged(n) in existing))
     missing = [n for n in wanted if force or _tagged(n) not in existing]
     if not missing:
@@ -172,7 +206,7 @@ def provision(
         with lock:
             report.created.append(name)
 
-    try:
+    with map_exceptions(exception_table(host)):
         if BASE_NAME in missing:
             pull_base()
             create(BASE_NAME)
@@ -180,8 +214,6 @@ def provision(
         with ThreadPoolExecutor(max_workers=4) as pool:
             for future in [pool.submit(create, n) for n in personas]:
                 future.result()
-    except (ollama.ResponseError, *_TRANSPORT) as exc:
-        raise _error(host, exc) from exc
     return report
 
 
@@ -198,41 +230,8 @@ def ensure_provisioned(host: str) -> None:
         _provisioned.add(host)
 
 
-class OllamaPersonaChat(ChatOllama):
-    """``ChatOllama`` whose failures are ``ModelError``s naming the server and the fix."""
+class OllamaPersonaChat(PersonaChatModel, ChatOllama):
+    """A persona's model on an Ollama server, which applies the SYSTEM it was created with."""
 
-    def _fail(self, exc: BaseException) -> ModelError:
-        return _error(self.base_url or "http://127.0.0.1:11434", exc, self.model)
-
-    def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
-        import ollama
-
-        try:
-            return super()._generate(*args, **kwargs)
-        except (ollama.ResponseError, *_TRANSPORT) as exc:
-            raise self._fail(exc) from exc
-
-    def _stream(self, *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        import ollama
-
-        try:
-            yield from super()._stream(*args, **kwargs)
-        except (ollama.ResponseError, *_TRANSPORT) as exc:
-            raise self._fail(exc) from exc
-
-    async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
-        import ollama
-
-        try:
-            return await super()._agenerate(*args, **kwargs)
-        except (ollama.ResponseError, *_TRANSPORT) as exc:
-            raise self._fail(exc) from exc
-
-    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        import ollama
-
-        try:
-            async for chunk in super()._astream(*args, **kwargs):
-                yield chunk
-        except (ollama.ResponseError, *_TRANSPORT) as exc:
-            raise self._fail(exc) from exc
+    def exception_table(self) -> ExceptionTable:
+        return exception_table(self.base_url or "http://127.0.0.1:11434", self.model)

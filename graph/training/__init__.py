@@ -1,0 +1,2 @@
+"""Persona LoRA adapters: training on the base model (``lora``) and llama.cpp's GGUF
+conversion and fusing (``gguf``)."""

@@ -13,7 +13,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from batos import settings
 from batos.errors import ModelError
+from store.files import replacing
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,10 +49,8 @@ def tools_dir() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="batos-sdist-", dir=target.parent) as scratch:
         sdist = _sdist(version, Path(scratch))
-        unpacked = Path(scratch) / "tools"
-        _unpack(sdist, unpacked)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(unpacked, target)
+        with replacing(target) as unpacked:
+            _unpack(sdist, unpacked)
     log.info("unpacked llama.cpp converters %s into %s", version, target)
     return target
 

@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -27,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from batos import settings
 from batos.errors import ConfigurationError, ModelError
+from graph.llm.modelfile import adapter_path, modelfiles_dir
 from prototypes.codex import PERSONAS, load_codex
+from store.files import copy_file, replacing, write_text
 from store.model_files import catalog, model_path
 
 if TYPE_CHECKING:
@@ -91,10 +92,6 @@ class TrainingResult:
 # --- where things live ---------------------------------------------------------------------
 
 
-def modelfiles_dir() -> Path:
-    return Path(settings.get_str("modelfiles"))
-
-
 def data_file(persona: str) -> Path:
     return modelfiles_dir() / "data" / f"{persona_name(persona).lower()}.jsonl"
 
@@ -106,7 +103,7 @@ def adapters_dir(model: str) -> Path:
             f"adapters are shipped per named model, and {model!r} is not one",
             hint=f"pass --out FOLDER, or choose --model {' or '.join(catalog())}",
         )
-    return modelfiles_dir() / "adapters" / model
+    return adapter_path(model)
 
 
 def cache_dir() -> Path:
@@ -381,7 +378,7 @@ def train_persona(
             base_dir = lora_gguf.write_base_config(model, tokenizer, staging / "base")
             gguf_tmp = staging / f"{persona.lower()}.gguf"
             lora_gguf.convert_lora(lora_dir, base_dir, gguf_tmp)
-            adapter = _install(gguf_tmp, out_dir / f"{persona.lower()}.gguf")
+            adapter = copy_file(gguf_tmp, out_dir / adapter_path(plan.model, persona).name)
             keep = peft_dir(plan.model, persona)
             _replace_dir(lora_dir, keep)
     finally:
@@ -406,21 +403,9 @@ def save_peft(weights: dict[str, Any], config: Any, folder: Path) -> Path:
     return folder
 
 
-def _install(source: Path, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-    return target
-
-
 def _replace_dir(source: Path, target: Path) -> None:
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, target)
+    with replacing(target) as draft:
+        shutil.copytree(source, draft)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -470,9 +455,7 @@ def _record(
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     manifest["personas"] = dict(sorted(manifest["personas"].items()))
-    tmp = folder / (MANIFEST + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
+    write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
 # --- fused variant -------------------------------------------------------------------------
@@ -509,7 +492,10 @@ def fuse_persona(model: str, persona: str, outtype: str = "q8_0") -> Path:
     merged = PeftModel.from_pretrained(base, str(source)).merge_and_unload()
     target = fused_dir(model) / f"{persona.lower()}.gguf"
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="batos-fuse-", dir=target.parent) as scratch:
+    with (
+        tempfile.TemporaryDirectory(prefix="batos-fuse-", dir=target.parent) as scratch,
+        replacing(target) as draft,
+    ):
         hf_dir = Path(scratch) / "hf"
         # A GGUF-loaded model refuses save_pretrained; a plain one built from its config and
         # given the merged weights does not. Half precision halves the peak memory.
@@ -520,6 +506,5 @@ def fuse_persona(model: str, persona: str, outtype: str = "q8_0") -> Path:
         tokenizer.save_pretrained(str(hf_dir))
         lora_gguf.forget_gguf_origin(hf_dir)
         del plain
-        out = lora_gguf.convert_model(hf_dir, Path(scratch) / target.name, outtype)
-        os.replace(out, target)
+        lora_gguf.convert_model(hf_dir, draft, outtype)
     return target

@@ -1,0 +1,106 @@
+"""One retry policy for every ZODB transaction in BAT OS.
+
+A ``TransientError`` (a write or read conflict, a ZEO client briefly disconnected) means "do
+it again on fresh state". ``retry`` runs an attempt until it stops raising one, sleeping a
+jittered, exponentially growing pause between attempts, for as long as the ``tx_retry_seconds``
+setting allows — a time budget, not a count, so that a handful of writers on one hot object
+all get through however unlucky their interleaving. ``run_in_transaction`` is the usual form:
+one transaction per attempt, committed on success, aborted on any failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import transaction
+from transaction.interfaces import TransientError
+
+from batos import settings
+from batos.errors import TransactionFailed
+
+log = logging.getLogger("batos.transactions")
+
+T = TypeVar("T")
+
+#: The longest pause before the first retry; it doubles with each retry after that.
+FIRST_PAUSE_S = 0.005
+#: The longest pause before any retry.
+MAX_PAUSE_S = 0.5
+
+
+def pause(attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based): full jitter.
+
+    Uniform in [0, min(MAX_PAUSE_S, FIRST_PAUSE_S * 2**(attempt-1))], so writers that collided
+    spread out instead of colliding again in step.
+    """
+    ceiling = min(MAX_PAUSE_S, FIRST_PAUSE_S * 2 ** min(attempt - 1, 30))
+    return random.uniform(0, ceiling)
+
+
+def retry(
+    attempt: Callable[[], T],
+    *,
+    what: str,
+    hint: str,
+    seconds: float | None = None,
+) -> T:
+    """``attempt()`` again after each ``TransientError``, within ``seconds`` (setting default).
+
+    ``attempt`` must leave nothing behind when it raises (abort its transaction, close what
+    it opened). When the budget is spent, ``TransactionFailed`` says how often ``what``
+    conflicted, with ``hint``; any other exception propagates at once.
+    """
+    budget = settings.get_float("tx_retry_seconds") if seconds is None else seconds
+    started = time.monotonic()
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return attempt()
+        except TransientError as exc:
+            elapsed = time.monotonic() - started
+            wait = pause(tries)
+            if elapsed + wait > budget:
+                raise TransactionFailed(
+                    f"{what} conflicted {tries} times in {elapsed:.1f} s: {exc}",
+                    hint=hint,
+                ) from exc
+            log.info("%s: %s on attempt %d; retrying", what, type(exc).__name__, tries)
+            time.sleep(wait)
+
+
+def run_in_transaction(
+    tm: transaction.TransactionManager,
+    fn: Callable[[], T],
+    *,
+    note: str,
+    user: str,
+    hint: str = "another process keeps changing the same objects; retry later",
+    seconds: float | None = None,
+) -> T:
+    """``fn()`` in one transaction of ``tm``, committed; retried on ``TransientError``.
+
+    Each attempt begins a new transaction (recording ``user`` and ``note``) and runs ``fn``
+    on fresh state, so ``fn`` must be safe to repeat. Any failure aborts: nothing of a failed
+    attempt is ever committed.
+    """
+
+    def attempt() -> T:
+        txn = tm.begin()
+        txn.user = user
+        if note:
+            txn.note(note)
+        try:
+            result = fn()
+            tm.commit()
+            return result
+        except BaseException:
+            tm.abort()
+            raise
+
+    return retry(attempt, what=note or "transaction", hint=hint, seconds=seconds)

@@ -83,6 +83,7 @@ from batos.errors import (
     SandboxViolation,
 )
 from prototypes import guardian, isolation
+from prototypes.bounded import bounded_repr
 from prototypes.uvm import UvmObject, register_compiler
 
 log = logging.getLogger("batos.sandbox")
@@ -483,12 +484,17 @@ def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Call
     """
     if audit:
         guardian.check(selector, source)
+    filename = f"<method {selector}>"
     try:
         tree = ast.parse(source, mode="exec")
+        result = compile_restricted_exec(tree, filename=filename, policy=BatosPolicy)
     except SyntaxError as exc:
         raise AuditRejected(f"method {selector!r} does not parse: {exc.msg}") from None
-    filename = f"<method {selector}>"
-    result = compile_restricted_exec(tree, filename=filename, policy=BatosPolicy)
+    except (RecursionError, MemoryError):
+        raise AuditRejected(
+            f"method {selector!r} is nested too deeply to compile",
+            ["split very long expressions and deeply nested blocks into shorter statements"],
+        ) from None
     # Tracebacks (and the findings fed back to the model) then quote the failing line.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if result.errors:
@@ -511,6 +517,7 @@ def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         if isolation.inside_child() or isolation_mode() == "host":
             return call_checked(fn, args, kwargs)
+        _prepare_children()
         return isolation.run(
             lambda *a, **k: call_checked(fn, a, k),
             args,
@@ -526,6 +533,15 @@ def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
 
 
 register_compiler("sandbox", compile_sandboxed)
+
+
+def _prepare_children() -> None:
+    """Import every curated module before the first fork: a confined child cannot open the
+    files an import reads."""
+    if len(_CURATED) < len(guardian.ALLOWED_IMPORTS):
+        for name in guardian.ALLOWED_IMPORTS:
+            if name not in _CURATED:
+                _CURATED[name] = _curated(name)
 
 
 # -- run-time limits ------------------------------------------------------------------------------
@@ -611,6 +627,19 @@ def _address_space() -> int:
 _MEMORY = _MemoryWindow()
 
 
+class _NoWindow:
+    """An isolation child's memory limit is set on the whole process before the call."""
+
+    def enter(self, extra_mb: int) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+
+_NO_WINDOW = _NoWindow()
+
+
 def _release(action: Callable[[], None]) -> None:
     # A timeout delivered while we release must not skip the release itself.
     while True:
@@ -631,19 +660,25 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     if getattr(_state, "depth", 0):
         return fn(*args, **kwargs)
-    seconds = settings.get_float("sandbox_seconds")
-    memory_mb = settings.get_int("sandbox_memory_mb")
+    # A child has no environment to read settings from, and its memory is already limited
+    # for the whole process.
+    in_child = isolation.child_limits()
+    seconds, memory_mb = in_child or (
+        settings.get_float("sandbox_seconds"),
+        settings.get_int("sandbox_memory_mb"),
+    )
+    window = _NO_WINDOW if in_child else _MEMORY
     _state.depth = 1
     _state.violations = violations = []
     dog = _Watchdog(seconds)
     try:
         try:
-            _MEMORY.enter(memory_mb)
+            window.enter(memory_mb)
             try:
                 result = fn(*args, **kwargs)
             finally:
                 _release(dog.stop)
-                _release(_MEMORY.leave)
+                _release(window.leave)
         except SandboxTimeout:
             raise SandboxLimitExceeded(
                 f"the method ran longer than {seconds:g} s and was stopped",
@@ -800,6 +835,7 @@ def run_isolated(
     """
     seconds = float(seconds or settings.get_float("sandbox_seconds"))
     memory_mb = int(memory_mb or settings.get_int("sandbox_memory_mb"))
+    _prepare_children()
     try:
         result = isolation.run(fn, args, kwargs, seconds=seconds, memory_mb=memory_mb, apply=False)
     except GeneratedCodeError as exc:
@@ -824,8 +860,4 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def _short_repr(value: Any, limit: int = 500) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:
-        text = f"<unrepresentable {type(value).__name__}: {exc}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return bounded_repr(value, limit)

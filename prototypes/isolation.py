@@ -29,6 +29,7 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import io
+import logging
 import marshal
 import os
 import pickle
@@ -47,6 +48,8 @@ from persistent.mapping import PersistentMapping
 from batos.errors import GeneratedCodeError, SandboxLimitExceeded, SandboxViolation
 from prototypes import confine, report
 from prototypes.uvm import Method, UvmObject, _bump_epoch
+
+log = logging.getLogger("batos.isolation")
 
 #: Extra seconds a child gets beyond the call's time limit before it is killed.
 GRACE_SECONDS = 1.0
@@ -557,10 +560,15 @@ def _decode(
     try:
         return report.Decoder(known, resolver).report(payload)
     except report.ReportRefused as exc:
-        raise SandboxViolation(
-            "the host refused what the method sent back",
-            [f"its report could not be used: {exc}"],
-        ) from None
+        why = str(exc)
+    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+        # The decoder refuses every report it can name a rule for (the fuzz test holds it to
+        # that); anything else it meets is still a refusal, never an error of the host.
+        log.warning("an unforeseen report was refused", exc_info=True)
+        why = f"it is malformed ({type(exc).__name__})"
+    raise SandboxViolation(
+        "the host refused what the method sent back", [f"its report could not be used: {why}"]
+    )
 
 
 class _OidResolver:

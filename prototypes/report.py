@@ -345,7 +345,9 @@ class Decoder:
         if not (isinstance(wire_states, list) and isinstance(wire_news, list)):
             raise ReportRefused("its envelope is malformed")
         for entry in wire_news:  # first every placeholder, so any value may refer to any
-            if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in _NEW_KINDS):
+            if not (type(entry) is list and len(entry) == 2 and type(entry[0]) is str):
+                raise ReportRefused("a new object's entry is malformed")
+            if entry[0] not in _NEW_KINDS:
                 raise ReportRefused("a new object of a kind a method cannot create")
             cls = _NEW_KINDS[entry[0]]
             self.news.append(cls.__new__(cls))

@@ -26,6 +26,7 @@ prototype whose slot was changed that way is refused with a covenant finding.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import hashlib
 import io
@@ -36,6 +37,7 @@ import pickle
 import select
 import signal
 import struct
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -266,6 +268,7 @@ def _child_main(
     watched: list[persistent.Persistent],
     seconds: float,
     memory_mb: int,
+    address_space: int,
 ) -> None:
     global _in_child, _child_limits
     _in_child = True
@@ -276,7 +279,6 @@ def _child_main(
         # host's stack (inherited from the fork) anywhere.
         faulthandler.disable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        address_space = _address_space() + memory_mb * 1024 * 1024
         confine.confine(
             to_host, from_host, address_space=address_space, cpu_seconds=int(seconds) + 2
         )
@@ -325,7 +327,7 @@ def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: 
         return report.Encoder(known, jar).report(result, changed)
     except report.Unsendable as exc:
         text = str(exc)
-        too_large = "more than" in text or "the limit is" in text or "deeper than" in text
+        too_large = isinstance(exc, report.TooLarge)
         if text.startswith("the method returned"):
             hint = (
                 "return less: a value may hold at most "
@@ -435,6 +437,9 @@ def run(
     watched = [o for o in known if o._p_jar is None and isinstance(o, WRITABLE)]
     to_host_r, to_host_w = os.pipe()
     from_host_r, from_host_w = os.pipe()
+    # Measured here: the child's address space is the host's at the fork, and reading it
+    # there would cost the child a file and its page faults.
+    address_space = _address_space() + memory_mb * 1024 * 1024
     deadline = time.monotonic() + seconds + GRACE_SECONDS
     pid = os.fork()
     if pid == 0:
@@ -449,26 +454,24 @@ def run(
             watched,
             seconds,
             memory_mb,
+            address_space,
         )
     os.close(to_host_w)
     os.close(from_host_r)
     served: dict[bytes, bytes] = {}
     reaped = False
+    _reap_finished()
     try:
         os.set_blocking(to_host_r, False)
         os.set_blocking(from_host_w, False)
         try:
             kind, payload = _serve(to_host_r, from_host_w, jar, served, deadline)
         except TimeoutError:
-            reaped = True
-            _kill(pid)
             raise SandboxLimitExceeded(
                 f"the method ran longer than {seconds:g} s and its process was stopped",
                 [f"time limit of {seconds:g} s exceeded: avoid unbounded loops and huge work"],
             ) from None
         except _Oversized as exc:
-            reaped = True
-            _kill(pid)
             raise SandboxViolation(
                 "the host refused what the method sent back",
                 [f"{exc}, over the limit of {exc.limit:,}: return or store less"],
@@ -480,7 +483,7 @@ def run(
         # Every way out kills the child: one that reported has nothing left to do, and one
         # that lingers (or escaped and stalls) must not outlive the call.
         if not reaped:
-            _kill(pid)
+            _kill_and_reap_later(pid)
         os.close(to_host_r)
         os.close(from_host_w)
     if kind == b"E":
@@ -523,11 +526,53 @@ def _serve(
 
 
 def _kill(pid: int) -> int:
+    """Kill the child and wait for it: its exit status, to say why it died."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return os.waitpid(pid, 0)[1]
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:  # reaped by someone else's wait(): it is gone either way
+        return 0
+
+
+_unreaped: list[int] = []
+_unreaped_lock = threading.Lock()
+
+
+def _kill_and_reap_later(pid: int) -> None:
+    """Kill the child without waiting for it: the kernel tearing down a fork of a large host
+    takes milliseconds that the caller need not spend. It is reaped on a later call (or at
+    exit); until then it is a zombie that holds nothing but its process id."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    with _unreaped_lock:
+        _unreaped.append(pid)
+
+
+def _reap_finished() -> None:
+    with _unreaped_lock:
+        for pid in list(_unreaped):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                _unreaped.remove(pid)
+
+
+@atexit.register
+def _reap_all() -> None:
+    with _unreaped_lock:
+        for pid in _unreaped:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        _unreaped.clear()
 
 
 def _death(status: int, memory_mb: int) -> GeneratedCodeError:

@@ -77,11 +77,16 @@ _NEW_KINDS: dict[str, type] = {
     "PersistentMapping": PersistentMapping,
 }
 _SCALARS = frozenset({str, float, bool, type(None), bytes})
+_SCALAR_TYPES = _SCALARS | {int}
 _NOT_SLOTS = _answered_by_class(UvmObject)
 
 
 class Unsendable(Exception):
     """A value the child cannot put in a report; the text says what it is."""
+
+
+class TooLarge(Unsendable):
+    """A value past one of the report's size limits (items, depth, bits, bytes)."""
 
 
 class ReportRefused(Exception):
@@ -98,9 +103,10 @@ class Encoder:
     child's connection, whose objects travel by oid.
     """
 
-    def __init__(self, known: dict[int, int], jar: Any) -> None:
+    def __init__(self, known: dict[int, int], jar: Any, *, fast: bool = True) -> None:
         self.known = known
         self.jar = jar
+        self.fast = fast
         self.nodes = 0
         self.news: list[persistent.Persistent] = []
         self.new_index: dict[int, int] = {}
@@ -108,14 +114,14 @@ class Encoder:
     def value(self, value: Any, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > MAX_NODES:
-            raise Unsendable(f"a value of more than {MAX_NODES:,} items (shared parts counted)")
+            raise TooLarge(f"a value of more than {MAX_NODES:,} items (shared parts counted)")
         kind = type(value)
         if kind in _SCALARS:
             return value
         if kind is int:
             return value if _INT_MIN <= value <= _INT_MAX else _big_int(value)
         if depth >= MAX_DEPTH:
-            raise Unsendable(f"a value nested deeper than {MAX_DEPTH} levels (or inside itself)")
+            raise TooLarge(f"a value nested deeper than {MAX_DEPTH} levels (or inside itself)")
         depth += 1
         if kind is list:
             return self._items(_LIST, value, depth)
@@ -136,7 +142,16 @@ class Encoder:
         return encode(self, value, depth)
 
     def _items(self, tag: int, items: Any, depth: int) -> list[Any]:
-        wire: list[Any] = [tag]
+        if self.fast and _SCALAR_TYPES.issuperset(map(type, items)):
+            # Only scalars (the usual list of numbers or strings): copied at C speed; an
+            # integer past 64 bits makes ``report`` encode again the slow way.
+            self.nodes += len(items)
+            if self.nodes > MAX_NODES:
+                raise TooLarge(f"a value of more than {MAX_NODES:,} items (shared parts counted)")
+            wire = [tag]
+            wire.extend(items)
+            return wire
+        wire = [tag]
         append = wire.append
         # Plain scalars inline: most values are lists of numbers or strings.
         for item in items:
@@ -147,7 +162,7 @@ class Encoder:
             else:
                 append(self.value(item, depth))
         if self.nodes > MAX_NODES:
-            raise Unsendable(f"a value of more than {MAX_NODES:,} items (shared parts counted)")
+            raise TooLarge(f"a value of more than {MAX_NODES:,} items (shared parts counted)")
         return wire
 
     def _pairs(self, tag: int, mapping: Any, depth: int) -> list[Any]:
@@ -196,15 +211,25 @@ class Encoder:
             try:
                 wire += [name, self.value(value)]
             except Unsendable as exc:
-                raise Unsendable(f"slot {name!r} of {_label(obj)} now holds {exc}") from None
+                raise type(exc)(f"slot {name!r} of {_label(obj)} now holds {exc}") from None
         return wire
 
     def report(self, result: Any, changed: list[persistent.Persistent]) -> bytes:
         """The whole report; raises ``Unsendable`` saying which part could not be sent."""
         try:
+            data = msgpack.packb(self._envelope(result, changed), use_bin_type=True)
+        except OverflowError:  # an integer past 64 bits in a list copied whole
+            slow = Encoder(self.known, self.jar, fast=False)
+            data = msgpack.packb(slow._envelope(result, changed), use_bin_type=True)
+        if len(data) > MAX_REPORT_BYTES:
+            raise TooLarge(f"a report of {len(data):,} bytes (the limit is {MAX_REPORT_BYTES:,})")
+        return data
+
+    def _envelope(self, result: Any, changed: list[persistent.Persistent]) -> list[Any]:
+        try:
             wire_result = self.value(result)
         except Unsendable as exc:
-            raise Unsendable(f"the method returned {exc}") from None
+            raise type(exc)(f"the method returned {exc}") from None
         states = [[self.reference(obj), self.state(obj)] for obj in changed]
         news = []
         index = 0
@@ -212,10 +237,7 @@ class Encoder:
             obj = self.news[index]
             news.append([type(obj).__name__, self.state(obj)])
             index += 1
-        data = msgpack.packb(["R", wire_result, states, news], use_bin_type=True)
-        if len(data) > MAX_REPORT_BYTES:
-            raise Unsendable(f"a report of {len(data):,} bytes (the limit is {MAX_REPORT_BYTES:,})")
-        return data
+        return ["R", wire_result, states, news]
 
 
 def _label(obj: Any) -> str:
@@ -227,7 +249,7 @@ def _label(obj: Any) -> str:
 def _big_int(value: int) -> msgpack.ExtType:
     bits = value.bit_length()
     if bits > MAX_INT_BITS:
-        raise Unsendable(f"an integer of {bits:,} bits (the limit is {MAX_INT_BITS:,})")
+        raise TooLarge(f"an integer of {bits:,} bits (the limit is {MAX_INT_BITS:,})")
     return msgpack.ExtType(_BIGINT, value.to_bytes(bits // 8 + 1, "big", signed=True))
 
 
@@ -396,6 +418,11 @@ class Decoder:
             raise ReportRefused(f"a value of tag {tag} is malformed ({why})") from None
 
     def items(self, wire: list[Any], depth: int, start: int = 1) -> list[Any]:
+        if _SCALAR_TYPES.issuperset(map(type, wire)):  # only scalars: copied at C speed
+            self.nodes += len(wire) - start
+            if self.nodes > MAX_NODES:
+                raise ReportRefused(f"it holds more than {MAX_NODES:,} values")
+            return wire[start:]
         out = []
         append = out.append
         for index in range(start, len(wire)):

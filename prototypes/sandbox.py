@@ -23,30 +23,17 @@ installed and again each time it is loaded from the image — and every call of 
    wrote must be storable in the image, and the result must be a value, not an iterator,
    generator or function that would run code later, outside every limit.
 5. **Process isolation** (``prototypes.isolation``, ``BATOS_SANDBOX_ISOLATION=process``, the
-   default): every outermost call runs in a forked child with OS limits (``RLIMIT_AS``,
-   ``RLIMIT_CPU``, a wall-clock kill); the child asks the host for the records it needs and
-   sends back its result and the changed objects' states, which the host checks and applies.
-   A method's trial before installation runs the same way and applies nothing.
+   default): every outermost call runs in a forked child that confines itself
+   (``prototypes.confine``) and reports its result and changed states as bounded data
+   (``prototypes.report``), which the host checks in full before applying any. A method's
+   trial before installation runs the same way and applies nothing.
 
-What it guarantees with process isolation: whatever generated code does — crash the
-interpreter, spin in C code, exhaust memory, exit — the host process lives on, its objects
-untouched, and the call raises an error; a change reaches the image only if the whole call
-succeeded, passed the checks and consists of plain data and prototypes; the host never
-unpickles a class outside that set nor follows a reference the child could not have been given.
-Inside the child, layers 1–4 keep generated code from reaching names or attributes starting
-with ``_``, frames, tracebacks, generator or coroutine internals, ``str.format`` traversal,
-modules other than the curated namespaces, the database connection, files, the network or
-other processes.
-
-What it does not guarantee: a child that escaped layers 1–3 (a flaw in RestrictedPython or in
-CPython) runs arbitrary code *in the child* until its limits stop it: it can read whatever the
-host process held in memory at the fork (and records of the image it asks for), and can change
-any prototype or persistent container it was given within what the host accepts. Limits are per
-call, not per transaction: a method called in a loop can use a multiple of them. With
-``BATOS_SANDBOX_ISOLATION=host`` calls run in the host process (no fork, about a millisecond
-faster per call): a single slow C-level operation then cannot be interrupted, the memory limit
-is process-wide while a call runs, an interpreter crash takes the host down, and a method that
-breaks the covenant has already changed the objects in memory when its error is raised.
+What it guarantees with process isolation, and what it does not, is written once, in the
+README's "Self-extension" section. With ``BATOS_SANDBOX_ISOLATION=host`` calls run in the host
+process (no fork): a single slow C-level operation then cannot be interrupted, the memory limit
+is process-wide while a call runs, an interpreter crash takes the host down, a method that
+breaks the covenant has already changed the objects in memory when its error is raised, and a
+change inside a persistent container reached through a slot is not looked for.
 """
 
 from __future__ import annotations

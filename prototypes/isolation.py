@@ -15,13 +15,13 @@ connection asks the host for the object's record over the pipe (``_HostStorage``
 answers from its own connection, so the child sees exactly what the caller's transaction sees,
 uncommitted changes included. That direction is trusted: it is the host's own data.
 
-Changes that break the persistence covenant are found, not lost: before the call the child
-turns every unchanged object of its connection into a ghost (methods excepted: they are never
-written), so every object the method reads is loaded from a record during the call; after it,
-an object whose state differs from its record although nobody marked it changed was changed
-in place. A persistent container changed that way (a plain list inside a
-``PersistentMapping``) is kept — its whole state is sent and the host marks it changed; a
-prototype whose slot was changed that way is refused with a covenant finding.
+Changes that break the persistence covenant are found, not lost: the sandbox's guards note
+every persistent object the method reaches (through attributes, items or iteration), and
+after the call each one — and each object loaded during it — is compared with its record: one
+whose state differs although nobody marked it changed was changed in place. A persistent
+container changed that way (a plain list inside a ``PersistentMapping``) is kept — its whole
+state is sent and the host marks it changed; a prototype whose slot was changed that way is
+refused with a covenant finding.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import GeneratedCodeError, SandboxLimitExceeded, SandboxViolation
 from prototypes import confine, report
-from prototypes.uvm import Method, UvmObject, _bump_epoch
+from prototypes.uvm import Method, UvmObject
 
 log = logging.getLogger("batos.isolation")
 
@@ -222,24 +222,80 @@ def state_digests(obj: persistent.Persistent, state: Any = None) -> dict[str, by
     return {name: slot_digest(obj, value) for name, value in state.items()}
 
 
-def _ghost_unchanged(jar: Any) -> None:
-    """Make every unchanged object of the child's connection a ghost (methods excepted), so
-    that whatever the method reads is loaded from a record during the call."""
-    for _, obj in jar._cache.lru_items():
-        if obj._p_changed is False and not isinstance(obj, Method):
-            persistent.Persistent._p_deactivate(obj)
-    _bump_epoch()
+#: Persistent objects the method's guards met in this child (id -> object); None in the host.
+_touched: dict[int, Any] | None = None
+#: Plain containers already searched for persistent objects in this call (kept alive, so an
+#: id is never reused while it is here), and how many more members may be searched.
+_searched: dict[int, Any] = {}
+_search_budget = 0
+#: Members searched per call: past it, containers are no longer looked into.
+SEARCH_BUDGET = 1_000_000
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 
 
-def _changed_in_place(jar: Any, storage: _HostStorage) -> tuple[list[Any], list[str]]:
-    """Objects loaded during the call whose state differs from their record although none
-    was marked changed: persistent containers to keep, and findings for prototypes."""
+def touch(value: Any) -> None:
+    """Note the persistent objects a value is or holds (called by the sandbox's guards on
+    what a method reads and iterates): after the call each is compared with its record.
+
+    Plain containers are searched too, once per call each: what a loop or ``max(...)`` takes
+    out of them reaches the method without passing another guard.
+    """
+    if _touched is None:
+        return
+    if isinstance(value, persistent.Persistent):
+        _touched[id(value)] = value
+    elif isinstance(value, (*_CONTAINERS, *_VIEWS)) and id(value) not in _searched:
+        _search(value)
+
+
+def _search(container: Any) -> None:
+    global _search_budget
+    assert _touched is not None
+    todo = [container]
+    while todo and _search_budget > 0:
+        container = todo.pop()
+        if id(container) in _searched:
+            continue
+        _searched[id(container)] = container
+        if isinstance(container, _VIEWS):
+            container = container.mapping
+        members = container.values() if isinstance(container, dict) else container
+        _search_budget -= len(members)
+        # At C speed: only containers holding persistent objects or containers are walked.
+        kinds = set(map(type, members))
+        if not any(issubclass(k, (persistent.Persistent, *_CONTAINERS)) for k in kinds):
+            continue
+        for member in members:
+            if isinstance(member, persistent.Persistent):
+                _touched[id(member)] = member
+            elif isinstance(member, _CONTAINERS):
+                todo.append(member)
+
+
+def _changed_in_place(
+    jar: Any, storage: _HostStorage, skip: set[int]
+) -> tuple[list[Any], list[str]]:
+    """Objects the method reached or loaded whose state differs from their record although
+    none was marked changed: persistent containers to keep, and findings for prototypes.
+
+    ``skip`` holds the receiver and its ancestors, whose slots ``call_checked`` has already
+    compared before and after the call.
+    """
     kept: list[Any] = []
     findings: list[str] = []
-    for oid, data in storage.served.items():
+    candidates = {id(o): o for o in (_touched or {}).values() if o._p_jar is jar}
+    for oid in list(storage.served):
         obj = jar._cache.get(oid)
-        if obj is None or obj._p_changed is not False or isinstance(obj, Method):
-            continue
+        if obj is not None:
+            candidates[id(obj)] = obj
+    for obj in candidates.values():
+        if obj._p_changed is not False or isinstance(obj, Method) or id(obj) in skip:
+            continue  # a ghost, marked changed (sent anyway), or never written by a method
+        oid = bytes(obj._p_oid)
+        data = storage.served.get(oid)
+        if data is None:  # loaded before the fork: its record is the host's
+            data = storage.load(oid)[0]
         before = state_digests(obj, jar._reader.getState(data))
         after = state_digests(obj)
         if before == after:
@@ -266,6 +322,7 @@ def _child_main(
     jar: Any,
     known: dict[int, int],
     watched: list[persistent.Persistent],
+    skip: set[int],
     seconds: float,
     memory_mb: int,
     address_space: int,
@@ -290,13 +347,15 @@ def _child_main(
             jar._storage = jar._normal_storage = storage
             registered_before = len(jar._registered_objects)
             watched = [*jar._registered_objects, *watched]
-            _ghost_unchanged(jar)
+        global _touched, _search_budget
+        _touched = {}
+        _search_budget = SEARCH_BUDGET
         digests = {id(o): state_digests(o) for o in watched}
         try:
             result = run()
             changed = [o for o in watched if state_digests(o) != digests[id(o)]]
             if jar is not None:
-                kept, findings = _changed_in_place(jar, storage)
+                kept, findings = _changed_in_place(jar, storage, skip)
                 if findings:
                     raise SandboxViolation("the method broke a rule of the image", findings)
                 seen = {id(o) for o in changed}
@@ -452,6 +511,7 @@ def run(
             jar,
             tokens,
             watched,
+            {id(o) for o in roots if isinstance(o, UvmObject)},
             seconds,
             memory_mb,
             address_space,

@@ -134,6 +134,9 @@ def guarded_getattr(obj: Any, name: str, default: Any = _RAISE) -> Any:
         if default is _RAISE:
             raise
         return default
+    # In an isolation child: what the method reaches is compared with its record afterwards.
+    isolation.touch(obj)
+    isolation.touch(value)
     return _check_value(value)
 
 
@@ -158,7 +161,10 @@ def in_sandbox() -> bool:
 def guarded_getitem(obj: Any, key: Any) -> Any:
     if isinstance(key, str) and key.startswith("__"):
         raise _violation(f"item {key!r} is not reachable from a method")
-    return _check_value(obj[key])
+    value = obj[key]
+    isolation.touch(obj)
+    isolation.touch(value)
+    return _check_value(value)
 
 
 _WRITABLE = (list, dict, set)
@@ -212,7 +218,8 @@ def guarded_write(obj: Any) -> Any:
 
 
 def guarded_iter(obj: Any) -> Any:
-    return iter(_check_value(obj))
+    isolation.touch(_check_value(obj))
+    return iter(obj)
 
 
 def _size(value: Any) -> int:

@@ -137,6 +137,27 @@ def test_a_plain_list_inside_a_persistent_mapping_is_kept(memory_image) -> None:
         assert root["target"].stats["moods"] == ["calm", "glad", "sad"]
 
 
+def test_a_container_reached_without_passing_a_guard_is_still_compared(memory_image) -> None:
+    # max() hands the mapping out and dict() reaches its list at C speed: no attribute or
+    # item guard sees the mapping itself, only the list of boards it came from.
+    pin = (
+        "def pin(self, x):\n"
+        "    board = max(self.boards, key=len)\n"
+        "    dict(board)['notes'].append(x)\n"
+        "    return len(board)\n"
+    )
+
+    def build(root):
+        root["target"] = UvmObject(name="robin", boards=[PersistentMapping(notes=[])])
+
+    memory_image.transact(build)
+    assert _install(memory_image, "pin", pin, ("first",)) == []
+    memory_image.transact(lambda root: root["target"].pin("second"))
+    memory_image.db.cacheMinimize()
+    with memory_image.read() as root:
+        assert root["target"].boards[0]["notes"] == ["first", "second"]
+
+
 def test_a_slot_of_another_prototype_changed_in_place_is_refused(memory_image) -> None:
     def build(root):
         root["target"] = UvmObject(name="robin", friend=UvmObject(name="pal", items=[]))

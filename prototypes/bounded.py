@@ -139,6 +139,19 @@ def _own_repr(value: Any, limit: int) -> str:
     return text[: max(limit, 1)]
 
 
+def exception_text(exc: BaseException, limit: int = 2_000) -> str:
+    """``str(exc)`` cut to ``limit``, without expanding whatever values the exception holds
+    (``ValueError(huge_shared_list)`` would otherwise be repr'd in full)."""
+    args = exc.args
+    if all(isinstance(a, (str, int, float, type(None))) for a in args):
+        try:
+            text = str(exc)
+        except Exception:
+            text = f"<{type(exc).__name__}>"
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+    return bounded_repr(args[0] if len(args) == 1 else args, limit)
+
+
 def bounded_plain(value: Any, *, nodes: int = PLAIN_NODES) -> Any:
     """``value`` with persistent containers as plain ones (dicts, lists), for printing and JSON.
 

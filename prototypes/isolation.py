@@ -49,6 +49,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import GeneratedCodeError, SandboxLimitExceeded, SandboxViolation
 from prototypes import confine, report
+from prototypes.bounded import exception_text
 from prototypes.uvm import Method, UvmObject
 
 log = logging.getLogger("batos.isolation")
@@ -417,10 +418,8 @@ def _error_report(exc: BaseException) -> bytes:
         for f in frames
         if f.filename.startswith("<method")
     ]
-    try:
-        message = str(getattr(exc, "reason", None) or exc)
-    except Exception:
-        message = type(exc).__name__
+    reason = getattr(exc, "reason", None)
+    message = reason if isinstance(reason, str) else exception_text(exc, report.MAX_ERROR_TEXT)
     return report.error_report(
         type(exc).__name__,
         [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"],

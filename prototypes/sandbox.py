@@ -70,7 +70,7 @@ from batos.errors import (
     SandboxViolation,
 )
 from prototypes import guardian, isolation
-from prototypes.bounded import bounded_repr
+from prototypes.bounded import bounded_repr, exception_text
 from prototypes.uvm import UvmObject, register_compiler
 
 log = logging.getLogger("batos.sandbox")
@@ -835,7 +835,8 @@ def run_isolated(
     except GeneratedCodeError as exc:
         return IsolatedOutcome(False, exc.reason, tuple(exc.findings) or (exc.reason,))
     except Exception as exc:
-        return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}", (describe_exception(exc),))
+        text = exception_text(exc)
+        return IsolatedOutcome(False, f"{type(exc).__name__}: {text}", (describe_exception(exc),))
     return IsolatedOutcome(True, _short_repr(result))
 
 
@@ -846,8 +847,9 @@ def describe_exception(exc: BaseException) -> str:
     lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
     # A call isolated in a child process carries its line as a note instead of frames.
     where = f" at {lines[-1]}" if lines else "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
-    text = f"the method raised {type(exc).__name__}: {exc}{where}"
-    missing = re.match(r"name '(\w+)' is not defined", str(exc))
+    said = exception_text(exc)
+    text = f"the method raised {type(exc).__name__}: {said}{where}"
+    missing = re.match(r"name '(\w+)' is not defined", said)
     if isinstance(exc, NameError) and missing and missing.group(1) in guardian.ALLOWED_IMPORTS:
         text += f" — add 'import {missing.group(1)}' above the function"
     return text

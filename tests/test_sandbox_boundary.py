@@ -122,6 +122,18 @@ def test_every_display_of_a_value_is_bounded_by_nodes_visited() -> None:
     assert bounded_plain(PersistentMapping(a=PersistentList([{1}, (2,)]))) == {"a": [[1], [2]]}
 
 
+def test_an_exception_holding_a_bomb_is_reported_bounded(memory_image) -> None:
+    memory_image.transact(lambda root: root.__setitem__("target", UvmObject(name="robin")))
+    source = BOMB.replace("    return a\n", "    raise ValueError(a)\n")
+    findings = _install(memory_image, "probe", source, (4, 200))
+    assert len(findings) == 1 and "ValueError: [[[" in findings[0] and len(findings[0]) < 3_000
+    loose = UvmObject(name="robin")
+    kernel.add_method(loose, "probe", source)
+    with pytest.raises(ValueError) as caught:
+        loose.probe(4, 200)
+    assert len(str(caught.value)) < 5_000
+
+
 # -- 2. the covenant keeps or refuses, never loses --------------------------------------------
 
 

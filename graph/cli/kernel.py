@@ -19,7 +19,7 @@ from rich.table import Table
 from batos.errors import BatosError, ObjectPathError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from prototypes import kernel
+from prototypes import bounded, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
 from prototypes.paths import resolve
@@ -237,7 +237,8 @@ def send(
             except Exception as exc:
                 notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
                 raise BatosError(
-                    f"{path}.{selector} raised {type(exc).__name__}: {exc}{notes}",
+                    f"{path}.{selector} raised {type(exc).__name__}: "
+                    f"{bounded.exception_text(exc)}{notes}",
                     hint="nothing was changed; check the arguments ('batos methods -p "
                     f"{path}' shows the method's source)",
                 ) from exc

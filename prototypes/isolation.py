@@ -328,7 +328,7 @@ def _child_main(
     memory_mb: int,
     address_space: int,
 ) -> None:
-    global _in_child, _child_limits
+    global _in_child, _child_limits, _touched, _search_budget
     _in_child = True
     _child_limits = (seconds, memory_mb)
     status = 70
@@ -348,7 +348,6 @@ def _child_main(
             jar._storage = jar._normal_storage = storage
             registered_before = len(jar._registered_objects)
             watched = [*jar._registered_objects, *watched]
-        global _touched, _search_budget
         _touched = {}
         _search_budget = SEARCH_BUDGET
         digests = {id(o): state_digests(o) for o in watched}

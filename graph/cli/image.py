@@ -13,6 +13,7 @@ from batos import settings
 from batos.errors import BatosError, ImageURIError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri
+from prototypes.bounded import bounded_repr
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
@@ -24,8 +25,7 @@ zeo_app = typer.Typer(help="Share one image between processes through a ZEO serv
 
 
 def _short(value: Any, width: int = 70) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return bounded_repr(value, width)
 
 
 def _persona_table(root: Any) -> Table:
@@ -98,7 +98,7 @@ def inspect(
                 table.add_row(str(key), _short(value))
             console.print(table)
         else:
-            console.print(f"{label} = {target!r}")
+            console.print(f"{label} = {bounded_repr(target, 10_000)}")
 
 
 def _show_object(label: str, obj: UvmObject) -> None:
@@ -112,7 +112,7 @@ def _show_object(label: str, obj: UvmObject) -> None:
             methods.append(value)
             table.add_row(name, "method", f"by {value.author}: {value.intent or '-'}")
         elif name.endswith("*"):
-            table.add_row(name, "parent", repr(value))
+            table.add_row(name, "parent", _short(value))
         else:
             table.add_row(name, "data", _short(value))
     console.print(table)

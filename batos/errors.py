@@ -24,9 +24,13 @@
      │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
      │    ├── CheckpointNotFound      no such thread or checkpoint (also a LookupError)
      │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
-     └── CatalogError                 the knowledge catalog cannot do what was asked
-          ├── DocumentError           one input document cannot be ingested
-          └── ArchiveError            a curator archive is missing or unreadable
+     ├── CatalogError                 the knowledge catalog cannot do what was asked
+     │    ├── DocumentError           one input document cannot be ingested
+     │    └── ArchiveError            a curator archive is missing or unreadable
+     ├── MindError                    a request to the mind cannot be answered
+     │    └── CycleFailed             a cycle ended FAILED; the image is unchanged
+     └── GraphRequestError            a graph's input or context is malformed (a ValueError,
+                                      so the LangGraph server shows its message to clients)
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
 """
@@ -188,3 +192,29 @@ class DocumentError(CatalogError):
 
 class ArchiveError(CatalogError):
     """A curator archive does not exist or cannot be read back."""
+
+
+class MindError(BatosError):
+    """A request to the mind (``graph.mind``) cannot be answered as asked."""
+
+    exit_code = 10
+
+
+class CycleFailed(MindError):
+    """A mind cycle ended FAILED: nothing it computed reached the image.
+
+    ``state`` holds the cycle's final graph state (route, plan, partial answers, failure).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, state: dict | None = None):
+        super().__init__(message, hint=hint)
+        self.state = dict(state or {})
+
+
+class GraphRequestError(BatosError, ValueError):
+    """A graph's input or run context is malformed; nothing ran.
+
+    Also a ValueError: the LangGraph server passes the message of those to its clients.
+    """
+
+    exit_code = 2

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from graph.cli import main
+from prototypes.codex import load_codex
 from prototypes.uvm import Method
 from store.image import LivingImage
 from store.zeo import _answers, free_port
@@ -25,7 +26,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_init_creates_and_shows_personas(capsys, file_uri):
     code, out, _ = run(capsys, "--image", file_uri, "init")
     assert code == 0
-    for name in ("ROBIN", "BRICK", "BABS", "ALFRED", "root-1", "codex-1"):
+    for name in ("ROBIN", "BRICK", "BABS", "ALFRED", "root-1", f"codex-{load_codex().version}"):
         assert name in out
 
 
@@ -84,7 +85,7 @@ def test_history_records_the_os_user_and_the_command(capsys, file_uri):
 def test_schema_and_config(capsys, file_uri):
     run(capsys, "--image", file_uri, "init")
     code, out, _ = run(capsys, "--image", file_uri, "schema")
-    assert code == 0 and "codex-1" in out
+    assert code == 0 and f"codex-{load_codex().version}" in out
     code, out, _ = run(capsys, "config")
     assert code == 0 and "BATOS_IMAGE" in out and "BATOS_MODEL" in out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -220,7 +221,7 @@ def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
             found = personas(root)
             assert sorted(found) == ["ALFRED", "BABS", "BRICK", "ROBIN"]
             assert found["ROBIN"].name == "ROBIN"
-            assert found["BRICK"].codex_version == 1  # inherited from traits
+            assert found["BRICK"].codex_version == SHIPPED  # inherited from traits
             assert "decompose" in found["BRICK"].intents
         assert image.transact(incarnate) == []  # same codex: nothing changes
 
@@ -232,18 +233,25 @@ def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
         image.transact(grow)
 
     shipped = resources.files("prototypes").joinpath("codex.toml").read_text()
-    codex2 = load_codex(shipped.replace("version = 1", "version = 2", 1))
+    codex2 = load_codex(_versioned(shipped, SHIPPED + 1))
     with open_image(file_uri, codex=codex2) as image, image.read() as root:
         brick = root["objects"]["brick"]
-        assert brick.codex_version == 2
+        assert brick.codex_version == SHIPPED + 1
         assert brick.role == codex2.personas["BRICK"].role  # codex-owned slot restored
         assert brick.double(4) == 8  # what the image grew is kept
-        assert "codex-2" in applied(root)
+        assert f"codex-{SHIPPED + 1}" in applied(root)
+
+
+SHIPPED = load_codex().version
+
+
+def _versioned(text: str, version: int) -> str:
+    return re.sub(r"^version = \d+$", f"version = {version}", text, count=1, flags=re.M)
 
 
 def _codex(version: int, drop_intent: str | None = None):
     text = resources.files("prototypes").joinpath("codex.toml").read_text()
-    text = text.replace("version = 1", f"version = {version}", 1)
+    text = _versioned(text, version)
     if drop_intent:
         text = "\n".join(line for line in text.splitlines() if not line.startswith(drop_intent))
     return load_codex(text)
@@ -254,7 +262,7 @@ def test_new_codex_drops_the_intents_it_no_longer_declares(file_uri):
         image.transact(
             lambda root: root["objects"]["robin"].intents.__setitem__("hum", "hum a tune")
         )
-    with open_image(file_uri, codex=_codex(2, drop_intent="gentle_reframe")) as image:
+    with open_image(file_uri, codex=_codex(SHIPPED + 1, drop_intent="gentle_reframe")) as image:
         with image.read() as root:
             intents = root["objects"]["robin"].intents
             assert "gentle_reframe" not in intents
@@ -267,16 +275,17 @@ def test_intents_of_an_image_without_the_record_are_taken_as_the_codex(file_uri)
 
     with open_image(file_uri) as image:  # as an image incarnated before the record was kept
         image.transact(lambda root: delattr(root["objects"]["robin"], CODEX_INTENTS))
-    with open_image(file_uri, codex=_codex(2, drop_intent="gentle_reframe")) as image:
+    with open_image(file_uri, codex=_codex(SHIPPED + 1, drop_intent="gentle_reframe")) as image:
         with image.read() as root:
             assert "gentle_reframe" not in root["objects"]["robin"].intents
 
 
 def test_an_older_codex_never_overwrites_a_newer_incarnation(file_uri):
-    with open_image(file_uri, codex=_codex(2)):
+    newer = SHIPPED + 1
+    with open_image(file_uri, codex=_codex(newer)):
         pass
-    with pytest.raises(ImageError, match="codex version 2, newer than"):
-        open_image(file_uri)  # the shipped codex, version 1
-    with open_image(file_uri, codex=_codex(2)) as image, image.read() as root:
-        assert root["objects"]["traits"].codex_version == 2
-        assert "codex-1" not in applied(root)
+    with pytest.raises(ImageError, match=f"codex version {newer}, newer than"):
+        open_image(file_uri)  # the shipped codex
+    with open_image(file_uri, codex=_codex(newer)) as image, image.read() as root:
+        assert root["objects"]["traits"].codex_version == newer
+        assert f"codex-{SHIPPED}" not in applied(root)

@@ -65,7 +65,9 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     Options: ``backend`` ('openai' | 'ollama' | 'embedded', default: the first available),
     ``timeout`` (seconds; default the ``llm_timeout`` setting), and Modelfile PARAMETER
     overrides: temperature, top_k, top_p, min_p, repeat_penalty, num_predict, seed.
-    ``max_tokens`` is accepted as another name for num_predict.
+    ``max_tokens`` is accepted as another name for num_predict. ``format`` (a JSON schema)
+    constrains the reply to it: a grammar on the embedded backend, ``format`` on Ollama,
+    ``response_format`` on an OpenAI-compatible server.
     """
     spec = load_codex().persona(persona)
     options = dict(options)
@@ -73,6 +75,7 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     timeout = float(options.pop("timeout", None) or settings.get_int("llm_timeout"))
     if "max_tokens" in options:
         options["num_predict"] = options.pop("max_tokens")
+    schema = options.pop("format", None)
     unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
     if unknown:
         raise ConfigurationError(
@@ -80,12 +83,12 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
             hint=f"options: backend, timeout, {', '.join(SAMPLING_OPTIONS)}",
         )
     if backend == "openai":
-        return _openai(spec.name, spec.model, timeout, options)
+        return _openai(spec.name, spec.model, timeout, options, schema)
     if backend == "ollama":
-        return _ollama(spec.model, timeout, options)
+        return _ollama(spec.model, timeout, {**options, **({"format": schema} if schema else {})})
     from graph.llm.embedded import EmbeddedChatModel
 
-    return EmbeddedChatModel(persona=spec.name, timeout=timeout, **options)
+    return EmbeddedChatModel(persona=spec.name, timeout=timeout, format=schema, **options)
 
 
 def _ollama(model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
@@ -98,7 +101,13 @@ def _ollama(model: str, timeout: float, options: dict[str, Any]) -> BaseChatMode
     )
 
 
-def _openai(persona: str, model: str, timeout: float, options: dict[str, Any]) -> BaseChatModel:
+def _openai(
+    persona: str,
+    model: str,
+    timeout: float,
+    options: dict[str, Any],
+    schema: dict[str, Any] | None = None,
+) -> BaseChatModel:
     from graph.llm.modelfile import persona_model
 
     resolved = persona_model(persona)
@@ -117,6 +126,16 @@ def _openai(persona: str, model: str, timeout: float, options: dict[str, Any]) -
         extra_body=extra or None,
         stream_usage=True,
         persona_system=resolved.system or "",
+        model_kwargs=(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": schema},
+                }
+            }
+            if schema is not None
+            else {}
+        ),
     )
 
 

@@ -98,6 +98,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.kernel",
     "graph.cli.memory",
     "graph.cli.personas",
+    "graph.cli.mind",
 )
 
 

@@ -203,6 +203,14 @@ def _history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     return kept[-HISTORY_MESSAGES:]
 
 
+def _bring_up_to_date(image: LivingImage) -> None:
+    """The layouts and persona incarnation a served image may not have had yet."""
+    from graph.boot import upgrade_steps
+    from store.schema import upgrade
+
+    upgrade(image, upgrade_steps())
+
+
 class Mind:
     """The graph's nodes, with the defaults ``build_graph`` was given."""
 
@@ -241,18 +249,22 @@ class Mind:
             return self._cached[slot][1]
 
     def image(self, config: RunnableConfig) -> LivingImage:
+        """The checkpointer's image if it is a ``ZODBSaver``, else the given one, else the
+        process's shared image at the ``image`` setting; brought up to date once."""
         from store.checkpointer import ZODBSaver
 
         saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
         if isinstance(saver, ZODBSaver):
-            return saver.image
-        given = self._services().image
-        if given is not None:
-            return given
-        from store.image import acquire_shared
+            image = saver.image
+        elif self._services().image is not None:
+            image = self._services().image
+        else:
+            from store.image import acquire_shared
 
-        uri = settings.get_str("image")
-        return self._once("image", uri, lambda: acquire_shared(uri))
+            uri = settings.get_str("image")
+            image = self._once("image", uri, lambda: acquire_shared(uri))
+        self._once("layout", image, lambda: _bring_up_to_date(image))
+        return image
 
     def models(self, persona: str, **options: Any) -> BaseChatModel:
         factory = self._services().models
@@ -352,6 +364,7 @@ class Mind:
         self, state: MindState, config: RunnableConfig, cycle_state: dict[str, Any]
     ) -> dict[str, Any]:
         context = self._context()
+        image = self.image(config)
         limit = settings.get_int("mind_max_request_chars")
         request = request_text(state.get("messages") or [], limit)
         cycle_state["request"] = request
@@ -365,7 +378,7 @@ class Mind:
                 )
             ranked, chosen = [[name, 1.0]], [name]
         else:
-            router, default = self.router(self.image(config))
+            router, default = self.router(image)
             found = router.route(request)
             ranked = [[str(p), round(float(s), 4)] for p, s in found.ranked]
             chosen = [str(p) for p in found.chosen]

@@ -793,11 +793,15 @@ async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSav
     Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
     ``langgraph up`` keep their threads in the living image.
     """
+    # The server loads this file as a module of its own name: take the class from
+    # ``store.checkpointer`` itself, so graphs recognise the saver as the one they know.
+    from store.checkpointer import ZODBSaver as Saver
+
     uri = uri or settings.get_str("image")
     loop = asyncio.get_running_loop()
     image = await loop.run_in_executor(None, acquire_shared, uri)
     try:
-        saver = await loop.run_in_executor(None, ZODBSaver, image)
+        saver = await loop.run_in_executor(None, Saver, image)
     except BaseException:
         release_shared(uri)
         raise

@@ -76,8 +76,6 @@ REFUSAL = re.compile(
     r"\s+(help|assist|answer|comply)|as an ai\b)",
     re.IGNORECASE,
 )
-#: Where the mind keeps each exchange in LangGraph's long-term memory.
-MEMORY_NAMESPACE = ["mind", "exchanges"]
 
 ModelFactory = Callable[..., BaseChatModel]
 
@@ -660,7 +658,7 @@ class Mind:
     def complete(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
-        commit = self._commit(state, cycle_state)
+        commit = cycle.commit_for(state, cycle_state)
         self.writers.forget(cycle_state["id"])
         from store.checkpointer import ZODBSaver
 
@@ -681,82 +679,6 @@ class Mind:
         update = {"status": "COMPLETE", "commit": commit, "messages": [message]}
         self._transition("complete", cycle_state["id"], update, started)
         return update
-
-    def _commit(self, state: MindState, cycle_state: dict[str, Any]) -> dict[str, Any]:
-        metrics = state.get("metrics") or []
-        partials = state.get("partials") or []
-        written = [e for e in state.get("effects") or [] if e["kind"] == "install_method"]
-        personas = sorted({m["persona"] for m in metrics if m.get("persona")})
-        found: list[dict[str, Any]] = list(state.get("effects") or [])
-        for persona in personas:
-            counts: dict[str, int] = {}
-            for x in partials:
-                if x["persona"] == persona:
-                    counts[x["facet"]] = counts.get(x["facet"], 0) + 1
-            found.append(
-                {
-                    "kind": "persona_stats",
-                    "persona": persona,
-                    "model_calls": sum(1 for m in metrics if m.get("persona") == persona),
-                    "facets": counts,
-                }
-            )
-        cem = state.get("cem") or {}
-        vectors = [v for v in (cem.get("request_vector"), cem.get("response_vector")) if v]
-        seconds = round(time.time() - cycle_state["started"], 4)
-        tokens = {
-            "input": sum(m["input_tokens"] for m in metrics),
-            "output": sum(m["output_tokens"] for m in metrics),
-        }
-        model_seconds = round(sum(m["seconds"] for m in metrics if m["node"] != "facet"), 4)
-        # Facets overlap in time: count the slowest branch of the delegation step only.
-        model_seconds += max((m["seconds"] for m in metrics if m["node"] == "facet"), default=0)
-        response = state["response"]
-        found.append(
-            {
-                "kind": "memory",
-                "namespace": MEMORY_NAMESPACE,
-                "key": cycle_state["id"],
-                "value": {
-                    "request": cycle_state["request"],
-                    "response": response,
-                    "personas": personas,
-                    "thread_id": cycle_state["thread_id"],
-                },
-                "vectors": vectors,
-            }
-        )
-        found.append(
-            {
-                "kind": "cycle_record",
-                "record": {
-                    "status": "COMPLETE",
-                    "thread_id": cycle_state["thread_id"],
-                    "request": cycle_state["request"],
-                    "response": response[:MAX_ANSWER_CHARS],
-                    "depth": cycle_state["depth"],
-                    "route": state["route"],
-                    "plan": state.get("plan") or [],
-                    "personas": personas,
-                    "facets": [f"{x['persona']}.{x['facet']}" for x in partials],
-                    "methods_written": [f"{e['persona']}.{e['selector']}" for e in written],
-                    "started": cycle_state["started"],
-                    "seconds": seconds,
-                    "model_seconds": round(model_seconds, 4),
-                    "tokens": tokens,
-                    "metrics": metrics,
-                    "relevance": cem.get("relevance"),
-                    "synthesis_attempts": cycle_state["synthesis_attempts"],
-                    "request_vector": cem.get("request_vector"),
-                    "response_vector": cem.get("response_vector"),
-                },
-            }
-        )
-        note = (
-            f"mind cycle {cycle_state['id']}: COMPLETE ({', '.join(personas)}; "
-            f"{len(partials)} facets, {len(written)} methods written)"
-        )
-        return {"id": cycle_state["id"], "note": note, "effects": found}
 
     def fail(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()

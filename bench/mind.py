@@ -187,7 +187,10 @@ def with_model(cycles: int) -> dict[str, Any]:
                     "seconds": round(seconds, 2),
                     "first_answer_token_s": None if first_token is None else round(first_token, 2),
                     "model_s": round(model_s, 2),
-                    "outside_model_share": round(1 - model_s / seconds, 4),
+                    # a failed call records no metric: no share for a cycle that FAILED
+                    "outside_model_share": (
+                        round(1 - model_s / seconds, 4) if state["status"] == "COMPLETE" else None
+                    ),
                     "model_calls": len(metrics),
                     "output_tokens": sum(m["output_tokens"] for m in metrics),
                     "failure": (state.get("failure") or {}).get("reason"),
@@ -221,11 +224,11 @@ def main() -> None:
         print(f"\nMind cycles on model {found['model']!r}")
         print(f"{'cycle':<22}{'status':>9}{'s':>8}{'1st tok s':>11}{'model s':>9}{'outside':>9}")
         for row in found["cycles"]:
-            first = row["first_answer_token_s"]
+            first, share = row["first_answer_token_s"], row["outside_model_share"]
             print(
                 f"{row['label']:<22}{row['status']:>9}{row['seconds']:>8.1f}"
                 f"{'-' if first is None else f'{first:.1f}':>11}{row['model_s']:>9.1f}"
-                f"{row['outside_model_share']:>9.1%}"
+                f"{'-' if share is None else f'{share:.1%}':>9}"
             )
     name = "mind-model.json" if args.model else "mind.json"
     (RESULTS / name).write_text(json.dumps(report, indent=2))

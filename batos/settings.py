@@ -225,6 +225,63 @@ SETTINGS: dict[str, Setting] = {
             _unit_interval,
         ),
         Setting(
+            "cem_weights",
+            "BATOS_CEM_WEIGHTS",
+            lambda: "0.25,0.25,0.25,0.25",
+            "Weights of H_rel, H_cog, H_sol and H_struc in the Composite Entropy Metric.",
+        ),
+        Setting(
+            "audit_window",
+            "BATOS_AUDIT_WINDOW",
+            lambda: "50",
+            "Newest mind cycles one audit computes the Composite Entropy Metric over.",
+            _positive_int,
+        ),
+        Setting(
+            "audit_decay",
+            "BATOS_AUDIT_DECAY",
+            lambda: "0.05",
+            "A fall of the CEM by more than this since the last audit is a decay; moves under a "
+            "tenth of it over three audits are stagnation.",
+            _positive_float,
+        ),
+        Setting(
+            "heartbeat_audit_seconds",
+            "BATOS_HEARTBEAT_AUDIT_SECONDS",
+            lambda: "3600",
+            "Interval of the heartbeat's audit job (ALFRED's self-audit).",
+            _positive_float,
+        ),
+        Setting(
+            "heartbeat_curate_seconds",
+            "BATOS_HEARTBEAT_CURATE_SECONDS",
+            lambda: "86400",
+            "Interval of the heartbeat's memory-curation job ('batos curate').",
+            _positive_float,
+        ),
+        Setting(
+            "heartbeat_prune_seconds",
+            "BATOS_HEARTBEAT_PRUNE_SECONDS",
+            lambda: "86400",
+            "Interval of the heartbeat's checkpoint-pruning job.",
+            _positive_float,
+        ),
+        Setting(
+            "heartbeat_prune_keep",
+            "BATOS_HEARTBEAT_PRUNE_KEEP",
+            lambda: "50",
+            "Checkpoints per thread namespace the pruning job keeps.",
+            _positive_int,
+        ),
+        Setting(
+            "heartbeat_lease_seconds",
+            "BATOS_HEARTBEAT_LEASE_SECONDS",
+            lambda: "60",
+            "How long the heartbeat's lease on an image lasts unless renewed (renewed at a "
+            "third of it); a second heartbeat waits for it.",
+            _positive_float,
+        ),
+        Setting(
             "catalog_max_bytes",
             "BATOS_CATALOG_MAX_BYTES",
             lambda: str(50 * 1024 * 1024),

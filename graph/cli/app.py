@@ -100,6 +100,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.personas",
     "graph.cli.route",
     "graph.cli.mind",
+    "graph.cli.heartbeat",
 )
 
 

@@ -1,0 +1,257 @@
+"""The Composite Entropy Metric (CEM): four numbers in [0, 1] over a window of mind cycles.
+
+Pure functions over cycle records (``graph.cycle``: each COMPLETE cycle records the personas
+that answered, the facets called as ``PERSONA.facet_x``, the methods written, and the request
+and response embeddings). A window is the ``n`` newest records, oldest first. A component
+that the window cannot define (no vectors, no facets) is ``None``, never a made-up number.
+
+H_rel — relevance. For every cycle with both embeddings, ``max(0, cos(request, response))``;
+    H_rel is their mean. An answer on the question scores near 1, one beside it near 0.
+
+H_cog — cognitive diversity. ``p_i`` is persona i's share of the persona uses in the window
+    (a cycle answered by ROBIN and ALFRED counts one use each). Persona entropy
+    ``E_p = -Σ p_i ln p_i / ln 4`` (the four personas). Facet entropy ``E_f`` likewise over
+    facet calls, normalised by ``ln K`` with K the facets the image declares (at least 2).
+    H_cog is the mean of ``E_p`` and ``E_f``, or ``E_p`` alone when no facet was called.
+    ROBIN's and ALFRED's protocols (perspective, balance) feed H_cog: each persona's term
+    ``-p_i ln p_i / ln 4`` is reported in ``by_persona``.
+
+H_sol — solution novelty. For each response after the first in the window,
+    ``novelty = 1 - max(0, max_j cos(response, earlier response j))``; H_sol is their mean.
+    Repeating an earlier answer scores 0, an answer unlike any before scores 1. BRICK's and
+    BABS's protocols (invention, research) feed H_sol: each persona's mean novelty over the
+    cycles it answered is reported in ``by_persona``.
+
+H_struc — structural complexity. ``coverage`` = distinct facets called / facets declared;
+    ``grown`` = share of facet calls served by a generated method (installed before the
+    window's end, including those written in it). H_struc = (coverage + grown) / 2: the
+    structure the image has grown, weighted by how much of it is used.
+
+CEM = Σ w_c H_c / Σ w_c over the components that are defined, the weights being the
+``cem_weights`` setting (default equal). ``None`` when no component is defined.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prototypes.codex import PERSONAS
+
+COMPONENTS = ("H_rel", "H_cog", "H_sol", "H_struc")
+#: The persona protocols the seeds tie to each component.
+TIES = {"BRICK": "H_sol", "BABS": "H_sol", "ROBIN": "H_cog", "ALFRED": "H_cog"}
+DEFAULT_WEIGHTS = {c: 0.25 for c in COMPONENTS}
+
+
+@dataclass
+class Metrics:
+    """One CEM reading: the components, the weighted sum and what they were computed from."""
+
+    H_rel: float | None
+    H_cog: float | None
+    H_sol: float | None
+    H_struc: float | None
+    cem: float | None
+    cycles: int
+    weights: dict[str, float]
+    by_persona: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _unit(vector: Any) -> np.ndarray | None:
+    if vector is None:
+        return None
+    v = np.asarray(vector, dtype=np.float64).ravel()
+    norm = float(np.linalg.norm(v))
+    if not v.size or not math.isfinite(norm) or norm == 0.0:
+        return None
+    return v / norm
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(min(1.0, max(0.0, value)), 6)
+
+
+def relevance(records: Sequence[Mapping[str, Any]]) -> float | None:
+    scores = []
+    for r in records:
+        q, a = _unit(r.get("request_vector")), _unit(r.get("response_vector"))
+        if q is not None and a is not None:
+            scores.append(max(0.0, float(q @ a)))
+    return _rounded(sum(scores) / len(scores)) if scores else None
+
+
+def _entropy(counts: Iterable[int], size: int) -> float:
+    counts = [c for c in counts if c > 0]
+    total = sum(counts)
+    if total == 0 or size < 2:
+        return 0.0
+    return -sum(c / total * math.log(c / total) for c in counts) / math.log(size)
+
+
+def persona_uses(records: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    return Counter(p for r in records for p in (r.get("personas") or []) if p in PERSONAS)
+
+
+def facet_uses(records: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    return Counter(str(f) for r in records for f in (r.get("facets") or []))
+
+
+def diversity(records: Sequence[Mapping[str, Any]], facet_space: int = 0) -> float | None:
+    uses = persona_uses(records)
+    if not uses:
+        return None
+    e_p = _entropy(uses.values(), len(PERSONAS))
+    facets = facet_uses(records)
+    if not facets:
+        return _rounded(e_p)
+    e_f = _entropy(facets.values(), max(2, facet_space, len(facets)))
+    return _rounded((e_p + e_f) / 2)
+
+
+def _novelties(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """(index in records, novelty) for every response that has an earlier one to compare."""
+    seen: list[np.ndarray] = []
+    found = []
+    for index, r in enumerate(records):
+        a = _unit(r.get("response_vector"))
+        if a is None:
+            continue
+        if seen:
+            nearest = max(float(a @ b) for b in seen)
+            found.append((index, 1.0 - max(0.0, nearest)))
+        seen.append(a)
+    return found
+
+
+def novelty(records: Sequence[Mapping[str, Any]]) -> float | None:
+    found = _novelties(records)
+    return _rounded(sum(n for _, n in found) / len(found)) if found else None
+
+
+def structure(
+    records: Sequence[Mapping[str, Any]], facet_space: int, methods: Iterable[str] = ()
+) -> float | None:
+    """``methods``: ``PERSONA.facet_x`` of the generated methods installed in the image."""
+    facets = facet_uses(records)
+    if facet_space <= 0 or not facets:
+        return None
+    grown = set(methods) | {m for r in records for m in (r.get("methods_written") or [])}
+    coverage = min(1.0, len(facets) / facet_space)
+    served = sum(count for name, count in facets.items() if name in grown)
+    return _rounded((coverage + served / sum(facets.values())) / 2)
+
+
+def _by_persona(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    uses = persona_uses(records)
+    total = sum(uses.values())
+    novel = _novelties(records)
+    out: dict[str, dict[str, float | None]] = {}
+    for persona in PERSONAS:
+        share = uses[persona] / total if total else 0.0
+        term = -share * math.log(share) / math.log(len(PERSONAS)) if share else 0.0
+        mine = [n for i, n in novel if persona in (records[i].get("personas") or [])]
+        out[persona] = {
+            "share": round(share, 6),
+            "H_cog_term": round(term, 6),
+            "H_sol_mean": round(sum(mine) / len(mine), 6) if mine else None,
+        }
+    return out
+
+
+def weighted(values: Mapping[str, float | None], weights: Mapping[str, float]) -> float | None:
+    defined = [(values[c], weights.get(c, 0.0)) for c in COMPONENTS if values.get(c) is not None]
+    total = sum(w for _, w in defined)
+    if not defined or total <= 0:
+        return None
+    return _rounded(sum(v * w for v, w in defined) / total)  # type: ignore[operator]
+
+
+def compute(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    facet_space: int = 0,
+    methods: Iterable[str] = (),
+    weights: Mapping[str, float] | None = None,
+) -> Metrics:
+    """The CEM of ``records`` (oldest first), with the formulas of this module's docstring."""
+    weights = dict(weights or DEFAULT_WEIGHTS)
+    values = {
+        "H_rel": relevance(records),
+        "H_cog": diversity(records, facet_space),
+        "H_sol": novelty(records),
+        "H_struc": structure(records, facet_space, methods),
+    }
+    return Metrics(
+        **values,
+        cem=weighted(values, weights),
+        cycles=len(records),
+        weights=weights,
+        by_persona=_by_persona(records),
+    )
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"w_rel,w_cog,w_sol,w_struc"`` → weights; four non-negative numbers, not all zero."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != len(COMPONENTS):
+        raise ValueError("must be four comma-separated numbers (H_rel,H_cog,H_sol,H_struc)")
+    values = [float(p) for p in parts]
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError("weights must be non-negative numbers, not all zero")
+    return dict(zip(COMPONENTS, values, strict=True))
+
+
+# -- reading the image ------------------------------------------------------------------------
+
+
+def window(root: Any, size: int) -> list[dict[str, Any]]:
+    """The ``size`` newest cycle records of the image, oldest first, with their embeddings."""
+    from graph.cycle import CYCLES_KEY
+    from store.embeddings import from_bytes
+
+    cycles = root.get(CYCLES_KEY)
+    if cycles is None or size <= 0:
+        return []
+    keys = cycles.keys()
+    found = []
+    for key in (keys[i] for i in range(max(0, len(keys) - size), len(keys))):
+        record = dict(cycles[key])
+        for name in ("request_vector", "response_vector"):
+            raw = record.get(name)
+            record[name] = from_bytes(raw)[0] if raw else None
+        record["id"] = key
+        found.append(record)
+    return found
+
+
+def image_structure(root: Any) -> tuple[int, set[str]]:
+    """The facets the image's personas declare, and the ``PERSONA.facet_x`` with a method."""
+    from prototypes.codex import FACET_PREFIX
+    from prototypes.incarnation import personas
+    from prototypes.uvm import Method
+
+    declared, methods = 0, set()
+    for name, persona in personas(root).items():
+        for selector in persona._slots().get("intents") or {}:
+            if not selector.startswith(FACET_PREFIX):
+                continue
+            declared += 1
+            found = persona._lookup(selector)
+            if found is not None and isinstance(found[1], Method):
+                methods.add(f"{name}.{selector}")
+    return declared, methods
+
+
+def measure(root: Any, size: int, weights: Mapping[str, float] | None = None) -> Metrics:
+    """The CEM of the image's ``size`` newest cycles."""
+    declared, methods = image_structure(root)
+    return compute(window(root, size), facet_space=declared, methods=methods, weights=weights)

@@ -1,0 +1,173 @@
+"""``batos heartbeat`` and ``batos audit``: the image's upkeep, and what ALFRED's audits found.
+
+``heartbeat`` runs the scheduled jobs until SIGINT/SIGTERM (the running job finishes, then
+exit 0); ``--once`` runs the due jobs and exits; ``--list`` shows the jobs. ``audit report``
+prints the CEM over time (``--json``, ``--png FILE`` for a chart); ``audit show ID`` one report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from batos.errors import BatosError
+from graph import audit as audits
+from graph import cem
+from graph.boot import open_image
+from graph.cli.app import console, image_uri, model_factory
+from graph.heartbeat import Heartbeat
+
+audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
+
+
+def _when(timestamp: float | dt.datetime | None) -> str:
+    if timestamp is None:
+        return "-"
+    if isinstance(timestamp, dt.datetime):
+        timestamp = timestamp.timestamp()
+    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def heartbeat(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Run every due job once, then exit."),
+    list_jobs: bool = typer.Option(False, "--list", help="Show the jobs and their next runs."),
+) -> int:
+    """Run the image's upkeep — ALFRED's audit, memory curation, checkpoint pruning — on
+    their intervals until stopped (Ctrl-C or SIGTERM). Examples: batos heartbeat ·
+    batos heartbeat --once · batos heartbeat --list
+    """
+    with open_image(image_uri(ctx)) as image:
+        beat = Heartbeat(image, model_factory(ctx))
+        if list_jobs:
+            table = Table(title=f"Heartbeat jobs of {image.uri}")
+            for column in ("job", "trigger", "next run", "note"):
+                table.add_column(column)
+            for job_id, trigger, after, corrupt in beat.jobs():
+                note = f"[red]corrupt, skipped: {corrupt}[/]" if corrupt else ""
+                table.add_row(job_id, trigger, _when(after), note)
+            console.print(table)
+            return 0
+        if once:
+            outcomes = beat.once()
+            for o in outcomes:
+                mark = "[green]✓[/]" if o.ok else "[red]✗[/]"
+                console.print(f"{mark} {o.job} ({o.seconds:.1f}s): {o.said}", markup=True)
+            if not outcomes:
+                console.print("no job was due")
+            return 0 if all(o.ok for o in outcomes) else 1
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        console.print(f"heartbeat on {image.uri}; Ctrl-C stops it")
+        beat.forever(stop)
+        console.print("heartbeat stopped")
+    return 0
+
+
+def _rows(image: Any) -> list[dict[str, Any]]:
+    return audits.history(image)
+
+
+@audit_app.command("report")
+def report(
+    ctx: typer.Context,
+    png: Path = typer.Option(None, "--png", help="Write a chart of the CEM over time here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+) -> None:
+    """The CEM and its components over time, one row per audit. Example: batos audit
+    report --png cem.png"""
+    with open_image(image_uri(ctx)) as image:
+        rows = _rows(image)
+    if as_json:
+        console.print_json(json.dumps(rows, default=str))
+    else:
+        table = Table(title="Audits")
+        for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict"):
+            table.add_column(column)
+        for r in rows:
+            m = r["metrics"]
+            table.add_row(
+                str(r["id"]),
+                _when(r["time"]),
+                str(m["cycles"]),
+                *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
+                r["verdict"],
+            )
+        console.print(table)
+        console.print("missions: none (self-improvement missions are not built)")
+    if png is not None:
+        _chart(rows, png)
+        if not as_json:
+            console.print(f"chart written to {png}")
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _chart(rows: list[dict[str, Any]], path: Path) -> None:
+    if not rows:
+        raise BatosError(
+            "there are no audit reports to chart",
+            hint="run an audit first: batos heartbeat --once",
+        )
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed or used
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ids = [r["id"] for r in rows]
+    for name in (*cem.COMPONENTS, "cem"):
+        values = [r["metrics"].get(name) for r in rows]
+        ax.plot(
+            ids,
+            [float("nan") if v is None else v for v in values],
+            marker="o",
+            linewidth=2.5 if name == "cem" else 1.2,
+            label="CEM" if name == "cem" else name,
+        )
+    ax.set_xlabel("audit")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Composite Entropy Metric")
+    ax.legend(loc="best", fontsize="small")
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise BatosError(f"cannot write {path}: {exc}", hint="name a writable file") from exc
+    finally:
+        plt.close(fig)
+
+
+@audit_app.command("show")
+def show(ctx: typer.Context, report_id: int = typer.Argument(..., help="Audit report number.")):
+    """One audit report: the numbers, what moved and ALFRED's account. Example: batos audit
+    show 3"""
+    with open_image(image_uri(ctx)) as image:
+        r = audits.show(image, report_id)
+    m, d = r["metrics"], r["deltas"]
+    console.print(f"[bold]audit {r['id']}[/] at {_when(r['time'])}: {m['cycles']} cycles")
+    for name in (*cem.COMPONENTS, "cem"):
+        moved = "" if d.get(name) is None else f" ({d[name]:+.3f})"
+        console.print(f"  {name:8} {_num(m.get(name))}{moved}")
+    for persona, terms in m["by_persona"].items():
+        console.print(
+            f"  {persona:8} share {terms['share']:.2f} · H_cog term {terms['H_cog_term']:.3f}"
+            f" · novelty {_num(terms['H_sol_mean'])}"
+        )
+    console.print(f"verdict: {r['verdict']}")
+    console.print("[bold]ALFRED:[/] ", end="")
+    console.print(r["narrative"], markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(heartbeat)
+    app.add_typer(audit_app, name="audit")

@@ -109,9 +109,13 @@ _UPTODATE = persistent.UPTODATE
 #: object's state replaced or invalidated — so that cached ancestor lists survive the common
 #: writes of data slots and the loading of ghosts.
 _lineage = 0
-#: Guards the delegation caches and the ``_v_deps``/``_v_paths`` registries: caches of one class
-#: are filled and emptied from every thread that has a ZODB connection.
-_cache_lock = threading.RLock()
+#: Moved after every change a lookup could have read (a slot written, a state loaded in
+#: place of another, invalidated or dropped, a method edited): a lookup that saw it move while
+#: it ran caches nothing, since it may have read the state from before.
+_changes = 0
+#: Guards the delegation caches: the caches of the one class are filled and emptied from every
+#: thread that has a ZODB connection, and an entry must not be cached after a change's forget.
+_cache_lock = threading.Lock()
 #: Every delegation descriptor by name, to find an entry's cache when an object forgets it.
 _delegations: dict[str, _Delegation] = {}
 _IDENTITY_HASH = object.__hash__
@@ -125,10 +129,11 @@ def _bump_epoch(*, lineage: bool = True) -> None:
     """Forget every cached lookup, and unless ``lineage`` is False, cached ancestor lists too.
 
     For changes made behind the slot protocol (a ``__dict__`` restored in place); the
-    registries left on objects then name entries that are gone, which is harmless.
+    marks left on objects then name entries that are gone, which is harmless (see ``_drop``).
     """
-    global _lineage
+    global _lineage, _changes
     with _cache_lock:
+        _changes += 1
         if lineage:
             _lineage += 1
         for delegation in _delegations.values():
@@ -136,23 +141,23 @@ def _bump_epoch(*, lineage: bool = True) -> None:
 
 
 def _drop(name: str, receivers: set[UvmObject]) -> None:
-    """Remove the entries for ``name`` of ``receivers``, and their marks on every path object."""
+    """Remove the cached lookups of ``name`` by ``receivers``.
+
+    The marks they left on the other objects of their paths stay: a mark without an entry, or
+    on an object a receiver's lookup no longer passes, only ever costs a spare miss, and
+    leaving them makes forgetting and re-marking (the path is usually the same) cheap.
+    """
     cache = _delegations[name].cache
-    for receiver in list(receivers):
+    for receiver in receivers:
         cache.pop(receiver, None)
-        paths = receiver.__dict__.get("_v_paths")
-        path = paths.pop(name, ()) if paths else ()
-        for obj in path:
-            deps = obj.__dict__.get("_v_deps")
-            marked = deps.get(name) if deps else None
-            if marked is not None:
-                marked.discard(receiver)
-                if not marked:
-                    del deps[name]
 
 
 def _forget(obj: persistent.Persistent, name: str) -> None:
-    """Forget the cached lookups of ``name`` that passed through ``obj``."""
+    """Forget the cached lookups of ``name`` that passed through ``obj``.
+
+    Called after the change and ``_changed()``: a lookup marks its path before it checks
+    ``_changes``, so either this finds its marks or the lookup caches nothing.
+    """
     deps = obj.__dict__.get("_v_deps")
     if deps:
         with _cache_lock:
@@ -188,27 +193,36 @@ class _Tracked(persistent.Persistent):
         replaced = bool(self.__dict__)
         _forget_all(self)
         persistent.Persistent.__setstate__(self, state)
-        if replaced and self._has_parents:
-            _move_lineage()
+        if replaced:
+            _changed(lineage=self._has_parents)
+            _forget_all(self)
 
     def _p_invalidate(self) -> None:
+        # Persistent's own _p_invalidate goes through _p_deactivate; forgetting here as well
+        # keeps that an implementation detail.
         _forget_all(self)
         persistent.Persistent._p_invalidate(self)
-        if self._has_parents:
-            _move_lineage()
+        _changed(lineage=self._has_parents)
 
     def _p_deactivate(self) -> None:
         # Only an unchanged object of a database becomes a ghost; ancestor lists survive it,
         # since a ghost ancestor is the same object, loaded again on use.
         if self._p_jar is not None and self._p_state == _UPTODATE:
             _forget_all(self)
-        persistent.Persistent._p_deactivate(self)
+            persistent.Persistent._p_deactivate(self)
+            _changed()
+        else:
+            persistent.Persistent._p_deactivate(self)
 
 
-def _move_lineage() -> None:
-    global _lineage
-    with _cache_lock:
-        _lineage += 1
+def _changed(*, lineage: bool = False) -> None:
+    """Note a change (after it is made), and a possible change of parents if ``lineage``."""
+    global _changes, _lineage
+    # Not under the lock: a lost increment of a racing change still moves the value.
+    _changes += 1
+    if lineage:
+        with _cache_lock:
+            _lineage += 1
 
 
 class Method(_Tracked):
@@ -242,6 +256,7 @@ class Method(_Tracked):
             # The compiled function and every bound copy cached for a receiver were built
             # from the old text: drop them so the next send compiles the new one.
             self.__dict__.pop("_v_function", None)
+            _changed()
             _forget_all(self)
 
     def function(self) -> Callable[..., Any]:
@@ -336,39 +351,42 @@ class _Delegation:
             state = obj.__dict__
             if name in state:
                 return state[name]
+        seen = _changes
         found, path = _resolve(obj, name)
         if found is _MISSING:
             raise AttributeError(name)  # __getattr__ takes over: doesNotUnderstand
-        self.remember(obj, found, path)
+        self.remember(obj, found, path, seen)
         return found
 
-    def remember(self, obj: UvmObject, found: Any, path: tuple[persistent.Persistent, ...]) -> None:
-        """Cache what ``obj`` saw, marking every object on the lookup's ``path``."""
+    def remember(
+        self, obj: UvmObject, found: Any, path: tuple[persistent.Persistent, ...], seen: int
+    ) -> None:
+        """Cache what ``obj`` saw, unless something changed since ``seen`` (its lookup began).
+
+        Every object on the lookup's ``path`` is marked first, so a change made after the
+        check below finds the entry to forget (see ``_forget``).
+        """
         if type(obj).__hash__ is not _IDENTITY_HASH:
             return
         name = self.name
-        with _cache_lock:
-            for holder in path:
-                # A path object turned ghost while the lookup ran (a compiler's code may run
-                # anything) has lost its marks: nothing would forget this entry.
-                if holder._p_state == _GHOST:
-                    return
-            paths = obj.__dict__.get("_v_paths")
-            if paths is None:
-                paths = obj.__dict__["_v_paths"] = {}
-            elif name in paths:  # marks left by an entry emptied wholesale (``_bump_epoch``)
-                _drop(name, {obj})
-            for holder in path:
-                state = holder.__dict__
-                deps = state.get("_v_deps")
-                if deps is None:
-                    deps = state["_v_deps"] = {}
+        for holder in path:
+            # A path object turned ghost while the lookup ran (a compiler's code may run
+            # anything) has lost its marks: nothing would forget this entry.
+            if holder._p_state == _GHOST:
+                return
+            state = holder.__dict__
+            deps = state.get("_v_deps")
+            if deps is None:
+                state["_v_deps"] = {name: {obj}}
+            else:
                 marked = deps.get(name)
                 if marked is None:
                     deps[name] = {obj}
                 else:
                     marked.add(obj)
-            paths[name] = path
+        with _cache_lock:
+            if seen != _changes:
+                return
             if len(self.cache) >= CACHE_LIMIT:
                 self.cache.clear()  # the marks left behind only ever cost a spare miss
             self.cache[obj] = found
@@ -463,11 +481,12 @@ class UvmObject(_Tracked):
             return getattr(self, name)
         if name[:1] == "_":
             raise AttributeError(name)
+        seen = _changes
         found, path = _resolve(self, name)
         if found is not _MISSING:
             delegation = _install_delegation(name)
             if delegation is not None:
-                delegation.remember(self, found, path)
+                delegation.remember(self, found, path, seen)
             return found
         return self._does_not_understand(name)
 
@@ -531,9 +550,10 @@ class UvmObject(_Tracked):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
-            if name == "_methods":  # a whole new method table
-                _forget_all(self)
             persistent.Persistent.__setattr__(self, name, value)
+            if name == "_methods":  # a whole new method table
+                _changed()
+                _forget_all(self)
             return
         if name in _answered_by_class(type(self)):
             raise SlotError(
@@ -562,9 +582,10 @@ class UvmObject(_Tracked):
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("_"):
-            if name in ("_methods", "_p_changed"):  # the table gone, or the state invalidated
-                _forget_all(self)
             persistent.Persistent.__delattr__(self, name)
+            if name in ("_methods", "_p_changed"):  # the table gone, or the state invalidated
+                _changed()
+                _forget_all(self)
             return
         if name in self._methods:
             del self._methods[name]
@@ -579,9 +600,10 @@ class UvmObject(_Tracked):
         """Forget the cached lookups slot ``name`` of this object may have answered or hidden."""
         if name[-1:] == "*":
             # Other parents: every lookup through this object may now walk other ancestors.
+            _changed(lineage=True)
             _forget_all(self)
-            _move_lineage()
         else:
+            _changed()
             _forget(self, name)
 
     # -- reflection -----------------------------------------------------------------------

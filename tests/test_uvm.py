@@ -402,17 +402,6 @@ def test_a_write_on_the_path_forgets_that_name_only():
         d.y  # noqa: B018
 
 
-def test_forgotten_lookups_leave_no_marks_behind():
-    a = UvmObject(x=1)
-    d = UvmObject(UvmObject(a))
-    assert d.x == 1
-    path = d.__dict__["_v_paths"]["x"]
-    assert all(d in obj.__dict__["_v_deps"]["x"] for obj in path)
-    a.x = 2
-    assert all("x" not in obj.__dict__.get("_v_deps", {}) for obj in path)
-    assert "x" not in d.__dict__["_v_paths"]
-
-
 def test_a_parent_slot_change_re_resolves_descendants():
     a, b = UvmObject(v="a", w="a"), UvmObject(v="b")
     middle = UvmObject(a)

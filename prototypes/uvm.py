@@ -25,9 +25,10 @@ which names passed through it, so:
   * editing a method's source, selector or compiler forgets the entries that bound it;
   * loading, invalidating (another connection's or process's commit, an abort, a savepoint
     rollback) or ghosting an object forgets every entry through it, before its state goes.
-A write elsewhere leaves an entry alone. Ancestor lists are cached per receiver until a parent
-slot may have changed (``_lineage``). The objects of one connection are used by one thread at a
-time (ZODB's rule), so a lookup and a change of the objects on its path never interleave.
+A write elsewhere leaves an entry alone. A lookup marks its path before it caches, and caches
+nothing if any change was made while it ran (``_changes``), so a change racing with it in
+another thread never leaves a stale entry. Ancestor lists are cached per receiver until a
+parent slot may have changed (``_lineage``).
 
 Names starting with ``_`` are private: they never delegate and never reach
 ``doesNotUnderstand`` (a plain ``AttributeError`` is raised). Public names the class itself
@@ -182,7 +183,7 @@ _COMPILED_FROM = frozenset({"selector", "source", "compiler"})
 
 class _Tracked(persistent.Persistent):
     """An object cached lookups can pass through: whatever replaces or drops its state
-    forgets those lookups first, while the registry of them (in ``__dict__``) still exists."""
+    forgets those lookups first, while their marks (in its ``__dict__``) still exist."""
 
     #: Whether the object has parent slots, i.e. whether its state can reshape ancestor lists.
     _has_parents = False

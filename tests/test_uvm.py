@@ -428,6 +428,24 @@ def test_a_method_edit_forgets_the_sends_that_bound_it():
     assert _cached(unrelated, "name")
 
 
+def test_a_change_made_while_a_lookup_runs_is_not_cached_over():
+    from prototypes.uvm import compile_plain
+
+    holder = UvmObject()
+    middle = UvmObject(holder)
+    d = UvmObject(middle)
+
+    def racing(selector, source):
+        # Runs inside d's lookup of m, after it walked past middle and before it caches.
+        middle.m = "written while the lookup ran"
+        return compile_plain(selector, source)
+
+    register_compiler("racing", racing)
+    holder.m = Method("m", "def m(self):\n    return 'method'\n", compiler="racing")
+    assert d.m() == "method"  # what the lookup found
+    assert d.m == "written while the lookup ran"  # and not a cache of it
+
+
 def _connections(db):
     return (
         db.open(transaction_manager=transaction.TransactionManager()),

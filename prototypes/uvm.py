@@ -14,10 +14,21 @@ Lookup order (``obj.name``):
 A method found anywhere runs with ``self`` bound to the *receiver*, not to the holder.
 
 Lookups are cached: what a receiver found for an inherited name (the value, or the method
-bound to it) stays in a class-level table until the next change to any object's slots or
-state, which empties every table at once, so a repeated delegated read costs one dict lookup
-and no answer is ever stale. Ancestor lists are cached per receiver until a parent slot
-changes.
+bound to it) stays in a class-level table, so a repeated delegated read costs one dict lookup.
+Each entry is forgotten exactly when something it depended on changes — the *path* its lookup
+walked: the receiver, every ancestor visited before the holder, the holder, and the method record
+found. Every object on a path knows (in its volatile ``_v_deps``) which receivers' entries of
+which names passed through it, so:
+  * writing or removing slot ``n`` of an object forgets the entries for ``n`` through it;
+  * writing or removing a parent slot forgets every entry through the object (its ancestors,
+    and so every descendant's, may now be others);
+  * editing a method's source, selector or compiler forgets the entries that bound it;
+  * loading, invalidating (another connection's or process's commit, an abort, a savepoint
+    rollback) or ghosting an object forgets every entry through it, before its state goes.
+A write elsewhere leaves an entry alone. A lookup marks its path before it caches, and caches
+nothing if any change was made while it ran (``_changes``), so a change racing with it in
+another thread never leaves a stale entry. Ancestor lists are cached per receiver until a
+parent slot may have changed (``_lineage``).
 
 Names starting with ``_`` are private: they never delegate and never reach
 ``doesNotUnderstand`` (a plain ``AttributeError`` is raised). Public names the class itself
@@ -94,53 +105,128 @@ def register_compiler(name: str, compiler: Callable[[str, str], Callable[..., An
 
 
 _GHOST = persistent.GHOST
-#: Bumped after any change that could alter what a lookup finds: a public slot written or
-#: removed, a UvmObject or Method loaded, invalidated or turned into a ghost, a method's
-#: source edited. Every delegation cache is emptied with it (see ``_Delegation``).
-_epoch = 0
-#: Bumped only when the parent structure may have changed — a parent slot written or removed,
-#: an object's state loaded or invalidated — so that cached ancestor lists survive the
-#: common writes of data slots.
+_UPTODATE = persistent.UPTODATE
+#: Bumped when the parent structure may have changed — a parent slot written or removed, an
+#: object's state replaced or invalidated — so that cached ancestor lists survive the common
+#: writes of data slots and the loading of ghosts.
 _lineage = 0
-#: Guards the epochs and ``_filled``: caches are filled and emptied from every thread that has
-#: a ZODB connection, and a value looked up before a bump must never enter a cache after it.
+#: Moved after every change a lookup could have read (a slot written, a state loaded in
+#: place of another, invalidated or dropped, a method edited): a lookup that saw it move while
+#: it ran caches nothing, since it may have read the state from before.
+_changes = 0
+#: Guards the delegation caches: the caches of the one class are filled and emptied from every
+#: thread that has a ZODB connection, and an entry must not be cached after a change's forget.
 _cache_lock = threading.Lock()
-#: The delegation caches holding entries, so that a bump empties only those.
-_filled: list[_Delegation] = []
+#: Every delegation descriptor by name, to find an entry's cache when an object forgets it.
+_delegations: dict[str, _Delegation] = {}
 _IDENTITY_HASH = object.__hash__
+#: Entries one name's cache may hold. Entries live until their path changes, and hold their
+#: receivers (and so the objects of a database closed meanwhile): past this many the name's
+#: cache starts afresh, which costs re-resolving and never an answer.
+CACHE_LIMIT = 100_000
 
 
 def _bump_epoch(*, lineage: bool = True) -> None:
-    """Forget cached lookups, and unless ``lineage`` is False, cached ancestor lists too."""
-    global _epoch, _lineage
+    """Forget every cached lookup, and unless ``lineage`` is False, cached ancestor lists too.
+
+    For changes made behind the slot protocol (a ``__dict__`` restored in place); the
+    marks left on objects then name entries that are gone, which is harmless (see ``_drop``).
+    """
+    global _lineage, _changes
     with _cache_lock:
-        _epoch += 1
+        _changes += 1
         if lineage:
             _lineage += 1
-        if _filled:
-            for delegation in _filled:
-                delegation.cache.clear()
-            _filled.clear()
+        for delegation in _delegations.values():
+            delegation.cache.clear()
+
+
+def _drop(name: str, receivers: set[UvmObject]) -> None:
+    """Remove the cached lookups of ``name`` by ``receivers``.
+
+    The marks they left on the other objects of their paths stay: a mark without an entry, or
+    on an object a receiver's lookup no longer passes, only ever costs a spare miss, and
+    leaving them makes forgetting and re-marking (the path is usually the same) cheap.
+    """
+    cache = _delegations[name].cache
+    for receiver in receivers:
+        cache.pop(receiver, None)
+
+
+def _forget(obj: persistent.Persistent, name: str) -> None:
+    """Forget the cached lookups of ``name`` that passed through ``obj``.
+
+    Called after the change and ``_changed()``: a lookup marks its path before it checks
+    ``_changes``, so either this finds its marks or the lookup caches nothing.
+    """
+    deps = obj.__dict__.get("_v_deps")
+    if deps:
+        with _cache_lock:
+            receivers = deps.pop(name, None)
+            if receivers:
+                _drop(name, receivers)
+
+
+def _forget_all(obj: persistent.Persistent) -> None:
+    """Forget every cached lookup that passed through ``obj``, of any name."""
+    deps = obj.__dict__.get("_v_deps")
+    if deps:
+        with _cache_lock:
+            while deps:
+                name, receivers = deps.popitem()
+                _drop(name, receivers)
 
 
 #: The fields a method's compiled function is built from.
 _COMPILED_FROM = frozenset({"selector", "source", "compiler"})
 
 
-class _EpochTracked(persistent.Persistent):
-    """Loading or invalidating changes state that cached lookups may have seen; the epoch
-    moves *after* the change, so a lookup racing with it cannot cache what it read before."""
+class _Tracked(persistent.Persistent):
+    """An object cached lookups can pass through: whatever replaces or drops its state
+    forgets those lookups first, while their marks (in its ``__dict__``) still exist."""
+
+    #: Whether the object has parent slots, i.e. whether its state can reshape ancestor lists.
+    _has_parents = False
 
     def __setstate__(self, state: Any) -> None:
+        # A ghost being loaded gets back the state it had (an invalidation in between has
+        # already moved the lineage); a state replaced in place may hold other parents.
+        replaced = bool(self.__dict__)
+        _forget_all(self)
         persistent.Persistent.__setstate__(self, state)
-        _bump_epoch()
+        if replaced:
+            _changed(lineage=self._has_parents)
+            _forget_all(self)
 
     def _p_invalidate(self) -> None:
+        # Persistent's own _p_invalidate goes through _p_deactivate; forgetting here as well
+        # keeps that an implementation detail.
+        _forget_all(self)
         persistent.Persistent._p_invalidate(self)
-        _bump_epoch()
+        _changed(lineage=self._has_parents)
+
+    def _p_deactivate(self) -> None:
+        # Only an unchanged object of a database becomes a ghost; ancestor lists survive it,
+        # since a ghost ancestor is the same object, loaded again on use.
+        if self._p_jar is not None and self._p_state == _UPTODATE:
+            _forget_all(self)
+            persistent.Persistent._p_deactivate(self)
+            _changed()
+        else:
+            persistent.Persistent._p_deactivate(self)
 
 
-class Method(_EpochTracked):
+def _changed(*, lineage: bool = False) -> None:
+    """Note a change (after it is made), and a possible change of parents if ``lineage``."""
+    global _changes, _lineage
+    # Not under the lock: a lost increment of a racing change still moves the value.
+    _changes += 1
+    if lineage:
+        with _cache_lock:
+            _lineage += 1
+
+
+class Method(_Tracked):
     """A method slot: the source text and what we know of it; never a pickled function.
 
     The compiled function lives only in the volatile ``_v_function`` and is rebuilt from
@@ -171,7 +257,8 @@ class Method(_EpochTracked):
             # The compiled function and every bound copy cached for a receiver were built
             # from the old text: drop them so the next send compiles the new one.
             self.__dict__.pop("_v_function", None)
-            _bump_epoch(lineage=False)
+            _changed()
+            _forget_all(self)
 
     def function(self) -> Callable[..., Any]:
         fn = self.__dict__.get("_v_function")
@@ -211,20 +298,22 @@ class Method(_EpochTracked):
 _MISSING = object()
 
 
-def _resolve(receiver: UvmObject, name: str) -> Any:
-    """``name`` as the (active) receiver sees it, from its own methods or its ancestors.
+def _resolve(receiver: UvmObject, name: str) -> tuple[Any, tuple[persistent.Persistent, ...]]:
+    """``name`` as the (active) receiver sees it, and the path its lookup walked.
 
     A data slot comes back as its value, a method bound to the receiver; _MISSING if no
-    holder has it. Never generative.
+    holder has it. The path is the receiver, the ancestors visited before the holder, the
+    holder, and for a method its record: what a cached answer depends on. Never generative.
     """
-    for holder in (receiver, *receiver._ancestors()):
+    chain = (receiver, *receiver._ancestors())
+    for index, holder in enumerate(chain):
         state = holder.__dict__
         if holder is not receiver and name in state:
-            return state[name]
+            return state[name], chain[: index + 1]
         method = state["_methods"].get(name)
         if method is not None:
-            return types.MethodType(method.function(), receiver)
-    return _MISSING
+            return types.MethodType(method.function(), receiver), (*chain[: index + 1], method)
+    return _MISSING, ()
 
 
 class _Delegation:
@@ -232,13 +321,13 @@ class _Delegation:
 
     It is a non-data descriptor, so an own data slot still wins (the instance ``__dict__``
     comes before it) and local reads stay plain attribute reads. Its ``cache`` maps each
-    receiver that read the name since the last epoch bump to what it saw — the slot value, or
-    the method bound to it — so a repeated delegated read or send is one dict lookup in
-    ``__get__``, about the least Python can run there (a plain dict in a slot: a dict subclass
-    would cost a fifth more). ``_bump_epoch`` empties every filled cache, so no entry outlives
-    a change that could make it wrong, and a receiver is referenced only until the next bump.
-    Keys are the receivers themselves: UvmObjects hash by identity (a subclass that does not
-    is simply never cached). Never persisted: only the shared class holds it.
+    receiver that read the name to what it saw — the slot value, or the method bound to it —
+    so a repeated delegated read or send is one dict lookup in ``__get__``, about the least
+    Python can run there (a plain dict in a slot: a dict subclass would cost a fifth more).
+    An entry is removed when an object on its path changes (see the module docstring), and a
+    receiver is referenced until then. Keys are the receivers themselves: UvmObjects hash by
+    identity (a subclass that does not is simply never cached). Never persisted: only the
+    shared class holds it.
     """
 
     __slots__ = ("name", "cache")
@@ -263,22 +352,45 @@ class _Delegation:
             state = obj.__dict__
             if name in state:
                 return state[name]
-        epoch = _epoch
-        found = _resolve(obj, name)
+        seen = _changes
+        found, path = _resolve(obj, name)
         if found is _MISSING:
             raise AttributeError(name)  # __getattr__ takes over: doesNotUnderstand
-        self.remember(obj, found, epoch)
+        self.remember(obj, found, path, seen)
         return found
 
-    def remember(self, obj: UvmObject, found: Any, epoch: int) -> None:
-        """Cache what ``obj`` saw, unless something changed since ``epoch`` (its lookup began)."""
+    def remember(
+        self, obj: UvmObject, found: Any, path: tuple[persistent.Persistent, ...], seen: int
+    ) -> None:
+        """Cache what ``obj`` saw, unless something changed since ``seen`` (its lookup began).
+
+        Every object on the lookup's ``path`` is marked first, so a change made after the
+        check below finds the entry to forget (see ``_forget``).
+        """
         if type(obj).__hash__ is not _IDENTITY_HASH:
             return
+        name = self.name
+        for holder in path:
+            # A path object turned ghost while the lookup ran (a compiler's code may run
+            # anything) has lost its marks: nothing would forget this entry.
+            if holder._p_state == _GHOST:
+                return
+            state = holder.__dict__
+            deps = state.get("_v_deps")
+            if deps is None:
+                state["_v_deps"] = {name: {obj}}
+            else:
+                marked = deps.get(name)
+                if marked is None:
+                    deps[name] = {obj}
+                else:
+                    marked.add(obj)
         with _cache_lock:
-            if epoch == _epoch:
-                if not self.cache:
-                    _filled.append(self)
-                self.cache[obj] = found
+            if seen != _changes:
+                return
+            if len(self.cache) >= CACHE_LIMIT:
+                self.cache.clear()  # the marks left behind only ever cost a spare miss
+            self.cache[obj] = found
 
 
 def _install_delegation(name: str) -> _Delegation | None:
@@ -286,6 +398,8 @@ def _install_delegation(name: str) -> _Delegation | None:
     existing = UvmObject.__dict__.get(name)
     if existing is None and not hasattr(UvmObject, name):
         existing = _Delegation(name)
+        with _cache_lock:
+            _delegations[name] = existing
         setattr(UvmObject, name, existing)
     return existing if isinstance(existing, _Delegation) else None
 
@@ -341,7 +455,7 @@ def _copied(owner: UvmObject, slots: dict[str, Any]) -> dict[str, Any]:
     return unpickler.load()
 
 
-class UvmObject(_EpochTracked):
+class UvmObject(_Tracked):
     """A persistent prototype: slots, parent slots and methods in one namespace."""
 
     # Plain attribute lookup instead of Persistent's: a miss then costs no exception before
@@ -349,6 +463,7 @@ class UvmObject(_EpochTracked):
     # lookups do not unghostify by themselves — ``__getattr__`` does it — and do not refresh
     # the object's place in the pickle cache's LRU ring.
     __getattribute__ = object.__getattribute__
+    _has_parents = True
 
     def __init__(self, *parents: UvmObject, **slots: Any) -> None:
         self._methods = {}
@@ -367,12 +482,12 @@ class UvmObject(_EpochTracked):
             return getattr(self, name)
         if name[:1] == "_":
             raise AttributeError(name)
-        epoch = _epoch
-        found = _resolve(self, name)
+        seen = _changes
+        found, path = _resolve(self, name)
         if found is not _MISSING:
             delegation = _install_delegation(name)
             if delegation is not None:
-                delegation.remember(self, found, epoch)
+                delegation.remember(self, found, path, seen)
             return found
         return self._does_not_understand(name)
 
@@ -380,11 +495,6 @@ class UvmObject(_EpochTracked):
         if _DNU_HANDLER is not None:
             return _DNU_HANDLER(self, selector)
         raise DoesNotUnderstand(self, selector)
-
-    def _p_deactivate(self) -> None:
-        # Ancestor lists survive: a ghost ancestor is the same object, loaded again on use.
-        persistent.Persistent._p_deactivate(self)
-        _bump_epoch(lineage=False)
 
     def _parents(self) -> tuple[UvmObject, ...]:
         """The objects in the receiver's parent slots, in slot order."""
@@ -442,6 +552,9 @@ class UvmObject(_EpochTracked):
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             persistent.Persistent.__setattr__(self, name, value)
+            if name == "_methods":  # a whole new method table
+                _changed()
+                _forget_all(self)
             return
         if name in _answered_by_class(type(self)):
             raise SlotError(
@@ -466,11 +579,14 @@ class UvmObject(_EpochTracked):
                 del methods[name]
             persistent.Persistent.__setattr__(self, name, value)
         finally:
-            _bump_epoch(lineage=name[-1:] == "*")
+            self._changed_slot(name)
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("_"):
             persistent.Persistent.__delattr__(self, name)
+            if name in ("_methods", "_p_changed"):  # the table gone, or the state invalidated
+                _changed()
+                _forget_all(self)
             return
         if name in self._methods:
             del self._methods[name]
@@ -479,7 +595,17 @@ class UvmObject(_EpochTracked):
             persistent.Persistent.__delattr__(self, name)
         else:
             raise AttributeError(f"{self!r} has no own slot {name!r} to remove")
-        _bump_epoch(lineage=name[-1:] == "*")
+        self._changed_slot(name)
+
+    def _changed_slot(self, name: str) -> None:
+        """Forget the cached lookups slot ``name`` of this object may have answered or hidden."""
+        if name[-1:] == "*":
+            # Other parents: every lookup through this object may now walk other ancestors.
+            _changed(lineage=True)
+            _forget_all(self)
+        else:
+            _changed()
+            _forget(self, name)
 
     # -- reflection -----------------------------------------------------------------------
 

@@ -359,3 +359,198 @@ def test_receiver_turned_ghost_then_given_own_slot_elsewhere(tmp_path):
     c2.transaction_manager.begin()
     assert c2.root()["c"].v == "own"
     db.close()
+
+
+# -- the lookup cache forgets exactly what a change can alter ------------------------------
+
+
+def _cached(receiver, name):
+    """Whether ``receiver``'s lookup of ``name`` is held by its class-level cache."""
+    return receiver in UvmObject.__dict__[name].cache
+
+
+def test_a_write_elsewhere_keeps_cached_lookups():
+    a = UvmObject(x=1, y=1)
+    above = UvmObject(x="farther")  # an ancestor past the holder
+    setattr(a, "parent*", above)
+    d = UvmObject(UvmObject(UvmObject(a)))
+    elsewhere = UvmObject(x=0)
+    assert (d.x, d.y) == (1, 1)
+    elsewhere.x = 2  # another object, same name
+    elsewhere.z = 3
+    above.x = "still farther"  # beyond the holder: cannot change what d finds
+    d.parents_untouched = True  # the receiver's own slot of another name
+    assert _cached(d, "x") and _cached(d, "y")
+    assert (d.x, d.y) == (1, 1)
+
+
+def test_a_write_on_the_path_forgets_that_name_only():
+    a = UvmObject(x=1, y=1)
+    middle = UvmObject(a)
+    d = UvmObject(UvmObject(middle))
+    other = UvmObject(middle)  # a second receiver through the same ancestors
+    assert (d.x, d.y, other.x) == (1, 1, 1)
+    middle.x = "nearer"  # an ancestor visited before the holder now answers
+    assert not _cached(d, "x") and not _cached(other, "x")
+    assert _cached(d, "y")
+    assert (d.x, other.x, d.y) == ("nearer", "nearer", 1)
+    del middle.x
+    a.x = 2  # the holder itself
+    assert (d.x, other.x) == (2, 2)
+    del a.y  # a removal is a change too
+    with pytest.raises(DoesNotUnderstand):
+        d.y  # noqa: B018
+
+
+def test_a_parent_slot_change_re_resolves_descendants():
+    a, b = UvmObject(v="a", w="a"), UvmObject(v="b")
+    middle = UvmObject(a)
+    d = UvmObject(UvmObject(middle))
+    assert (d.v, d.w) == ("a", "a")
+    setattr(middle, "parent*", b)  # every lookup through middle may now walk elsewhere
+    assert d.v == "b"
+    with pytest.raises(DoesNotUnderstand):
+        d.w  # noqa: B018
+    setattr(middle, "parent2*", a)
+    assert (d.v, d.w) == ("b", "a")
+    delattr(middle, "parent*")
+    assert d.v == "a"
+
+
+def test_a_method_edit_forgets_the_sends_that_bound_it():
+    proto = UvmObject()
+    proto.m = Method("m", "def m(self):\n    return 1\n")
+    kid = UvmObject(UvmObject(proto))
+    unrelated = UvmObject(UvmObject(name="u"))
+    assert (kid.m(), unrelated.name) == (1, "u")
+    proto._methods["m"].source = "def m(self):\n    return 2\n"
+    assert kid.m() == 2
+    assert _cached(unrelated, "name")
+
+
+def test_a_change_made_while_a_lookup_runs_is_not_cached_over():
+    from prototypes.uvm import compile_plain
+
+    holder = UvmObject()
+    middle = UvmObject(holder)
+    d = UvmObject(middle)
+
+    def racing(selector, source):
+        # Runs inside d's lookup of m, after it walked past middle and before it caches.
+        middle.m = "written while the lookup ran"
+        return compile_plain(selector, source)
+
+    register_compiler("racing", racing)
+    holder.m = Method("m", "def m(self):\n    return 'method'\n", compiler="racing")
+    assert d.m() == "method"  # what the lookup found
+    assert d.m == "written while the lookup ran"  # and not a cache of it
+
+
+def _connections(db):
+    return (
+        db.open(transaction_manager=transaction.TransactionManager()),
+        db.open(transaction_manager=transaction.TransactionManager()),
+    )
+
+
+def test_another_connections_commit_forgets_only_what_it_changed(tmp_path):
+    db = _reopen(tmp_path / "s.fs")
+    c1, c2 = _connections(db)
+    c1.root()["p"] = UvmObject(v=1)
+    c1.root()["q"] = UvmObject(w=1)
+    # q is visited first, so the lookup of w never passes through p
+    c1.root()["c"] = UvmObject(c1.root()["q"], c1.root()["p"])
+    c1.transaction_manager.commit()
+    c2.transaction_manager.begin()
+    child = c2.root()["c"]
+    assert (child.v, child.w) == (1, 1)
+    c1.root()["p"].v = 2
+    c1.transaction_manager.commit()
+    assert child.v == 1  # not synced yet: c2 still sees its snapshot
+    c2.transaction_manager.begin()  # sync: p is invalidated in c2
+    assert not _cached(child, "v") and _cached(child, "w")
+    assert (child.v, child.w) == (2, 1)
+    db.close()
+
+
+def test_a_conflict_aborted_forgets_what_the_loser_wrote(tmp_path):
+    from ZODB.POSException import ConflictError
+
+    db = _reopen(tmp_path / "k.fs")
+    c1, c2 = _connections(db)
+    c1.root()["p"] = UvmObject(v=1)
+    c1.root()["c"] = UvmObject(c1.root()["p"])
+    c1.transaction_manager.commit()
+    c2.transaction_manager.begin()
+    child = c2.root()["c"]
+    assert child.v == 1
+    c1.root()["p"].v = "winner"
+    c1.transaction_manager.commit()
+    c2.root()["p"].v = "loser"
+    assert child.v == "loser"  # cached in c2 through its changed p
+    with pytest.raises(ConflictError):
+        c2.transaction_manager.commit()
+    c2.transaction_manager.abort()  # p's change is undone, and the lookup with it
+    c2.transaction_manager.begin()
+    assert child.v == "winner"
+    db.close()
+
+
+def test_a_savepoint_rollback_forgets_the_rolled_back_write(tmp_path):
+    db = _reopen(tmp_path / "r.fs")
+    conn = db.open()
+    conn.root()["p"] = parent = UvmObject(v="kept")
+    child = conn.root()["c"] = UvmObject(parent)
+    transaction.commit()
+    savepoint = transaction.savepoint()
+    parent.v = "rolled back"
+    assert child.v == "rolled back"
+    savepoint.rollback()
+    assert child.v == "kept"
+    transaction.abort()
+    db.close()
+
+
+_OTHER_PROCESS = """
+import sys, transaction, ZEO
+db = ZEO.DB((sys.argv[1], int(sys.argv[2])))
+conn = db.open()
+conn.root()["p"].v = "from another process"
+transaction.commit()
+db.close()
+"""
+
+
+def test_a_change_from_another_process_through_zeo_is_seen(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import ZEO
+
+    from store.zeo import ZeoServer
+
+    with ZeoServer(tmp_path / "z.fs") as server:
+        port = server.port
+        db = ZEO.DB((server.host, port))
+        conn = db.open(transaction_manager=transaction.TransactionManager())
+        conn.root()["p"] = UvmObject(v="here")
+        conn.root()["c"] = UvmObject(UvmObject(conn.root()["p"]))
+        conn.root()["q"] = UvmObject(w="untouched")
+        conn.root()["d"] = UvmObject(conn.root()["q"])
+        conn.transaction_manager.commit()
+        child, other = conn.root()["c"], conn.root()["d"]
+        assert (child.v, other.w) == ("here", "untouched")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        command = [sys.executable, "-c", _OTHER_PROCESS, server.host, str(port)]
+        subprocess.run(command, check=True, env=env, timeout=60)
+        deadline = time.monotonic() + 10  # ZEO delivers invalidations asynchronously
+        while time.monotonic() < deadline:
+            conn.transaction_manager.begin()
+            if child.v != "here":
+                break
+            time.sleep(0.05)
+        assert child.v == "from another process"
+        assert _cached(other, "w")
+        db.close()

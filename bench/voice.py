@@ -93,6 +93,8 @@ def voice_prompts() -> list[dict[str, Any]]:
 
 
 _WORD = re.compile(r"[a-z]+")
+#: Function words scikit-learn's stop-word list lacks (it has 'do' but not 'does').
+_AUXILIARIES = frozenset({"does", "did", "doing", "don", "didn", "doesn", "isn", "aren", "won"})
 
 
 def content_words(text: str) -> set[str]:
@@ -104,11 +106,11 @@ def content_words(text: str) -> set[str]:
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
     words = (w for w in _WORD.findall(text.lower()) if len(w) >= 3)
-    return {_stem(w) for w in words if w not in ENGLISH_STOP_WORDS}
+    return {_stem(w) for w in words if w not in ENGLISH_STOP_WORDS and w not in _AUXILIARIES}
 
 
 def _stem(word: str) -> str:
-    for suffix in ("ing", "ies", "ed", "es", "er", "ly", "s"):
+    for suffix in ("ing", "ies", "ed", "es", "s"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
             return word[: -len(suffix)]
     return word
@@ -206,6 +208,11 @@ def validate(classifier: Any) -> Score:
     return attribution(classifier, [(r["persona"], r["reply"]) for r in rows])[0]["overall"]
 
 
+def usable(validation: Score) -> bool:
+    """Whether a classifier with this validation may attribute model replies at all."""
+    return validation.n > 0 and validation.rate >= VALIDATION_FLOOR
+
+
 # --- replies -------------------------------------------------------------------------------
 
 
@@ -219,8 +226,11 @@ class ReplyCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.replies: dict[str, str] = {}
+        self._torn = False  # the last line was cut short: the next one must start afresh
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
+            text = path.read_text(encoding="utf-8")
+            self._torn = bool(text) and not text.endswith("\n")
+            for line in text.splitlines():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by an interrupted run
@@ -234,6 +244,9 @@ class ReplyCache:
         self.replies[key] = reply
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as out:
+            if self._torn:
+                out.write("\n")
+                self._torn = False
             out.write(json.dumps({"key": key, **meta, "reply": reply}) + "\n")
 
 
@@ -411,7 +424,7 @@ def main() -> None:
         f"validation on the {validation.n} held-out reference replies: {validation.rate:.2f} "
         f"({validation.hits}/{validation.n}, 95% CI {low:.2f}–{high:.2f})"
     )
-    if validation.rate < VALIDATION_FLOOR:
+    if not usable(validation):
         print(
             f"validation is under {VALIDATION_FLOOR:.2f}: the classifier cannot tell the "
             "reference replies apart, so it reports no model figure"

@@ -27,7 +27,11 @@
      ├── CatalogError                 the knowledge catalog cannot do what was asked
      │    ├── DocumentError           one input document cannot be ingested
      │    └── ArchiveError            a curator archive is missing or unreadable
-     └── RoutingError                 a request the router cannot route (empty, too large)
+     ├── MindError                    a request to the mind cannot be answered
+     │    ├── RoutingError            a request the router cannot route (empty, too large)
+     │    └── CycleFailed             a cycle ended FAILED; the image is unchanged
+     └── GraphRequestError            a graph's input or context is malformed (a ValueError,
+                                      so the LangGraph server shows its message to clients)
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
 """
@@ -191,7 +195,31 @@ class ArchiveError(CatalogError):
     """A curator archive does not exist or cannot be read back."""
 
 
-class RoutingError(BatosError, ValueError):
-    """A request the router cannot route: empty, not text, or read from an unusable file."""
+class MindError(BatosError):
+    """A request to the mind (``graph.mind``) cannot be answered as asked."""
 
     exit_code = 10
+
+
+class RoutingError(MindError, ValueError):
+    """A request the router cannot route: empty, not text, or read from an unusable file."""
+
+
+class CycleFailed(MindError):
+    """A mind cycle ended FAILED: nothing it computed reached the image.
+
+    ``state`` holds the cycle's final graph state (route, plan, partial answers, failure).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, state: dict | None = None):
+        super().__init__(message, hint=hint)
+        self.state = dict(state or {})
+
+
+class GraphRequestError(BatosError, ValueError):
+    """A graph's input or run context is malformed; nothing ran.
+
+    Also a ValueError: the LangGraph server passes the message of those to its clients.
+    """
+
+    exit_code = 2

@@ -47,6 +47,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _unit_interval(text: str) -> float:
+    value = float(text)
+    if not -1.0 <= value <= 1.0:
+        raise ValueError("must be a number between -1 and 1")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -194,6 +201,36 @@ SETTINGS: dict[str, Setting] = {
             lambda: "256",
             "Extra memory (MiB) one call of a generated method may allocate.",
             _positive_int,
+        ),
+        Setting(
+            "mind_fast_words",
+            "BATOS_MIND_FAST_WORDS",
+            lambda: "12",
+            "A request routed to one persona, of at most this many words and with no planning "
+            "cue, is answered in one model call (the mind's fast path).",
+            _positive_int,
+        ),
+        Setting(
+            "mind_max_facets",
+            "BATOS_MIND_MAX_FACETS",
+            lambda: "4",
+            "Most facet sub-queries one plan of the mind may hold (they run in parallel).",
+            _positive_int,
+        ),
+        Setting(
+            "mind_max_request_chars",
+            "BATOS_MIND_MAX_REQUEST_CHARS",
+            lambda: "4000",
+            "Longest request the mind accepts, in characters; longer ones fail at once.",
+            _positive_int,
+        ),
+        Setting(
+            "mind_relevance",
+            "BATOS_MIND_RELEVANCE",
+            lambda: "0.1",
+            "Least cosine similarity (all-MiniLM-L6-v2) between a request and its answer for "
+            "the quality gate to pass it; -1 turns the relevance check off.",
+            _unit_interval,
         ),
         Setting(
             "catalog_max_bytes",

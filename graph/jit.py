@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -25,8 +25,11 @@ from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import get_runtime
 
+# Pydantic renders the schemas of typing_extensions' TypedDicts on Python 3.11 (for Studio).
+from typing_extensions import TypedDict
+
 from batos import settings
-from batos.errors import BatosError
+from batos.errors import BatosError, GraphRequestError
 from graph import prompts as prompt_files
 from prototypes import kernel
 from prototypes.codex import load_codex
@@ -54,6 +57,17 @@ class JitContext:
     transaction: Any = None
     acceptance: Callable[[Any], bool] | None = None
     mission: Mission | None = None
+    #: A served run's own connection: committed when the method works, else aborted.
+    connection: Any = None
+
+
+class JitRequest(TypedDict, total=False):
+    """Run context a client sends (JSON): the receiver by dotted path, as 'batos inspect'
+    names it (``brick``, ``robin.parent*``), and the message's arguments."""
+
+    receiver: str
+    args: list[Any]
+    kwargs: dict[str, Any]
 
 
 class JitState(TypedDict, total=False):
@@ -65,6 +79,7 @@ class JitState(TypedDict, total=False):
     history: list[dict[str, Any]]
     status: str
     result: str
+    error: str
 
 
 def prompts() -> dict[str, Any]:
@@ -85,15 +100,77 @@ def default_model_factory(persona: str, attempt: int = 0) -> BaseChatModel:
     )
 
 
+#: The key of the run context under which Python callers pass a live ``JitContext``.
+LIVE = "live"
+_REQUEST_HINT = (
+    'send context {"receiver": "brick", "args": [[3, 5]], "kwargs": {}} (the receiver\'s '
+    'dotted path, JSON arguments) and input {"selector": "estimate"}'
+)
+
+
 def _context() -> JitContext:
-    context = get_runtime(JitContext).context
-    if context is None or context.receiver is None:
-        raise BatosError(
-            "the JIT graph needs a receiver object in its run context",
-            hint="send the message instead: 'batos send PATH SELECTOR ARGS…', or call "
-            "graph.jit.JitRunner().send(obj, selector, args, kwargs)",
+    context = get_runtime().context
+    live = context.get(LIVE) if isinstance(context, dict) else None
+    if not isinstance(live, JitContext) or live.receiver is None:
+        raise GraphRequestError(
+            "the JIT graph has no receiver in its run context", hint=_REQUEST_HINT
         )
-    return context
+    return live
+
+
+def _served(context: Any, state: JitState) -> JitContext:
+    """A client's request (``JitRequest``) as a live context on its own image connection."""
+    import transaction
+
+    from prototypes.paths import resolve
+    from store.image import acquire_shared
+
+    request = context if isinstance(context, dict) else {}
+    path, args, kwargs = request.get("receiver"), request.get("args", []), request.get("kwargs", {})
+    selector = state.get("selector")
+    if not isinstance(selector, str) or not selector.isidentifier() or selector.startswith("_"):
+        raise GraphRequestError(f"selector {selector!r} is not a public name", hint=_REQUEST_HINT)
+    if not isinstance(path, str) or not path.strip():
+        raise GraphRequestError("the run context names no receiver", hint=_REQUEST_HINT)
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise GraphRequestError("args must be a JSON list and kwargs an object", hint=_REQUEST_HINT)
+    image = acquire_shared(settings.get_str("image"))
+    tm = transaction.TransactionManager()
+    conn = image.db.open(transaction_manager=tm)
+    try:
+        receiver = resolve(conn.root(), path)
+        if not isinstance(receiver, UvmObject):
+            raise GraphRequestError(
+                f"{path!r} is a {type(receiver).__name__}, not a prototype object",
+                hint="name an object as 'batos inspect' lists them",
+            )
+    except BaseException:
+        tm.abort()
+        conn.close()
+        raise
+    live = JitContext(
+        receiver=receiver,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        attempts=settings.get_int("jit_attempts"),
+        transaction=tm.get(),
+        connection=conn,
+    )
+    context[LIVE] = live  # the run's later nodes find it here
+    return live
+
+
+def _finish_served(context: JitContext, *, commit: bool) -> None:
+    conn = context.connection
+    if conn is None:
+        return
+    context.connection = None
+    try:
+        if commit:
+            conn.transaction_manager.commit()
+    finally:
+        conn.transaction_manager.abort()
+        conn.close()
 
 
 def _mission() -> Mission:
@@ -189,7 +266,14 @@ def _model(context: JitContext, persona: str, attempt: int) -> BaseChatModel:
 
 
 def brief(state: JitState) -> JitState:
-    context = _context()
+    runtime_context = get_runtime().context
+    try:
+        live = runtime_context.get(LIVE) if isinstance(runtime_context, dict) else None
+        context = live if isinstance(live, JitContext) else _served(runtime_context, state)
+    except BatosError as exc:
+        # A malformed request ends the run at once with the reason in its state: the thread
+        # stays usable, with no task left pending.
+        return {"status": "failed", "error": str(exc), "history": []}
     context.mission = Mission(
         context.receiver,
         state["selector"],
@@ -238,6 +322,7 @@ def invoke(state: JitState) -> JitState:
     findings = mission.invoke()
     if findings:
         return {"findings": findings}
+    _finish_served(_context(), commit=True)
     return {
         "status": "installed",
         "result": kernel._short(mission.result),
@@ -246,6 +331,7 @@ def invoke(state: JitState) -> JitState:
 
 
 def fail(state: JitState) -> JitState:
+    _finish_served(_context(), commit=False)
     return {"status": "failed", "history": [r.as_dict() for r in _mission().attempts]}
 
 
@@ -260,7 +346,7 @@ def _route(on_success: str) -> Callable[[JitState], str]:
 
 
 def build_graph() -> Any:
-    builder = StateGraph(JitState, context_schema=JitContext)
+    builder = StateGraph(JitState, context_schema=JitRequest)
     builder.add_node("brief", brief)
     builder.add_node("draft", RunnableLambda(draft, afunc=adraft, name="draft"))
     builder.add_node("audit", audit)
@@ -269,7 +355,9 @@ def build_graph() -> Any:
     builder.add_node("invoke", invoke)
     builder.add_node("fail", fail)
     builder.add_edge(START, "brief")
-    builder.add_edge("brief", "draft")
+    builder.add_conditional_edges(
+        "brief", lambda state: END if state.get("status") == "failed" else "draft", ["draft", END]
+    )
     builder.add_edge("draft", "audit")
     builder.add_conditional_edges("audit", _route("trial"), ["trial", "draft", "fail"])
     builder.add_conditional_edges("trial", _route("install"), ["install", "draft", "fail"])
@@ -303,7 +391,7 @@ class JitRunner:
 
     def _start(
         self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
-    ) -> tuple[JitState, JitContext, dict[str, Any]]:
+    ) -> tuple[JitState, dict[str, JitContext], dict[str, Any]]:
         attempts = self.attempts or settings.get_int("jit_attempts")
         context = JitContext(
             receiver=receiver,
@@ -317,11 +405,11 @@ class JitRunner:
             transaction=kernel.current_transaction(receiver),
         )
         config = {"recursion_limit": 6 * attempts + 10, "run_name": f"jit:{selector}"}
-        return {"selector": selector}, context, config
+        return {"selector": selector}, {LIVE: context}, config
 
     @staticmethod
-    def _finish(state: dict[str, Any], context: JitContext) -> Any:
-        mission = context.mission
+    def _finish(state: dict[str, Any], context: dict[str, JitContext]) -> Any:
+        mission = context[LIVE].mission
         assert mission is not None
         if state.get("status") != "installed":
             raise mission.failure()

@@ -43,9 +43,14 @@ def cited_context(
     *,
     k: int = 5,
     filters: Mapping[str, str | Sequence[str]] | None = None,
+    record: bool = True,
 ) -> CitedContext:
-    """The ``k`` best passages for ``query`` as one fenced, numbered context block."""
-    hits = tuple(catalog.search(query, k, filters=filters))
+    """The ``k`` best passages for ``query`` as one fenced, numbered context block.
+
+    ``record=False`` leaves the chunks' retrieval times unwritten (a caller that writes them
+    itself, in its own transaction, as the mind does at the end of a cycle).
+    """
+    hits = tuple(catalog.search(query, k, filters=filters, record=record))
     if not hits:
         return CitedContext(query, "", hits)
     parts = [CONTEXT_HEADER]

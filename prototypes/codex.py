@@ -9,6 +9,9 @@ from importlib import resources
 from batos.errors import ConfigurationError
 
 PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
+#: Intents whose selector starts with this are facets: methods the mind calls to turn a
+#: sub-query into the instruction (and sampling options) for the persona's model.
+FACET_PREFIX = "facet_"
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,11 @@ class PersonaSpec:
     identity: str
     intents: dict[str, str]
     router_examples: tuple[str, ...]
+
+    @property
+    def facets(self) -> dict[str, str]:
+        """The persona's facet intents (selector → intent), in codex order."""
+        return {s: i for s, i in self.intents.items() if s.startswith(FACET_PREFIX)}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ MUTATING_METHODS = frozenset(
     "reverse difference_update intersection_update symmetric_difference_update".split()
 )
 
+#: Builtins whose attribute-name argument is checked, so they may only be called by name.
+_CHECKED_CALLS = frozenset({"getattr", "hasattr"})
+
 # Node types a method may contain; anything else is a finding.
 _ALLOWED_NODES: tuple[type[ast.AST], ...] = (
     ast.Module,
@@ -190,6 +193,7 @@ class PersistenceGuardian(ast.NodeVisitor):
         self.findings: list[str] = []
         self._function_depth = 0
         self._modules: dict[str, str] = {}  # local name -> allow-listed module imported
+        self._called: set[int] = set()  # getattr/hasattr names in call position
 
     # -- entry ----------------------------------------------------------------------------
 
@@ -208,8 +212,17 @@ class PersistenceGuardian(ast.NodeVisitor):
         except (ValueError, RecursionError, MemoryError) as exc:
             self._add(None, f"source cannot be parsed: {type(exc).__name__}")
             return report
-        self._check_module(tree)
-        self.visit(tree)
+        try:
+            self._check_module(tree)
+            self.visit(tree)
+        except RecursionError:
+            # The visitor recurses once per level: a 600-term 'a+a+…' is deeper than the
+            # interpreter's stack allows. Such code is refused, never a crash of the audit.
+            self._add(
+                None,
+                "the code is nested too deeply to audit (a very long expression or deeply "
+                "nested blocks): split it into shorter statements",
+            )
         return report
 
     def _add(self, node: ast.AST | None, message: str) -> None:
@@ -300,6 +313,13 @@ class PersistenceGuardian(ast.NodeVisitor):
 
     def visit_Name(self, node: ast.Name) -> None:
         self._check_name(node, node.id)
+        if node.id in _CHECKED_CALLS and id(node) not in self._called:
+            # 'g = getattr' then 'g(self, "_p_jar")' would pass the literal-name check below.
+            self._add(
+                node,
+                f"{node.id} may only be called directly, as {node.id}(obj, 'name'), "
+                "not passed around or renamed",
+            )
 
     def _check_name(self, node: ast.AST, name: str) -> None:
         if name.startswith("_") and name != "_":  # a lone '_' is the usual throwaway name
@@ -333,7 +353,8 @@ class PersistenceGuardian(ast.NodeVisitor):
             self._add(node, "bytes literals are not allowed")
 
     def visit_Call(self, node: ast.Call) -> None:
-        if isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+        if isinstance(node.func, ast.Name) and node.func.id in _CHECKED_CALLS:
+            self._called.add(id(node.func))
             name = node.args[1] if len(node.args) > 1 else None
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 self._add(node, f"{node.func.id}() needs a literal attribute name")

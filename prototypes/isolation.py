@@ -1,40 +1,46 @@
 """Process isolation: a generated method runs in a forked child, never in the host process.
 
-Each outermost call of a sandboxed method forks. The child holds a copy-on-write copy of every
-object, runs the method under OS limits (``RLIMIT_AS``, ``RLIMIT_CPU``, a wall-clock kill) and
-the in-process guards, then reports back over a pipe: the result and the new state of every
-object the method changed. The host applies that state only after checking it, so whatever the
-code does in the child — segfault the interpreter, spin in C, exhaust memory, ``os._exit`` —
-the host sees an error and its objects are as they were.
+Each outermost call of a sandboxed method forks. The child gives up what it inherited
+(``confine``: descriptors, environment, limits, no new privileges, a seccomp filter), runs the
+method under the in-process guards, and reports back over a pipe: its result and the new
+state of every object it changed, as data only (``prototypes.report``). The host decodes the
+report with limits, checks every reference and every state in full, and only then applies
+the states. Whatever the code does in the child — segfault the interpreter, spin in C,
+exhaust memory, ``os._exit``, write any bytes to the pipe — the host sees an error and its
+objects are as they were. One deadline covers the whole exchange, and the child is killed on
+every way out of it.
 
 The child has no database of its own. When it touches an object the host had not loaded, its
 connection asks the host for the object's record over the pipe (``_HostStorage``); the host
 answers from its own connection, so the child sees exactly what the caller's transaction sees,
-uncommitted changes included.
+uncommitted changes included. That direction is trusted: it is the host's own data.
 
-The report is a pickle, and the host does not trust it: a child that escaped every in-process
-guard could write any bytes. ``_ReportUnpickler`` builds only plain data types and prototypes
-(no functions, no ``Method``), resolves references only to objects the child could have
-reached, and the states it returns are checked before any is applied.
+Changes that break the persistence covenant are found, not lost: the sandbox's guards note
+every persistent object the method reaches (through attributes, items or iteration), and
+after the call each one — and each object loaded during it — is compared with its record: one
+whose state differs although nobody marked it changed was changed in place. A persistent
+container changed that way (a plain list inside a ``PersistentMapping``) is kept — its whole
+state is sent and the host marks it changed; a prototype whose slot was changed that way is
+refused with a covenant finding.
 """
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import hashlib
 import io
-import json
+import logging
+import marshal
 import os
 import pickle
-import resource
 import select
 import signal
 import struct
-import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import persistent
@@ -42,41 +48,19 @@ from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
 from batos.errors import GeneratedCodeError, SandboxLimitExceeded, SandboxViolation
+from prototypes import confine, report
+from prototypes.bounded import exception_text
 from prototypes.uvm import Method, UvmObject
+
+log = logging.getLogger("batos.isolation")
 
 #: Extra seconds a child gets beyond the call's time limit before it is killed.
 GRACE_SECONDS = 1.0
-#: Largest report (result + changed state) a child may send back.
-MAX_REPORT_BYTES = 64 * 1024 * 1024
-
-#: Classes that may cross from a child to the host by value: plain data and prototypes.
-SAFE_CLASSES: dict[tuple[str, str], type] = {
-    (cls.__module__, cls.__qualname__): cls
-    for cls in (
-        set,
-        frozenset,
-        complex,
-        slice,
-        range,
-        bytearray,
-        PersistentList,
-        PersistentMapping,
-        UvmObject,
-        __import__("collections").OrderedDict,
-        __import__("collections").Counter,
-        __import__("collections").defaultdict,
-        __import__("collections").deque,
-        __import__("datetime").date,
-        __import__("datetime").datetime,
-        __import__("datetime").timedelta,
-        __import__("datetime").timezone,
-        __import__("datetime").time,
-    )
-}
 #: Objects whose state the host accepts from a child.
 WRITABLE = (UvmObject, PersistentList, PersistentMapping)
 
 _in_child = False
+_child_limits: tuple[float, int] | None = None
 
 
 def inside_child() -> bool:
@@ -84,9 +68,16 @@ def inside_child() -> bool:
     return _in_child
 
 
+def child_limits() -> tuple[float, int] | None:
+    """(seconds, memory MiB) of the call this child runs; None in the host."""
+    return _child_limits
+
+
 # -- framing --------------------------------------------------------------------------------------
 
 _HEADER = struct.Struct(">cI")
+#: Largest message of each kind the host reads from a child (L: an oid to load).
+_MAX_MESSAGE = {b"L": 8, b"R": report.MAX_REPORT_BYTES, b"E": 1024 * 1024}
 
 
 class _ChildGone(Exception):
@@ -114,10 +105,20 @@ def _send(fd: int, kind: bytes, payload: bytes, deadline: float | None = None) -
     _write_all(fd, _HEADER.pack(kind, len(payload)) + payload, deadline)
 
 
-def _read_exact(fd: int, size: int) -> bytes:
+def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytes:
     chunks = []
     while size:
-        chunk = os.read(fd, min(size, 1 << 20))
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+        try:
+            chunk = os.read(fd, min(size, 1 << 20))
+        except BlockingIOError:
+            continue
         if not chunk:
             raise _ChildGone("pipe closed")
         chunks.append(chunk)
@@ -125,10 +126,25 @@ def _read_exact(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _recv(fd: int) -> tuple[bytes, bytes]:
+def _recv_from_child(fd: int, deadline: float) -> tuple[bytes, bytes]:
+    """One message, every byte of it within the deadline (a child may stall mid-message)."""
+    kind, size = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
+    limit = _MAX_MESSAGE.get(kind)
+    if limit is None:
+        raise _ChildGone(f"unexpected message {kind!r}")
+    if size > limit:
+        raise _Oversized(kind, size, limit)
+    return kind, _read_exact(fd, size, deadline)
+
+
+class _Oversized(Exception):
+    def __init__(self, kind: bytes, size: int, limit: int) -> None:
+        super().__init__(f"a {kind.decode(errors='replace')} message of {size:,} bytes")
+        self.size, self.limit = size, limit
+
+
+def _recv_from_host(fd: int) -> tuple[bytes, bytes]:
     kind, size = _HEADER.unpack(_read_exact(fd, _HEADER.size))
-    if size > MAX_REPORT_BYTES:
-        raise _ChildGone(f"a message of {size} bytes exceeds {MAX_REPORT_BYTES}")
     return kind, _read_exact(fd, size)
 
 
@@ -141,15 +157,19 @@ class _HostStorage:
     def __init__(self, to_host: int, from_host: int) -> None:
         self.to_host = to_host
         self.from_host = from_host
+        #: oid -> the record as served, to see afterwards what the method changed in place.
+        self.served: dict[bytes, bytes] = {}
 
     def load(self, oid: bytes, version: str = "") -> tuple[bytes, bytes]:
         from ZODB.POSException import POSKeyError
 
         _send(self.to_host, b"L", bytes(oid))
-        kind, payload = _recv(self.from_host)
+        kind, payload = _recv_from_host(self.from_host)
         if kind != b"D":
             raise POSKeyError(oid)
-        return payload[8:], payload[:8]
+        data = payload[8:]
+        self.served[bytes(oid)] = data
+        return data, payload[:8]
 
     def __getattr__(self, name: str) -> Any:
         raise SandboxViolation(
@@ -158,63 +178,142 @@ class _HostStorage:
         )
 
 
-def _state_digest(obj: persistent.Persistent) -> bytes:
-    buffer = io.BytesIO()
-    try:
-        IdentityPickler(buffer, obj).dump(obj.__getstate__())
-    except Exception as exc:
-        return f"unstorable {type(exc).__name__}".encode()
-    return hashlib.sha256(buffer.getvalue()).digest()
-
-
 class IdentityPickler(pickle.Pickler):
     """Pickles a value with every persistent object in it but ``own`` as its identity: a
-    change inside another persistent object is that object's, not ours."""
+    change inside another persistent object is that object's, not ours. The persistent
+    objects met are collected in ``met``."""
 
     def __init__(self, buffer: io.BytesIO, own: object) -> None:
         super().__init__(buffer, protocol=5)
         self.own = own
+        self.met: list[persistent.Persistent] = []
 
     def persistent_id(self, obj: Any) -> Any:
         if obj is not self.own and isinstance(obj, persistent.Persistent):
+            self.met.append(obj)
             return id(obj)
         return None
 
 
-class _ReportPickler(pickle.Pickler):
-    """What the child sends: references to objects the host has, everything new by value."""
-
-    def __init__(self, buffer: io.BytesIO, known: dict[int, Any], jar: Any) -> None:
-        super().__init__(buffer, protocol=5)
-        self.known = known
-        self.jar = jar
-
-    def persistent_id(self, obj: Any) -> Any:
-        if id(obj) in self.known:
-            return ("known", id(obj))
-        if isinstance(obj, persistent.Persistent) and obj._p_oid is not None:
-            if obj._p_jar is not self.jar:
-                raise _Unsendable(f"a {type(obj).__name__} of another database connection")
-            return ("oid", bytes(obj._p_oid))
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        cls = type(obj)
-        if isinstance(obj, type) or not _safe_class(cls):
-            raise _Unsendable(f"a {cls.__module__}.{cls.__qualname__} object")
-        return NotImplemented
+def slot_digest(owner: object, value: Any, met: list[Any] | None = None) -> bytes:
+    """A digest of one slot value: marshal at C speed for plain data, else a pickle with
+    persistent objects as identities (collected into ``met``)."""
+    try:
+        # Version 2 has no back-references, so the bytes do not depend on reference counts.
+        return hashlib.sha256(b"m" + marshal.dumps(value, 2)).digest()
+    except ValueError:
+        pass
+    buffer = io.BytesIO()
+    pickler = IdentityPickler(buffer, owner)
+    try:
+        pickler.dump(value)
+    except Exception as exc:
+        return f"unstorable {type(exc).__name__}".encode()
+    if met is not None:
+        met += pickler.met
+    return hashlib.sha256(b"p" + buffer.getvalue()).digest()
 
 
-class _Unsendable(Exception):
-    pass
+def state_digests(obj: persistent.Persistent, state: Any = None) -> dict[str, bytes]:
+    """A digest of each entry of ``obj``'s state (or of ``state``, e.g. a record's)."""
+    if state is None:
+        state = obj.__getstate__()
+    if not isinstance(state, dict):
+        return {"": slot_digest(obj, state)}
+    return {name: slot_digest(obj, value) for name, value in state.items()}
 
 
-def _safe_class(cls: type) -> bool:
-    if (cls.__module__, cls.__qualname__) in SAFE_CLASSES:
-        return True
-    if issubclass(cls, UvmObject):
-        return cls.__module__.split(".")[0] == "prototypes"
-    return issubclass(cls, Exception) and cls.__module__ == "builtins"
+#: Persistent objects the method's guards met in this child (id -> object); None in the host.
+_touched: dict[int, Any] | None = None
+#: Plain containers already searched for persistent objects in this call (kept alive, so an
+#: id is never reused while it is here), and how many more members may be searched.
+_searched: dict[int, Any] = {}
+_search_budget = 0
+#: Members searched per call: past it, containers are no longer looked into.
+SEARCH_BUDGET = 1_000_000
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+
+
+def touch(value: Any) -> None:
+    """Note the persistent objects a value is or holds (called by the sandbox's guards on
+    what a method reads and iterates): after the call each is compared with its record.
+
+    Plain containers are searched too, once per call each: what a loop or ``max(...)`` takes
+    out of them reaches the method without passing another guard.
+    """
+    if _touched is None:
+        return
+    if isinstance(value, persistent.Persistent):
+        _touched[id(value)] = value
+    elif isinstance(value, (*_CONTAINERS, *_VIEWS)) and id(value) not in _searched:
+        _search(value)
+
+
+def _search(container: Any) -> None:
+    global _search_budget
+    assert _touched is not None
+    todo = [container]
+    while todo and _search_budget > 0:
+        container = todo.pop()
+        if id(container) in _searched:
+            continue
+        _searched[id(container)] = container
+        if isinstance(container, _VIEWS):
+            container = container.mapping
+        members = container.values() if isinstance(container, dict) else container
+        _search_budget -= len(members)
+        # At C speed: only containers holding persistent objects or containers are walked.
+        kinds = set(map(type, members))
+        if not any(issubclass(k, (persistent.Persistent, *_CONTAINERS)) for k in kinds):
+            continue
+        for member in members:
+            if isinstance(member, persistent.Persistent):
+                _touched[id(member)] = member
+            elif isinstance(member, _CONTAINERS):
+                todo.append(member)
+
+
+def _changed_in_place(
+    jar: Any, storage: _HostStorage, skip: set[int]
+) -> tuple[list[Any], list[str]]:
+    """Objects the method reached or loaded whose state differs from their record although
+    none was marked changed: persistent containers to keep, and findings for prototypes.
+
+    ``skip`` holds the receiver and its ancestors, whose slots ``call_checked`` has already
+    compared before and after the call.
+    """
+    kept: list[Any] = []
+    findings: list[str] = []
+    candidates = {id(o): o for o in (_touched or {}).values() if o._p_jar is jar}
+    for oid in list(storage.served):
+        obj = jar._cache.get(oid)
+        if obj is not None:
+            candidates[id(obj)] = obj
+    for obj in candidates.values():
+        if obj._p_changed is not False or isinstance(obj, Method) or id(obj) in skip:
+            continue  # a ghost, marked changed (sent anyway), or never written by a method
+        oid = bytes(obj._p_oid)
+        data = storage.served.get(oid)
+        if data is None:  # loaded before the fork: its record is the host's
+            data = storage.load(oid)[0]
+        before = state_digests(obj, jar._reader.getState(data))
+        after = state_digests(obj)
+        if before == after:
+            continue
+        if isinstance(obj, (PersistentList, PersistentMapping)):
+            kept.append(obj)
+        elif isinstance(obj, UvmObject):
+            for name in sorted(set(before) | set(after)):
+                if before.get(name) != after.get(name) and not name.startswith("_"):
+                    findings.append(
+                        f"persistence covenant: {obj!r}.{name} changed in place without "
+                        f"being assigned, so the change would be lost; assign the slot after "
+                        f"changing it ('obj.{name} = value')"
+                    )
+        else:
+            findings.append(f"the method changed a {type(obj).__name__}, which it may not write")
+    return kept, findings
 
 
 def _child_main(
@@ -222,48 +321,54 @@ def _child_main(
     from_host: int,
     run: Callable[[], Any],
     jar: Any,
-    known: dict[int, Any],
+    known: dict[int, int],
+    watched: list[persistent.Persistent],
+    skip: set[int],
     seconds: float,
     memory_mb: int,
+    address_space: int,
 ) -> None:
-    global _in_child
+    global _in_child, _child_limits, _touched, _search_budget
     _in_child = True
+    _child_limits = (seconds, memory_mb)
     status = 70
     try:
         # A crash here is an expected outcome, reported by the host: it must not print the
-        # host's stack (inherited from the fork) to the shared stderr.
+        # host's stack (inherited from the fork) anywhere.
         faulthandler.disable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        extra = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + extra,) * 2)
-        cpu = int(seconds) + 2
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        confine.confine(
+            to_host, from_host, address_space=address_space, cpu_seconds=int(seconds) + 2
+        )
+        to_host, from_host = confine.TO_HOST_FD, confine.FROM_HOST_FD
+        storage = None
         registered_before = 0
-        watched: list[persistent.Persistent] = []
         if jar is not None:
-            jar._storage = jar._normal_storage = _HostStorage(to_host, from_host)
+            storage = _HostStorage(to_host, from_host)
+            jar._storage = jar._normal_storage = storage
             registered_before = len(jar._registered_objects)
-            watched = list(jar._registered_objects)
-        watched += [
-            o
-            for o in known.values()
-            if isinstance(o, WRITABLE) and getattr(o, "_p_jar", None) is None
-        ]
-        digests = {id(o): _state_digest(o) for o in watched}
+            watched = [*jar._registered_objects, *watched]
+        _touched = {}
+        _search_budget = SEARCH_BUDGET
+        digests = {id(o): state_digests(o) for o in watched}
         try:
             result = run()
+            changed = [o for o in watched if state_digests(o) != digests[id(o)]]
+            if jar is not None:
+                kept, findings = _changed_in_place(jar, storage, skip)
+                if findings:
+                    raise SandboxViolation("the method broke a rule of the image", findings)
+                seen = {id(o) for o in changed}
+                for obj in [*jar._registered_objects[registered_before:], *kept]:
+                    if id(obj) not in seen:
+                        seen.add(id(obj))
+                        changed.append(obj)
+            message = _encode_report(result, changed, known, jar)
         except BaseException as exc:
             _send(to_host, b"E", _error_report(exc))
             status = 0
             return
-        changed = [o for o in watched if _state_digest(o) != digests[id(o)]]
-        if jar is not None:
-            seen = {id(o) for o in changed}
-            for obj in jar._registered_objects[registered_before:]:
-                if id(obj) not in seen:
-                    seen.add(id(obj))
-                    changed.append(obj)
-        _send(to_host, b"R", _report(result, changed, known, jar))
+        _send(to_host, b"R", message)
         status = 0
     except BaseException as exc:
         try:
@@ -275,60 +380,34 @@ def _child_main(
         os._exit(status)
 
 
-def _report(result: Any, changed: list[Any], known: dict[int, Any], jar: Any) -> bytes:
-    """One pickle stream: the result, then [(reference, state)] of every changed object.
-
-    One pickler for both keeps identity: a list the result shares with a slot is one list
-    in the host too.
-    """
-    buffer = io.BytesIO()
-    pickler = _ReportPickler(buffer, known, jar)
+def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: Any) -> bytes:
+    """The child's report (a forged one is what a child that escaped every guard would send)."""
     try:
-        pickler.dump(result)
-    except (_Unsendable, pickle.PicklingError, TypeError, AttributeError) as exc:
+        return report.Encoder(known, jar).report(result, changed)
+    except report.Unsendable as exc:
+        text = str(exc)
+        too_large = isinstance(exc, report.TooLarge)
+        if text.startswith("the method returned"):
+            hint = (
+                "return less: a value may hold at most "
+                f"{report.MAX_NODES:,} items, shared parts counted each time they appear"
+                if too_large
+                else "return plain data (numbers, strings, lists, dicts, sets, tuples) or "
+                "prototypes, not iterators, generators or functions"
+            )
+            raise SandboxViolation(
+                "the method's result cannot leave the sandbox", [f"{text}: {hint}"]
+            ) from None
+        hint = (
+            f"store less: a slot may hold at most {report.MAX_NODES:,} items, shared parts "
+            "counted each time they appear; nothing was stored"
+            if too_large
+            else "slots may hold plain data (numbers, strings, lists, dicts, sets, tuples) and "
+            "prototypes only"
+        )
         raise SandboxViolation(
-            "the method's result cannot leave the sandbox",
-            [
-                f"the method returned {_describe_unsendable(exc)}: return plain data (numbers, "
-                "strings, lists, dicts, sets, tuples) or prototypes, not iterators, generators "
-                "or functions"
-            ],
+            "the method stored a value the image cannot keep", [f"{text}: {hint}"]
         ) from None
-    # New objects (no reference) travel by value inside whatever refers to them.
-    states = [
-        (obj, obj.__getstate__()) for obj in changed if pickler.persistent_id(obj) is not None
-    ]
-    try:
-        pickler.dump(states)
-    except (_Unsendable, pickle.PicklingError, TypeError, AttributeError):
-        for obj in changed:
-            try:
-                _ReportPickler(io.BytesIO(), known, jar).dump(obj.__getstate__())
-            except (_Unsendable, pickle.PicklingError, TypeError, AttributeError) as exc:
-                raise SandboxViolation(
-                    "the method stored a value the image cannot keep",
-                    [
-                        f"a slot of {_safe_repr(obj)} now holds {_describe_unsendable(exc)}: "
-                        "slots may hold plain data (numbers, strings, lists, dicts, sets, "
-                        "tuples) and prototypes only"
-                    ],
-                ) from None
-        raise
-    return buffer.getvalue()
-
-
-def _describe_unsendable(exc: BaseException) -> str:
-    text = str(exc)
-    if isinstance(exc, _Unsendable):
-        return text
-    return f"something that cannot be stored ({type(exc).__name__}: {text})"
-
-
-def _safe_repr(obj: Any) -> str:
-    try:
-        return repr(obj)
-    except Exception:
-        return f"<{type(obj).__name__}>"
 
 
 def _error_report(exc: BaseException) -> bytes:
@@ -338,14 +417,15 @@ def _error_report(exc: BaseException) -> bytes:
         for f in frames
         if f.filename.startswith("<method")
     ]
-    report = {
-        "class": type(exc).__name__,
-        "mro": [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"],
-        "message": getattr(exc, "reason", None) or str(exc),
-        "findings": list(getattr(exc, "findings", []) or []),
-        "where": where[-1] if where else "",
-    }
-    return json.dumps(report).encode()[:MAX_REPORT_BYTES]
+    reason = getattr(exc, "reason", None)
+    message = reason if isinstance(reason, str) else exception_text(exc, report.MAX_ERROR_TEXT)
+    return report.error_report(
+        type(exc).__name__,
+        [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins"],
+        message,
+        [str(f) for f in list(getattr(exc, "findings", []) or [])],
+        where[-1] if where else "",
+    )
 
 
 def _address_space() -> int:
@@ -356,99 +436,33 @@ def _address_space() -> int:
 # -- the host -------------------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What a child reported: the result and the states to apply (already checked)."""
-
-    result: Any
-    states: list[tuple[Any, dict[str, Any]]]
-
-
-class _ReportUnpickler(pickle.Unpickler):
-    """Builds only safe classes, and resolves only references the child could hold."""
-
-    def __init__(self, data: bytes, known: dict[int, Any], jar: Any, served: set[bytes]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.known = known
-        self.jar = jar
-        self.served = served
-
-    def find_class(self, module: str, name: str) -> Any:
-        cls = SAFE_CLASSES.get((module, name))
-        if cls is not None:
-            return cls
-        if module == "builtins":
-            found = getattr(__import__("builtins"), name, None)
-            if isinstance(found, type) and issubclass(found, Exception):
-                return found
-        if module.split(".")[0] == "prototypes" and module in sys.modules:
-            found = getattr(sys.modules[module], name, None)
-            if isinstance(found, type) and issubclass(found, UvmObject):
-                return found
-        raise pickle.UnpicklingError(f"{module}.{name} may not leave the sandbox")
-
-    def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 2):
-            raise pickle.UnpicklingError("malformed reference")
-        kind, value = pid
-        if kind == "known" and isinstance(value, int) and value in self.known:
-            return self.known[value]
-        if kind == "oid" and isinstance(value, bytes) and self.jar is not None:
-            reachable = (
-                value in self.served
-                or self.jar._cache.get(value) is not None
-                or value in self.jar._added
-            )
-            if reachable:
-                return self.jar.get(value)
-        raise pickle.UnpicklingError(f"reference {kind}:{value!r} was never given to the method")
-
-
-def _check_state(obj: Any, state: Any) -> None:
-    if not isinstance(obj, WRITABLE):
-        raise SandboxViolation(
-            "the method changed an object it may not write",
-            [f"a {type(obj).__name__} cannot be changed by a method"],
-        )
-    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-        raise SandboxViolation(
-            "the method sent a malformed object state",
-            ["an object's state must be a mapping of slot names"],
-        )
-    if any(k.startswith(("_p_", "_v_")) for k in state):
-        raise SandboxViolation(
-            "the method sent a malformed object state",
-            ["private persistence attributes cannot be set by a method"],
-        )
-    if isinstance(obj, UvmObject):
-        # A Method cannot be built from a report (it is not a safe class), so every one
-        # here is an existing method the child kept, moved or left out.
-        methods = state.get("_methods")
-        if not isinstance(methods, dict) or not all(
-            isinstance(m, Method) and m.selector == name for name, m in methods.items()
-        ):
-            raise SandboxViolation(
-                "the method sent a malformed object state",
-                ["methods can only be kept or removed by a method"],
-            )
-    elif set(state) - {"data"}:
-        raise SandboxViolation(
-            "the method sent a malformed object state",
-            ["a persistent container's state holds only its data"],
-        )
-
-
-def _known_objects(roots: list[Any], jar: Any) -> dict[int, Any]:
-    """The objects a child may name by identity: the call's prototypes, the caller's pending
-    changes (which may not have an oid yet), and the methods either of them holds."""
-    known: dict[int, Any] = {}
+def _known_objects(roots: list[Any], jar: Any) -> list[Any]:
+    """The objects a child may name by token: the call's prototypes, the caller's pending
+    changes (which may not have an oid yet), every unsaved persistent object they reach, and
+    the methods of all of them."""
+    known: list[Any] = []
+    seen: set[int] = set()
     pending = list(jar._registered_objects) + list(jar._added.values()) if jar else []
-    for obj in [*roots, *pending]:
-        if isinstance(obj, persistent.Persistent) and id(obj) not in known:
-            known[id(obj)] = obj
-            if isinstance(obj, UvmObject):
-                for method in obj.__dict__.get("_methods", {}).values():
-                    known[id(method)] = method
+    todo = [*roots, *pending]
+    while todo:
+        obj = todo.pop()
+        if not isinstance(obj, persistent.Persistent) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        known.append(obj)
+        if isinstance(obj, UvmObject):
+            for method in obj.__dict__.get("_methods", {}).values():
+                if id(method) not in seen:
+                    seen.add(id(method))
+                    known.append(method)
+        if obj._p_jar is None and isinstance(obj, WRITABLE):
+            # Unsaved objects have no record to compare with: the child watches each one
+            # it could reach, so a change inside any of them is sent, not lost.
+            met: list[Any] = []
+            for name, value in obj.__getstate__().items():
+                if name != "_methods":
+                    slot_digest(obj, value, met)
+            todo += [o for o in met if o._p_jar is None]
     return known
 
 
@@ -476,90 +490,147 @@ def run(
     jars = {id(o._p_jar): o._p_jar for o in roots if o._p_jar is not None}
     jar = next(iter(jars.values()), None)
     known = _known_objects(roots, jar)
+    tokens = {id(o): i for i, o in enumerate(known)}
+    watched = [o for o in known if o._p_jar is None and isinstance(o, WRITABLE)]
     to_host_r, to_host_w = os.pipe()
     from_host_r, from_host_w = os.pipe()
+    # Measured here: the child's address space is the host's at the fork, and reading it
+    # there would cost the child a file and its page faults.
+    address_space = _address_space() + memory_mb * 1024 * 1024
+    deadline = time.monotonic() + seconds + GRACE_SECONDS
     pid = os.fork()
     if pid == 0:
         os.close(to_host_r)
         os.close(from_host_w)
         _child_main(
-            to_host_w, from_host_r, lambda: fn(*args, **kwargs), jar, known, seconds, memory_mb
+            to_host_w,
+            from_host_r,
+            lambda: fn(*args, **kwargs),
+            jar,
+            tokens,
+            watched,
+            {id(o) for o in roots if isinstance(o, UvmObject)},
+            seconds,
+            memory_mb,
+            address_space,
         )
     os.close(to_host_w)
     os.close(from_host_r)
-    os.set_blocking(from_host_w, False)
-    served: set[bytes] = set()
+    served: dict[bytes, bytes] = {}
+    reaped = False
+    _reap_finished()
     try:
-        kind, payload = _serve(
-            pid, to_host_r, from_host_w, jar, served, seconds + GRACE_SECONDS, memory_mb
-        )
+        os.set_blocking(to_host_r, False)
+        os.set_blocking(from_host_w, False)
+        try:
+            kind, payload = _serve(to_host_r, from_host_w, jar, served, deadline)
+        except TimeoutError:
+            raise SandboxLimitExceeded(
+                f"the method ran longer than {seconds:g} s and its process was stopped",
+                [f"time limit of {seconds:g} s exceeded: avoid unbounded loops and huge work"],
+            ) from None
+        except _Oversized as exc:
+            raise SandboxViolation(
+                "the host refused what the method sent back",
+                [f"{exc}, over the limit of {exc.limit:,}: return or store less"],
+            ) from None
+        except (_ChildGone, OSError, struct.error):
+            reaped = True
+            raise _death(_kill(pid), memory_mb) from None
     finally:
+        # Every way out kills the child: one that reported has nothing left to do, and one
+        # that lingers (or escaped and stalls) must not outlive the call.
+        if not reaped:
+            _kill_and_reap_later(pid)
         os.close(to_host_r)
         os.close(from_host_w)
     if kind == b"E":
         raise _rebuild_error(payload)
-    outcome = _unpack(payload, known, jar, served)
+    outcome = _decode(payload, known, jar, served)
+    for obj, state in outcome.news:  # new objects: nothing else refers to them yet
+        obj.__setstate__(state)
     if apply:
         for obj, state in outcome.states:
             if obj._p_jar is not None:
                 obj._p_activate()
+            if isinstance(obj, UvmObject):  # private slots never travel: the host keeps its own
+                state.update(
+                    (k, v)
+                    for k, v in obj.__dict__.items()
+                    if k[:1] == "_" and k != "_methods" and not k.startswith(("_p_", "_v_"))
+                )
             obj.__setstate__(state)
             obj._p_changed = True
     return outcome.result
 
 
 def _serve(
-    pid: int, inbox: int, outbox: int, jar: Any, served: set[bytes], timeout: float, memory_mb: int
+    inbox: int, outbox: int, jar: Any, served: dict[bytes, bytes], deadline: float
 ) -> tuple[bytes, bytes]:
-    """Answer the child's loads until it reports; kill it at the deadline."""
-    deadline = time.monotonic() + timeout
-    verdict: tuple[bytes, bytes] | None = None
-    try:
-        while verdict is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([inbox], [], [], left)
-            if not ready:
-                continue
-            kind, payload = _recv(inbox)
-            if kind == b"L" and jar is not None and len(payload) == 8:
-                try:
-                    data, serial = jar._storage.load(payload)
-                except Exception as exc:  # an unknown oid: the child gets a POSKeyError
-                    _send(outbox, b"X", str(exc).encode()[:200], deadline)
-                    continue
-                served.add(payload)
-                _send(outbox, b"D", bytes(serial) + data, deadline)
-            elif kind in (b"R", b"E"):
-                verdict = (kind, payload)
-            else:
-                raise _ChildGone(f"unexpected message {kind!r}")
-    except TimeoutError:
-        _kill(pid)
-        raise SandboxLimitExceeded(
-            f"the method ran longer than {timeout - GRACE_SECONDS:g} s and its process was stopped",
-            [
-                f"time limit of {timeout - GRACE_SECONDS:g} s exceeded: avoid unbounded loops "
-                "and huge computations"
-            ],
-        ) from None
-    except (_ChildGone, OSError, struct.error):
-        status = _kill(pid)
-        raise _death(status, memory_mb) from None
-    except BaseException:  # the host was interrupted (Ctrl-C…): the child must not linger
-        _kill(pid)
-        raise
-    os.waitpid(pid, 0)
-    return verdict
+    """Answer the child's loads until it reports; every step within the deadline."""
+    while True:
+        kind, payload = _recv_from_child(inbox, deadline)
+        if kind in (b"R", b"E"):
+            return kind, payload
+        if jar is None or len(payload) != 8:
+            raise _ChildGone("a load request without a database")
+        try:
+            data, serial = jar._storage.load(payload)
+        except Exception as exc:  # an unknown oid: the child gets a POSKeyError
+            _send(outbox, b"X", str(exc).encode()[:200], deadline)
+            continue
+        served[payload] = data
+        _send(outbox, b"D", bytes(serial) + data, deadline)
 
 
 def _kill(pid: int) -> int:
+    """Kill the child and wait for it: its exit status, to say why it died."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return os.waitpid(pid, 0)[1]
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:  # reaped by someone else's wait(): it is gone either way
+        return 0
+
+
+_unreaped: list[int] = []
+_unreaped_lock = threading.Lock()
+
+
+def _kill_and_reap_later(pid: int) -> None:
+    """Kill the child without waiting for it: the kernel tearing down a fork of a large host
+    takes milliseconds that the caller need not spend. It is reaped on a later call (or at
+    exit); until then it is a zombie that holds nothing but its process id."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    with _unreaped_lock:
+        _unreaped.append(pid)
+
+
+def _reap_finished() -> None:
+    with _unreaped_lock:
+        for pid in list(_unreaped):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                _unreaped.remove(pid)
+
+
+@atexit.register
+def _reap_all() -> None:
+    with _unreaped_lock:
+        for pid in _unreaped:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        _unreaped.clear()
 
 
 def _death(status: int, memory_mb: int) -> GeneratedCodeError:
@@ -584,35 +655,60 @@ def _death(status: int, memory_mb: int) -> GeneratedCodeError:
     )
 
 
-def _unpack(payload: bytes, known: dict[int, Any], jar: Any, served: set[bytes]) -> Outcome:
-    unpickler = _ReportUnpickler(payload, known, jar, served)
+def _decode(
+    payload: bytes, known: list[Any], jar: Any, served: dict[bytes, bytes]
+) -> report.Report:
+    """The report, checked in full; ``SandboxViolation`` if any part of it is refused."""
+    resolver = _OidResolver(known, jar, served)
     try:
-        result = unpickler.load()
-        states = unpickler.load()
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        AttributeError,
-        KeyError,
-        IndexError,
-    ) as exc:
-        raise SandboxViolation(
-            "the host refused what the method sent back",
-            [f"its report could not be read safely: {exc}"],
-        ) from None
-    if not isinstance(states, list):
-        raise SandboxViolation(
-            "the host refused what the method sent back", ["its report is malformed"]
-        )
-    for entry in states:
-        if not (isinstance(entry, tuple) and len(entry) == 2):
-            raise SandboxViolation(
-                "the host refused what the method sent back", ["its report is malformed"]
-            )
-        _check_state(*entry)
-    return Outcome(result, states)
+        return report.Decoder(known, resolver).report(payload)
+    except report.ReportRefused as exc:
+        why = str(exc)
+    except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
+        # The decoder refuses every report it can name a rule for (the fuzz test holds it to
+        # that); anything else it meets is still a refusal, never an error of the host.
+        log.warning("an unforeseen report was refused", exc_info=True)
+        why = f"it is malformed ({type(exc).__name__})"
+    raise SandboxViolation(
+        "the host refused what the method sent back", [f"its report could not be used: {why}"]
+    )
+
+
+class _OidResolver:
+    """Whether an oid is one the child could have been given: a record the host served, an
+    object such a record or a known object's state names, or a known object itself."""
+
+    def __init__(self, known: list[Any], jar: Any, served: dict[bytes, bytes]) -> None:
+        self.known = known
+        self.jar = jar
+        self.served = served
+        self.named: set[bytes] | None = None
+
+    def __call__(self, oid: bytes) -> Any:
+        if self.jar is None:
+            return None
+        if oid not in self.served and oid not in self._named():
+            return None
+        return self.jar.get(oid)
+
+    def _named(self) -> set[bytes]:
+        if self.named is None:
+            from ZODB.serialize import referencesf
+
+            named: set[bytes] = set()
+            for data in self.served.values():
+                named.update(referencesf(data))
+            for obj in self.known:
+                if obj._p_oid is not None:
+                    named.add(bytes(obj._p_oid))
+                if isinstance(obj, persistent.Persistent) and obj._p_jar is self.jar:
+                    met: list[Any] = []
+                    state = obj.__getstate__() if obj._p_state != persistent.GHOST else {}
+                    for value in state.values() if isinstance(state, dict) else ():
+                        slot_digest(obj, value, met)
+                    named.update(bytes(o._p_oid) for o in met if o._p_oid is not None)
+            self.named = named
+        return self.named
 
 
 def _rebuild_error(payload: bytes) -> BaseException:
@@ -621,26 +717,25 @@ def _rebuild_error(payload: bytes) -> BaseException:
     from batos import errors
 
     try:
-        report = json.loads(payload)
-        name, message = str(report["class"]), str(report["message"])
-        findings = [str(f) for f in report.get("findings", [])]
-        mro = [str(n) for n in report.get("mro", [])]
-        where = str(report.get("where", ""))
-    except (ValueError, KeyError, TypeError):
+        found = report.decode_error(payload)
+    except report.ReportRefused:
         return SandboxViolation("the method's process sent an unreadable error report")
-    ours = getattr(errors, name, None)
+    ours = getattr(errors, found.name, None)
     if isinstance(ours, type) and issubclass(ours, GeneratedCodeError):
-        return ours(message, findings)
+        return ours(found.message, found.findings)
     import builtins
 
-    for base in mro:
+    for base in found.bases:
         cls = getattr(builtins, base, None)
         if isinstance(cls, type) and issubclass(cls, Exception):
-            exc = cls(message)
-            if where:
-                exc.add_note(f"at {where}")
+            try:
+                exc = cls(found.message)
+            except Exception:  # a built-in type whose constructor wants other arguments
+                continue
+            if found.where:
+                exc.add_note(f"at {found.where}")
             return exc
     return SandboxViolation(
-        f"the method raised {name}, which the sandbox contains",
-        [f"{name} may not leave a method: raise an Exception subclass"],
+        f"the method raised {found.name}, which the sandbox contains",
+        [f"{found.name} may not leave a method: raise an Exception subclass"],
     )

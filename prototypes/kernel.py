@@ -33,6 +33,7 @@ from batos.errors import (
     MissionFailed,
 )
 from prototypes import guardian, sandbox
+from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
 from prototypes.uvm import Method, UvmObject, set_dnu_handler
 
@@ -76,11 +77,8 @@ class MissionBrief:
 
 
 def _short(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    # Bounded by nodes visited too: a slot may hold a small graph that expands without end.
+    return bounded_repr(value, limit)
 
 
 def intent_for(receiver: UvmObject, selector: str) -> tuple[str, UvmObject | None]:

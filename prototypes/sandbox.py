@@ -23,30 +23,17 @@ installed and again each time it is loaded from the image — and every call of 
    wrote must be storable in the image, and the result must be a value, not an iterator,
    generator or function that would run code later, outside every limit.
 5. **Process isolation** (``prototypes.isolation``, ``BATOS_SANDBOX_ISOLATION=process``, the
-   default): every outermost call runs in a forked child with OS limits (``RLIMIT_AS``,
-   ``RLIMIT_CPU``, a wall-clock kill); the child asks the host for the records it needs and
-   sends back its result and the changed objects' states, which the host checks and applies.
-   A method's trial before installation runs the same way and applies nothing.
+   default): every outermost call runs in a forked child that confines itself
+   (``prototypes.confine``) and reports its result and changed states as bounded data
+   (``prototypes.report``), which the host checks in full before applying any. A method's
+   trial before installation runs the same way and applies nothing.
 
-What it guarantees with process isolation: whatever generated code does — crash the
-interpreter, spin in C code, exhaust memory, exit — the host process lives on, its objects
-untouched, and the call raises an error; a change reaches the image only if the whole call
-succeeded, passed the checks and consists of plain data and prototypes; the host never
-unpickles a class outside that set nor follows a reference the child could not have been given.
-Inside the child, layers 1–4 keep generated code from reaching names or attributes starting
-with ``_``, frames, tracebacks, generator or coroutine internals, ``str.format`` traversal,
-modules other than the curated namespaces, the database connection, files, the network or
-other processes.
-
-What it does not guarantee: a child that escaped layers 1–3 (a flaw in RestrictedPython or in
-CPython) runs arbitrary code *in the child* until its limits stop it: it can read whatever the
-host process held in memory at the fork (and records of the image it asks for), and can change
-any prototype or persistent container it was given within what the host accepts. Limits are per
-call, not per transaction: a method called in a loop can use a multiple of them. With
-``BATOS_SANDBOX_ISOLATION=host`` calls run in the host process (no fork, about a millisecond
-faster per call): a single slow C-level operation then cannot be interrupted, the memory limit
-is process-wide while a call runs, an interpreter crash takes the host down, and a method that
-breaks the covenant has already changed the objects in memory when its error is raised.
+What it guarantees with process isolation, and what it does not, is written once, in the
+README's "Self-extension" section. With ``BATOS_SANDBOX_ISOLATION=host`` calls run in the host
+process (no fork): a single slow C-level operation then cannot be interrupted, the memory limit
+is process-wide while a call runs, an interpreter crash takes the host down, a method that
+breaks the covenant has already changed the objects in memory when its error is raised, and a
+change inside a persistent container reached through a slot is not looked for.
 """
 
 from __future__ import annotations
@@ -83,6 +70,7 @@ from batos.errors import (
     SandboxViolation,
 )
 from prototypes import guardian, isolation
+from prototypes.bounded import bounded_repr, exception_text
 from prototypes.uvm import UvmObject, register_compiler
 
 log = logging.getLogger("batos.sandbox")
@@ -146,6 +134,9 @@ def guarded_getattr(obj: Any, name: str, default: Any = _RAISE) -> Any:
         if default is _RAISE:
             raise
         return default
+    # In an isolation child: what the method reaches is compared with its record afterwards.
+    isolation.touch(obj)
+    isolation.touch(value)
     return _check_value(value)
 
 
@@ -170,7 +161,10 @@ def in_sandbox() -> bool:
 def guarded_getitem(obj: Any, key: Any) -> Any:
     if isinstance(key, str) and key.startswith("__"):
         raise _violation(f"item {key!r} is not reachable from a method")
-    return _check_value(obj[key])
+    value = obj[key]
+    isolation.touch(obj)
+    isolation.touch(value)
+    return _check_value(value)
 
 
 _WRITABLE = (list, dict, set)
@@ -224,7 +218,8 @@ def guarded_write(obj: Any) -> Any:
 
 
 def guarded_iter(obj: Any) -> Any:
-    return iter(_check_value(obj))
+    isolation.touch(_check_value(obj))
+    return iter(obj)
 
 
 def _size(value: Any) -> int:
@@ -483,12 +478,17 @@ def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Call
     """
     if audit:
         guardian.check(selector, source)
+    filename = f"<method {selector}>"
     try:
         tree = ast.parse(source, mode="exec")
+        result = compile_restricted_exec(tree, filename=filename, policy=BatosPolicy)
     except SyntaxError as exc:
         raise AuditRejected(f"method {selector!r} does not parse: {exc.msg}") from None
-    filename = f"<method {selector}>"
-    result = compile_restricted_exec(tree, filename=filename, policy=BatosPolicy)
+    except (RecursionError, MemoryError):
+        raise AuditRejected(
+            f"method {selector!r} is nested too deeply to compile",
+            ["split very long expressions and deeply nested blocks into shorter statements"],
+        ) from None
     # Tracebacks (and the findings fed back to the model) then quote the failing line.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if result.errors:
@@ -511,6 +511,7 @@ def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         if isolation.inside_child() or isolation_mode() == "host":
             return call_checked(fn, args, kwargs)
+        _prepare_children()
         return isolation.run(
             lambda *a, **k: call_checked(fn, a, k),
             args,
@@ -526,6 +527,15 @@ def _guarded(fn: types.FunctionType) -> Callable[..., Any]:
 
 
 register_compiler("sandbox", compile_sandboxed)
+
+
+def _prepare_children() -> None:
+    """Import every curated module before the first fork: a confined child cannot open the
+    files an import reads."""
+    if len(_CURATED) < len(guardian.ALLOWED_IMPORTS):
+        for name in guardian.ALLOWED_IMPORTS:
+            if name not in _CURATED:
+                _CURATED[name] = _curated(name)
 
 
 # -- run-time limits ------------------------------------------------------------------------------
@@ -611,6 +621,19 @@ def _address_space() -> int:
 _MEMORY = _MemoryWindow()
 
 
+class _NoWindow:
+    """An isolation child's memory limit is set on the whole process before the call."""
+
+    def enter(self, extra_mb: int) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+
+_NO_WINDOW = _NoWindow()
+
+
 def _release(action: Callable[[], None]) -> None:
     # A timeout delivered while we release must not skip the release itself.
     while True:
@@ -631,19 +654,25 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     if getattr(_state, "depth", 0):
         return fn(*args, **kwargs)
-    seconds = settings.get_float("sandbox_seconds")
-    memory_mb = settings.get_int("sandbox_memory_mb")
+    # A child has no environment to read settings from, and its memory is already limited
+    # for the whole process.
+    in_child = isolation.child_limits()
+    seconds, memory_mb = in_child or (
+        settings.get_float("sandbox_seconds"),
+        settings.get_int("sandbox_memory_mb"),
+    )
+    window = _NO_WINDOW if in_child else _MEMORY
     _state.depth = 1
     _state.violations = violations = []
     dog = _Watchdog(seconds)
     try:
         try:
-            _MEMORY.enter(memory_mb)
+            window.enter(memory_mb)
             try:
                 result = fn(*args, **kwargs)
             finally:
                 _release(dog.stop)
-                _release(_MEMORY.leave)
+                _release(window.leave)
         except SandboxTimeout:
             raise SandboxLimitExceeded(
                 f"the method ran longer than {seconds:g} s and was stopped",
@@ -800,12 +829,14 @@ def run_isolated(
     """
     seconds = float(seconds or settings.get_float("sandbox_seconds"))
     memory_mb = int(memory_mb or settings.get_int("sandbox_memory_mb"))
+    _prepare_children()
     try:
         result = isolation.run(fn, args, kwargs, seconds=seconds, memory_mb=memory_mb, apply=False)
     except GeneratedCodeError as exc:
         return IsolatedOutcome(False, exc.reason, tuple(exc.findings) or (exc.reason,))
     except Exception as exc:
-        return IsolatedOutcome(False, f"{type(exc).__name__}: {exc}", (describe_exception(exc),))
+        text = exception_text(exc)
+        return IsolatedOutcome(False, f"{type(exc).__name__}: {text}", (describe_exception(exc),))
     return IsolatedOutcome(True, _short_repr(result))
 
 
@@ -816,16 +847,13 @@ def describe_exception(exc: BaseException) -> str:
     lines = [f"line {f.lineno}: {f.line}" for f in frames if f.filename.startswith("<method")]
     # A call isolated in a child process carries its line as a note instead of frames.
     where = f" at {lines[-1]}" if lines else "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
-    text = f"the method raised {type(exc).__name__}: {exc}{where}"
-    missing = re.match(r"name '(\w+)' is not defined", str(exc))
+    said = exception_text(exc)
+    text = f"the method raised {type(exc).__name__}: {said}{where}"
+    missing = re.match(r"name '(\w+)' is not defined", said)
     if isinstance(exc, NameError) and missing and missing.group(1) in guardian.ALLOWED_IMPORTS:
         text += f" — add 'import {missing.group(1)}' above the function"
     return text
 
 
 def _short_repr(value: Any, limit: int = 500) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:
-        text = f"<unrepresentable {type(value).__name__}: {exc}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return bounded_repr(value, limit)

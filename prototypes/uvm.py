@@ -520,5 +520,5 @@ class UvmObject(_EpochTracked):
         name = self.__dict__.get("name")
         oid = self._p_oid
         where = f" oid={int.from_bytes(oid, 'big'):#x}" if oid else ""
-        label = f" {name!r}" if isinstance(name, str) else ""
+        label = f" {name[:60]!r}" if isinstance(name, str) else ""
         return f"<{type(self).__name__}{label}{where}>"

@@ -54,6 +54,7 @@ from batos.errors import (
     CheckpointNotFound,
     CheckpointSerializationError,
 )
+from store import effects
 from store.checkpoint_layout import (
     CHECKPOINT_STEPS,
     CHECKPOINTS_KEY,
@@ -264,10 +265,14 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             yield conn.root()[CHECKPOINTS_KEY]
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
+        return self._write_root(lambda root: fn(root[CHECKPOINTS_KEY]), note)
+
+    def _write_root(self, fn: Callable[[Any], T], note: str) -> T:
+        """Run ``fn(root)`` in one transaction, retried on write conflicts."""
         with self._pool.connection() as conn:
             return run_in_transaction(
                 conn.transaction_manager,
-                lambda: fn(conn.root()[CHECKPOINTS_KEY]),
+                lambda: fn(conn.root()),
                 note=note,
                 user="checkpointer",
                 hint="other runs keep writing the same thread; retry later",
@@ -421,7 +426,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store one checkpoint, its new channel values and the writes parked for it, in one
-        transaction."""
+        transaction — with the image changes of a commit the checkpoint carries
+        (``store.effects``), applied once per commit id."""
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         parent_id = _checkpoint_id(config)
@@ -431,17 +437,36 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             apply = self._put_transaction(
                 config, thread_id, ns, parent_id, checkpoint, metadata, new_versions
             )
+            commit = self._commit(checkpoint, new_versions)
         except BaseException:
             self._parking.put_failed(key)
             raise
         parked = self._parking.begin_put(key)
         stored = False
+        note = f"checkpoint {thread_id} {ns} {checkpoint_id}"
+        if commit is not None:
+            note = commit["note"] or f"commit {commit['id']}"
+
+        def transaction(root: Any) -> None:
+            apply(parked, root[CHECKPOINTS_KEY])
+            if commit is not None:
+                effects.apply_commit(root, commit, key)
+
         try:
-            self._write(partial(apply, parked), f"checkpoint {thread_id} {ns} {checkpoint_id}")
+            self._write_root(transaction, note)
             stored = True
         finally:
             self._parking.end_put(key, stored=stored)
         return _config(thread_id, ns, checkpoint_id)
+
+    @staticmethod
+    def _commit(checkpoint: Checkpoint, new_versions: ChannelVersions) -> dict[str, Any] | None:
+        """The commit this put must apply with its checkpoint (``store.effects``), if any: a
+        value of the commit channel written since the checkpoint this put continues."""
+        if effects.COMMIT_CHANNEL not in new_versions:
+            return None
+        value = checkpoint["channel_values"].get(effects.COMMIT_CHANNEL)
+        return effects.check(value) if value else None
 
     def _put_transaction(
         self,
@@ -747,8 +772,12 @@ async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSav
     Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
     ``langgraph up`` keep their threads in the living image.
     """
+    # The server loads this file as a module of its own name: take the class from
+    # ``store.checkpointer`` itself, so graphs recognise the saver as the one they know.
+    from store.checkpointer import ZODBSaver as Saver
+
     async with shared_image(uri) as image:
-        saver = await asyncio.get_running_loop().run_in_executor(None, ZODBSaver, image)
+        saver = await asyncio.get_running_loop().run_in_executor(None, Saver, image)
         log.info("checkpointer on %s", image.uri)
         try:
             yield saver

@@ -512,6 +512,16 @@ class _SharedImages:
 _SHARED = _SharedImages()
 
 
+def acquire_shared(uri: str) -> LivingImage:
+    """The process's one open image at ``uri`` (opened on first use); pair with release."""
+    return _SHARED.acquire(uri)
+
+
+def release_shared(uri: str) -> None:
+    """Drop one use of the shared image at ``uri``; the last use closes it."""
+    _SHARED.release(uri)
+
+
 @asynccontextmanager
 async def shared_image(uri: str | None = None) -> AsyncIterator[LivingImage]:
     """The shared image of this server process: one open ``LivingImage`` per URI.

@@ -208,6 +208,21 @@ def _put(tree: Any, op: PutOp, vectors: Sequence[np.ndarray]) -> None:
     record.vectors = to_bytes(np.vstack(vectors)) if len(vectors) else b""
 
 
+def put_item(
+    root: Any,
+    namespace: Sequence[str],
+    key: str,
+    value: dict[str, Any],
+    vectors: Sequence[np.ndarray] = (),
+) -> None:
+    """Store one item inside the caller's transaction, with vectors the caller already has
+    (a graph that computed them earlier need not embed again at commit time)."""
+    tree = root.get(MEMORY_KEY)
+    if tree is None:
+        tree = root[MEMORY_KEY] = OOBTree()
+    _put(tree, PutOp(tuple(namespace), key, value), vectors)
+
+
 def _in_prefix(tree: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
     # Tuples sort element-wise, so every namespace starting with ``prefix`` follows it.
     for namespace, items in tree.items(min=prefix):

@@ -139,11 +139,13 @@ def test_console_script_exit_code_and_help(file_uri):
 
 
 @pytest.mark.model
-def test_run_shows_image_model_and_personas(capsys, file_uri):
-    code, out, _ = run(capsys, "--image", file_uri, "run")
-    assert code == 0
+def test_run_shows_image_model_and_personas_and_answers(capsys, file_uri, monkeypatch):
+    monkeypatch.setenv("BATOS_MIND_RELEVANCE", "-1")  # any reply of the tiny model passes
+    code, out, _ = run(capsys, "--image", file_uri, "run", "--request", "hello")
+    assert code == 0, out
     assert "SmolLM2" in out or "smollm2" in out.lower()
     assert "ALFRED" in out
+    assert "COMPLETE" in out and "committed with its checkpoint" in out
 
 
 @pytest.mark.slow

@@ -114,3 +114,46 @@ def test_methods_lists_methods_on_objects_nested_anywhere(capsys, image, tmp_pat
     code, out, _ = run(capsys, "--image", image, "methods", "--json")
     assert code == 0
     assert [r["path"] for r in json.loads(out)] == ["brick.workshop.drawer"]
+
+
+BOMB = (
+    "def probe(self, depth, width):\n"
+    "    a = [0] * width\n"
+    "    for i in range(depth):\n"
+    "        a = [a] * width\n"
+    "    if depth > 3:\n"
+    "        stats = self.stats\n"
+    "        stats['notes'] = a\n"
+    "        self.stats = stats\n"
+    "    return a\n"
+)
+
+
+def test_a_shared_structure_bomb_is_refused_and_the_image_stays_readable(
+    capsys, image, tmp_path
+) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(BOMB)
+    assert run(capsys, "--image", image, "methods", "add", "brick", "probe", str(probe))[0] == 0
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "probe", "1", "2", "--json")
+    assert code == 0 and json.loads(out) == [[0, 0], [0, 0]]
+    code, _, err = run(capsys, "--image", image, "send", "brick", "probe", "4", "200", "--json")
+    assert code == 7 and "more than 1,000,000 items" in err
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "stats", "--json")
+    assert code == 0 and "notes" not in json.loads(out)  # nothing was stored
+    assert run(capsys, "--image", image, "inspect", "brick")[0] == 0
+
+
+def test_a_bomb_already_in_the_image_is_shown_bounded(capsys, image) -> None:
+    def plant(root):  # as an image written before the limits could hold one
+        a: list = [0] * 200
+        for _ in range(4):
+            a = [a] * 200
+        root["objects"]["brick"].notes = a
+
+    with LivingImage.open(image) as img:
+        img.transact(plant)
+    code, out, _ = run(capsys, "--image", image, "inspect", "brick")
+    assert code == 0 and "notes" in out and "…" in out
+    code, _, err = run(capsys, "--image", image, "send", "brick", "notes", "--json")
+    assert code == 1 and "too large to print" in err

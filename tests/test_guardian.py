@@ -91,3 +91,25 @@ def test_shape_of_a_method() -> None:
     assert "must be 'self'" in audit("m", "def m(x):\n    return x\n").findings[0]
     assert "syntax error" in audit("m", "def m(self):\n  return (\n").findings[0]
     assert "public identifier" in audit("_m", "def _m(self):\n    pass\n").findings[0]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def m(self):\n    g = getattr\n    return g(self, '_p_jar')\n",
+        "def m(self):\n    return list(map(getattr, [self], ['_p_jar']))\n",
+        "def m(self):\n    h = hasattr\n    return h(self, '_p_jar')\n",
+    ],
+    ids=["renamed-getattr", "getattr-as-value", "renamed-hasattr"],
+)
+def test_getattr_may_only_be_called_by_name(source: str) -> None:
+    assert any("may only be called directly" in f for f in audit("m", source).findings)
+
+
+def test_code_too_deep_to_audit_is_a_finding_not_a_crash() -> None:
+    for terms in (600, 4_000):
+        source = "def m(self, a):\n    return " + " + ".join(["a"] * terms) + "\n"
+        findings = audit("m", source).findings
+        assert len(findings) == 1 and (
+            "nested too deeply" in findings[0] or "parsed" in findings[0]
+        )

@@ -99,6 +99,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.memory",
     "graph.cli.personas",
     "graph.cli.route",
+    "graph.cli.mind",
 )
 
 

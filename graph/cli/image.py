@@ -13,6 +13,7 @@ from batos import settings
 from batos.errors import BatosError, ImageURIError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri
+from prototypes.bounded import bounded_repr
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
@@ -24,8 +25,7 @@ zeo_app = typer.Typer(help="Share one image between processes through a ZEO serv
 
 
 def _short(value: Any, width: int = 70) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return bounded_repr(value, width)
 
 
 def _persona_table(root: Any) -> Table:
@@ -60,20 +60,49 @@ def init(ctx: typer.Context) -> None:
 
 
 @image_app.command("run")
-def run_main(ctx: typer.Context) -> None:
-    """The main job: open the image, incarnate the personas, check the model, show them all.
+def run_main(
+    ctx: typer.Context,
+    request: str = typer.Option(None, "--request", "-r", help="Answer this instead."),
+) -> None:
+    """The main job: open the image, check the model, answer a sample request end to end
+    (route, plan, facets, synthesis, commit, streamed), then chat when stdin is a terminal.
 
     Example: BATOS_MODEL=test batos run
     """
+    import sys
+
+    from langgraph.checkpoint.base.id import uuid6
+
+    from graph.cli.app import model_factory
+    from graph.cli.mind import SAMPLE_REQUEST, Session, _outcome, chat_loop
+    from graph.mind import run_config
     from store.model_files import model_path
 
     uri = image_uri(ctx)
-    with console.status("checking the embedded model…"):
-        path = model_path()
-    with open_image(uri) as image, image.read() as root:
-        console.print(f"image [bold]{uri}[/]")
-        console.print(f"model [bold]{settings.get_str('model')}[/] → {path}")
-        console.print(_persona_table(root))
+    if model_factory(ctx) is None:
+        with console.status("checking the embedded model…"):
+            path = model_path()
+    with open_image(uri) as image:
+        with image.read() as root:
+            console.print(f"image [bold]{uri}[/]")
+            if model_factory(ctx) is None:
+                console.print(f"model [bold]{settings.get_str('model')}[/] → {path}")
+            console.print(_persona_table(root))
+        session = Session(image, model_factory(ctx))
+        thread_id = f"run-{uuid6()}"
+        try:
+            text = request or SAMPLE_REQUEST
+            console.print(f"[bold]you>[/] {text}")
+            context = session.context(None, "full" if request is None else "auto")
+            state = session.cycle(text, run_config(thread_id), context)
+            console.print()
+            try:
+                _outcome(state, as_json=False)
+            finally:
+                if sys.stdin.isatty():
+                    chat_loop(session, thread_id, None, "auto")
+        finally:
+            session.close()
 
 
 @image_app.command()
@@ -98,7 +127,7 @@ def inspect(
                 table.add_row(str(key), _short(value))
             console.print(table)
         else:
-            console.print(f"{label} = {target!r}")
+            console.print(f"{label} = {bounded_repr(target, 10_000)}")
 
 
 def _show_object(label: str, obj: UvmObject) -> None:
@@ -112,7 +141,7 @@ def _show_object(label: str, obj: UvmObject) -> None:
             methods.append(value)
             table.add_row(name, "method", f"by {value.author}: {value.intent or '-'}")
         elif name.endswith("*"):
-            table.add_row(name, "parent", repr(value))
+            table.add_row(name, "parent", _short(value))
         else:
             table.add_row(name, "data", _short(value))
     console.print(table)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ from rich.table import Table
 from batos.errors import BatosError, ObjectPathError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from prototypes import kernel
+from prototypes import bounded, kernel
+from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
@@ -188,15 +189,19 @@ def _argument(text: str) -> Any:
         ) from None
 
 
-def _plain(value: Any) -> Any:
-    """Persistent containers as plain ones, for printing and JSON."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "PersistentList":
-        return [_plain(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_plain(v) for v in value), key=repr)
-    return value
+def _plain(value: Any, what: str) -> Any:
+    """Persistent containers as plain ones, for printing and JSON; bounded by nodes visited.
+
+    Called inside the transaction: a persistent container read after it closed could not
+    load its state.
+    """
+    try:
+        return bounded_plain(value)
+    except ValueTooLarge as exc:
+        raise BatosError(
+            f"{what} is too large to print: {exc} (limit {PLAIN_NODES:,})",
+            hint="read a part of it with a method that returns less",
+        ) from None
 
 
 def send(
@@ -223,29 +228,30 @@ def send(
                     f"{path}.{selector} is a data slot, not a method",
                     hint=f"send it without arguments to read it, or use 'batos inspect {path}'",
                 )
-            return found[1]
+            return _plain(found[1], f"{path}.{selector}")
         if found is not None:
             try:
-                return getattr(receiver, selector)(*values)
+                return _plain(getattr(receiver, selector)(*values), "the result")
             except BatosError:
                 raise
             except Exception as exc:
                 notes = "".join(f" {n}" for n in getattr(exc, "__notes__", ()))
                 raise BatosError(
-                    f"{path}.{selector} raised {type(exc).__name__}: {exc}{notes}",
+                    f"{path}.{selector} raised {type(exc).__name__}: "
+                    f"{bounded.exception_text(exc)}{notes}",
                     hint="nothing was changed; check the arguments ('batos methods -p "
                     f"{path}' shows the method's source)",
                 ) from exc
         runner = jit.JitRunner(model_factory=model_factory(ctx))
         with console.status(f"{path} does not understand {selector!r}: writing it…"):
-            return runner.send(receiver, selector, tuple(values), {})
+            return _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
 
     with open_image(image_uri(ctx)) as image:
-        result = _plain(image.transact(deliver, note=f"send {path}.{selector}"))
+        result = image.transact(deliver, note=f"send {path}.{selector}")
     if as_json:
-        typer.echo(json.dumps(result, default=repr))
+        typer.echo(json.dumps(result, default=lambda v: bounded_repr(v, 1_000)))
     else:
-        console.print(repr(result))
+        console.print(bounded_repr(result, 100_000, nodes=PLAIN_NODES))
 
 
 def register(app: typer.Typer) -> None:

@@ -65,7 +65,9 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     Options: ``backend`` (a registered name — 'openai' | 'ollama' | 'embedded' built in —
     default: the first available), ``timeout`` (seconds; default the ``llm_timeout`` setting),
     and Modelfile PARAMETER overrides: temperature, top_k, top_p, min_p, repeat_penalty,
-    num_predict, seed. ``max_tokens`` is accepted as another name for num_predict.
+    num_predict, seed. ``max_tokens`` is accepted as another name for num_predict. ``format``
+    (a JSON schema) constrains the reply to it: a grammar on the embedded backend, ``format``
+    on Ollama, ``response_format`` on an OpenAI-compatible server.
     """
     spec = load_codex().persona(persona)
     options = dict(options)
@@ -73,10 +75,13 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     timeout = float(options.pop("timeout", None) or settings.get_int("llm_timeout"))
     if "max_tokens" in options:
         options["num_predict"] = options.pop("max_tokens")
+    schema = options.pop("format", None)
     unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
     if unknown:
         raise ConfigurationError(
             f"chat_model() does not take {', '.join(unknown)}",
-            hint=f"options: backend, timeout, {', '.join(SAMPLING_OPTIONS)}",
+            hint=f"options: backend, timeout, format, {', '.join(SAMPLING_OPTIONS)}",
         )
+    if schema is not None:
+        options["format"] = schema
     return chosen.build(spec, timeout, options)

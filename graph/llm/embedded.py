@@ -9,6 +9,7 @@ model named by the ``model`` setting, and streams through it with the persona's 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -137,6 +138,8 @@ class LlamaCppChat(BaseChatModel):
     seed: int | None = None
     timeout: float | None = None
     modelfiles: str | None = None
+    #: A JSON schema the reply must follow (constrained decoding), as Ollama's ``format``.
+    format: dict[str, Any] | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -180,6 +183,9 @@ class LlamaCppChat(BaseChatModel):
         sampling = sampling_for(model.parameters, overrides)
         if stop:
             sampling = Sampling(**{**sampling.__dict__, "stop": (*sampling.stop, *stop)})
+        if self.format is not None:
+            schema = json.dumps(self.format, sort_keys=True)
+            sampling = Sampling(**{**sampling.__dict__, "json_schema": schema})
         return eng.generate(
             message_dicts(messages, None),
             adapters=adapters,

@@ -79,6 +79,8 @@ class Sampling:
     num_predict: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    #: A JSON schema (as JSON text) the output must follow: sampled under llama.cpp's grammar.
+    json_schema: str | None = None
 
 
 @dataclass
@@ -283,6 +285,24 @@ class Engine:
 
     # --- generation ------------------------------------------------------------------
 
+    def _grammar(self, json_schema: str | None) -> Any:
+        """llama.cpp's grammar for a JSON schema, converted once per schema (the grammar is
+        text; each generation builds its own sampler state from it)."""
+        if json_schema is None:
+            return None
+        grammars = self.__dict__.setdefault("_grammars", {})
+        if json_schema not in grammars:
+            try:
+                grammars[json_schema] = self._lib.LlamaGrammar.from_json_schema(
+                    json_schema, verbose=False
+                )
+            except (ValueError, RuntimeError, KeyError) as exc:
+                raise ModelError(
+                    f"llama.cpp cannot turn the JSON schema into a grammar: {exc}",
+                    hint="keep structured output schemas to objects, arrays, enums and strings",
+                ) from exc
+        return grammars[json_schema]
+
     def generate(
         self,
         messages: Sequence[dict[str, str]],
@@ -335,6 +355,7 @@ class Engine:
                 min_p=sampling.min_p,
                 temp=sampling.temperature,
                 repeat_penalty=sampling.repeat_penalty,
+                grammar=self._grammar(sampling.json_schema),
             ):
                 if usage.first_token_s is None:
                     usage.first_token_s = time.monotonic() - started

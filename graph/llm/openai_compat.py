@@ -28,6 +28,8 @@ def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> Base
     from graph.llm.modelfile import persona_model
 
     resolved = persona_model(persona.name)
+    options = dict(options)
+    schema = options.pop("format", None)
     params = {**resolved.parameters, **options}
     extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
     return _chat_class()(
@@ -43,6 +45,16 @@ def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> Base
         extra_body=extra or None,
         stream_usage=True,
         persona_system=resolved.system or "",
+        model_kwargs=(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": schema},
+                }
+            }
+            if schema
+            else {}
+        ),
     )
 
 

@@ -1,0 +1,435 @@
+"""``batos ask``, ``chat``, ``cycles`` and ``serve``: the mind from the command line.
+
+``ask`` and ``chat`` stream a cycle as it runs — the route, the plan, each facet as it finishes,
+the answer token by token — and end with the commit (or the reason it FAILED, exit code 10).
+``serve`` runs the LangGraph server (what ``langgraph dev`` runs, without the browser) on
+loopback with langgraph.json's graphs, checkpointer and store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base.id import uuid6
+from rich.table import Table
+
+from batos.errors import BatosError, CycleFailed, MindError
+from graph.boot import open_image
+from graph.cli.app import console, image_uri, model_factory
+from graph.mind import MindServices, build_graph, check_thread_id, content_text, run_config
+from store.checkpointer import ZODBSaver
+from store.image import LivingImage
+
+mind_app = typer.Typer()
+#: The request ``batos run`` answers end to end before it opens the chat.
+SAMPLE_REQUEST = (
+    "Plan my first week of learning to program: the steps to take, and why it is worth it."
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class Session:
+    """One image, its checkpointer and the compiled mind, for a command's lifetime."""
+
+    def __init__(self, image: LivingImage, models: Callable[..., Any] | None) -> None:
+        self.image = image
+        self.saver = ZODBSaver(image)
+        self.graph = build_graph(MindServices(models=models), checkpointer=self.saver)
+
+    def close(self) -> None:
+        self.saver.close()
+
+    def context(self, persona: str | None, depth: str | None) -> dict[str, Any]:
+        context: dict[str, Any] = {}
+        if persona is None:
+            try:
+                import graph.router  # noqa: F401
+            except ImportError:
+                console.print("[yellow]no router installed: BRICK answers[/]")
+                persona = "BRICK"
+        if persona:
+            context["persona"] = persona
+        if depth and depth != "auto":
+            context["depth"] = depth
+        return context
+
+    def cycle(
+        self,
+        text: str,
+        config: dict[str, Any],
+        context: dict[str, Any],
+        *,
+        show: bool = True,
+    ) -> dict[str, Any]:
+        """Run one cycle, showing it as it goes when ``show``; its final state."""
+        stream = self.graph.stream(
+            {"messages": [HumanMessage(text)]},
+            config,
+            context=context,
+            stream_mode=["messages", "updates"],
+        )
+        answering = False
+        for mode, payload in stream:
+            if not show:
+                continue
+            if mode == "messages":
+                chunk, meta = payload
+                if meta.get("langgraph_node") == "synthesize":
+                    if not answering:
+                        console.print("[bold]answer:[/] ", end="")
+                        answering = True
+                    console.print(content_text(chunk.content), end="", markup=False)
+                continue
+            for node, update in (payload or {}).items():
+                if answering and node != "synthesize":
+                    console.print()
+                    answering = False
+                _show_update(node, update or {})
+        return self.graph.get_state(config).values
+
+
+def _show_update(node: str, update: dict[str, Any]) -> None:
+    if node == "route" and update.get("route"):
+        route, depth = update["route"], update["cycle"]["depth"]
+        ranked = ", ".join(f"{p} {s:.2f}" for p, s in route["ranked"][:4])
+        console.print(
+            f"[cyan]route[/] → {' + '.join(route['chosen'])}  ({ranked})  "
+            f"[dim]depth {depth['mode']}: {depth['rule']}[/]"
+        )
+    elif node == "decompose" and update.get("plan"):
+        for step in update["plan"]:
+            console.print(f"[cyan]plan[/]  {step['persona']}.{step['facet']}: {step['query']}")
+    elif node == "facet":
+        for partial in update.get("partials") or []:
+            name = f"{partial['persona']}.{partial['facet']}"
+            if partial["ok"]:
+                wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
+                console.print(f"[green]✓[/] facet {name} ({partial['seconds']:.1f}s){wrote}")
+            else:
+                console.print(f"[red]✗[/] facet {name}: {partial['reason']}")
+    elif node == "gate" and update.get("status") == "SYNTHESIZING":
+        console.print(f"[yellow]gate:[/] {update['cycle']['gate']['reason']}; answering again")
+
+
+def _summary(state: dict[str, Any]) -> dict[str, Any]:
+    cycle_state = state.get("cycle") or {}
+    metrics = state.get("metrics") or []
+    return {
+        "status": state.get("status"),
+        "thread_id": cycle_state.get("thread_id"),
+        "cycle": cycle_state.get("id"),
+        "response": state.get("response") if state.get("status") == "COMPLETE" else None,
+        "route": state.get("route"),
+        "depth": cycle_state.get("depth"),
+        "plan": state.get("plan"),
+        "facets": [
+            {k: p.get(k) for k in ("persona", "facet", "ok", "seconds", "wrote", "reason")}
+            for p in state.get("partials") or []
+        ],
+        "failure": state.get("failure"),
+        "input_tokens": sum(m["input_tokens"] for m in metrics),
+        "output_tokens": sum(m["output_tokens"] for m in metrics),
+        "model_calls": len(metrics),
+    }
+
+
+def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
+    """Print how the cycle ended; a FAILED one raises ``CycleFailed`` (exit code 10)."""
+    summary = _summary(state)
+    if as_json:
+        console.print_json(json.dumps(summary, default=str))
+    if state.get("status") == "COMPLETE":
+        if not as_json:
+            seconds = dt.datetime.now().timestamp() - state["cycle"]["started"]
+            console.print(
+                f"[green]COMPLETE[/] cycle {summary['cycle']} on thread {summary['thread_id']} "
+                f"· committed with its checkpoint · {seconds:.1f}s · "
+                f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
+            )
+        return
+    failure = state.get("failure") or {}
+    raise CycleFailed(
+        f"the cycle FAILED at {failure.get('node')}: {failure.get('reason')}; "
+        "the image is unchanged",
+        hint=failure.get("hint") or None,
+        state=state,
+    )
+
+
+@mind_app.command()
+def ask(
+    ctx: typer.Context,
+    text: str = typer.Argument(..., help="The request."),
+    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
+    depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
+    as_json: bool = typer.Option(False, "--json", help="Print the cycle as JSON at the end."),
+) -> None:
+    """Answer one request in one mind cycle, streamed: route, plan, facets, answer, commit.
+
+    Examples: batos ask "how do I plan a garden?" · batos ask hi -t chat-1 --json
+    """
+    thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
+    with open_image(image_uri(ctx)) as image:
+        session = Session(image, model_factory(ctx))
+        try:
+            state = session.cycle(
+                text, run_config(thread_id), session.context(persona, depth), show=not as_json
+            )
+        finally:
+            session.close()
+    if not as_json:
+        console.print()
+    _outcome(state, as_json=as_json)
+
+
+CHAT_HELP = (
+    "commands: /thread [ID|new]  /history  /undo  /persona NAME|auto  /depth auto|fast|full  "
+    "/cycles  /help  /quit  (anything else is a request)"
+)
+
+
+def chat_loop(session: Session, thread_id: str, persona: str | None, depth: str) -> None:
+    """Read requests until /quit or end of input; each is one cycle on the current thread."""
+    config: dict[str, Any] = run_config(thread_id)
+    console.print(f"[dim]thread {thread_id} · {CHAT_HELP}[/]")
+    while True:
+        try:
+            line = console.input("[bold]you>[/] ").strip()
+        except EOFError:
+            console.print()
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            command, _, argument = line[1:].partition(" ")
+            argument = argument.strip()
+            if command in ("quit", "exit"):
+                return
+            if command == "help":
+                console.print(CHAT_HELP)
+            elif command == "thread":
+                if argument:
+                    new = f"chat-{uuid6()}" if argument == "new" else argument
+                    try:
+                        config = run_config(new)
+                    except MindError as exc:
+                        console.print(f"[red]{exc.message}[/] ({exc.hint})")
+                        continue
+                console.print(f"thread {config['configurable']['thread_id']}")
+            elif command == "history":
+                _show_history(session, config)
+            elif command == "undo":
+                config = _undo(session, config)
+            elif command == "persona":
+                persona = None if argument in ("", "auto") else argument.upper()
+                console.print(f"persona {persona or 'routed'}")
+            elif command == "depth":
+                depth = argument or "auto"
+                console.print(f"depth {depth}")
+            elif command == "cycles":
+                _cycles_table(session.image, None, 10)
+            else:
+                console.print(f"[red]unknown command /{command}[/]\n{CHAT_HELP}")
+            continue
+        try:
+            state = session.cycle(line, config, session.context(persona, depth))
+            console.print()
+            _outcome(state, as_json=False)
+        except BatosError as exc:
+            console.print(f"[red]{exc.message}[/]")
+            if exc.hint:
+                console.print(f"[yellow]hint:[/] {exc.hint}")
+        # after a fork (/undo) the next cycle continues from the fork's new head
+        config = run_config(config["configurable"]["thread_id"])
+
+
+def _show_history(session: Session, config: dict[str, Any]) -> None:
+    messages = session.graph.get_state(config).values.get("messages") or []
+    if not messages:
+        console.print("[dim](no messages yet)[/]")
+    for message in messages:
+        who = "you" if message.type == "human" else (message.name or "batos")
+        console.print(f"[bold]{who}:[/] {content_text(message.content)}", markup=True)
+
+
+def _undo(session: Session, config: dict[str, Any]) -> dict[str, Any]:
+    """Fork the thread from just before its last request; the image keeps what was learned."""
+    for snapshot in session.graph.get_state_history(config):
+        if snapshot.metadata and snapshot.metadata.get("source") == "input":
+            parent = snapshot.parent_config
+            if parent is None:
+                console.print("nothing before the first request: starting a new thread")
+                return run_config(f"chat-{uuid6()}")
+            console.print(
+                "the last exchange is undone for this conversation (the image keeps what the "
+                "cycle committed; 'batos history' and 'batos undo TID' revert that)"
+            )
+            return {**config, "configurable": {**parent["configurable"]}}
+    console.print("nothing to undo")
+    return config
+
+
+@mind_app.command()
+def chat(
+    ctx: typer.Context,
+    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
+    depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
+) -> None:
+    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands.
+
+    Example: batos chat -t kitchen
+    """
+    thread_id = check_thread_id(thread) if thread else f"chat-{uuid6()}"
+    with open_image(image_uri(ctx)) as image:
+        session = Session(image, model_factory(ctx))
+        try:
+            chat_loop(session, thread_id, persona, depth)
+        finally:
+            session.close()
+
+
+def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[dict[str, Any]]:
+    from graph import cycle
+
+    with image.read() as root:
+        rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+    if cycle_id and rows[0] is None:
+        raise MindError(
+            f"no committed cycle {cycle_id!r} in {image.uri}",
+            hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
+            "their threads keep them: 'batos threads THREAD_ID')",
+        )
+    table = Table(title="Committed mind cycles, newest first")
+    for column in ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        when = dt.datetime.fromtimestamp(row["started"]).isoformat(sep=" ", timespec="seconds")
+        table.add_row(
+            row["id"],
+            when,
+            row["thread_id"],
+            ", ".join(row["personas"]),
+            ", ".join(row["facets"]) or f"({row['depth']['mode']} path)",
+            f"{row['seconds']:.2f}",
+            f"{row['model_seconds']:.2f}",
+            f"{row['tokens']['input']} in / {row['tokens']['output']} out",
+        )
+    console.print(table)
+    return rows
+
+
+def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
+    """Threads whose last cycle FAILED: what no committed record shows."""
+    found = []
+    with ZODBSaver(image) as saver:
+        for summary in saver.threads()[-limit:]:
+            latest = saver.get_tuple({"configurable": {"thread_id": summary.thread_id}})
+            values = latest.checkpoint["channel_values"] if latest else {}
+            if values.get("status") == "FAILED" and values.get("failure"):
+                found.append(
+                    {
+                        "thread_id": summary.thread_id,
+                        "cycle": (values.get("cycle") or {}).get("id"),
+                        **values["failure"],
+                    }
+                )
+    return found
+
+
+@mind_app.command()
+def cycles(
+    ctx: typer.Context,
+    cycle_id: str = typer.Argument(None, help="One cycle's id: its whole record."),
+    limit: int = typer.Option(20, "--limit", "-n", help="How many cycles to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Recent mind cycles: status, personas, facets, timings, tokens; threads whose last cycle
+    FAILED (a failed cycle changes nothing in the image, so only its thread knows it).
+
+    Examples: batos cycles · batos cycles -n 5 --json · batos cycles CYCLE_ID
+    """
+    with open_image(image_uri(ctx)) as image:
+        if as_json:
+            from graph import cycle
+
+            with image.read() as root:
+                rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+            failed = [] if cycle_id else _failed_threads(image, limit)
+            console.print_json(json.dumps({"committed": rows, "failed": failed}, default=str))
+            return
+        rows = _cycles_table(image, cycle_id, limit)
+        if cycle_id:
+            console.print_json(json.dumps(rows[0], default=str))
+            return
+        for failed in _failed_threads(image, limit):
+            console.print(
+                f"[red]FAILED[/] thread {failed['thread_id']} cycle {failed['cycle']} at "
+                f"{failed['node']}: {failed['reason']}"
+            )
+
+
+@mind_app.command()
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Loopback address to listen on."),
+    port: int = typer.Option(2024, "--port", help="Port."),
+    config: Path = typer.Option(
+        Path("langgraph.json"), "--config", help="The LangGraph configuration file."
+    ),
+) -> None:
+    """Run the LangGraph server (as 'langgraph dev' does, without the browser) on loopback,
+    with the image as its checkpointer and store; Studio and langgraph_sdk clients connect.
+
+    Example: BATOS_IMAGE=zeo://127.0.0.1:8100 batos serve --port 2024
+    """
+    import os
+
+    if host not in LOOPBACK:
+        raise BatosError(
+            f"'batos serve' listens on loopback only, not {host}",
+            hint="put a reverse proxy with authentication in front of it to reach it remotely",
+        )
+    try:
+        import langgraph_cli.config as cli_config
+        from langgraph_api.cli import run_server
+    except ImportError as exc:
+        raise BatosError(
+            "the LangGraph server is not installed",
+            hint='pip install "langgraph-cli[inmem]==0.4.40"',
+        ) from exc
+    if not config.is_file():
+        raise BatosError(f"no {config}", hint="run it in the project folder, or pass --config")
+    os.environ["BATOS_IMAGE"] = image_uri(ctx)  # the checkpointer and store factories read it
+    settings_json = cli_config.validate_config_file(config)
+    folder = config.resolve().parent
+    for dependency in settings_json.get("dependencies", []):
+        path = (folder / dependency).resolve()
+        if path.is_dir() and str(path) not in sys.path:
+            sys.path.append(str(path))
+    os.chdir(folder)
+    console.print(f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}")
+    run_server(
+        host,
+        port,
+        False,
+        settings_json["graphs"],
+        open_browser=False,
+        env=settings_json.get("env"),
+        store=settings_json.get("store"),
+        checkpointer=settings_json.get("checkpointer"),
+        http=settings_json.get("http"),
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for command in mind_app.registered_commands:
+        app.registered_commands.append(command)

@@ -1,0 +1,353 @@
+"""A mind cycle's changes to the image, applied in the transaction of its COMPLETE checkpoint.
+
+The mind's nodes never commit. They return *effects* — plain data in graph state — and the
+node that reaches COMPLETE gathers them into a commit (``store.effects``): the ``ZODBSaver``
+applies it in the same transaction as the checkpoint that records COMPLETE, once per cycle id.
+A FAILED cycle writes no commit, so the image is as it was. The kinds registered here:
+
+    install_method     a facet method written and trial-approved during the cycle
+    persona_stats      per-persona counters: cycles, model calls, facet calls
+    memory             the exchange, in LangGraph's long-term memory (``store.memory_store``)
+    catalog_retrieved  retrieval times of the catalog chunks BABS's facets cited
+    cycle_record       what ``batos cycles`` (and later the CEM) reads: route, plan, timings,
+                       tokens, the request and response embeddings
+
+Appliers check every effect in full (a server client can write state too): facet methods pass
+the PersistenceGuardian and the sandbox compiler again, sizes are bounded, and counters only
+ever add, so a put retried after a write conflict re-applies them to the fresh state and no
+concurrent cycle's update is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from BTrees.OOBTree import OOBTree
+from persistent.mapping import PersistentMapping
+
+from batos.errors import CheckpointError
+from prototypes import guardian, sandbox
+from prototypes.codex import FACET_PREFIX, PERSONAS
+from prototypes.incarnation import personas
+from prototypes.uvm import Method
+from store import effects
+from store.embeddings import DIMS, from_bytes, to_bytes
+
+log = logging.getLogger("batos.mind")
+
+#: Root key of the cycle records: cycle id (uuid6, so in time order) → record dict.
+CYCLES_KEY = "cycles"
+#: Bounds on what one effect may carry.
+MAX_SOURCE_CHARS = 20_000
+MAX_RECORD_BYTES = 256 * 1024
+MAX_COUNT = 1_000
+MAX_NAMESPACE_PARTS = 4
+MAX_VECTORS = 4
+#: Where each exchange goes in LangGraph's long-term memory (``store.memory_store``).
+MEMORY_NAMESPACE = ["mind", "exchanges"]
+#: Characters of the answer a cycle record keeps.
+MAX_RESPONSE_CHARS = 8000
+
+
+def _bad(effect: Mapping[str, Any], why: str) -> CheckpointError:
+    return CheckpointError(
+        f"effect {effect.get('kind')!r} of a mind commit is malformed: {why}; nothing was written",
+        hint="effects are written by graph.mind; do not set the 'commit' channel by hand",
+    )
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, default=str))
+
+
+def _persona(root: Any, effect: Mapping[str, Any]) -> Any:
+    name = effect.get("persona")
+    if name not in PERSONAS:
+        raise _bad(effect, f"unknown persona {name!r}")
+    found = personas(root).get(name)
+    if found is None:
+        raise _bad(effect, f"the image has no persona {name}")
+    return found
+
+
+def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    persona = _persona(root, effect)
+    selector, source = effect.get("selector"), effect.get("source")
+    intents = persona._slots().get("intents") or {}
+    if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
+        raise _bad(effect, f"{selector!r} is not a facet selector")
+    if selector not in intents:
+        raise _bad(effect, f"{effect['persona']} declares no facet {selector!r}")
+    if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+        raise _bad(effect, "the source is missing or too long")
+    found = persona._lookup(selector)
+    if found is not None and isinstance(found[1], Method):
+        log.info("facet %s.%s was installed meanwhile; kept", effect["persona"], selector)
+        return
+    # The same gate a hand-written method passes: what arrives here is data from state.
+    report = guardian.check(selector, source)
+    sandbox.compile_sandboxed(selector, source)
+    audit = effect.get("audit") if isinstance(effect.get("audit"), Mapping) else {}
+    audit = {**audit, **report.as_dict(), "cycle": commit["id"]}
+    if _json_size(audit) > MAX_RECORD_BYTES:
+        raise _bad(effect, "the audit record is too large")
+    persona._add_method(
+        Method(
+            selector,
+            source,
+            intent=str(intents[selector]),
+            author=str(effect.get("author") or effect["persona"])[:40],
+            compiler="sandbox",
+            audit=audit,
+        )
+    )
+
+
+def _count(effect: Mapping[str, Any], value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise _bad(effect, f"{what} must be a count from 0 to {MAX_COUNT}")
+    return value
+
+
+def _persona_stats(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    persona = _persona(root, effect)
+    calls = _count(effect, effect.get("model_calls", 0), "model_calls")
+    facet_calls = effect.get("facets") or {}
+    if not isinstance(facet_calls, Mapping) or len(facet_calls) > 64:
+        raise _bad(effect, "facets must map selectors to counts")
+    stats = persona._slots().get("stats")
+    if not isinstance(stats, PersistentMapping):
+        stats = PersistentMapping(invocations=0)
+        persona.stats = stats
+    stats["invocations"] = int(stats.get("invocations", 0)) + calls
+    stats["cycles"] = int(stats.get("cycles", 0)) + 1
+    used = dict(stats.get("facets") or {})
+    for selector, count in facet_calls.items():
+        if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
+            raise _bad(effect, f"{selector!r} is not a facet selector")
+        used[selector] = int(used.get(selector, 0)) + _count(effect, count, selector)
+    stats["facets"] = used  # a plain dict in a slot: assigned again, never changed in place
+    stats["last_cycle"] = commit["id"]
+
+
+def _vectors(effect: Mapping[str, Any], rows: Any) -> list[np.ndarray]:
+    if not isinstance(rows, list) or len(rows) > MAX_VECTORS:
+        raise _bad(effect, f"vectors must be a list of at most {MAX_VECTORS}")
+    out = []
+    for row in rows:
+        vector = np.asarray(row, dtype=np.float32)
+        if vector.shape != (DIMS,) or not np.isfinite(vector).all():
+            raise _bad(effect, f"each vector must hold {DIMS} finite numbers")
+        out.append(vector)
+    return out
+
+
+def _memory(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    from store.memory_store import put_item
+
+    namespace, key, value = effect.get("namespace"), effect.get("key"), effect.get("value")
+    if (
+        not isinstance(namespace, list)
+        or not 0 < len(namespace) <= MAX_NAMESPACE_PARTS
+        or not all(isinstance(p, str) and 0 < len(p) <= 64 for p in namespace)
+    ):
+        raise _bad(effect, "the namespace must be 1 to 4 short strings")
+    if not isinstance(key, str) or not 0 < len(key) <= 128:
+        raise _bad(effect, "the key must be a short string")
+    if not isinstance(value, dict) or _json_size(value) > MAX_RECORD_BYTES:
+        raise _bad(effect, "the value must be a JSON object of bounded size")
+    put_item(root, namespace, key, value, _vectors(effect, effect.get("vectors") or []))
+
+
+def _catalog_retrieved(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    chunks = effect.get("chunks")
+    if not isinstance(chunks, list) or len(chunks) > MAX_COUNT:
+        raise _bad(effect, "chunks must be a list of chunk ids")
+    cat = root.get("catalog")
+    if cat is None:
+        return
+    now = int(time.time())
+    retrieved = cat["retrieved"]
+    for chunk_id in chunks:
+        if isinstance(chunk_id, bool) or not isinstance(chunk_id, int):
+            raise _bad(effect, "chunk ids are integers")
+        if chunk_id in cat["chunks"] and retrieved.get(chunk_id, 0) < now:
+            retrieved[chunk_id] = now
+
+
+def _cycle_record(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    record = effect.get("record")
+    if not isinstance(record, dict) or _json_size(record) > MAX_RECORD_BYTES:
+        raise _bad(effect, "the record must be a JSON object of bounded size")
+    stored = dict(record)
+    for name in ("request_vector", "response_vector"):
+        if stored.get(name) is not None:
+            stored[name] = to_bytes(_vectors(effect, [stored[name]])[0])
+    stored["committed"] = time.time()
+    cycles = root.get(CYCLES_KEY)
+    if cycles is None:
+        cycles = root[CYCLES_KEY] = OOBTree()
+    cycles[commit["id"]] = stored
+    _log_outcome(root, commit, record)
+
+
+def _log_outcome(root: Any, commit: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+    """One JSON line once the transaction commits (or aborts), not before."""
+    jar = getattr(root, "_p_jar", None)
+    if jar is None:
+        return
+
+    def report(committed: bool) -> None:
+        log.info(
+            json.dumps(
+                {
+                    "event": "commit" if committed else "abort",
+                    "cycle": commit["id"],
+                    "thread": record.get("thread_id"),
+                    "status": "COMPLETE" if committed else "commit failed",
+                    "effects": len(commit["effects"]),
+                    "seconds": record.get("seconds"),
+                    "tokens": record.get("tokens"),
+                }
+            )
+        )
+
+    jar.transaction_manager.get().addAfterCommitHook(report)
+
+
+for _kind, _applier in {
+    "install_method": _install_method,
+    "persona_stats": _persona_stats,
+    "memory": _memory,
+    "catalog_retrieved": _catalog_retrieved,
+    "cycle_record": _cycle_record,
+}.items():
+    effects.register(_kind, _applier)
+
+
+def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict[str, Any]:
+    """The commit of a cycle that reached COMPLETE: the effects its nodes returned, then the
+    persona statistics, the exchange in memory and the cycle record, computed from its state."""
+    metrics = state.get("metrics") or []
+    partials = state.get("partials") or []
+    written = [e for e in state.get("effects") or [] if e["kind"] == "install_method"]
+    personas = sorted({m["persona"] for m in metrics if m.get("persona")})
+    found: list[dict[str, Any]] = list(state.get("effects") or [])
+    for persona in personas:
+        counts: dict[str, int] = {}
+        for x in partials:
+            if x["persona"] == persona:
+                counts[x["facet"]] = counts.get(x["facet"], 0) + 1
+        found.append(
+            {
+                "kind": "persona_stats",
+                "persona": persona,
+                "model_calls": sum(1 for m in metrics if m.get("persona") == persona),
+                "facets": counts,
+            }
+        )
+    cem = state.get("cem") or {}
+    vectors = [v for v in (cem.get("request_vector"), cem.get("response_vector")) if v]
+    seconds = round(time.time() - cycle_state["started"], 4)
+    tokens = {
+        "input": sum(m["input_tokens"] for m in metrics),
+        "output": sum(m["output_tokens"] for m in metrics),
+    }
+    model_seconds = round(sum(m["seconds"] for m in metrics if m["node"] != "facet"), 4)
+    # Facets overlap in time: count the slowest branch of the delegation step only.
+    model_seconds += max((m["seconds"] for m in metrics if m["node"] == "facet"), default=0)
+    response = state["response"]
+    found.append(
+        {
+            "kind": "memory",
+            "namespace": MEMORY_NAMESPACE,
+            "key": cycle_state["id"],
+            "value": {
+                "request": cycle_state["request"],
+                "response": response,
+                "personas": personas,
+                "thread_id": cycle_state["thread_id"],
+            },
+            "vectors": vectors,
+        }
+    )
+    found.append(
+        {
+            "kind": "cycle_record",
+            "record": {
+                "status": "COMPLETE",
+                "thread_id": cycle_state["thread_id"],
+                "request": cycle_state["request"],
+                "response": response[:MAX_RESPONSE_CHARS],
+                "depth": cycle_state["depth"],
+                "route": state["route"],
+                "plan": state.get("plan") or [],
+                "personas": personas,
+                "facets": [f"{x['persona']}.{x['facet']}" for x in partials],
+                "methods_written": [f"{e['persona']}.{e['selector']}" for e in written],
+                "started": cycle_state["started"],
+                "seconds": seconds,
+                "model_seconds": round(model_seconds, 4),
+                "tokens": tokens,
+                "metrics": metrics,
+                "relevance": cem.get("relevance"),
+                "synthesis_attempts": cycle_state["synthesis_attempts"],
+                "request_vector": cem.get("request_vector"),
+                "response_vector": cem.get("response_vector"),
+            },
+        }
+    )
+    note = (
+        f"mind cycle {cycle_state['id']}: COMPLETE ({', '.join(personas)}; "
+        f"{len(partials)} facets, {len(written)} methods written)"
+    )
+    return {"id": cycle_state["id"], "note": note, "effects": found}
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def recent(root: Any, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest committed cycle records, newest first (vectors left out)."""
+    cycles = root.get(CYCLES_KEY)
+    if cycles is None or limit <= 0:
+        return []
+    keys = cycles.keys()
+    found = []
+    for position in range(len(keys) - 1, max(len(keys) - 1 - limit, -1), -1):
+        found.append(_readable(keys[position], cycles[keys[position]]))
+    return found
+
+
+def get(root: Any, cycle_id: str) -> dict[str, Any] | None:
+    cycles = root.get(CYCLES_KEY)
+    record = cycles.get(cycle_id) if cycles is not None else None
+    return _readable(cycle_id, record) if record is not None else None
+
+
+def vectors(root: Any, cycle_id: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The request and response embeddings a committed cycle recorded."""
+    cycles = root.get(CYCLES_KEY)
+    record = cycles.get(cycle_id) if cycles is not None else None
+    if record is None:
+        return None, None
+    return tuple(  # type: ignore[return-value]
+        from_bytes(record[name])[0] if record.get(name) else None
+        for name in ("request_vector", "response_vector")
+    )
+
+
+def _readable(cycle_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in record.items() if not k.endswith("_vector")}
+    out["id"] = cycle_id
+    return out
+
+
+def finite(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None

@@ -1,0 +1,254 @@
+"""Facets: small generated methods through which a persona takes on one sub-query.
+
+A facet is a method of a persona prototype (``facet_*``), declared by an intent in the codex and
+written by doesNotUnderstand the first time a plan needs it. It runs in the sandbox like every
+generated method and turns the sub-query into an *instruction* for the persona's model, with
+sampling options; the mind's DELEGATING node then runs the model on it, so every model call
+happens in a graph node while facets stay small, audited, persisted code.
+
+Nothing here commits. A facet method is written and tried on a connection whose transaction
+is always aborted: the approved source comes back as data (``WrittenMethod``), which the cycle
+installs at COMPLETE in the checkpoint's transaction. Parallel branches of one cycle that need
+the same missing facet wait for the first to write it (``FacetWriters``) and use its source.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from batos.errors import GeneratedCodeError, MindError, MissionFailed
+from prototypes import kernel, sandbox
+from prototypes.codex import FACET_PREFIX
+from prototypes.incarnation import personas
+from prototypes.kernel import AttemptRecord, MissionBrief
+from prototypes.uvm import Method, UvmObject
+
+#: Longest instruction a facet may return, in characters.
+MAX_INSTRUCTION_CHARS = 2000
+#: Bounds of the sampling options a facet may ask for.
+TEMPERATURE_RANGE = (0.0, 1.5)
+NUM_PREDICT_RANGE = (16, 1024)
+
+Draft = Callable[[MissionBrief, list[AttemptRecord]], str]
+
+
+class FacetError(MindError):
+    """A facet could not turn its sub-query into an instruction; ``findings`` say why."""
+
+    def __init__(self, message: str, findings: list[str] | None = None, *, hint: str = ""):
+        self.findings = list(findings or [])
+        listed = "".join(f"\n  - {f}" for f in self.findings)
+        super().__init__(message + listed, hint=hint or None)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What a facet returned: the model's instruction and sampling options, bounded."""
+
+    text: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def instruction_from(result: Any) -> Instruction:
+    """A facet's result as an ``Instruction``; ``ValueError`` saying what is wrong.
+
+    Accepted: a non-empty string, or a dict with 'instruction' and optionally 'temperature'
+    and 'num_predict' within bounds. Nothing else crosses from generated code to the model.
+    """
+    if isinstance(result, str):
+        result = {"instruction": result}
+    if not isinstance(result, Mapping):
+        raise ValueError(
+            f"a facet must return a dict with 'instruction', not a {type(result).__name__}"
+        )
+    unknown = sorted(set(map(str, result)) - {"instruction", "temperature", "num_predict"})
+    if unknown:
+        raise ValueError(
+            f"a facet's dict takes instruction, temperature and num_predict, not {unknown}"
+        )
+    text = result.get("instruction")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("a facet's 'instruction' must be a non-empty string")
+    if len(text) > MAX_INSTRUCTION_CHARS:
+        raise ValueError(f"a facet's instruction is over {MAX_INSTRUCTION_CHARS} characters")
+    options: dict[str, Any] = {}
+    temperature = result.get("temperature")
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            raise ValueError("'temperature' must be a number")
+        low, high = TEMPERATURE_RANGE
+        if not (math.isfinite(temperature) and low <= temperature <= high):
+            raise ValueError(f"'temperature' must be between {low} and {high}")
+        options["temperature"] = float(temperature)
+    num_predict = result.get("num_predict")
+    if num_predict is not None:
+        low, high = NUM_PREDICT_RANGE
+        if isinstance(num_predict, bool) or not isinstance(num_predict, int):
+            raise ValueError("'num_predict' must be an integer")
+        if not low <= num_predict <= high:
+            raise ValueError(f"'num_predict' must be between {low} and {high}")
+        options["num_predict"] = num_predict
+    return Instruction(text.strip(), options)
+
+
+def _acceptable(result: Any) -> bool:
+    try:
+        instruction_from(result)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class WrittenMethod:
+    """A facet method approved during a cycle, as the effect that installs it at COMPLETE."""
+
+    persona: str
+    selector: str
+    source: str
+    intent: str
+    author: str
+    audit: dict[str, Any]
+    attempts: int
+
+    def effect(self) -> dict[str, Any]:
+        return {
+            "kind": "install_method",
+            "persona": self.persona,
+            "selector": self.selector,
+            "source": self.source,
+            "intent": self.intent,
+            "author": self.author,
+            "audit": self.audit,
+            "attempts": self.attempts,
+        }
+
+
+class FacetWriters:
+    """Facet methods written by each running cycle, so parallel branches write each once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str, str], tuple[threading.Lock, list[WrittenMethod]]] = {}
+
+    def slot(self, cycle_id: str, persona: str, selector: str) -> tuple[threading.Lock, list]:
+        with self._lock:
+            key = (cycle_id, persona, selector)
+            if key not in self._entries:
+                self._entries[key] = (threading.Lock(), [])
+            return self._entries[key]
+
+    def forget(self, cycle_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == cycle_id]:
+                del self._entries[key]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A facet's instruction, and the method written for it in this cycle (if one was)."""
+
+    instruction: Instruction
+    written: WrittenMethod | None
+
+
+def prepare(
+    root: Any,
+    persona: str,
+    selector: str,
+    query: str,
+    *,
+    draft: Draft,
+    attempts: int,
+    cycle_id: str,
+    writers: FacetWriters,
+) -> Prepared:
+    """Run facet ``selector`` of ``persona`` on ``query`` in the sandbox; write it first if
+    the persona has no such method yet. ``root`` is from a connection the caller aborts."""
+    receiver = personas(root).get(persona)
+    if receiver is None:
+        raise FacetError(f"the image has no persona {persona}", hint="run 'batos init'")
+    intents = receiver._slots().get("intents") or {}
+    if not selector.startswith(FACET_PREFIX) or selector not in intents:
+        raise FacetError(
+            f"{persona} has no facet {selector!r}",
+            hint=f"facets of {persona}: "
+            + ", ".join(s for s in intents if s.startswith(FACET_PREFIX)),
+        )
+    found = receiver._lookup(selector)
+    if found is not None and isinstance(found[1], Method):
+        return Prepared(_call(found[1], receiver, query, persona, selector), None)
+    lock, written = writers.slot(cycle_id, persona, selector)
+    with lock:
+        if written:  # a parallel branch of this cycle wrote it: use its approved source
+            method = _install_here(receiver, written[0])
+            return Prepared(_call(method, receiver, query, persona, selector), None)
+        try:
+            result = kernel.run_mission(
+                receiver, selector, (query,), {}, draft, attempts, acceptance=_acceptable
+            )
+        except MissionFailed as exc:
+            raise FacetError(
+                f"the method for facet {persona}.{selector} could not be written",
+                exc.findings,
+                hint="give the facet a clearer intent in prototypes/codex.toml, or add the "
+                f"method by hand: 'batos methods add {persona.lower()} {selector} FILE'",
+            ) from exc
+        method = receiver._slots()[selector]
+        made = WrittenMethod(
+            persona=persona,
+            selector=selector,
+            source=method.source,
+            intent=method.intent,
+            author=method.author,
+            audit=_plain(method.audit),
+            attempts=int(method.audit.get("attempt") or 1),
+        )
+        written.append(made)
+        return Prepared(instruction_from(result), made)
+
+
+def _install_here(receiver: UvmObject, written: WrittenMethod) -> Method:
+    method = Method(
+        written.selector,
+        written.source,
+        intent=written.intent,
+        author=written.author,
+        compiler="sandbox",
+        audit=dict(written.audit),
+    )
+    return receiver._add_method(method)
+
+
+def _call(method: Method, receiver: UvmObject, query: str, persona: str, selector: str) -> Any:
+    try:
+        result = method.bind(receiver)(query)
+    except GeneratedCodeError as exc:
+        raise FacetError(
+            f"facet {persona}.{selector} failed", exc.findings or [exc.reason]
+        ) from exc
+    except Exception as exc:
+        raise FacetError(
+            f"facet {persona}.{selector} failed", [sandbox.describe_exception(exc)]
+        ) from exc
+    try:
+        return instruction_from(result)
+    except ValueError as exc:
+        raise FacetError(
+            f"facet {persona}.{selector} returned something the mind cannot use", [str(exc)]
+        ) from exc
+
+
+def _plain(value: Any) -> Any:
+    """A method's audit record as JSON-able data (it holds only plain values)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)

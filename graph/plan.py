@@ -1,0 +1,147 @@
+"""How deep the mind thinks about a request, and the plan it writes when it thinks hard.
+
+``depth_for`` is the fast-path rule: a short request routed to one persona, with nothing in it
+that asks for a plan, is answered in one model call. Otherwise the lead persona's model writes
+a *plan*: facet sub-queries, each naming a facet (``PERSONA.facet_selector``) of a routed
+persona. ``plan_schema`` is the JSON schema the model is held to by constrained decoding where
+the backend has it; ``parse_plan`` checks a reply against the same rules (a backend without
+constrained decoding can still return anything) and says what is wrong in words a model can
+act on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prototypes.codex import load_codex
+
+#: Words that ask for more than a one-breath answer, whatever the request's length.
+PLAN_CUES = re.compile(
+    r"\b(step|steps|plan|compare|contrast|design|explain|analy[sz]e|list|pros|cons|"
+    r"research|sources?|cite|audit|why and how|how and why|first|then|trade-?offs?)\b",
+    re.IGNORECASE,
+)
+#: Longest sub-query a plan may give a facet, in characters.
+MAX_QUERY_CHARS = 400
+
+
+@dataclass(frozen=True)
+class Depth:
+    """How a cycle proceeds: 'fast' (one model call) or 'full' (plan, facets, synthesis)."""
+
+    mode: str
+    rule: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"mode": self.mode, "rule": self.rule}
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def depth_for(request: str, chosen: Sequence[str], fast_words: int, forced: str | None) -> Depth:
+    """The fast-path rule: one persona, at most ``fast_words`` words, no planning cue.
+
+    ``forced`` ('fast' or 'full', from the caller) wins; a forced fast path with several
+    personas routed is answered by the first alone.
+    """
+    if forced in ("fast", "full"):
+        return Depth(forced, f"depth {forced!r} asked for by the caller")
+    count = words(request)
+    cue = PLAN_CUES.search(request)
+    if len(chosen) != 1:
+        return Depth("full", f"{len(chosen)} personas routed: their answers are woven")
+    if count > fast_words:
+        return Depth("full", f"{count} words > {fast_words}")
+    if cue:
+        return Depth("full", f"planning cue {cue.group(0)!r}")
+    return Depth("fast", f"1 persona, {count} words <= {fast_words}, no planning cue")
+
+
+def facets_of(personas: Sequence[str]) -> dict[str, str]:
+    """``PERSONA.selector`` → intent for every facet the codex gives these personas."""
+    codex = load_codex()
+    return {
+        f"{name}.{selector}": intent
+        for name in personas
+        for selector, intent in codex.persona(name).facets.items()
+    }
+
+
+def plan_schema(facets: Sequence[str], most: int) -> dict[str, Any]:
+    """The JSON schema of a plan over ``facets`` with 1 to ``most`` steps.
+
+    No length bounds on strings: llama.cpp expands each into a grammar rule per character;
+    ``parse_plan`` bounds them instead.
+    """
+    return {
+        "type": "object",
+        "properties": {
+            "steps": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": most,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "facet": {"type": "string", "enum": list(facets)},
+                        "query": {"type": "string"},
+                    },
+                    "required": ["facet", "query"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["steps"],
+        "additionalProperties": False,
+    }
+
+
+class PlanRejected(ValueError):
+    """A plan reply that breaks the rules; the message is fed back to the model."""
+
+
+def parse_plan(reply: str, facets: Mapping[str, str], most: int) -> list[dict[str, str]]:
+    """The plan's steps as ``{"persona", "facet", "query"}``; ``PlanRejected`` says why not.
+
+    Repeated steps (same facet, same query) are dropped.
+    """
+    text = reply.strip()
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
+    if fenced:
+        text = fenced.group(1).strip()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PlanRejected(f"the reply is not JSON ({exc.msg} at character {exc.pos})") from None
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list) or not steps:
+        raise PlanRejected('the JSON needs a non-empty list under "steps"')
+    if len(steps) > most:
+        raise PlanRejected(f"the plan has {len(steps)} steps; at most {most} are allowed")
+    plan: list[dict[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for number, step in enumerate(steps, start=1):
+        if not isinstance(step, dict):
+            raise PlanRejected(f"step {number} is not an object with facet and query")
+        facet, query = step.get("facet"), step.get("query")
+        if facet not in facets:
+            raise PlanRejected(
+                f"step {number} names facet {facet!r}; choose one of {', '.join(facets)}"
+            )
+        if not isinstance(query, str) or not query.strip():
+            raise PlanRejected(f"step {number} has no query text")
+        query = " ".join(query.split())
+        if len(query) > MAX_QUERY_CHARS:
+            raise PlanRejected(f"step {number}'s query is over {MAX_QUERY_CHARS} characters")
+        if (facet, query) in seen:
+            continue
+        seen.add((facet, query))
+        persona, selector = facet.split(".", 1)
+        plan.append({"persona": persona, "facet": selector, "query": query})
+    return plan

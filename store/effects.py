@@ -1,0 +1,101 @@
+"""Changes a graph run asks the checkpointer to make to the image, in the checkpoint's own commit.
+
+A graph whose state has a ``commit`` channel can end a unit of work by writing
+``{"id": str, "note": str, "effects": [{"kind": str, ...}, ...]}`` to it. The ``ZODBSaver``
+put that stores the checkpoint holding that new value applies every effect, through the applier
+registered for its kind, *in the same ZODB transaction as the checkpoint*: after any crash the
+image has both the checkpoint and the changes, or neither. Each commit id is applied once
+(``root['applied_commits']`` records it), so a resumed run that stores its final checkpoint
+again, or a copy of it, changes nothing twice. A write conflict re-runs the whole put on fresh
+state, appliers included, so appliers must compute from what they find (add to a counter, never
+store a total computed earlier).
+
+This module knows no graph: graphs register appliers for their kinds (``register``). Effects
+are data from graph state, which a server client can also write (``update_state``): appliers
+check them in full as they would any untrusted input.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from BTrees.OOBTree import OOBTree
+
+from batos.errors import CheckpointError
+
+log = logging.getLogger("batos.effects")
+
+#: The state channel a graph writes its commit to.
+COMMIT_CHANNEL = "commit"
+#: Root key of the record of applied commit ids: id → (time, thread_id, ns, checkpoint_id).
+APPLIED_KEY = "applied_commits"
+#: Most effects one commit may carry, and the longest id and note.
+MAX_EFFECTS = 256
+MAX_ID_CHARS = 128
+MAX_NOTE_CHARS = 500
+
+#: ``applier(root, effect, commit)``: make one effect's change inside the caller's transaction.
+Applier = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], None]
+
+_APPLIERS: dict[str, Applier] = {}
+
+
+def register(kind: str, applier: Applier) -> None:
+    """Make effects of ``kind`` applicable; a graph module registers its kinds on import."""
+    _APPLIERS[kind] = applier
+
+
+def registered() -> list[str]:
+    return sorted(_APPLIERS)
+
+
+def check(commit: Any) -> dict[str, Any]:
+    """The commit in canonical form; ``CheckpointError`` if it is malformed or names a kind
+    no applier is registered for (nothing is written then)."""
+    if not isinstance(commit, Mapping):
+        raise CheckpointError(
+            f"the {COMMIT_CHANNEL!r} channel holds a {type(commit).__name__}, not a commit",
+            hint='write {"id": ..., "note": ..., "effects": [...]} or leave it empty',
+        )
+    commit_id, effects = commit.get("id"), commit.get("effects")
+    if not isinstance(commit_id, str) or not 0 < len(commit_id) <= MAX_ID_CHARS:
+        raise CheckpointError(f"a commit needs an id of 1 to {MAX_ID_CHARS} characters")
+    if not isinstance(effects, list) or len(effects) > MAX_EFFECTS:
+        raise CheckpointError(f"commit {commit_id!r}: effects must be a list of <= {MAX_EFFECTS}")
+    for effect in effects:
+        kind = effect.get("kind") if isinstance(effect, Mapping) else None
+        if kind not in _APPLIERS:
+            raise CheckpointError(
+                f"commit {commit_id!r} holds an effect of kind {kind!r}, which nothing applies; "
+                "nothing was written",
+                hint=f"known kinds: {', '.join(registered()) or '(none: import the graph module)'}",
+            )
+    note = commit.get("note")
+    return {
+        "id": commit_id,
+        "note": str(note)[:MAX_NOTE_CHARS] if note else "",
+        "effects": list(effects),
+    }
+
+
+def applied(root: Any, commit_id: str) -> bool:
+    record = root.get(APPLIED_KEY)
+    return record is not None and commit_id in record
+
+
+def apply_commit(root: Any, commit: Mapping[str, Any], where: tuple[str, str, str]) -> bool:
+    """Apply a checked commit inside the caller's transaction, unless its id was applied
+    before; returns whether it was applied now."""
+    record = root.get(APPLIED_KEY)
+    if record is None:
+        record = root[APPLIED_KEY] = OOBTree()
+    if commit["id"] in record:
+        log.info("commit %s was applied before; skipped", commit["id"])
+        return False
+    for effect in commit["effects"]:
+        _APPLIERS[effect["kind"]](root, effect, commit)
+    record[commit["id"]] = (time.time(), *where)
+    return True

@@ -1,0 +1,188 @@
+"""The mind and the JIT graph served by ``langgraph dev`` (and ``batos serve``), driven by the
+``langgraph_sdk`` client on the test model: a streamed conversation, state, history, a fork,
+schemas, and bad requests answered with their reason while the server keeps serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from graph import cycle
+from store.image import LivingImage
+from store.zeo import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def _serve(command: list[str], tmp_path: Path, image: Path) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    env = {
+        **os.environ,
+        "BATOS_IMAGE": f"file://{image}",
+        # the tiny test model rambles: the relevance check is tested with scripted models
+        "BATOS_MIND_RELEVANCE": "-1",
+        "LANGSMITH_TRACING": "false",
+        "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [*command, "--port", str(port), "--host", "127.0.0.1"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"{base}/ok", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()[-4000:]
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    text = log_path.read_text()
+    warnings = [
+        line
+        for line in text.splitlines()
+        if "checkpointer" in line.lower() and ("warn" in line.lower() or "error" in line.lower())
+    ]
+    assert not warnings, warnings
+    assert "Using custom checkpointer: ZODBSaver" in text, text[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_conversation_through_langgraph_dev(tmp_path: Path) -> None:
+    from langgraph_sdk import get_sync_client
+
+    image = tmp_path / "image" / "live_image.fs"
+    command = [str(REPO / ".venv" / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload"]
+    with _serve(command, tmp_path, image) as base:
+        client = get_sync_client(url=base)
+        mind = client.assistants.search(graph_id="mind")[0]
+        schemas = client.assistants.get_schemas(mind["assistant_id"])
+        assert "messages" in schemas["input_schema"]["properties"]
+        assert set(schemas["context_schema"]["properties"]) == {"persona", "depth"}
+        drawing = client.assistants.get_graph(mind["assistant_id"])
+        nodes = {node["id"] for node in drawing["nodes"]}
+        assert {"route", "decompose", "facet", "synthesize", "gate", "complete", "fail"} <= nodes
+
+        thread = client.threads.create()["thread_id"]
+        tokens, updates = [], []
+        for part in client.runs.stream(
+            thread,
+            "mind",
+            input={"messages": [{"role": "user", "content": "hello"}]},
+            context={"persona": "robin"},
+            stream_mode=["messages-tuple", "updates"],
+        ):
+            if part.event == "messages":
+                chunk, meta = part.data
+                if meta.get("langgraph_node") == "synthesize":
+                    tokens.append(chunk["content"])
+            elif part.event == "updates":
+                updates.extend(part.data)
+            assert part.event != "error", part.data
+        assert len(tokens) > 1  # streamed token by token
+        assert updates == ["route", "synthesize", "gate", "complete"]
+        state = client.threads.get_state(thread)
+        values = state["values"]
+        assert values["status"] == "COMPLETE"
+        assert "".join(tokens).strip() == values["response"].strip()
+        assert [m["type"] for m in values["messages"]] == ["human", "ai"]
+        first_cycle = values["cycle"]["id"]
+
+        second = client.runs.wait(
+            thread,
+            "mind",
+            input={"messages": [{"role": "user", "content": "thank you"}]},
+            context={"persona": "robin"},
+        )
+        assert second["status"] == "COMPLETE" and len(second["messages"]) == 4
+
+        # fork from the checkpoint that ended the first cycle: the second exchange is gone
+        history = client.threads.get_history(thread, limit=50)
+        after_first = next(
+            h
+            for h in history
+            if h["values"].get("status") == "COMPLETE"
+            and h["values"]["cycle"]["id"] == first_cycle
+            and not h["next"]
+        )
+        forked = client.runs.wait(
+            thread,
+            "mind",
+            input={"messages": [{"role": "user", "content": "good night"}]},
+            context={"persona": "robin"},
+            checkpoint_id=after_first["checkpoint"]["checkpoint_id"],
+        )
+        assert [m["content"] for m in forked["messages"] if m["type"] == "human"] == [
+            "hello",
+            "good night",
+        ]
+
+        # bad requests: FAILED with the reason, the thread idle, the server serving on
+        bad = client.runs.wait(
+            thread, "mind", input={"messages": [{"role": "user", "content": "  "}]}
+        )
+        assert bad["status"] == "FAILED" and "empty" in bad["failure"]["reason"]
+        odd = client.runs.wait(
+            thread,
+            "mind",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            context={"persona": "joker"},
+        )
+        assert "unknown persona" in odd["failure"]["reason"]
+        assert client.threads.get(thread)["status"] == "idle"
+
+        jit = client.assistants.search(graph_id="jit")[0]
+        jit_schemas = client.assistants.get_schemas(jit["assistant_id"])
+        assert set(jit_schemas["context_schema"]["properties"]) == {"receiver", "args", "kwargs"}
+        jit_thread = client.threads.create()["thread_id"]
+        nothing = client.runs.wait(jit_thread, "jit", input={"selector": "estimate"})
+        assert nothing["status"] == "failed" and "no receiver" in nothing["error"]
+        assert "hint:" in nothing["error"]
+        missing = client.runs.wait(
+            jit_thread, "jit", input={"selector": "estimate"}, context={"receiver": "nobody"}
+        )
+        assert "no 'nobody'" in missing["error"]
+        jit_state = client.threads.get_state(jit_thread)
+        assert jit_state["next"] == [] and client.threads.get(jit_thread)["status"] == "idle"
+
+    with LivingImage.open(f"file://{image}") as living, living.read() as root:
+        committed = cycle.recent(root, 10)
+        assert len(committed) == 3  # hello, thank you, good night: the failures left nothing
+        assert root["objects"]["robin"].stats["cycles"] == 3
+
+
+@pytest.mark.slow
+def test_batos_serve_serves_both_graphs(tmp_path: Path) -> None:
+    image = tmp_path / "image" / "live_image.fs"
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    with _serve(command, tmp_path, image) as base:
+        found = httpx.post(f"{base}/assistants/search", json={}, timeout=30).json()
+        assert {a["graph_id"] for a in found} == {"mind", "jit"}

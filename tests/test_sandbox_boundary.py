@@ -1,0 +1,452 @@
+"""The process boundary under white-box attack: each finding of the audit, as a regression test.
+
+The first part is reachable from ordinary generated code (shared-structure bombs, changes the
+covenant used to lose). The second part is what a child that escaped RestrictedPython could
+do: it is played by replacing the child's report function (``isolation._encode_report``) or
+by running plain Python in the child, as such a child would. The last part fuzzes the host's
+report decoder.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import socket
+import time
+
+import msgpack
+import pytest
+from fakes import image_digest
+from persistent.list import PersistentList
+from persistent.mapping import PersistentMapping
+
+from batos.errors import SandboxLimitExceeded, SandboxViolation
+from prototypes import confine, isolation, kernel, report
+from prototypes.bounded import ValueTooLarge, bounded_plain, bounded_repr
+from prototypes.uvm import Method, UvmObject
+from store.image import LivingImage
+
+BOMB = (
+    "def probe(self, depth, width):\n"
+    "    a = [0] * width\n"
+    "    for i in range(depth):\n"
+    "        a = [a] * width\n"
+    "    return a\n"
+)
+STORED_BOMB = (
+    "def probe(self, depth, width):\n"
+    "    a = [0] * width\n"
+    "    for i in range(depth):\n"
+    "        a = [a] * width\n"
+    "    stats = self.stats\n"
+    "    stats['notes'] = a\n"
+    "    self.stats = stats\n"
+    "    return len(a)\n"
+)
+REMEMBER = (
+    "def remember(self, mood):\n"
+    "    stats = self.stats\n"
+    "    if 'moods' not in stats:\n"
+    "        stats['moods'] = []\n"
+    "        self.stats = stats\n"
+    "    stats['moods'].append(mood)\n"
+    "    self.stats = stats\n"
+    "    return list(stats['moods'])\n"
+)
+BEFRIEND = "def befriend(self, x):\n    self.friend.items.append(x)\n    return x\n"
+
+
+@pytest.fixture(autouse=True)
+def tight_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATOS_SANDBOX_SECONDS", "5")
+    monkeypatch.setenv("BATOS_SANDBOX_MEMORY_MB", "256")
+
+
+def _install(image: LivingImage, selector: str, source: str, args: tuple = ()) -> list[str]:
+    with image.connection() as conn:
+        conn.transaction_manager.begin()
+        mission = kernel.Mission(conn.root()["target"], selector, args)
+        findings = mission.attempt(source)
+        conn.transaction_manager.commit()
+    return findings
+
+
+def _bomb(depth: int = 4, width: int = 200) -> list:
+    a: list = [0] * width
+    for _ in range(depth):
+        a = [a] * width
+    return a
+
+
+# -- 1. shared-structure bombs --------------------------------------------------------------------
+
+
+def test_a_returned_shared_structure_bomb_is_refused_in_the_child(memory_image) -> None:
+    memory_image.transact(lambda root: root.__setitem__("target", UvmObject(name="robin")))
+    findings = _install(memory_image, "probe", BOMB, (1, 3))
+    assert findings == []
+    with pytest.raises(SandboxViolation) as caught:
+        memory_image.transact(lambda root: root["target"].probe(4, 200))
+    assert "more than 1,000,000 items" in str(caught.value) and "return less" in str(caught.value)
+
+
+def test_a_bomb_stored_in_a_slot_is_refused_and_nothing_is_stored(memory_image) -> None:
+    memory_image.transact(
+        lambda root: root.__setitem__("target", UvmObject(name="robin", stats=PersistentMapping()))
+    )
+    before = image_digest(memory_image.db)
+    findings = _install(memory_image, "probe", STORED_BOMB, (4, 200))
+    assert any("more than 1,000,000 items" in f and "nothing was stored" in f for f in findings)
+    assert image_digest(memory_image.db) == before
+    with memory_image.read() as root:
+        brief = kernel.build_brief(root["target"], "later")  # the next mission's brief
+        assert brief.slots["stats"] == "PersistentMapping({})"
+
+
+def test_every_display_of_a_value_is_bounded_by_nodes_visited() -> None:
+    bomb = _bomb()
+    text = bounded_repr(bomb, 120)
+    assert len(text) <= 120 and text.endswith("…")
+    assert len(bounded_repr(bomb, 10**6)) < 20_000  # the node budget stops it, not the width
+    with pytest.raises(ValueTooLarge):
+        bounded_plain(bomb)
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    assert bounded_repr(cyclic) == "[1, […]]"
+    assert bounded_repr(2**20_000) == "<int of 20001 bits>"
+    assert bounded_repr("x" * 10**7, 10) == "'xxxxxxxx…"
+    # An image written before these limits may already hold one: the brief still returns.
+    obj = UvmObject(name="robin", notes=bomb)
+    assert kernel.build_brief(obj, "later").slots["notes"].endswith("…")
+    assert bounded_plain(PersistentMapping(a=PersistentList([{1}, (2,)]))) == {"a": [[1], [2]]}
+
+
+def test_an_exception_holding_a_bomb_is_reported_bounded(memory_image) -> None:
+    memory_image.transact(lambda root: root.__setitem__("target", UvmObject(name="robin")))
+    source = BOMB.replace("    return a\n", "    raise ValueError(a)\n")
+    findings = _install(memory_image, "probe", source, (4, 200))
+    assert len(findings) == 1 and "ValueError: [[[" in findings[0] and len(findings[0]) < 3_000
+    loose = UvmObject(name="robin")
+    kernel.add_method(loose, "probe", source)
+    with pytest.raises(ValueError) as caught:
+        loose.probe(4, 200)
+    assert len(str(caught.value)) < 5_000
+
+
+# -- 2. the covenant keeps or refuses, never loses --------------------------------------------
+
+
+def test_a_plain_list_inside_a_persistent_mapping_is_kept(memory_image) -> None:
+    memory_image.transact(
+        lambda root: root.__setitem__("target", UvmObject(name="robin", stats=PersistentMapping()))
+    )
+    assert _install(memory_image, "remember", REMEMBER, ("calm",)) == []
+    assert memory_image.transact(lambda root: root["target"].remember("glad")) == ["calm", "glad"]
+    memory_image.transact(lambda root: root["target"].remember("sad"))
+    memory_image.db.cacheMinimize()
+    with memory_image.read() as root:
+        assert root["target"].stats["moods"] == ["calm", "glad", "sad"]
+
+
+def test_a_container_reached_without_passing_a_guard_is_still_compared(memory_image) -> None:
+    # max() hands the mapping out and dict() reaches its list at C speed: no attribute or
+    # item guard sees the mapping itself, only the list of boards it came from.
+    pin = (
+        "def pin(self, x):\n"
+        "    board = max(self.boards, key=len)\n"
+        "    dict(board)['notes'].append(x)\n"
+        "    return len(board)\n"
+    )
+
+    def build(root):
+        root["target"] = UvmObject(name="robin", boards=[PersistentMapping(notes=[])])
+
+    memory_image.transact(build)
+    assert _install(memory_image, "pin", pin, ("first",)) == []
+    memory_image.transact(lambda root: root["target"].pin("second"))
+    memory_image.db.cacheMinimize()
+    with memory_image.read() as root:
+        assert root["target"].boards[0]["notes"] == ["first", "second"]
+
+
+def test_a_slot_of_another_prototype_changed_in_place_is_refused(memory_image) -> None:
+    def build(root):
+        root["target"] = UvmObject(name="robin", friend=UvmObject(name="pal", items=[]))
+
+    memory_image.transact(build)
+    before = image_digest(memory_image.db)
+    findings = _install(memory_image, "befriend", BEFRIEND, (1,))
+    assert any("persistence covenant" in f and "'pal'" in f and ".items" in f for f in findings)
+    assert image_digest(memory_image.db) == before
+    # Unsaved objects have no record to lose a change against: it is kept.
+    loose = UvmObject(name="robin", friend=UvmObject(name="pal", items=[]))
+    kernel.add_method(loose, "befriend", BEFRIEND)
+    assert loose.befriend(2) == 2 and loose.friend.items == [2]
+
+
+# -- 3. a forged report: what a child that escaped could send ----------------------------------
+
+
+def _forge(monkeypatch: pytest.MonkeyPatch, make) -> None:
+    """Replace the child's report function, as code that escaped every guard would."""
+    monkeypatch.setattr(isolation, "_encode_report", make)
+
+
+def _call(obj: UvmObject, *, apply: bool = True, seconds: float = 5) -> object:
+    return isolation.run(lambda o: None, (obj,), {}, seconds=seconds, memory_mb=256, apply=apply)
+
+
+def _with_method(image: LivingImage) -> None:
+    def build(root):
+        root["target"] = UvmObject(name="vault", secret="launch")
+        kernel.add_method(root["target"], "greet", "def greet(self):\n    return 'hi'\n")
+
+    image.transact(build)
+
+
+def test_a_forged_report_cannot_rewrite_a_method(memory_image, monkeypatch) -> None:
+    _with_method(memory_image)
+    before = image_digest(memory_image.db)
+
+    def rewrite(result, changed, known, jar):
+        method = next(o for o in _KNOWN_IN_CHILD if isinstance(o, Method))
+        state = ["compiler", "plain", "source", "def greet(self):\n    return open('/etc')\n"]
+        return msgpack.packb(["R", None, [[[report._KNOWN, known[id(method)]], state]], []])
+
+    _forge(monkeypatch, rewrite)
+
+    def call(root):
+        _KNOWN_IN_CHILD[:] = list(root["target"]._methods.values())
+        return root["target"].greet()
+
+    with pytest.raises(SandboxViolation, match="a Method cannot be changed by a method"):
+        memory_image.transact(call)
+    assert image_digest(memory_image.db) == before
+    with memory_image.read() as root:
+        assert root["target"]._methods["greet"].compiler == "sandbox"
+
+
+_KNOWN_IN_CHILD: list = []
+
+
+def test_nothing_is_applied_unless_the_whole_report_passes(memory_image, monkeypatch) -> None:
+    _with_method(memory_image)
+    before = image_digest(memory_image.db)
+
+    def change_receiver_then_root(result, changed, known, jar):
+        receiver = _KNOWN_IN_CHILD[0]
+        methods = [report._DICT]
+        for name, method in receiver._methods.items():
+            methods += [name, [report._KNOWN, known[id(method)]]]
+        own = [[report._KNOWN, known[id(receiver)]], ["_methods", methods, "secret", "pwned"]]
+        root = [[report._OID, b"\0" * 8], ["data", [report._DICT]]]
+        return msgpack.packb(["R", None, [own, root], []])
+
+    _forge(monkeypatch, change_receiver_then_root)
+    for apply in (False, True):  # a trial, then a real call
+        with memory_image.connection() as conn:
+            conn.transaction_manager.begin()
+            target = conn.root()["target"]
+            _KNOWN_IN_CHILD[:] = [target]
+            with pytest.raises(SandboxViolation, match="never given to the method"):
+                _call(target, apply=apply)
+            assert target.secret == "launch" and "target" in conn.root()
+            conn.transaction_manager.commit()
+    assert image_digest(memory_image.db) == before
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (b"\x91" * 2_000_000 + b"\xc0", "not a well-formed report"),  # C-stack bomb
+        (b"\xdd\xff\xff\xff\xff", "not a well-formed report"),  # 4 G items claimed, 5 bytes
+        (msgpack.packb(["R", [report._DEQUE, 10**15], [], []]), "length limit"),
+        (msgpack.packb(["R", [report._LIST] * 1 + [[report._LIST]], [], []]), None),
+        (
+            msgpack.packb(
+                ["R", [report._SET, *[report._big_int(k * (2**61 - 1) + 5) for k in range(50)]]]
+                + [[], []]
+            ),
+            "share one hash",
+        ),
+        (msgpack.packb(["R", msgpack.ExtType(1, b"\x01" * 200_000), [], []]), "well-formed"),
+        (msgpack.packb(["R", {"a": 1}, [], []]), "well-formed"),
+        (msgpack.packb(["R", msgpack.ExtType(5, b"\0" * 4), [], []]), "unknown extension"),
+        (b"\x94\xa1R\xd6\xff\0\0\0\0\x90\x90", "malformed"),  # a msgpack timestamp
+        (pickle.dumps(os.system), "well-formed"),  # a pickle is not a report
+    ],
+    ids=[
+        "deep",
+        "huge-header",
+        "deque-maxlen",
+        "valid",
+        "hash-bomb",
+        "huge-int",
+        "map",
+        "ext",
+        "timestamp",
+        "pickle",
+    ],
+)
+def test_forged_reports_are_refused_without_harm(monkeypatch, payload: bytes, why) -> None:
+    obj = UvmObject(name="vault")
+    _forge(monkeypatch, lambda *a: payload)
+    if why is None:
+        assert _call(obj) == [[]]
+        return
+    with pytest.raises(SandboxViolation) as caught:
+        _call(obj)
+    assert why in str(caught.value)
+    assert obj.name == "vault"
+
+
+def test_a_deeply_nested_value_within_the_bytes_is_refused() -> None:
+    wire: list = [report._LIST]
+    for _ in range(report.MAX_DEPTH + 5):
+        wire = [report._LIST, wire]
+    with pytest.raises(SandboxViolation, match="nested deeper"):
+        isolation._decode(msgpack.packb(["R", wire, [], []]), [], None, {})
+
+
+def test_a_child_that_stalls_mid_message_is_stopped_at_the_deadline(monkeypatch) -> None:
+    def stall(*args):
+        os.write(confine.TO_HOST_FD, isolation._HEADER.pack(b"R", 1000) + b"x" * 10)
+        time.sleep(600)
+
+    _forge(monkeypatch, stall)
+    with pytest.raises(SandboxLimitExceeded, match="longer than 0.5 s"):
+        _call(UvmObject(name="vault"), seconds=0.5)
+
+
+def test_a_child_that_lingers_after_reporting_is_killed(monkeypatch) -> None:
+    real = isolation._encode_report
+
+    def linger(*args):
+        isolation._send(confine.TO_HOST_FD, b"R", real(*args))
+        time.sleep(600)
+
+    _forge(monkeypatch, linger)
+    obj = UvmObject(name="vault")
+    assert isolation.run(lambda o: 42, (obj,), {}, seconds=600, memory_mb=256) == 42
+
+
+def test_an_oversized_message_is_refused_before_it_is_read(monkeypatch) -> None:
+    def huge(*args):
+        os.write(confine.TO_HOST_FD, isolation._HEADER.pack(b"R", report.MAX_REPORT_BYTES + 1))
+        time.sleep(600)
+
+    _forge(monkeypatch, huge)
+    with pytest.raises(SandboxViolation, match="over the limit"):
+        _call(UvmObject(name="vault"))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _escaped(obj: UvmObject) -> dict:
+    """Plain Python in the child: what code that escaped RestrictedPython could try."""
+    seen: dict = {"applied": confine.applied(), "environment": dict(os.environ)}
+    attempts = {
+        "open": lambda: open("/etc/hostname").read(),
+        "socket": lambda: socket.socket(),
+        "signal the host": lambda: os.kill(os.getppid(), 0),
+        "fork": lambda: os.fork(),
+        "exec": lambda: os.execv("/bin/true", ["true"]),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            seen[what] = "done"
+        except OSError:
+            seen[what] = "refused"
+    seen["descriptors"] = [fd for fd in range(1024) if _is_open(fd)]
+    return seen
+
+
+def test_an_escaped_child_has_no_files_environment_network_or_processes(file_uri) -> None:
+    image = LivingImage.open(file_uri)  # the image file is open read-write in the host
+    image.transact(lambda root: root.__setitem__("target", UvmObject(name="vault")))
+    os.environ["BATOS_TEST_SECRET"] = "key"
+    try:
+        with image.connection() as conn:
+            receiver = conn.root()["target"]
+            seen = isolation.run(_escaped, (receiver,), {}, seconds=5, memory_mb=256)
+    finally:
+        del os.environ["BATOS_TEST_SECRET"]
+        image.close()
+    assert seen["environment"] == {}
+    assert seen["descriptors"] == [0, 1, 2, 3, 4]  # /dev/null ×3 and the channel
+    assert {"descriptors", "environment", "limits"} <= set(seen["applied"])
+    assert seen["open"] == seen["socket"] == "refused"  # no descriptor can be made
+    if "seccomp" in seen["applied"]:
+        assert seen["signal the host"] == seen["fork"] == seen["exec"] == "refused"
+
+
+# -- 4. fuzzing the decoder ---------------------------------------------------------------------
+
+
+def _valid_reports() -> tuple[list, list[bytes]]:
+    base = UvmObject(name="base")
+    obj = UvmObject(base, name="vault", items=PersistentList([1, 2]))
+    kernel.add_method(obj, "greet", "def greet(self):\n    return 'hi'\n")
+    known = isolation._known_objects([obj, base], None)
+    tokens = {id(o): i for i, o in enumerate(known)}
+    obj.stats = {"n": 3, (1, 2): frozenset({"a"}), "when": __import__("datetime").date.today()}
+    obj.items.append(2**80)
+    fresh = obj.clone(name="copy")
+    del fresh._methods["greet"]
+    results = [
+        None,
+        [1, 2.5, "three", b"four", (5, {6}), {"seven": [8]}],
+        {"deep": [[[[[[1]]]]]], "big": -(2**100), "c": 1j},
+        fresh,
+    ]
+    return known, [
+        report.Encoder(tokens, None).report(result, [obj, obj.items]) for result in results
+    ]
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    data = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        choice = rng.random()
+        at = rng.randrange(len(data)) if data else 0
+        if choice < 0.4 and data:
+            data[at] = rng.randrange(256)
+        elif choice < 0.6:
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif choice < 0.8 and data:
+            del data[at : at + rng.randint(1, 8)]
+        else:
+            data = data[: at or 1]
+    return bytes(data)
+
+
+def test_random_and_mutated_reports_never_crash_and_change_nothing() -> None:
+    rng = random.Random(1234)
+    known, valid = _valid_reports()
+    digests = [isolation.state_digests(o) for o in known]
+    accepted = refused = 0
+    for round_ in range(3_000):
+        if round_ % 10 == 0:
+            payload = bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
+        else:
+            payload = _mutate(rng, rng.choice(valid))
+        try:
+            decoded = report.Decoder(known, lambda oid: None).report(payload)
+        except report.ReportRefused:  # a named rule, never another exception
+            refused += 1
+        else:
+            accepted += 1
+            for obj, state in decoded.states:  # only states the host would accept
+                assert any(obj is o for o in known) and isinstance(state, dict)
+    assert [isolation.state_digests(o) for o in known] == digests  # decoding applies nothing
+    assert refused > 1_000 and accepted > 10  # the fuzz reached both sides
+    for payload in valid:
+        assert isolation._decode(payload, known, None, {}).states

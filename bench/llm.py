@@ -2,6 +2,7 @@
 
     python bench/llm.py            # the default model (Qwen2.5-Coder-1.5B)
     python bench/llm.py --quick    # the test model, short runs (for development)
+    python bench/llm.py --switch-only   # only the persona switches, warm and cold
 
 Prints a table of ratios and writes bench/results/llm.json. Throughput: the same prompt
 tokens and sampling settings go through ``Engine.generate`` and through raw
@@ -165,6 +166,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="test model, short runs")
     parser.add_argument("--model", help="default | test | path (default: default, or test)")
+    parser.add_argument(
+        "--switch-only", action="store_true", help="only persona switches (no throughput runs)"
+    )
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")
     tokens, runs, swaps = (32, 2, 200) if args.quick else (128, 3, 2000)
@@ -172,21 +176,25 @@ def main() -> None:
     report = {
         "model": which,
         "load_s": eng.load_s,
-        "throughput": throughput(eng, tokens, runs),
+        "throughput": None if args.switch_only else throughput(eng, tokens, runs),
         "switch": switching(eng, which, swaps),
     }
     t, s = report["throughput"], report["switch"]
-    print(
-        f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
-        f"{tokens} generated, median of {runs}"
-    )
-    print(f"{'measure':34}{'ours':>12}{'raw llama.cpp':>15}{'ratio':>9}")
-    for label, ours, raw in (
-        ("prompt tokens/s", t["ours_prompt_tps"], t["raw_prompt_tps"]),
-        ("generation tokens/s", t["ours_gen_tps"], t["raw_gen_tps"]),
-        ("time to first token (s)", t["ours_ttft_s"], t["raw_ttft_s"]),
-    ):
-        print(f"{label:34}{ours:12.3f}{raw:15.3f}{ours / raw:9.3f}")
+    if t is None:
+        print(f"model {which}: {eng.gguf.name}, persona switches only")
+        print(f"{'measure':34}{'ours':>12}{'reload':>15}{'ratio':>9}")
+    else:
+        print(
+            f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
+            f"{tokens} generated, median of {runs}"
+        )
+        print(f"{'measure':34}{'ours':>12}{'raw llama.cpp':>15}{'ratio':>9}")
+        for label, ours, raw in (
+            ("prompt tokens/s", t["ours_prompt_tps"], t["raw_prompt_tps"]),
+            ("generation tokens/s", t["ours_gen_tps"], t["raw_gen_tps"]),
+            ("time to first token (s)", t["ours_ttft_s"], t["raw_ttft_s"]),
+        ):
+            print(f"{label:34}{ours:12.3f}{raw:15.3f}{ours / raw:9.3f}")
     print(
         f"{'warm persona switch vs reload (ms)':34}{s['swap_ms']:12.4f}{s['reload_ms']:15.1f}"
         f"{s['speedup']:8.0f}x   adapters: {s['adapters']}"
@@ -197,7 +205,8 @@ def main() -> None:
         f"the {s['adapter_bytes'] / 1e6:.1f} MB adapter read from disk"
     )
     print("persona voice: see bench/voice.py")
-    out = Path(__file__).resolve().parent / "results" / "llm.json"
+    name = "llm-switch.json" if args.switch_only else "llm.json"
+    out = Path(__file__).resolve().parent / "results" / name
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

@@ -20,6 +20,9 @@ one persona's territory, half far from all of them), under three conditions:
     system    the persona's system prompt, no adapter (BATOS_ADAPTERS=off)
     both      adapter and system prompt: what a user gets
 
+With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts,
+and attributes its final answers the same way.
+
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
 interval (the sets are small). Replies are cached in bench/results/voice-replies.jsonl keyed by
 model, condition, persona, prompt, adapter and system prompt digests and sampling, so an
@@ -36,6 +39,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +230,7 @@ class ReplyCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.replies: dict[str, str] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
         self._torn = False  # the last line was cut short: the next one must start afresh
         if path.is_file():
             text = path.read_text(encoding="utf-8")
@@ -236,12 +241,17 @@ class ReplyCache:
                 except json.JSONDecodeError:  # a line cut short by an interrupted run
                     continue
                 self.replies[row["key"]] = row["reply"]
+                self.rows[row["key"]] = row
+
+    def row(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
 
     def get(self, key: str) -> str | None:
         return self.replies.get(key)
 
     def put(self, key: str, reply: str, meta: dict[str, Any]) -> None:
         self.replies[key] = reply
+        self.rows[key] = {"key": key, **meta, "reply": reply}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as out:
             if self._torn:
@@ -321,6 +331,69 @@ class Speaker:
         return text
 
 
+def mind_replies(
+    speaker: Speaker, prompts: Sequence[str], progress: Callable[[str], None] = print
+) -> tuple[list[tuple[str, str]], Counter[str]]:
+    """The mind's final answers when the route is one persona, forced (``persona`` in the run
+    context) on the fast path: ROUTE → SYNTHESIZING → gate → COMPLETE, on a throw-away image.
+
+    The answer is capped at the bench's reply length (the mind's own cap is ANSWER_TOKENS);
+    everything else — the persona's Modelfile, adapter, sampling, the gate — is the mind's.
+    Returns ``(persona, answer)`` pairs and how many cycles ended in each status.
+    """
+    import tempfile
+
+    from langchain_core.messages import HumanMessage
+
+    from graph.boot import open_image
+    from graph.llm import chat_model
+    from graph.mind import MindServices, build_graph, run_config
+    from store.checkpointer import ZODBSaver
+
+    def capped(persona: str, **options: Any) -> Any:
+        limit = min(int(options.get("num_predict") or speaker.tokens), speaker.tokens)
+        return chat_model(persona, **{**options, "num_predict": limit, "backend": "embedded"})
+
+    pairs: list[tuple[str, str]] = []
+    statuses: Counter[str] = Counter()
+    todo = [(p, who) for p in prompts for who in PERSONAS]
+    missing = [
+        (p, who) for p, who in todo if speaker.cache.get(speaker.key("mind", who, p)) is None
+    ]
+    if missing and not speaker.offline:
+        with tempfile.TemporaryDirectory(prefix="batos-voice-") as folder:
+            with open_image(f"file://{folder}/voice.fs") as image, ZODBSaver(image) as saver:
+                graph = build_graph(MindServices(models=capped, image=image), checkpointer=saver)
+                for i, (prompt, persona) in enumerate(missing, 1):
+                    started = time.perf_counter()
+                    state = graph.invoke(
+                        {"messages": [HumanMessage(prompt)]},
+                        run_config(f"voice-{i}"),
+                        context={"persona": persona, "depth": "fast"},
+                    )
+                    speaker.seconds += time.perf_counter() - started
+                    speaker.generated += 1
+                    speaker.cache.put(
+                        speaker.key("mind", persona, prompt),
+                        str(state.get("response") or "").strip(),
+                        {
+                            "model": speaker.which,
+                            "condition": "mind",
+                            "persona": persona,
+                            "prompt": prompt,
+                            "status": state.get("status"),
+                        },
+                    )
+                    progress(f"  mind {i}/{len(missing)}: {state.get('status')}")
+    for prompt, persona in todo:
+        row = speaker.cache.row(speaker.key("mind", persona, prompt))
+        if row is not None:
+            statuses[str(row.get("status"))] += 1
+            if row["reply"]:
+                pairs.append((persona, row["reply"]))
+    return pairs, statuses
+
+
 @dataclass(frozen=True)
 class PromptSet:
     name: str
@@ -328,13 +401,14 @@ class PromptSet:
 
 
 def prompt_sets(quick: bool) -> list[PromptSet]:
-    """The far half first: it is the target, so a cut-short run has it complete."""
+    """The far half first (it is the target), then the shortest set, so that a run cut short
+    has whole sets to report."""
     voice = voice_prompts()
     held = list(dict.fromkeys(r["prompt"] for r in heldout_rows()))
     sets = [
         PromptSet("far", tuple(r["prompt"] for r in voice if r["set"] == "far")),
-        PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
         PromptSet("heldout", tuple(held)),
+        PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
     ]
     if quick:
         sets = [PromptSet(s.name, s.prompts[:2]) for s in sets]
@@ -412,9 +486,15 @@ def main() -> None:
     parser.add_argument("--model", help="default | test (default: default, or test with --quick)")
     parser.add_argument("--classifier-only", action="store_true", help="validate; load no model")
     parser.add_argument("--report-only", action="store_true", help="score cached replies only")
+    parser.add_argument(
+        "--mind",
+        action="store_true",
+        help="also the mind's final answers on single-persona routes (the far prompts)",
+    )
     parser.add_argument("--tokens", type=int, default=REPLY_TOKENS, help="reply length cap")
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")
+    os.environ["BATOS_MODEL"] = which  # the mind's chat models read the setting
 
     classifier = train_classifier()
     validation = validate(classifier)
@@ -442,6 +522,23 @@ def main() -> None:
     )
     replies = collect(speaker, sets, progress=lambda line: print(line, flush=True))
     result = report(classifier, validation, replies)
+    if args.mind:
+        far = next(s.prompts for s in sets if s.name == "far")
+        pairs, statuses = mind_replies(speaker, far, lambda line: print(line, flush=True))
+        scores, _ = attribution(classifier, pairs)
+        ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+        print(
+            "\nthe mind's final answers, one persona routed (fast path), far prompts — "
+            f"classifier validation {validation.rate:.2f} ({validation.hits}/{validation.n}); "
+            f"cycles: {ended or 'none'}"
+        )
+        print(f"{'':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
+        cells = "".join(f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall"))
+        print(f"{'mind answer':26}{cells}")
+        result["mind"] = {
+            "statuses": dict(statuses),
+            "scores": {k: v.as_dict() for k, v in scores.items()},
+        }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}.json"
     out.write_text(

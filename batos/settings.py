@@ -145,6 +145,14 @@ SETTINGS: dict[str, Setting] = {
             "Folder of the persona Modelfiles and adapters (adapters/<model>/<persona>.gguf).",
         ),
         Setting(
+            "adapters",
+            "BATOS_ADAPTERS",
+            lambda: "on",
+            "Whether the embedded backend applies the persona LoRA adapters: 'on', or 'off' to "
+            "serve every persona on its system prompt alone (to measure what the adapters add).",
+            _choice("on", "off"),
+        ),
+        Setting(
             "adapter_capacity",
             "BATOS_ADAPTER_CAPACITY",
             lambda: "4",

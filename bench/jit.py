@@ -14,9 +14,13 @@ on one holding a 10,000-item list (the per-call covenant check pickles the recei
 
     BATOS_MODEL=default .venv/bin/python bench/jit.py          # the full run (slow on CPU)
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents, to see it work
+    BATOS_MODEL=default .venv/bin/python bench/jit.py --adapters off   # one column only
     .venv/bin/python bench/jit.py --calls-only                 # only the per-call costs
 
-Prints a table and writes bench/results/jit-<model>.json.
+The drafts are written by persona models, so the intents run twice by default: with the persona
+adapters (what users get) and without them (BATOS_ADAPTERS=off, system prompts only), printed
+side by side to show whether a persona's voice costs code quality. Prints a table and writes
+bench/results/jit-<model>.json.
 """
 
 from __future__ import annotations
@@ -307,6 +311,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the first two intents")
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
+    parser.add_argument(
+        "--adapters",
+        choices=("both", "on", "off"),
+        default="both",
+        help="persona adapters on, off (system prompts only), or both runs side by side",
+    )
     args = parser.parse_args()
     costs = call_costs(2_000 if args.quick else 20_000)
     print(f"{'one call of an installed method':<52}{'us/call':>10}{'vs plain':>10}")
@@ -319,24 +329,31 @@ def main() -> None:
     from graph.llm import chat_model
 
     chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
-    outcomes = []
-    for case in cases:
-        outcome = run_case(case, args.attempts)
-        outcomes.append(outcome)
-        mark = f"draft {outcome.solved_at}" if outcome.solved_at else f"miss ({outcome.error})"
-        print(f"  {case.selector:<22} {outcome.seconds:7.1f} s  {mark}", flush=True)
-    n = len(outcomes)
-    pass1 = sum(1 for o in outcomes if o.solved_at == 1) / n
-    pass3 = sum(1 for o in outcomes if o.solved_at is not None and o.solved_at <= 3) / n
-    installed = [o.seconds for o in outcomes if o.solved_at is not None]
-    per_method = statistics.mean(installed) if installed else float("nan")
+    conditions = ("on", "off") if args.adapters == "both" else (args.adapters,)
+    runs: dict[str, list[Outcome]] = {}
+    for condition in conditions:
+        # The drafts are written by persona models: with their adapters (what users get) and
+        # on their system prompts alone, to show whether a persona's voice costs code quality.
+        os.environ["BATOS_ADAPTERS"] = condition
+        print(f"adapters {condition}:", flush=True)
+        outcomes = runs[condition] = []
+        for case in cases:
+            outcome = run_case(case, args.attempts)
+            outcomes.append(outcome)
+            mark = f"draft {outcome.solved_at}" if outcome.solved_at else f"miss ({outcome.error})"
+            print(f"  {case.selector:<22} {outcome.seconds:7.1f} s  {mark}", flush=True)
+    os.environ.pop("BATOS_ADAPTERS", None)
+    summary = {condition: _summary(outcomes) for condition, outcomes in runs.items()}
+    n = len(cases)
     print(f"\nJIT benchmark — model {model!r}, {n} intents, up to {args.attempts} drafts each")
-    print(f"{'metric':<32}{'value':>10}")
-    print(f"{'pass@1':<32}{pass1:>10.2f}")
-    print(f"{'pass@3':<32}{pass3:>10.2f}")
-    print(f"{'seconds per installed method':<32}{per_method:>10.1f}")
-    gain = pass3 / pass1 if pass1 else float("nan")
-    print(f"{'pass@3 / pass@1 (retry gain)':<32}{gain:>10.2f}")
+    print(f"{'metric':<32}" + "".join(f"{'adapters ' + c:>14}" for c in summary))
+    for label, key, digits in (
+        ("pass@1", "pass@1", 2),
+        ("pass@3", "pass@3", 2),
+        ("seconds per installed method", "seconds_per_installed_method", 1),
+        ("pass@3 / pass@1 (retry gain)", "retry_gain", 2),
+    ):
+        print(f"{label:<32}" + "".join(f"{s[key]:>14.{digits}f}" for s in summary.values()))
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     path = out / f"jit-{Path(model).stem}{'-quick' if args.quick else ''}.json"
@@ -346,16 +363,29 @@ def main() -> None:
                 "model": model,
                 "intents": n,
                 "attempts": args.attempts,
-                "pass@1": pass1,
-                "pass@3": pass3,
-                "seconds_per_installed_method": per_method,
+                **summary.get("on", next(iter(summary.values()))),
+                "adapters": {
+                    c: {**summary[c], "cases": [o.__dict__ for o in runs[c]]} for c in runs
+                },
                 "call_costs_us": {label: us for label, us, _ in costs},
-                "cases": [o.__dict__ for o in outcomes],
             },
             indent=2,
         )
     )
     print(f"wrote {path}")
+
+
+def _summary(outcomes: list[Outcome]) -> dict[str, float]:
+    n = len(outcomes)
+    pass1 = sum(1 for o in outcomes if o.solved_at == 1) / n
+    pass3 = sum(1 for o in outcomes if o.solved_at is not None and o.solved_at <= 3) / n
+    installed = [o.seconds for o in outcomes if o.solved_at is not None]
+    return {
+        "pass@1": pass1,
+        "pass@3": pass3,
+        "seconds_per_installed_method": statistics.mean(installed) if installed else float("nan"),
+        "retry_gain": pass3 / pass1 if pass1 else float("nan"),
+    }
 
 
 if __name__ == "__main__":

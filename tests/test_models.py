@@ -17,8 +17,9 @@ from graph.llm import (
     unregister_backend,
 )
 from graph.llm.base import ExceptionTable, PersonaChatModel
-from graph.llm.embedded import EmbeddedChatModel, message_dicts
+from graph.llm.embedded import EmbeddedChatModel, adapter_paths, message_dicts
 from graph.llm.engine import FairLock, Sampling, engine
+from graph.llm.modelfile import adapter_path
 from prototypes.codex import load_codex
 from store.model_files import model_path
 
@@ -121,6 +122,18 @@ def test_a_system_message_replaces_the_modelfile_system() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
     ]
+
+
+def test_adapters_off_serves_every_persona_on_its_system_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    robin = EmbeddedChatModel(persona="ROBIN").persona_model()
+    assert adapter_paths(robin, "default") == (adapter_path("default", "ROBIN"),)
+    monkeypatch.setenv("BATOS_ADAPTERS", "off")
+    assert adapter_paths(robin, "default") == ()
+    monkeypatch.setenv("BATOS_ADAPTERS", "no")
+    with pytest.raises(ConfigurationError, match="BATOS_ADAPTERS"):
+        adapter_paths(robin, "default")
 
 
 class _Handshake(threading.Condition):

@@ -199,3 +199,6 @@ def test_chat_model_applies_an_adapter_as_soon_as_its_file_appears(
     assert after.response_metadata["adapters"] == ["robin.gguf"]
     assert after.content != before.content
     assert after.usage_metadata["output_tokens"] > 0
+    monkeypatch.setenv("BATOS_ADAPTERS", "off")  # system prompt only, as bench/voice.py compares
+    off = robin.invoke("Name a colour.")
+    assert off.response_metadata["adapters"] == [] and off.content == before.content

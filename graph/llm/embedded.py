@@ -70,10 +70,13 @@ def adapter_paths(model: PersonaModel, which: str) -> tuple[Path, ...]:
 
     A Modelfile with an ADAPTER line (they name the 'default' model's file) is served with the
     persona's adapter for the base in use, ``adapter_path(which, persona)``. A custom GGUF path
-    has no trained adapters, so it runs on the system prompt alone.
+    has no trained adapters, so it runs on the system prompt alone, as every persona does
+    while the ``adapters`` setting is 'off'.
     """
     from store.model_files import catalog
 
+    if settings.get_str("adapters") == "off":
+        return ()
     if which not in catalog():
         _warn_once(
             model.persona,

@@ -1,0 +1,560 @@
+"""Persona voice: is each reply recognisably ROBIN's, BRICK's, BABS's or ALFRED's?
+
+    python bench/voice.py                    # the default model (about an hour on 2 CPU cores)
+    python bench/voice.py --quick            # the test model, a few prompts (to see it work)
+    python bench/voice.py --classifier-only  # validate the classifier; no model is loaded
+    python bench/voice.py --report-only      # the table from the replies cached so far
+
+Replies are attributed by a style classifier — TF-IDF over word 1–2-grams and character 2–5-grams,
+logistic regression — trained on the training replies only (modelfiles/data/<persona>.jsonl) and
+validated on the held-out reference replies (heldout.jsonl), which no model and no training step
+saw. Its validation figure is printed beside every result, and no model figure is reported when it
+is under 0.90: a classifier that cannot tell the reference replies apart says nothing about a
+model's.
+
+Every persona answers every prompt of two sets: the held-out prompts (near the training topics)
+and modelfiles/data/voice_prompts.jsonl (no content word shared with any training prompt; half in
+one persona's territory, half far from all of them), under three conditions:
+
+    adapter   the persona's LoRA adapter, a neutral system prompt in place of the persona's
+    system    the persona's system prompt, no adapter (BATOS_ADAPTERS=off)
+    both      adapter and system prompt: what a user gets
+
+With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts,
+and attributes its final answers the same way.
+
+Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
+interval (the sets are small). Replies are cached in bench/results/voice-replies.jsonl keyed by
+model, condition, persona, prompt, adapter and system prompt digests and sampling, so an
+interrupted run resumes and re-scoring costs nothing. Writes bench/results/voice-<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from graph.llm.modelfile import adapter_path, modelfiles_dir  # noqa: E402
+
+PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
+CONDITIONS = ("adapter", "system", "both")
+CONDITION_LABELS = {
+    "adapter": "adapter only",
+    "system": "system prompt only",
+    "both": "adapter + system prompt",
+}
+#: Stands in for the persona's SYSTEM in the adapter-only condition (a system message in the
+#: call replaces the Modelfile's, as in Ollama), so neither the persona's words nor the base
+#: model's own default identity line decide the voice.
+NEUTRAL_SYSTEM = "You are a helpful assistant."
+VALIDATION_FLOOR = 0.90
+REPLY_TOKENS = 64
+SEED = 0
+RESULTS = Path(__file__).resolve().parent / "results"
+CACHE = RESULTS / "voice-replies.jsonl"
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+def data_dir() -> Path:
+    return modelfiles_dir() / "data"
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def training_rows() -> list[dict[str, str]]:
+    """Every training pair, tagged with its persona."""
+    return [
+        {**row, "persona": persona}
+        for persona in PERSONAS
+        for row in _jsonl(data_dir() / f"{persona.lower()}.jsonl")
+    ]
+
+
+def heldout_rows() -> list[dict[str, str]]:
+    return _jsonl(data_dir() / "heldout.jsonl")
+
+
+def voice_prompts() -> list[dict[str, Any]]:
+    """The prompt set on topics the training data never touches (``set``: near | far)."""
+    return _jsonl(data_dir() / "voice_prompts.jsonl")
+
+
+_WORD = re.compile(r"[a-z]+")
+#: Function words scikit-learn's stop-word list lacks (it has 'do' but not 'does').
+_AUXILIARIES = frozenset({"does", "did", "doing", "don", "didn", "doesn", "isn", "aren", "won"})
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-case word stems of ``text`` (three letters or more) that are not stop-words.
+
+    The stem drops a plural or verb ending, so 'cats' meets 'cat' and 'crashed' meets 'crash':
+    enough to show two prompts share a topic word, which is all it is used for.
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    words = (w for w in _WORD.findall(text.lower()) if len(w) >= 3)
+    return {_stem(w) for w in words if w not in ENGLISH_STOP_WORDS and w not in _AUXILIARIES}
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ies", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+# --- the classifier ------------------------------------------------------------------------
+
+
+def train_classifier(rows: Sequence[dict[str, str]] | None = None) -> Any:
+    """A style classifier fitted on the training replies (never on a model's or a reference's)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import FeatureUnion, make_pipeline
+
+    rows = training_rows() if rows is None else rows
+    features = FeatureUnion(
+        [
+            ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)),
+            (
+                "chars",
+                TfidfVectorizer(
+                    analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2
+                ),
+            ),
+        ]
+    )
+    model = make_pipeline(features, LogisticRegression(max_iter=2000))
+    model.fit([r["reply"] for r in rows], [r["persona"] for r in rows])
+    return model
+
+
+@dataclass(frozen=True)
+class Score:
+    """``hits`` of ``n`` replies attributed to their author, with a 95% Wilson interval."""
+
+    hits: int
+    n: int
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.n if self.n else float("nan")
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.hits, self.n)
+
+    def __str__(self) -> str:
+        if not self.n:
+            return "—"
+        low, high = self.interval
+        return f"{self.rate:.2f} [{low:.2f}–{high:.2f}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.interval if self.n else (None, None)
+        return {
+            "hits": self.hits,
+            "n": self.n,
+            "rate": self.rate if self.n else None,
+            "low": low,
+            "high": high,
+        }
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion: sound at small n and at 0 or n hits."""
+    if n <= 0:
+        raise ValueError("no trials")
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def attribution(
+    classifier: Any, replies: Sequence[tuple[str, str]]
+) -> tuple[dict[str, Score], list[str]]:
+    """Per-persona and overall scores of ``(persona, reply)`` pairs, and each predicted author."""
+    if not replies:
+        return {}, []
+    predicted = list(classifier.predict([text for _, text in replies]))
+    scores = {}
+    for persona in (*PERSONAS, "overall"):
+        pairs = [
+            (who, guess)
+            for (who, _), guess in zip(replies, predicted, strict=True)
+            if persona in ("overall", who)
+        ]
+        scores[persona] = Score(sum(w == g for w, g in pairs), len(pairs))
+    return scores, predicted
+
+
+def validate(classifier: Any) -> Score:
+    """The classifier on the held-out reference replies: the gate for every model figure."""
+    rows = heldout_rows()
+    return attribution(classifier, [(r["persona"], r["reply"]) for r in rows])[0]["overall"]
+
+
+def usable(validation: Score) -> bool:
+    """Whether a classifier with this validation may attribute model replies at all."""
+    return validation.n > 0 and validation.rate >= VALIDATION_FLOOR
+
+
+# --- replies -------------------------------------------------------------------------------
+
+
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+class ReplyCache:
+    """Generated replies by key, appended to a JSONL file one by one (a crash loses one reply)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.replies: dict[str, str] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._torn = False  # the last line was cut short: the next one must start afresh
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            self._torn = bool(text) and not text.endswith("\n")
+            for line in text.splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by an interrupted run
+                    continue
+                self.replies[row["key"]] = row["reply"]
+                self.rows[row["key"]] = row
+
+    def row(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
+
+    def get(self, key: str) -> str | None:
+        return self.replies.get(key)
+
+    def put(self, key: str, reply: str, meta: dict[str, Any]) -> None:
+        self.replies[key] = reply
+        self.rows[key] = {"key": key, **meta, "reply": reply}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            if self._torn:
+                out.write("\n")
+                self._torn = False
+            out.write(json.dumps({"key": key, **meta, "reply": reply}) + "\n")
+
+
+class Speaker:
+    """Persona replies on one base model under the three conditions, through the real backend."""
+
+    def __init__(
+        self, which: str, cache: ReplyCache, tokens: int = REPLY_TOKENS, offline: bool = False
+    ) -> None:
+        from graph.llm.embedded import EmbeddedChatModel
+
+        self.which = which
+        self.offline = offline  # only what the cache holds; nothing is generated
+        self.cache = cache
+        self.tokens = tokens
+        self.generated = 0
+        self.seconds = 0.0
+        self._model = EmbeddedChatModel
+        self._adapter_sha: dict[str, str] = {}
+
+    def adapter_sha(self, persona: str) -> str:
+        if persona not in self._adapter_sha:
+            path = adapter_path(self.which, persona)
+            if not path.is_file():
+                raise SystemExit(f"no adapter for {persona} on model {self.which!r}: {path}")
+            self._adapter_sha[persona] = _sha(path.read_bytes())
+        return self._adapter_sha[persona]
+
+    def key(self, condition: str, persona: str, prompt: str) -> str:
+        model = self._chat(persona)
+        system = NEUTRAL_SYSTEM if condition == "adapter" else model.system_prompt()
+        adapter = "none" if condition == "system" else self.adapter_sha(persona)
+        parts = [self.which, condition, persona, prompt, adapter, _sha(system), self.tokens, SEED]
+        return _sha(json.dumps(parts))
+
+    def _chat(self, persona: str) -> Any:
+        return self._model(
+            persona=persona, base_model=self.which, num_predict=self.tokens, seed=SEED, timeout=900
+        )
+
+    def reply(self, condition: str, persona: str, prompt: str) -> str | None:
+        key = self.key(condition, persona, prompt)
+        cached = self.cache.get(key)
+        if cached is not None or self.offline:
+            return cached
+        from langchain_core.messages import HumanMessage, SystemMessage
+
+        messages: list[Any] = [HumanMessage(prompt)]
+        if condition == "adapter":
+            messages.insert(0, SystemMessage(NEUTRAL_SYSTEM))
+        previous = os.environ.get("BATOS_ADAPTERS")
+        os.environ["BATOS_ADAPTERS"] = "off" if condition == "system" else "on"
+        started = time.perf_counter()
+        try:
+            message = self._chat(persona).invoke(messages)
+        finally:
+            if previous is None:
+                os.environ.pop("BATOS_ADAPTERS", None)
+            else:
+                os.environ["BATOS_ADAPTERS"] = previous
+        self.seconds += time.perf_counter() - started
+        self.generated += 1
+        used = message.response_metadata.get("adapters", [])
+        if bool(used) == (condition == "system"):  # the condition must be what actually ran
+            raise SystemExit(f"{condition} reply for {persona} ran with adapters {used}")
+        text = str(message.content).strip()
+        self.cache.put(
+            key,
+            text,
+            {"model": self.which, "condition": condition, "persona": persona, "prompt": prompt},
+        )
+        return text
+
+
+def mind_replies(
+    speaker: Speaker, prompts: Sequence[str], progress: Callable[[str], None] = print
+) -> tuple[list[tuple[str, str]], Counter[str]]:
+    """The mind's final answers when the route is one persona, forced (``persona`` in the run
+    context) on the fast path: ROUTE → SYNTHESIZING → gate → COMPLETE, on a throw-away image.
+
+    The answer is capped at the bench's reply length (the mind's own cap is ANSWER_TOKENS);
+    everything else — the persona's Modelfile, adapter, sampling, the gate — is the mind's.
+    Returns ``(persona, answer)`` pairs and how many cycles ended in each status.
+    """
+    import tempfile
+
+    from langchain_core.messages import HumanMessage
+
+    from graph.boot import open_image
+    from graph.llm import chat_model
+    from graph.mind import MindServices, build_graph, run_config
+    from store.checkpointer import ZODBSaver
+
+    def capped(persona: str, **options: Any) -> Any:
+        limit = min(int(options.get("num_predict") or speaker.tokens), speaker.tokens)
+        return chat_model(persona, **{**options, "num_predict": limit, "backend": "embedded"})
+
+    pairs: list[tuple[str, str]] = []
+    statuses: Counter[str] = Counter()
+    todo = [(p, who) for p in prompts for who in PERSONAS]
+    missing = [
+        (p, who) for p, who in todo if speaker.cache.get(speaker.key("mind", who, p)) is None
+    ]
+    if missing and not speaker.offline:
+        with tempfile.TemporaryDirectory(prefix="batos-voice-") as folder:
+            with open_image(f"file://{folder}/voice.fs") as image, ZODBSaver(image) as saver:
+                graph = build_graph(MindServices(models=capped, image=image), checkpointer=saver)
+                for i, (prompt, persona) in enumerate(missing, 1):
+                    started = time.perf_counter()
+                    state = graph.invoke(
+                        {"messages": [HumanMessage(prompt)]},
+                        run_config(f"voice-{i}"),
+                        context={"persona": persona, "depth": "fast"},
+                    )
+                    speaker.seconds += time.perf_counter() - started
+                    speaker.generated += 1
+                    speaker.cache.put(
+                        speaker.key("mind", persona, prompt),
+                        str(state.get("response") or "").strip(),
+                        {
+                            "model": speaker.which,
+                            "condition": "mind",
+                            "persona": persona,
+                            "prompt": prompt,
+                            "status": state.get("status"),
+                        },
+                    )
+                    progress(f"  mind {i}/{len(missing)}: {state.get('status')}")
+    for prompt, persona in todo:
+        row = speaker.cache.row(speaker.key("mind", persona, prompt))
+        if row is not None:
+            statuses[str(row.get("status"))] += 1
+            if row["reply"]:
+                pairs.append((persona, row["reply"]))
+    return pairs, statuses
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    prompts: tuple[str, ...]
+
+
+def prompt_sets(quick: bool) -> list[PromptSet]:
+    """The far half first (it is the target), then the shortest set, so that a run cut short
+    has whole sets to report."""
+    voice = voice_prompts()
+    held = list(dict.fromkeys(r["prompt"] for r in heldout_rows()))
+    sets = [
+        PromptSet("far", tuple(r["prompt"] for r in voice if r["set"] == "far")),
+        PromptSet("heldout", tuple(held)),
+        PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
+    ]
+    if quick:
+        sets = [PromptSet(s.name, s.prompts[:2]) for s in sets]
+    return sets
+
+
+def collect(
+    speaker: Speaker,
+    sets: Iterable[PromptSet],
+    progress: Callable[[str], None] = print,
+) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """``set → condition → [(persona, reply)]``, generating what the cache lacks.
+
+    Conditions are interleaved prompt by prompt, so an interrupted run leaves them balanced.
+    """
+    out: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    for prompt_set in sets:
+        table = out.setdefault(prompt_set.name, {c: [] for c in CONDITIONS})
+        for i, prompt in enumerate(prompt_set.prompts, 1):
+            for persona in PERSONAS:
+                for condition in CONDITIONS:
+                    text = speaker.reply(condition, persona, prompt)
+                    if text is not None:
+                        table[condition].append((persona, text))
+            if speaker.generated:
+                rate = speaker.seconds / speaker.generated
+                progress(
+                    f"  {prompt_set.name} {i}/{len(prompt_set.prompts)}: "
+                    f"{speaker.generated} generated, {rate:.1f} s each"
+                )
+    return out
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def report(
+    classifier: Any, validation: Score, replies: dict[str, dict[str, list[tuple[str, str]]]]
+) -> dict[str, Any]:
+    """Print per-persona and overall attribution per set and condition; return them."""
+    gate = f"classifier validation {validation.rate:.2f} ({validation.hits}/{validation.n})"
+    result: dict[str, Any] = {}
+    merged: dict[str, list[tuple[str, str]]] = {c: [] for c in CONDITIONS}
+    for name in ("far", "near"):
+        for c in CONDITIONS:
+            merged[c] += replies.get(name, {}).get(c, [])
+    tables = [*((n, replies[n]) for n in ("far", "near") if n in replies)]
+    if "far" in replies and "near" in replies:
+        tables.append(("new (far + near)", merged))
+    if "heldout" in replies:
+        tables.append(("heldout", replies["heldout"]))
+    headers = {
+        "far": "new prompts far from every persona's territory and every training topic",
+        "near": "new prompts in one persona's territory, no training topic",
+        "new (far + near)": "all new prompts",
+        "heldout": "held-out prompts (near the training topics)",
+    }
+    for name, table in tables:
+        print(f"\n{headers[name]} — {gate}")
+        print(f"{'condition':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
+        result[name] = {}
+        for condition in CONDITIONS:
+            scores, _ = attribution(classifier, table[condition])
+            result[name][condition] = {k: v.as_dict() for k, v in scores.items()}
+            cells = "".join(
+                f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall")
+            )
+            print(f"{CONDITION_LABELS[condition]:26}{cells}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="test model, two prompts per set")
+    parser.add_argument("--model", help="default | test (default: default, or test with --quick)")
+    parser.add_argument("--classifier-only", action="store_true", help="validate; load no model")
+    parser.add_argument("--report-only", action="store_true", help="score cached replies only")
+    parser.add_argument(
+        "--mind",
+        action="store_true",
+        help="also the mind's final answers on single-persona routes (the far prompts)",
+    )
+    parser.add_argument("--tokens", type=int, default=REPLY_TOKENS, help="reply length cap")
+    args = parser.parse_args()
+    which = args.model or ("test" if args.quick else "default")
+    os.environ["BATOS_MODEL"] = which  # the mind's chat models read the setting
+
+    classifier = train_classifier()
+    validation = validate(classifier)
+    low, high = validation.interval
+    print(
+        f"style classifier: trained on {len(training_rows())} training replies; "
+        f"validation on the {validation.n} held-out reference replies: {validation.rate:.2f} "
+        f"({validation.hits}/{validation.n}, 95% CI {low:.2f}–{high:.2f})"
+    )
+    if not usable(validation):
+        print(
+            f"validation is under {VALIDATION_FLOOR:.2f}: the classifier cannot tell the "
+            "reference replies apart, so it reports no model figure"
+        )
+        sys.exit(1)
+    if args.classifier_only:
+        return
+
+    speaker = Speaker(which, ReplyCache(CACHE), args.tokens, offline=args.report_only)
+    sets = prompt_sets(args.quick)
+    print(
+        f"model {which}: {sum(len(s.prompts) for s in sets)} prompts × {len(PERSONAS)} personas "
+        f"× {len(CONDITIONS)} conditions, replies capped at {args.tokens} tokens, seed {SEED}"
+        + (" (cached replies only)" if args.report_only else "")
+    )
+    replies = collect(speaker, sets, progress=lambda line: print(line, flush=True))
+    result = report(classifier, validation, replies)
+    if args.mind:
+        far = next(s.prompts for s in sets if s.name == "far")
+        pairs, statuses = mind_replies(speaker, far, lambda line: print(line, flush=True))
+        scores, _ = attribution(classifier, pairs)
+        ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+        print(
+            "\nthe mind's final answers, one persona routed (fast path), far prompts — "
+            f"classifier validation {validation.rate:.2f} ({validation.hits}/{validation.n}); "
+            f"cycles: {ended or 'none'}"
+        )
+        print(f"{'':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
+        cells = "".join(f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall"))
+        print(f"{'mind answer':26}{cells}")
+        result["mind"] = {
+            "statuses": dict(statuses),
+            "scores": {k: v.as_dict() for k, v in scores.items()},
+        }
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "model": which,
+                "tokens": args.tokens,
+                "seed": SEED,
+                "validation": validation.as_dict(),
+                "sets": result,
+            },
+            indent=2,
+        )
+    )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""bench/voice.py's instruments: the prompt set, the style classifier's gate, intervals, cache.
+
+The benchmark itself runs a model for an hour; what it stands on is checked here without one:
+the new prompts share no topic word with the training prompts, the classifier trained on the
+training replies tells the reference replies apart (or the benchmark reports nothing), and an
+interrupted run resumes from its cache.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench import voice
+
+
+def test_voice_prompts_share_no_topic_word_with_the_training_or_heldout_prompts() -> None:
+    seen = {r["prompt"] for r in voice.training_rows()} | {
+        r["prompt"] for r in voice.heldout_rows()
+    }
+    known = set().union(*(voice.content_words(p) for p in seen))
+    for row in voice.voice_prompts():
+        shared = voice.content_words(row["prompt"]) & known
+        assert not shared, (row["prompt"], shared)
+
+
+def test_voice_prompts_are_half_near_a_persona_half_far_from_all() -> None:
+    rows = voice.voice_prompts()
+    assert len(rows) >= 40
+    assert len({r["prompt"].lower() for r in rows}) == len(rows)
+    kinds = Counter(r["set"] for r in rows)
+    assert kinds["near"] == kinds["far"] == len(rows) // 2
+    territories = Counter(r["territory"] for r in rows if r["set"] == "near")
+    assert set(territories) == set(voice.PERSONAS)
+    assert len(set(territories.values())) == 1  # as many prompts in each persona's territory
+    assert all(r["territory"] is None for r in rows if r["set"] == "far")
+
+
+def test_content_words_drop_stop_words_and_endings() -> None:
+    assert voice.content_words("Why do the cats purr at night?") == {"cat", "purr", "night"}
+    assert voice.content_words("The server crashed") == voice.content_words("servers crash")
+
+
+def test_style_classifier_tells_the_reference_replies_apart() -> None:
+    score = voice.validate(voice.train_classifier())
+    assert score.n == 40
+    assert voice.usable(score), score
+
+
+def test_a_classifier_that_learnt_nothing_is_refused() -> None:
+    rows = voice.training_rows()
+    labels = [r["persona"] for r in rows]
+    random.Random(0).shuffle(labels)
+    shuffled = [{**r, "persona": p} for r, p in zip(rows, labels, strict=True)]
+    score = voice.validate(voice.train_classifier(shuffled))
+    assert not voice.usable(score), score
+    assert not voice.usable(voice.Score(0, 0))
+
+
+def test_attribution_counts_per_persona_and_overall() -> None:
+    class Echo:
+        def predict(self, texts: list[str]) -> list[str]:
+            return [t.split()[0] for t in texts]
+
+    scores, predicted = voice.attribution(
+        Echo(), [("ROBIN", "ROBIN hi"), ("BRICK", "ROBIN no"), ("BRICK", "BRICK yes")]
+    )
+    assert predicted == ["ROBIN", "ROBIN", "BRICK"]
+    assert (scores["ROBIN"].hits, scores["ROBIN"].n) == (1, 1)
+    assert (scores["BRICK"].hits, scores["BRICK"].n) == (1, 2)
+    assert (scores["overall"].hits, scores["overall"].n) == (2, 3)
+    assert scores["BABS"].n == 0 and str(scores["BABS"]) == "—"
+
+
+def test_wilson_interval() -> None:
+    low, high = voice.wilson(29, 32)
+    assert low == pytest.approx(0.7578, abs=1e-3) and high == pytest.approx(0.9676, abs=1e-3)
+    assert voice.wilson(0, 10)[0] == 0.0 and voice.wilson(10, 10)[1] == 1.0
+    with pytest.raises(ValueError):
+        voice.wilson(0, 0)
+
+
+def test_reply_cache_resumes_and_skips_a_line_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "replies.jsonl"
+    cache = voice.ReplyCache(path)
+    cache.put("k1", "first", {"persona": "ROBIN"})
+    with path.open("a") as out:
+        out.write('{"key": "k2", "reply": "cut sh')  # the run was killed mid-line
+    again = voice.ReplyCache(path)
+    assert again.get("k1") == "first" and again.get("k2") is None
+    again.put("k2", "second", {})
+    assert voice.ReplyCache(path).get("k2") == "second"
+    assert json.loads(path.read_text().splitlines()[0])["persona"] == "ROBIN"

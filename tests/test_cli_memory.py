@@ -139,7 +139,7 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--dry-run")
     assert code == 0 and "redundant: 3 chunks" in out and "1 cluster(s) would be folded" in out
     with LivingImage.open(file_uri) as image:  # fold with a stand-in for BABS
-        catalog = KnowledgeCatalog.open(image, Embedder())
+        catalog = KnowledgeCatalog.open(image)  # the encoder the ingest chose
         [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives
         catalog.close()
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")

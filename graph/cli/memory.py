@@ -81,6 +81,7 @@ def ingest(
         f"{report.chunks} chunks in {report.commits} commit(s); {report.seconds:.1f} s, "
         f"{report.chunks / seconds:.1f} chunks/s, {report.bytes / seconds / 1e6:.2f} MB/s",
         highlight=False,
+        soft_wrap=True,  # one line in a log, however narrow the (absent) terminal
     )
     for _path, error in report.failed:
         err_console.print(f"[red]✗[/] {error.message}")

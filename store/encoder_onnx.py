@@ -200,3 +200,8 @@ def encode_units(
                 starts = np.array([a for a, _ in encodings[row].offsets[1 : n - 1]], np.int64)
                 sums[row], counts[row] = unit_sums(hidden[r, 1 : n - 1], starts, units[row])
     return vectors, sums, counts
+
+
+if __name__ == "__main__":  # scripts/setup.sh: build the file once, at set-up
+    existing = model_path()
+    print(existing if existing.exists() else build(existing))

@@ -534,12 +534,15 @@ class KnowledgeCatalog:
 
     def _rebuild(self, cat: Any) -> None:
         started = time.perf_counter()
-        self.vectors.clear()
-        self.vectors.reserve(cat["text"].documentCount())  # one chunk, one indexed document
+        ids: list[int] = []
+        blocks: list[np.ndarray] = []
         for document in cat["documents"].values():
             if document.chunk_ids:
-                self.vectors.add(document.chunk_ids, from_bytes(document.vectors))
-            document._p_deactivate()  # the matrix has the vectors; free the cached copy
+                ids.extend(document.chunk_ids)
+                blocks.append(from_bytes(document.vectors))
+            document._p_deactivate()  # the blocks keep the bytes; free the rest
+        matrix = np.vstack(blocks) if blocks else np.zeros((0, DIMS), dtype=np.float32)
+        self.vectors.load(np.asarray(ids, dtype=np.int64), matrix)
         log.info("loaded %d vectors in %.2fs", len(self.vectors), time.perf_counter() - started)
 
     def _reconcile(self, cat: Any) -> None:

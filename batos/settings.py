@@ -54,6 +54,13 @@ def _unit_interval(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must be zero or a positive number")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -309,6 +316,30 @@ SETTINGS: dict[str, Setting] = {
             lambda: "512",
             "Ingest commits once about this many chunks are ready (whole documents only).",
             _positive_int,
+        ),
+        Setting(
+            "catalog_commit_seconds",
+            "BATOS_CATALOG_COMMIT_SECONDS",
+            lambda: "3",
+            "Ingest commits at least this often, in seconds of work (whole documents only), "
+            "so an interrupted run loses little.",
+            _positive_float,
+        ),
+        Setting(
+            "catalog_encoder",
+            "BATOS_CATALOG_ENCODER",
+            lambda: "minilm-int8",
+            "Embedding model a new knowledge catalog uses: 'minilm-int8' (quantised, about "
+            "1.7x faster) or 'minilm-float32'; a catalog keeps the one its vectors came from.",
+            _choice("minilm-int8", "minilm-float32"),
+        ),
+        Setting(
+            "progress_seconds",
+            "BATOS_PROGRESS_SECONDS",
+            lambda: "5",
+            "Seconds between plain progress lines of long commands when output is not a "
+            "terminal (0: a line for every step).",
+            _non_negative_float,
         ),
         Setting(
             "catalog_max_chunks",

@@ -55,5 +55,8 @@ PY
 echo "==> BAT OS"
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
 
+echo "==> the knowledge catalog's int8 encoder (exported and quantised once, into the model cache)"
+"$VENV/bin/python" -m store.encoder_onnx
+
 echo "$want" > "$STAMP"
 echo "==> ready: $VENV/bin/batos"

@@ -10,6 +10,9 @@ Layout under ``root['catalog']`` (declared by ``CATALOG_STEPS``):
     retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
                          chunk "cold" for the curator: not retrieved lately)
     version     Length   bumped by every change to the set of chunks
+    encoder     str      the embedding encoder that made the stored vectors (None until the
+                         first chunk): queries and new chunks must use the same one, since
+                         int8 and float32 vectors of one text differ (cosine 0.98-1.0)
 
 Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index) and an
 exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) with
@@ -37,8 +40,9 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 from zope.index.text.textindex import TextIndex
 
+from batos import settings
 from batos.errors import CatalogError
-from store.embeddings import DIMS, Embedder, from_bytes, to_bytes
+from store.embeddings import DIMS, FLOAT32, Embedder, from_bytes, to_bytes
 from store.image import LivingImage
 from store.lexical import LexicalIndex
 from store.schema import UpgradeStep, upgrade
@@ -139,6 +143,14 @@ def _layout_2(root: Any) -> None:
     del cat["usage"]
 
 
+def _layout_3(root: Any) -> None:
+    cat = root[CATALOG_KEY]
+    if "encoder" in cat:
+        return
+    # Every vector stored before this step came from sentence-transformers in float32.
+    cat["encoder"] = FLOAT32 if len(cat["chunks"]) else None
+
+
 CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "catalog-1",
@@ -149,6 +161,11 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
         "catalog-2",
         "retrieval times (root['catalog']['retrieved']) replace retrieval counts",
         _layout_2,
+    ),
+    UpgradeStep(
+        "catalog-3",
+        "the catalog records which embedding encoder made its vectors (float32 until now)",
+        _layout_3,
     ),
 )
 
@@ -244,7 +261,9 @@ class KnowledgeCatalog:
 
     Writes take a root (the caller's transaction) and return a ``Change``; call
     ``committed(change, version_before)`` after the commit so this process's vector cache
-    follows. Reads open their own read-only view.
+    follows. Reads open their own read-only view. The embedder's encoder must be the one the
+    catalog records (``open`` picks it when given no embedder); a write or a search with
+    another one raises ``CatalogError`` rather than mix two kinds of vectors.
     """
 
     def __init__(self, image: LivingImage, embedder: Embedder | None = None) -> None:
@@ -259,8 +278,28 @@ class KnowledgeCatalog:
 
     @classmethod
     def open(cls, image: LivingImage, embedder: Embedder | None = None) -> KnowledgeCatalog:
+        """The catalog of ``image`` (laid out or upgraded as needed); with no ``embedder``,
+        one of the encoder its vectors came from (``catalog_encoder`` for a new catalog)."""
         upgrade(image, CATALOG_STEPS)
+        if embedder is None:
+            with image.read() as root:
+                recorded = catalog_root(root).get("encoder")
+            embedder = Embedder(recorded or settings.get_str("catalog_encoder"))
         return cls(image, embedder)
+
+    def _check_encoder(self, cat: Any, *, claim: bool = False) -> None:
+        """Refuse to mix encoders; with ``claim``, a catalog without one takes ours."""
+        recorded = cat.get("encoder")
+        if recorded is None:
+            if claim and "encoder" in cat:
+                cat["encoder"] = self.embedder.encoder
+            return
+        if recorded != self.embedder.encoder:
+            raise CatalogError(
+                f"this catalog's vectors were made by the {recorded} encoder, not "
+                f"{self.embedder.encoder}: their scores would not compare",
+                hint=f"open it with Embedder({recorded!r}), or with no embedder at all",
+            )
 
     def close(self) -> None:
         self.flush_retrievals()
@@ -272,6 +311,7 @@ class KnowledgeCatalog:
         if len(doc.spans) != len(doc.vectors):
             raise ValueError(f"{doc.source}: {len(doc.spans)} chunks, {len(doc.vectors)} vectors")
         cat = catalog_root(root)
+        self._check_encoder(cat, claim=True)
         change = self.remove_document(root, doc.source)
         record = Document(doc.source, doc.content_hash, doc.format, doc.metadata)
         ids = []
@@ -301,6 +341,7 @@ class KnowledgeCatalog:
     ) -> Change:
         """Append one chunk to ``source`` (created as needed); the curator's summaries use it."""
         cat = catalog_root(root)
+        self._check_encoder(cat, claim=True)
         document = cat["documents"].get(source)
         if document is None:
             document = Document(source, "", kind, metadata)
@@ -317,6 +358,7 @@ class KnowledgeCatalog:
     def reinstate(self, root: Any, record: Mapping[str, Any], vector: np.ndarray) -> Change:
         """Put back an archived chunk (a record the curator wrote) into its document."""
         cat = catalog_root(root)
+        self._check_encoder(cat, claim=True)
         document = cat["documents"][record["source"]]
         chunk_id = record["id"] if record["id"] not in cat["chunks"] else self._new_id(cat)
         chunk = Chunk(
@@ -492,12 +534,15 @@ class KnowledgeCatalog:
 
     def _rebuild(self, cat: Any) -> None:
         started = time.perf_counter()
-        self.vectors.clear()
-        self.vectors.reserve(cat["text"].documentCount())  # one chunk, one indexed document
+        ids: list[int] = []
+        blocks: list[np.ndarray] = []
         for document in cat["documents"].values():
             if document.chunk_ids:
-                self.vectors.add(document.chunk_ids, from_bytes(document.vectors))
-            document._p_deactivate()  # the matrix has the vectors; free the cached copy
+                ids.extend(document.chunk_ids)
+                blocks.append(from_bytes(document.vectors))
+            document._p_deactivate()  # the blocks keep the bytes; free the rest
+        matrix = np.vstack(blocks) if blocks else np.zeros((0, DIMS), dtype=np.float32)
+        self.vectors.load(np.asarray(ids, dtype=np.int64), matrix)
         log.info("loaded %d vectors in %.2fs", len(self.vectors), time.perf_counter() - started)
 
     def _reconcile(self, cat: Any) -> None:
@@ -552,6 +597,7 @@ class KnowledgeCatalog:
             lexical = self._lexical(cat, query, depth, allowed) if mode != "dense" else []
             dense: list[tuple[int, float]] = []
             if query_vector is not None:
+                self._check_encoder(cat)
                 self._sync(cat)
                 dense = self.vectors.search(query_vector, depth, allowed)
             if mode == "lexical":

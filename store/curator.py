@@ -198,20 +198,28 @@ class Curator:
 
     # -- applying --------------------------------------------------------------------
 
-    def run(self, max_clusters: int | None = None) -> CurationReport:
-        """Plan, summarise and fold; each cluster commits on its own."""
+    def run(
+        self,
+        max_clusters: int | None = None,
+        *,
+        on_cluster: Callable[[int, int, CurationReport], None] | None = None,
+    ) -> CurationReport:
+        """Plan, summarise and fold; each cluster commits on its own.
+
+        ``on_cluster(done, total, report)`` follows the progress, once per cluster.
+        """
         report = CurationReport(live_before=self.catalog.stats()["chunks"])
-        for cluster in self.plan()[:max_clusters]:
+        clusters = self.plan()[:max_clusters]
+        for done, cluster in enumerate(clusters, start=1):
             summary = self.summarize(list(cluster.texts)).strip()
-            if not summary:
-                report.skipped_clusters += 1
-                continue
-            archive_id = self.fold(cluster, summary)
+            archive_id = self.fold(cluster, summary) if summary else None
             if archive_id is None:
                 report.skipped_clusters += 1
             else:
                 report.archives.append(archive_id)
                 report.archived_chunks += len(cluster.chunk_ids)
+            if on_cluster is not None:
+                on_cluster(done, len(clusters), report)
         report.live_after = self.catalog.stats()["chunks"]
         log.info("curated: %s", report)
         return report

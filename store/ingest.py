@@ -1,11 +1,13 @@
 """Ingestion: files in, documents of the knowledge catalog out — per file all or nothing.
 
-Text, Markdown, HTML and PDF are read, chunked and embedded outside any transaction; prepared
-documents are then written in batches of about ``catalog_commit_chunks`` chunks, one commit per
-batch, each document inside its own savepoint so a failing one leaves no trace and the rest of
-its batch still commits. An unchanged file (same content hash) is skipped; a changed one
-replaces its chunks and drops the curator's summaries of its old text. A file that cannot be
-read gets a ``DocumentError`` in the report and the batch goes on.
+Text, Markdown, HTML and PDF are read and packed into chunks outside any transaction; the
+chunks of several documents are embedded together (one model batch sorted by length pads
+little), and prepared documents are written one commit every ``catalog_commit_seconds`` of work
+or ``catalog_commit_chunks`` chunks, whichever comes first — so a kill loses a few seconds —
+each document inside its own savepoint so a failing one leaves no trace and the rest of its
+batch still commits. An unchanged file (same content hash) is skipped; a changed one replaces
+its chunks and drops the curator's summaries of its old text. A file that cannot be read gets
+a ``DocumentError`` in the report and the batch goes on.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ from __future__ import annotations
 import codecs
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transaction.interfaces import TransientError
 
 from batos import settings
 from batos.errors import DocumentError
 from store.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
-from store.chunking import chunk
+from store.chunking import Plan, finish, plan
 from store.curator import unfold
 
 log = logging.getLogger("batos.ingest")
@@ -51,6 +55,18 @@ class IngestReport:
     failed: list[tuple[str, DocumentError]] = field(default_factory=list)
     chunks: int = 0
     commits: int = 0
+    #: Bytes of the files read (unchanged and failed ones too) and seconds since the start.
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def files(self) -> int:
+        """Files dealt with so far, whatever the outcome."""
+        return len(self.added) + len(self.replaced) + len(self.unchanged) + len(self.failed)
+
+
+#: Chunks embedded together: one model batch of documents' chunks, sorted by length.
+ENCODE_CHUNKS = 64
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -167,6 +183,72 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
 # -- preparing and writing -----------------------------------------------------------------
 
 
+@dataclass
+class _Pending:
+    """A document read and packed, waiting for its chunks to be embedded."""
+
+    source: str
+    content_hash: str
+    format: str
+    metadata: dict[str, Any]
+    plan: Plan
+
+
+def _plan(
+    catalog: KnowledgeCatalog,
+    source: str,
+    text: str,
+    content_hash: str,
+    fmt: str,
+    metadata: dict[str, Any] | None,
+) -> _Pending:
+    # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
+    # budget would make chunks whose tail is never embedded.
+    max_tokens = min(settings.get_int("catalog_chunk_tokens"), catalog.embedder.max_tokens - 2)
+    packed = plan(text, catalog.embedder, max_tokens)
+    if not packed.chunks:
+        raise DocumentError(f"{source} produced no chunks")
+    return _Pending(source, content_hash, fmt, dict(metadata or {}), packed)
+
+
+def _embed(catalog: KnowledgeCatalog, pending: Sequence[_Pending]) -> list[PreparedDocument]:
+    """Embed the chunks of several documents in one pass, cut them at topic shifts, and
+    embed the cut parts in a second, smaller pass."""
+    texts = [t for doc in pending for t in doc.plan.texts()]
+    spans = [u for doc in pending for u in doc.plan.unit_spans()]
+    vectors, sums, counts = catalog.embedder.encode_units(texts, spans)
+    finished = []
+    at = 0
+    for doc in pending:
+        n = len(doc.plan.chunks)
+        pieces, found = finish(
+            doc.plan, vectors[at : at + n], sums[at : at + n], counts[at : at + n]
+        )
+        finished.append((doc, pieces, found))
+        at += n
+    missing = [
+        (k, i)
+        for k, (_, pieces, found) in enumerate(finished)
+        for i, v in enumerate(found)
+        if v is None
+    ]
+    if missing:
+        encoded = catalog.embedder.encode([finished[k][1][i].text for k, i in missing])
+        for (k, i), vector in zip(missing, encoded, strict=True):
+            finished[k][2][i] = vector
+    return [
+        PreparedDocument(
+            source=doc.source,
+            content_hash=doc.content_hash,
+            format=doc.format,
+            metadata=doc.metadata,
+            spans=[(p.start, p.end, p.text) for p in pieces],
+            vectors=np.vstack(found).astype(np.float32),
+        )
+        for doc, pieces, found in finished
+    ]
+
+
 def prepare(
     catalog: KnowledgeCatalog,
     source: str,
@@ -176,21 +258,7 @@ def prepare(
     metadata: dict[str, Any] | None = None,
 ) -> PreparedDocument:
     """Chunk and embed one document's text (slow; runs outside any transaction)."""
-    # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
-    # budget would make chunks whose tail is never embedded.
-    max_tokens = min(settings.get_int("catalog_chunk_tokens"), catalog.embedder.max_tokens - 2)
-    pieces = chunk(text, catalog.embedder, max_tokens=max_tokens)
-    if not pieces:
-        raise DocumentError(f"{source} produced no chunks")
-    vectors = catalog.embedder.encode([p.text for p in pieces])
-    return PreparedDocument(
-        source=source,
-        content_hash=content_hash,
-        format=fmt,
-        metadata=dict(metadata or {}),
-        spans=[(p.start, p.end, p.text) for p in pieces],
-        vectors=vectors,
-    )
+    return _embed(catalog, [_plan(catalog, source, text, content_hash, fmt, metadata)])[0]
 
 
 def write_batch(
@@ -249,56 +317,90 @@ def ingest_paths(
     paths: Iterable[Path],
     *,
     metadata: dict[str, Any] | None = None,
-    on_file: Callable[[Path, str], None] | None = None,
+    on_file: Callable[[Path, str, IngestReport], None] | None = None,
 ) -> IngestReport:
-    """Ingest files (folders are walked); ``on_file(path, outcome)`` follows the progress."""
+    """Ingest files (folders are walked).
+
+    ``on_file(path, outcome, report)`` is called for each file once its outcome is final
+    (written, skipped or failed), with the report so far.
+    """
+    started = time.monotonic()
     report = IngestReport()
     commit_chunks = settings.get_int("catalog_commit_chunks")
-    batch: list[PreparedDocument] = []
+    commit_seconds = settings.get_float("catalog_commit_seconds")
+    pending: list[_Pending] = []
+    ready: list[PreparedDocument] = []
     paths_of: dict[str, Path] = {}
+    last_commit = time.monotonic()
+    writing = False
+
+    def tell(path: Path, outcome: str) -> None:
+        report.seconds = time.monotonic() - started
+        if on_file is not None:
+            on_file(path, outcome, report)
 
     def flush() -> None:
-        if not batch:
+        nonlocal last_commit, writing
+        if not ready:
             return
-        results, errors = write_batch(catalog, batch)
+        writing = True
+        results, errors = write_batch(catalog, ready)
+        writing = False
+        last_commit = time.monotonic()
         report.commits += 1
-        for doc in batch:
+        for doc in ready:
             path = paths_of[doc.source]
             if doc.source in errors:
                 report.failed.append((str(path), errors[doc.source]))
-                _tell(on_file, path, "failed")
+                tell(path, "failed")
                 continue
             status = results.get(doc.source, "unchanged")
             getattr(report, status).append(str(path))
             if status != "unchanged":
                 report.chunks += len(doc.spans)
-            _tell(on_file, path, status)
-        batch.clear()
+            tell(path, status)
+        ready.clear()
 
-    for path in expand(paths):
-        source = str(path.resolve())
-        try:
-            text, fmt, content_hash = read_document(path)
-            known = catalog.document(source)
-            if known is not None and known["content_hash"] == content_hash:
-                report.unchanged.append(str(path))
-                _tell(on_file, path, "unchanged")
+    def embed() -> None:
+        if pending:
+            ready.extend(_embed(catalog, pending))
+            pending.clear()
+        due = time.monotonic() - last_commit >= commit_seconds
+        if due or sum(len(d.spans) for d in ready) >= commit_chunks:
+            flush()
+
+    try:
+        for path in expand(paths):
+            source = str(path.resolve())
+            try:
+                text, fmt, content_hash = read_document(path)
+                report.bytes += len(text.encode("utf-8", "surrogatepass"))
+                known = catalog.document(source)
+                if known is not None and known["content_hash"] == content_hash:
+                    report.unchanged.append(str(path))
+                    tell(path, "unchanged")
+                    continue
+                pending.append(_plan(catalog, source, text, content_hash, fmt, metadata))
+            except DocumentError as exc:
+                report.failed.append((str(path), exc))
+                tell(path, "failed")
                 continue
-            doc = prepare(catalog, source, text, content_hash, fmt, metadata)
-        except DocumentError as exc:
-            report.failed.append((str(path), exc))
-            _tell(on_file, path, "failed")
-            continue
-        except Exception:
-            # Not this file's fault (the embedding model failing, say): the run ends, but the
-            # documents already prepared are whole, so they are written rather than lost.
+            paths_of[source] = path
+            waiting = sum(len(d.plan.chunks) for d in pending)
+            if (
+                waiting >= min(ENCODE_CHUNKS, commit_chunks)
+                or time.monotonic() - last_commit >= commit_seconds
+            ):
+                embed()
+        embed()
+        flush()
+    except Exception:
+        # Not one file's fault (the embedding model failing, say): the run ends, but the
+        # documents already embedded are whole, so they are written rather than lost.
+        if not writing:
             flush()
-            raise
-        batch.append(doc)
-        paths_of[source] = path
-        if sum(len(d.spans) for d in batch) >= commit_chunks:
-            flush()
-    flush()
+        raise
+    report.seconds = time.monotonic() - started
     return report
 
 
@@ -323,8 +425,3 @@ def ingest_text(
     if source in errors:
         raise errors[source]
     return results[source]
-
-
-def _tell(on_file: Callable[[Path, str], None] | None, path: Path, outcome: str) -> None:
-    if on_file is not None:
-        on_file(path, outcome)

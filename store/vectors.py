@@ -1,7 +1,9 @@
 """The in-memory embedding matrix behind dense search, and the rank fusion that merges rankings.
 
 The matrix is a volatile cache: the image keeps every vector as float32 bytes, and this index is
-rebuilt from them when a process first searches, then kept in step incrementally.
+rebuilt from them when a process first searches, then kept in step incrementally. Its
+half-precision copy needs torch, whose import takes seconds: the first searches of a process
+score in float32 with numpy while a background thread imports torch and makes the copy.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class VectorIndex:
     A search reads a float16 copy of the matrix (half the memory traffic of float32, which is
     what a pass over 100k rows costs), keeps every row that could be in the top k given the
     float16 error bound, and ranks those by exact float32 cosine — the same result as a
-    float32 pass, at half the cost, for 1.5x the memory. Deleting moves the last row into the
-    hole, so the matrix stays dense. Thread-safe: searches and updates take one lock.
+    float32 pass, at half the cost, for 1.5x the memory. Until that copy exists (``warm``), a
+    search is one exact float32 pass. Deleting moves the last row into the hole, so the
+    matrix stays dense. Thread-safe: searches and updates take one lock.
     """
 
     def __init__(self, dims: int = DIMS) -> None:
@@ -55,15 +58,52 @@ class VectorIndex:
     def clear(self) -> None:
         with self._lock:
             self._matrix = np.zeros((0, self.dims), dtype=np.float32)
-            self._half = np.zeros((0, self.dims), dtype=np.float16)
+            # The half-precision copy, once warm() has run (it then outlives a clear).
+            self._warm: bool = getattr(self, "_warm", False)
+            self._half = np.zeros((0, self.dims), dtype=np.float16) if self._warm else None
             self._ids = np.zeros(0, dtype=np.int64)
             self._rows: dict[int, int] = {}
             self._size = 0
             self._order: np.ndarray | None = None  # argsort of the live ids, built on demand
             self._ordered = self._ids  # the live ids sorted, with _order
             self._last_rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+            self._warming: threading.Thread | None = getattr(self, "_warming", None)
             #: The catalog's change counter this cache reflects (None: never synchronised).
             self.version: int | None = None
+
+    def load(self, ids: np.ndarray, matrix: np.ndarray) -> None:
+        """Replace every row at once (a rebuild): ``matrix`` is (len(ids), dims)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) != len(matrix):
+            raise ValueError(f"{len(ids)} ids but {len(matrix)} vectors")
+        rows = dict(zip(ids.tolist(), range(len(ids)), strict=True))
+        if len(rows) != len(ids):
+            raise ValueError("an id appears twice in one load")
+        with self._lock:
+            version = self.version
+            self.clear()
+            self.version = version
+            self._matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+            if self._warm:
+                self._half = self._matrix.astype(np.float16)
+            self._ids = ids.copy()
+            self._rows = rows
+            self._size = len(ids)
+            self._ordered = self._ids
+
+    def warm(self) -> None:
+        """Import torch and make the half-precision copy; searches use it from then on."""
+        import torch  # noqa: F401  (seconds: why this runs off the first search's path)
+
+        with self._lock:
+            if self._half is None:
+                self._half = self._matrix.astype(np.float16)
+            self._warm = True
+
+    def _warm_later(self) -> None:
+        if self._warming is None:
+            self._warming = threading.Thread(target=self.warm, name="vectors-warm", daemon=True)
+            self._warming.start()
 
     def add(self, ids: Sequence[int], vectors: np.ndarray) -> None:
         """Insert or overwrite rows; ``vectors`` is (len(ids), dims)."""
@@ -82,7 +122,8 @@ class VectorIndex:
             self._ids[rows[new]] = [keys[i] for i in new]
             self._size += len(new)
             self._matrix[rows] = vectors
-            self._half[rows] = vectors
+            if self._half is not None:
+                self._half[rows] = vectors
 
     def remove(self, ids: Iterable[int]) -> None:
         with self._lock:
@@ -95,7 +136,8 @@ class VectorIndex:
                 if row != last:
                     moved = int(self._ids[last])
                     self._matrix[row] = self._matrix[last]
-                    self._half[row] = self._half[last]
+                    if self._half is not None:
+                        self._half[row] = self._half[last]
                     self._ids[row] = moved
                     self._rows[moved] = row
                 self._size = last
@@ -121,6 +163,12 @@ class VectorIndex:
                 return []
             rows = None if allowed is None else self._rows_of(allowed)
             count = size if rows is None else len(rows)
+            if count > 4 * k and (rows is None or len(rows) * 4 >= size) and self._half is None:
+                self._warm_later()
+                exact = self._matrix[:size] @ query
+                if rows is None:
+                    return top_k(self._ids[:size], exact, k)
+                return top_k(self._ids[rows], exact[rows], k)
             if count > 4 * k and (rows is None or len(rows) * 4 >= size):
                 # One half-precision pass keeps only the rows that may be in the top k.
                 approx = self._half_scores(query, size)
@@ -140,6 +188,7 @@ class VectorIndex:
         """Every row's cosine with ``query`` in half precision (within HALF_ERROR)."""
         import torch
 
+        assert self._half is not None  # search() checked
         with torch_threads(SEARCH_THREADS), torch.inference_mode():
             matrix = torch.from_numpy(self._half[:size])
             scores = matrix @ torch.from_numpy(query.astype(np.float16))
@@ -169,8 +218,10 @@ class VectorIndex:
         capacity = max(n, int(len(self._matrix) * 1.5) + 64)
         matrix = np.zeros((capacity, self.dims), dtype=np.float32)
         matrix[: self._size] = self._matrix[: self._size]
-        half = np.zeros((capacity, self.dims), dtype=np.float16)
-        half[: self._size] = self._half[: self._size]
+        half = None
+        if self._half is not None:
+            half = np.zeros((capacity, self.dims), dtype=np.float16)
+            half[: self._size] = self._half[: self._size]
         ids = np.zeros(capacity, dtype=np.int64)
         ids[: self._size] = self._ids[: self._size]
         self._matrix, self._half, self._ids = matrix, half, ids

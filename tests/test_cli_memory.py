@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from graph.cli import main
+from graph.cli.progress import ProgressReport
 from store.catalog import KnowledgeCatalog
 from store.curator import Curator
 from store.embeddings import Embedder
@@ -139,7 +144,7 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--dry-run")
     assert code == 0 and "redundant: 3 chunks" in out and "1 cluster(s) would be folded" in out
     with LivingImage.open(file_uri) as image:  # fold with a stand-in for BABS
-        catalog = KnowledgeCatalog.open(image, Embedder())
+        catalog = KnowledgeCatalog.open(image)  # the encoder the ingest chose
         [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives
         catalog.close()
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")
@@ -163,3 +168,49 @@ def test_curate_folds_with_babs_on_the_test_model(capsys, file_uri, tmp_path) ->
     assert code == 0 and "folded 3 chunk(s) into 1 summary(ies); live chunks 3 → 1" in out
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")
     assert code == 0 and "Curator archives" in out
+
+
+def test_piped_ingest_prints_progress_lines_before_its_summary(file_uri, tmp_path) -> None:
+    """Output that is not a terminal gets plain progress lines as the work goes (here one per
+    step), in order, then the summary line — also when both streams go to one log."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i, text in enumerate([CATS, DOGS, *BACKUPS]):
+        (folder / f"note-{i}.txt").write_text(text)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "BATOS_PROGRESS_SECONDS": "0",
+        "BATOS_CATALOG_COMMIT_SECONDS": "0.000001",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "graph.cli", "--image", file_uri, "ingest", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    progress = [line for line in lines if line.startswith("ingest: ")]
+    assert [line.split()[1] for line in progress] == [f"{n}/5" for n in range(1, 6)]
+    assert all("chunks/s" in line and "added: note-" in line for line in progress)
+    [summary] = [i for i, line in enumerate(lines) if line.startswith("added 5,")]
+    assert summary > lines.index(progress[-1])
+    assert "chunks/s" in lines[summary] and "MB/s" in lines[summary]
+
+
+def test_progress_lines_are_spaced_by_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATOS_PROGRESS_SECONDS", "3600")
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=False)
+    with ProgressReport(console, "curate", total=4, unit="clusters") as progress:
+        for done in range(1, 5):
+            progress.update(done, f"{done} folded")
+    # The first step prints at once, the rest within the hour wait for the last line.
+    assert stream.getvalue().splitlines() == [
+        "curate: 1/4 clusters, 1 folded [0s]",
+        "curate: 4/4 clusters, 4 folded [0s]",
+    ]

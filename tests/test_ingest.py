@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from batos.errors import DocumentError
+from batos.errors import CatalogError, DocumentError
 from store.catalog import KnowledgeCatalog
-from store.embeddings import Embedder
+from store.chunking import chunk_and_embed
+from store.embeddings import FLOAT32, INT8, Embedder
 from store.image import LivingImage
 from store.ingest import ingest_paths, ingest_text, read_document
 
@@ -227,3 +229,90 @@ def test_a_missing_path_is_reported_like_any_bad_file(
     [(path, error)] = report.failed
     assert path == str(tmp_path / "nowhere.txt")
     assert error.message.startswith("no such file") and error.hint == "check the path"
+
+
+# -- commits by time, encoders ---------------------------------------------------------
+
+
+def test_commits_come_every_few_seconds_of_work_and_a_crash_keeps_whole_documents(
+    tmp_path: Path, memory_image: LivingImage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the commit interval shorter than one file's work, every file commits on its own;
+    a model failure on the third leaves the first two whole and nothing of the third."""
+    monkeypatch.setenv("BATOS_CATALOG_COMMIT_SECONDS", "0.000001")
+    for name, text in (("a.txt", CATS), ("b.txt", DOGS), ("c.txt", BIRDS)):
+        (tmp_path / name).write_text(text)
+
+    class FailingThirdTime(Embedder):
+        calls = 0
+
+        def encode_units(self, texts, units):  # type: ignore[no-untyped-def]
+            FailingThirdTime.calls += 1
+            if FailingThirdTime.calls == 3:
+                raise RuntimeError("the model process died")
+            return super().encode_units(texts, units)
+
+    catalog = KnowledgeCatalog.open(memory_image, FailingThirdTime(INT8))
+    with pytest.raises(RuntimeError, match="model process died"):
+        ingest_paths(catalog, [tmp_path])
+    assert catalog.stats()["documents"] == 2
+    assert catalog.document(str(tmp_path / "c.txt")) is None
+    for name in ("a.txt", "b.txt"):
+        stored = catalog.chunk_texts(str(tmp_path / name))
+        assert " ".join(t for _, _, t in stored) == (tmp_path / name).read_text()
+    report = ingest_paths(catalog, [tmp_path])  # the run picks up where it stopped
+    assert report.added == [str(tmp_path / "c.txt")] and report.commits == 1
+    assert len(report.unchanged) == 2
+
+
+def test_the_int8_encoder_is_the_same_model_and_chunk_vectors_are_real_encodings() -> None:
+    """int8 vectors stay close to float32 ones; each chunk's vector — a cut part's too — is
+    what encoding that chunk's text alone gives."""
+    int8, float32 = Embedder(INT8), Embedder(FLOAT32)
+    texts = [CATS, DOGS, BIRDS]
+    assert ((int8.encode(texts) * float32.encode(texts)).sum(axis=1) > 0.97).all()
+    cats = (
+        "Cats are small domesticated carnivores. They sleep for most of the day. A cat purrs "
+        "when it is content. Kittens learn to hunt by playing with their siblings."
+    )
+    physics = (
+        "Quantum mechanics describes nature at the scale of atoms. The wave function gives "
+        "the probabilities of measurement outcomes. Entanglement links distant particles."
+    )
+    for embedder in (int8, float32):
+        pieces, vectors = chunk_and_embed(f"{cats} {physics}", embedder, max_tokens=250)
+        assert [p.text for p in pieces] == [cats, physics]  # one packed chunk, cut in two
+        alone = embedder.encode([p.text for p in pieces])
+        assert np.allclose(vectors, alone, atol=1e-4)
+
+
+def test_a_catalog_keeps_the_encoder_its_vectors_came_from(
+    memory_image: LivingImage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_CATALOG_ENCODER", "minilm-int8")
+    catalog = KnowledgeCatalog.open(memory_image)
+    assert catalog.embedder.encoder == INT8
+    ingest_text(catalog, "cats", CATS)
+    mixed = KnowledgeCatalog.open(memory_image, Embedder(FLOAT32))
+    with pytest.raises(CatalogError, match="minilm-int8 encoder"):
+        mixed.search("purring", 1)
+    with pytest.raises(CatalogError, match="minilm-int8 encoder"):
+        ingest_text(mixed, "dogs", DOGS)
+    assert catalog.stats()["documents"] == 1
+    assert mixed.search("purr", 1, mode="lexical")[0].source == "cats"  # no vectors used
+    monkeypatch.setenv("BATOS_CATALOG_ENCODER", "minilm-float32")
+    assert KnowledgeCatalog.open(memory_image).embedder.encoder == INT8  # the record wins
+
+
+def test_an_image_from_before_encoder_records_keeps_float32(memory_image: LivingImage) -> None:
+    catalog = KnowledgeCatalog.open(memory_image, Embedder(FLOAT32))
+    ingest_text(catalog, "cats", CATS)
+
+    def forget(root):  # type: ignore[no-untyped-def]
+        del root["catalog"]["encoder"]
+        del root["schema"]["catalog-3"]
+
+    memory_image.transact(forget)
+    reopened = KnowledgeCatalog.open(memory_image)
+    assert reopened.embedder.encoder == FLOAT32
+    assert reopened.search("purring", 1, mode="dense")[0].source == "cats"

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from batos.errors import BatosError, CatalogError, DocumentError
 from graph.cli.app import console, err_console, image_uri, model_factory
+from graph.cli.progress import ProgressReport
 from graph.curation import babs_summarizer
 from store.catalog import KnowledgeCatalog
 
@@ -58,30 +58,30 @@ def ingest(
 
     Examples: batos ingest notes/ · batos ingest paper.pdf -m topic=physics
     """
-    from store.ingest import expand, ingest_paths
+    from store.ingest import IngestReport, expand, ingest_paths
 
     files = list(expand(paths))  # a missing path stays in the list and fails on its own
     with (
         _catalog(ctx) as catalog,
-        Progress(
-            TextColumn("[bold]ingest[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=err_console,
-        ) as progress,
+        ProgressReport(err_console, "ingest", total=len(files), unit="files") as progress,
     ):
-        task = progress.add_task("", total=len(files))
 
-        def advance(path: Path, outcome: str) -> None:
-            progress.update(task, advance=1, description=f"{outcome}: {path.name}")
+        def advance(path: Path, outcome: str, report: IngestReport) -> None:
+            rate = report.chunks / report.seconds if report.seconds else 0.0
+            progress.update(
+                report.files,
+                f"{report.chunks} chunks, {rate:.1f} chunks/s, {outcome}: {path.name}",
+            )
 
         report = ingest_paths(catalog, files, metadata=_pairs(meta, "--meta"), on_file=advance)
+    seconds = max(report.seconds, 1e-9)
     console.print(
         f"added {len(report.added)}, replaced {len(report.replaced)}, "
         f"unchanged {len(report.unchanged)}, failed {len(report.failed)}; "
-        f"{report.chunks} chunks in {report.commits} commit(s)"
+        f"{report.chunks} chunks in {report.commits} commit(s); {report.seconds:.1f} s, "
+        f"{report.chunks / seconds:.1f} chunks/s, {report.bytes / seconds / 1e6:.2f} MB/s",
+        highlight=False,
+        soft_wrap=True,  # one line in a log, however narrow the (absent) terminal
     )
     for _path, error in report.failed:
         err_console.print(f"[red]✗[/] {error.message}")
@@ -190,8 +190,16 @@ def curate(
         folder = curator.Curator(
             catalog, babs_summarizer(model_factory(ctx)), max_chunks=max_chunks
         )
-        with console.status("curating…"):
-            report = folder.run(clusters)
+        with ProgressReport(err_console, "curate", total=None, unit="clusters") as progress:
+
+            def advance(done: int, total: int, report: curator.CurationReport) -> None:
+                progress.total = total
+                progress.update(
+                    done,
+                    f"{report.archived_chunks} chunk(s) folded, {report.skipped_clusters} skipped",
+                )
+
+            report = folder.run(clusters, on_cluster=advance)
     console.print(
         f"folded {report.archived_chunks} chunk(s) into {len(report.archives)} summary(ies); "
         f"live chunks {report.live_before} → {report.live_after}; "

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from batos import settings
 from batos.errors import ModelError
-from graph.cli.app import console
+from graph.cli.app import console, err_console
+from graph.cli.progress import ProgressReport
 
 models_app = typer.Typer(
     help="Persona models: Modelfiles, adapters, Ollama and embedded backends.", no_args_is_help=True
@@ -86,8 +87,12 @@ def build(
             hint="set it to your server (http://127.0.0.1:11434); without Ollama the "
             "embedded backend serves the Modelfiles directly and needs no build",
         )
-    with console.status("provisioning persona models…") as status:
-        report = provision(host_url(host), force=force, progress=lambda text: status.update(text))
+    with ProgressReport(err_console, "models build", total=None, unit="steps") as progress:
+
+        def step(text: str) -> None:
+            progress.update(progress.done + 1, text)
+
+        report = provision(host_url(host), force=force, progress=step)
     console.print(f"present: {', '.join(report.present) or '-'}")
     console.print(f"pulled:  {', '.join(report.pulled) or '-'}")
     console.print(f"created: {', '.join(report.created) or '-'}")

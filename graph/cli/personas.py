@@ -5,18 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from batos import settings
-from graph.cli.app import console
+from graph.cli.app import console, err_console
+from graph.cli.progress import ProgressReport
 from prototypes.codex import PERSONAS
 
 personas_app = typer.Typer(
@@ -92,20 +85,12 @@ def train(
     console.print(f"loading base model {model!r} (dequantizing its GGUF) on {resolved}…")
     base = training.load_base(model, resolved)
     results = []
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    ) as progress:
-        for plan in plans:
-            task = progress.add_task(plan.persona, total=plan.steps, loss="…")
+    for plan in plans:
+        title = f"train {plan.persona}"
+        with ProgressReport(err_console, title, total=plan.steps, unit="steps") as progress:
 
-            def on_step(step: int, total: int, loss: float, task: int = task) -> None:
-                progress.update(task, completed=step, loss=f"{loss:.3f}")
+            def on_step(step: int, total: int, loss: float, bar: ProgressReport = progress) -> None:
+                bar.update(step, f"loss {loss:.3f}")
 
             results.append(
                 training.train_persona(

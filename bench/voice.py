@@ -456,7 +456,7 @@ def report(
         for c in CONDITIONS:
             merged[c] += replies.get(name, {}).get(c, [])
     tables = [*((n, replies[n]) for n in ("far", "near") if n in replies)]
-    if "far" in replies and "near" in replies:
+    if all(any(replies.get(name, {}).values()) for name in ("far", "near")):
         tables.append(("new (far + near)", merged))
     if "heldout" in replies:
         tables.append(("heldout", replies["heldout"]))
@@ -467,7 +467,11 @@ def report(
         "heldout": "held-out prompts (near the training topics)",
     }
     for name, table in tables:
-        print(f"\n{headers[name]} — {gate}")
+        if not any(table.values()):
+            print(f"\n{headers[name]}: no replies yet")
+            continue
+        count = len(table["both"])
+        print(f"\n{headers[name]}, {count} replies a condition — {gate}")
         print(f"{'condition':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         result[name] = {}
         for condition in CONDITIONS:

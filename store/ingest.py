@@ -55,7 +55,7 @@ class IngestReport:
     failed: list[tuple[str, DocumentError]] = field(default_factory=list)
     chunks: int = 0
     commits: int = 0
-    #: Bytes of the files read (unchanged and failed ones too) and seconds since the start.
+    #: Bytes of text read (UTF-8; unchanged files too) and seconds since the start.
     bytes: int = 0
     seconds: float = 0.0
 
@@ -65,8 +65,11 @@ class IngestReport:
         return len(self.added) + len(self.replaced) + len(self.unchanged) + len(self.failed)
 
 
-#: Chunks embedded together: one model batch of documents' chunks, sorted by length.
+#: Most chunks embedded together: one model batch of documents' chunks, sorted by length.
+#: Fewer when the measured rate says a round would hold back the next commit.
 ENCODE_CHUNKS = 64
+#: Chunks of the first round, before any rate is known: small, so the first commit comes soon.
+FIRST_ROUND = 16
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -333,6 +336,7 @@ def ingest_paths(
     paths_of: dict[str, Path] = {}
     last_commit = time.monotonic()
     writing = False
+    rate: float | None = None  # chunks embedded per second, once measured
 
     def tell(path: Path, outcome: str) -> None:
         report.seconds = time.monotonic() - started
@@ -362,9 +366,13 @@ def ingest_paths(
         ready.clear()
 
     def embed() -> None:
+        nonlocal rate
         if pending:
+            began = time.monotonic()
+            count = sum(len(d.plan.chunks) for d in pending)
             ready.extend(_embed(catalog, pending))
             pending.clear()
+            rate = count / max(time.monotonic() - began, 1e-6)
         due = time.monotonic() - last_commit >= commit_seconds
         if due or sum(len(d.spans) for d in ready) >= commit_chunks:
             flush()
@@ -386,11 +394,12 @@ def ingest_paths(
                 tell(path, "failed")
                 continue
             paths_of[source] = path
+            # A round of embedding takes about half the commit interval at the rate measured
+            # so far, so commits keep their pace on a slow or busy machine too.
+            size = FIRST_ROUND if rate is None else int(rate * commit_seconds / 2)
+            size = max(1, min(size, ENCODE_CHUNKS, commit_chunks))
             waiting = sum(len(d.plan.chunks) for d in pending)
-            if (
-                waiting >= min(ENCODE_CHUNKS, commit_chunks)
-                or time.monotonic() - last_commit >= commit_seconds
-            ):
+            if waiting >= size or time.monotonic() - last_commit >= commit_seconds:
                 embed()
         embed()
         flush()

@@ -24,9 +24,8 @@ from store.vectors import top_k
 #: Once dead rows outnumber live ones (and are at least this many), the cache is dropped and
 #: reloaded on the next search rather than carried around.
 COMPACT_AFTER = 4096
-#: Each cached word keeps where its this many best scores are, best first: the k-th of them
-#: (among the rows a filter allows) bounds from below the k-th best total of any query holding
-#: the word, since scores only add up.
+#: Each cached word keeps where its this many best scores are, best first: the query's k-th
+#: best total among these rows (the allowed ones) bounds its k-th best total from below.
 TOP_SCORES = 256
 
 
@@ -157,7 +156,7 @@ class LexicalIndex:
             keep = version == self.version
             inside = self.mask(allowed) if allowed is not None else None
             parts = []
-            bound = 0.0
+            leaders = []  # each word's best rows (among the allowed ones)
             for wid, repeats in Counter(wids).items():
                 rows, weights, best = self._weights(index, wid, keep=keep)
                 if not len(rows):
@@ -165,23 +164,23 @@ class LexicalIndex:
                 parts.append((rows, weights * repeats if repeats > 1 else weights))
                 if inside is not None:
                     best = best[inside[rows[best]]]
-                if len(best) >= k:
-                    bound = max(bound, float(weights[best[k - 1]]) * repeats)
+                leaders.append(rows[best])
             if not parts:
                 return []
-            return self._best(parts, k, allowed, bound)
+            return self._best(parts, k, allowed, leaders)
 
     def _best(
         self,
         parts: list[tuple[np.ndarray, np.ndarray]],
         k: int,
         allowed: np.ndarray | None,
-        bound: float = 0.0,
+        leaders: list[np.ndarray] | None = None,
     ) -> list[tuple[int, float]]:
         """Sum the words' scores per row and keep the ``k`` best rows as (chunk id, score).
 
-        ``bound`` (0: none) is a score at least ``k`` allowed rows reach — the k-th best
-        allowed score of one of the words: no row below it can be among the k best.
+        ``leaders`` holds each word's best-scoring (allowed) rows: the k-th best total among
+        them is a score k rows reach, so no row below it can be among the k best, and one
+        comparison over the rows replaces a partition of all of them.
         """
         total = sum(len(rows) for rows, _ in parts)
         if total * 8 < self._size:  # rare words: sort the few matches rather than scan all rows
@@ -196,10 +195,15 @@ class LexicalIndex:
             np.add.at(dense, rows, weights)  # twice as fast as dense[rows] += weights here
         if allowed is not None:
             dense *= self.mask(allowed)
-        if bound > 0:
-            # One comparison over the rows instead of a partition of all of them.
-            rows = np.flatnonzero(dense >= np.float32(bound))
-            return top_k(self._ids[rows], dense[rows], k)
+        candidates = np.sort(np.concatenate(leaders)) if leaders else np.zeros(0, np.intp)
+        # Each row once (np.unique hashes, which costs more than this sort of a few hundred).
+        candidates = candidates[np.concatenate(([True], candidates[1:] != candidates[:-1]))]
+        if len(candidates) >= k:
+            reached = dense[candidates]
+            bound = np.partition(reached, len(reached) - k)[len(reached) - k]
+            if bound > 0:
+                rows = np.flatnonzero(dense >= bound)
+                return top_k(self._ids[rows], dense[rows], k)
         if k < len(dense):
             # Only the k best can be returned: select them without listing every match.
             rows = np.argpartition(dense, len(dense) - k)[-k:]

@@ -197,7 +197,8 @@ class LexicalIndex:
             dense *= self.mask(allowed)
         candidates = np.sort(np.concatenate(leaders)) if leaders else np.zeros(0, np.intp)
         # Each row once (np.unique hashes, which costs more than this sort of a few hundred).
-        candidates = candidates[np.concatenate(([True], candidates[1:] != candidates[:-1]))]
+        if len(candidates):
+            candidates = candidates[np.concatenate(([True], candidates[1:] != candidates[:-1]))]
         if len(candidates) >= k:
             reached = dense[candidates]
             bound = np.partition(reached, len(reached) - k)[len(reached) - k]

@@ -9,6 +9,7 @@ here only, so the rest of BAT OS starts without it.
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import contextlib
 import ctypes
@@ -16,6 +17,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +151,7 @@ class Engine:
         self._active: tuple[Path, ...] = ()
         self._formatter = self._chat_formatter()
         log.info("loaded %s (n_ctx=%d) in %.2fs", self.gguf.name, n_ctx, self.load_s)
+        _LIVE.add(self)
 
     # --- prompts ---------------------------------------------------------------------
 
@@ -264,6 +267,24 @@ class Engine:
         memory = self._lib.llama_get_memory(self.llama._ctx.ctx)
         if memory is not None:
             self._lib.llama_memory_clear(memory, False)
+
+    def close(self, timeout: float = 1.0) -> bool:
+        """Free the adapters and the model now; False (nothing freed) while a generation still
+        holds the engine after ``timeout`` seconds."""
+        if not self.lock.acquire(timeout=timeout):
+            return False
+        try:
+            with self._registry:
+                if self._active:
+                    self._lib.llama_set_adapters_lora(self.llama._ctx.ctx, None, 0, None)
+                    self._active = ()
+                for path, loaded in list(self._loaded.items()):
+                    self._lib.llama_adapter_lora_free(loaded.handle)
+                    self._loaded.pop(path, None)
+            self.llama.close()
+            return True
+        finally:
+            self.lock.release()
 
     def prefetch(self, adapters: Sequence[Path]) -> threading.Thread:
         """Load ``adapters`` into RAM in the background, taking a turn in the queue."""
@@ -417,6 +438,8 @@ def _partial_stop(text: str, stops: Sequence[str], hold: int) -> int:
 
 
 _ENGINES: dict[tuple[str, int, int], Engine] = {}
+#: Every engine still alive, shared or not, for closing at exit.
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -433,3 +456,15 @@ def engine(gguf: Path, n_ctx: int = DEFAULT_N_CTX) -> Engine:
 def loaded_engines() -> list[Engine]:
     with _ENGINES_LOCK:
         return list(_ENGINES.values())
+
+
+@atexit.register
+def _close_engines() -> None:
+    """Free every engine before the interpreter tears its modules down: left to
+    ``Llama.__del__`` at that point, llama-cpp-python's own clean-up finds its functions already
+    gone and prints a TypeError traceback per model."""
+    with _ENGINES_LOCK:
+        _ENGINES.clear()
+    for eng in list(_LIVE):
+        with contextlib.suppress(Exception):
+            eng.close(timeout=0.5)

@@ -130,7 +130,8 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             previous = dict(found[found.maxKey()]) if len(found) else None
             recent = [found[k]["metrics"] for k in list(found.keys())[-STAGNANT_REPORTS:]]
             judgements = missions.assess(root, metrics, weights, image)
-            still_open = any(j.outcome is None for j in judgements)
+            # One mission at a time, each from a reading no other mission's change is in.
+            busy = bool(judgements)
             old = dict(previous["metrics"]) if previous else {}
             if old:
                 old["cem"] = cem.weighted(old, weights)
@@ -142,9 +143,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             }
             history = [cem.weighted(m, weights) for m in recent]
             rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
-            chosen = (
-                None if still_open else missions.plan(root, rule, metrics, deltas, weights, records)
-            )
+            chosen = None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
         weights_next = cem.step_weights(
             weights,
             missions.evidence(judgements),

@@ -4,9 +4,11 @@ keeps or undoes the change.
 **Which component** (``targets``). On a *decay* verdict, the defined components ordered by
 their weighted fall since the previous report, ``w_c · Δ_c``, most negative first; on
 *stagnation*, by their weighted shortfall ``w_c · (1 - H_c)``, largest first. The first
-component a mission kind can act on is the mission's target; none on other verdicts, and none
-while an earlier mission still waits for its judgement (one at a time, so that a change in
-the numbers can be put down to one mission).
+component a mission kind can act on is the mission's target; none on other verdicts, none
+while an earlier mission still waits for its judgement, and none at the audit that judged one
+(one at a time, each starting from a reading no other mission's change is in, so that a
+change in the numbers can be put down to one mission). A change that one of the last
+``AVOID_UNDONE`` missions made and had undone is not tried again.
 
 **What it does** (``plan``), by target:
 
@@ -68,6 +70,8 @@ HISTORY_SEARCHED = 1000
 MAX_QUERY_CHARS = 400
 #: Statuses of a mission that an audit has still to judge.
 OPEN = ("running", "pending")
+#: Missions looked back over for undone changes not to try again.
+AVOID_UNDONE = 3
 
 
 class MissionError(BatosError):
@@ -113,10 +117,19 @@ def _least_used(metrics: Mapping[str, Any], among: Sequence[str]) -> list[str]:
     return sorted(among, key=lambda p: ((shares.get(p) or {}).get("share", 0.0), among.index(p)))
 
 
+def _undone(root: Any) -> set[tuple[str, str, str | None]]:
+    found = missions(root)
+    recent = [found[k] for k in list(found.keys())[-AVOID_UNDONE:]]
+    return {(m["kind"], m["persona"], m.get("selector")) for m in recent if m["status"] == "undone"}
+
+
 def _prior_plan(root: Any, metrics: Mapping[str, Any], target: str) -> Plan | None:
     among = list(PERSONAS) if target == "H_cog" else ["BRICK", "BABS"]
     priors = root.get(PRIORS_KEY) or {}
+    avoid = _undone(root)
     for persona in _least_used(metrics, among):
+        if ("raise_prior", persona, None) in avoid:
+            continue
         if float(priors.get(persona, 0.0)) < MAX_PRIOR:
             share = ((metrics.get("by_persona") or {}).get(persona) or {}).get("share", 0.0)
             return Plan(
@@ -130,9 +143,12 @@ def _prior_plan(root: Any, metrics: Mapping[str, Any], target: str) -> Plan | No
 
 def _facet_plan(root: Any, metrics: Mapping[str, Any], records: Sequence[Mapping]) -> Plan | None:
     found = personas(root)
+    avoid = _undone(root)
 
     def missing(persona: str, selector: str) -> bool:
         receiver = found.get(persona)
+        if ("write_facet", persona, selector) in avoid:
+            return False
         if receiver is None or selector not in (receiver._slots().get("intents") or {}):
             return False
         held = receiver._lookup(selector)

@@ -269,3 +269,112 @@ def test_weight_steps_are_bounded_and_stay_on_the_simplex() -> None:
     assert cem.normalised({"H_rel": 1, "H_cog": 0, "H_sol": 0, "H_struc": 0})["H_cog"] == (
         pytest.approx(cem.MIN_WEIGHT)
     )
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers (the test model) while a heartbeat audits the same image; each
+    sees the other's commits through ZEO."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+    from pathlib import Path
+
+    import httpx
+    from langgraph_sdk import get_sync_client
+
+    from graph.heartbeat import Heartbeat
+    from store.zeo import ZeoServer, free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.5")
+    with ZeoServer(tmp_path / "shared.fs") as zeo:
+        assert main(["--image", zeo.uri, "init"]) == 0
+        port = free_port()
+        env = {
+            **os.environ,
+            "BATOS_IMAGE": zeo.uri,
+            "BATOS_MIND_RELEVANCE": "-1",
+            "LANGSMITH_TRACING": "false",
+            "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+            "PYTHONPATH": str(repo),
+        }
+        log = (tmp_path / "serve.log").open("w")
+        server = subprocess.Popen(
+            [str(repo / ".venv/bin/python"), "-m", "graph.cli", "serve"]
+            + ["--port", str(port), "--host", "127.0.0.1"],
+            cwd=repo,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stop = threading.Event()
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while True:
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
+                try:
+                    if httpx.get(f"{base}/ok", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+            with LivingImage.open(zeo.uri) as img:
+                beat = Heartbeat(img, scripted(ALFRED=["Steady."] * 500))
+                thread = threading.Thread(target=beat.forever, args=(stop,))
+                thread.start()
+                client = get_sync_client(url=base)
+                for question in ("hello", "thank you"):
+                    done = client.runs.wait(
+                        None,
+                        "mind",
+                        input={"messages": [{"role": "user", "content": question}]},
+                        context={"persona": "robin"},
+                    )
+                    assert done["status"] == "COMPLETE"
+                deadline = time.monotonic() + 60
+                while not any(r["metrics"]["cycles"] == 2 for r in audit.history(img)):
+                    assert time.monotonic() < deadline, [o.said for o in beat.outcomes]
+                    time.sleep(0.2)
+                stop.set()
+                thread.join(30)
+                assert not thread.is_alive()
+                audits = [o for o in beat.outcomes if o.job == "audit"]
+                assert len(audits) >= 2 and all(o.ok for o in beat.outcomes)
+        finally:
+            stop.set()
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+            log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_end_to_end_on_the_test_model(capsys, file_uri: str, tmp_path) -> None:
+    """batos ask a few times, batos heartbeat --once, batos audit report --png: all real."""
+    assert main(["--image", file_uri, "init"]) == 0
+    for question in ("what is a living image", "why keep state in one database"):
+        assert main(["--image", file_uri, "ask", "--persona", "robin", question]) == 0
+    capsys.readouterr()
+    code = main(["--image", file_uri, "heartbeat", "--once"])
+    out = capsys.readouterr().out
+    assert code == 0 and "✓ audit" in out, out
+    chart = tmp_path / "cem.png"
+    assert main(["--image", file_uri, "audit", "report", "--png", str(chart)]) == 0
+    out = capsys.readouterr().out
+    assert "chart written" in out and chart.read_bytes()[:4] == b"\x89PNG"
+    main(["--image", file_uri, "audit", "report", "--json"])
+    [report] = json.loads(capsys.readouterr().out)["audits"]
+    assert report["metrics"]["cycles"] == 2 and report["narrative"]

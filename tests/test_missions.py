@@ -331,21 +331,23 @@ def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
                 beat = Heartbeat(img, scripted(ALFRED=["Steady."] * 500))
                 thread = threading.Thread(target=beat.forever, args=(stop,))
                 thread.start()
-                client = get_sync_client(url=base)
-                for question in ("hello", "thank you"):
-                    done = client.runs.wait(
-                        None,
-                        "mind",
-                        input={"messages": [{"role": "user", "content": question}]},
-                        context={"persona": "robin"},
-                    )
-                    assert done["status"] == "COMPLETE"
-                deadline = time.monotonic() + 60
-                while not any(r["metrics"]["cycles"] == 2 for r in audit.history(img)):
-                    assert time.monotonic() < deadline, [o.said for o in beat.outcomes]
-                    time.sleep(0.2)
-                stop.set()
-                thread.join(30)
+                try:
+                    client = get_sync_client(url=base)
+                    for question in ("hello", "thank you"):
+                        done = client.runs.wait(
+                            None,
+                            "mind",
+                            input={"messages": [{"role": "user", "content": question}]},
+                            context={"persona": "robin"},
+                        )
+                        assert done["status"] == "COMPLETE", done
+                    deadline = time.monotonic() + 60
+                    while not any(r["metrics"]["cycles"] == 2 for r in audit.history(img)):
+                        assert time.monotonic() < deadline, [o.said for o in beat.outcomes]
+                        time.sleep(0.2)
+                finally:  # the heartbeat stops before its image closes
+                    stop.set()
+                    thread.join(30)
                 assert not thread.is_alive()
                 audits = [o for o in beat.outcomes if o.job == "audit"]
                 assert len(audits) >= 2 and all(o.ok for o in beat.outcomes)

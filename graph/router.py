@@ -32,7 +32,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -420,6 +420,20 @@ def shipped_codex() -> Codex:
     return load_codex()
 
 
+def _priors(stored: Any) -> dict[str, float]:
+    """The stored priors as plain numbers (anything else there is ignored, with a warning)."""
+    if stored is None:
+        return {}
+    if not isinstance(stored, Mapping):
+        log.warning("the stored routing priors are a %s, not a mapping; ignored", type(stored))
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in stored.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 def _current(record: Any, codex: Codex, digest: str) -> bool:
     try:
         return record["codex_version"] == codex.version and record["digest"] == digest
@@ -440,18 +454,13 @@ def load_router(
     codex = codex or shipped_codex()
     digest = training_digest(codex)
     slot = (id(image.db), image.uri)
-    priors: dict[str, Any] = {}
+    priors: dict[str, float] = {}
     for _ in range(2):
         with image.read() as root:
             record = root.get(ROUTER_KEY)
-            stored = root.get(PRIORS_KEY)
-            priors = dict(stored) if stored is not None else {}
+            priors = _priors(root.get(PRIORS_KEY))
             if record is not None and _current(record, codex, digest):
-                key = (
-                    record._p_oid,
-                    record._p_serial,
-                    stored._p_serial if stored is not None else None,
-                )
+                key = (record._p_oid, record._p_serial, tuple(sorted(priors.items())))
                 with _cache_lock:
                     cached = _cache.get(slot)
                 if cached is not None and cached[0] == key:

@@ -173,6 +173,9 @@ def test_a_mission_that_makes_things_worse_is_undone(capsys, image: str) -> None
     data = json.loads(capsys.readouterr().out)
     assert [m["status"] for m in data["missions"]] == ["undone"]
     assert len(data["audits"]) == 3 and "weights_next" in data["audits"][-1]
+    assert main(["--image", image, "audit", "show", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "mission 1 judged: undone" in out and "weights:" in out
 
 
 def test_a_mission_whose_change_fails_is_recorded_and_changes_nothing(image: str) -> None:

@@ -243,7 +243,8 @@ SETTINGS: dict[str, Setting] = {
             "cem_weights",
             "BATOS_CEM_WEIGHTS",
             lambda: "0.25,0.25,0.25,0.25",
-            "Weights of H_rel, H_cog, H_sol and H_struc in the Composite Entropy Metric.",
+            "Starting weights of H_rel, H_cog, H_sol and H_struc in the Composite Entropy "
+            "Metric; the audits then learn them (see 'batos audit report').",
         ),
         Setting(
             "audit_window",
@@ -259,6 +260,42 @@ SETTINGS: dict[str, Setting] = {
             "A fall of the CEM by more than this since the last audit is a decay; moves under a "
             "tenth of it over three audits are stagnation.",
             _positive_float,
+        ),
+        Setting(
+            "mission_min_gain",
+            "BATOS_MISSION_MIN_GAIN",
+            lambda: "0.02",
+            "A self-improvement mission is kept when its component rose by at least this (and "
+            "the CEM fell by no more than audit_decay); otherwise the next audit undoes it.",
+            _non_negative_float,
+        ),
+        Setting(
+            "mission_cycles",
+            "BATOS_MISSION_CYCLES",
+            lambda: "5",
+            "New mind cycles a mission waits for before an audit judges it.",
+            _positive_int,
+        ),
+        Setting(
+            "mission_prior_step",
+            "BATOS_MISSION_PRIOR_STEP",
+            lambda: "0.5",
+            "How much a router-priors mission raises a persona's logit offset.",
+            _positive_float,
+        ),
+        Setting(
+            "cem_weight_rate",
+            "BATOS_CEM_WEIGHT_RATE",
+            lambda: "2.0",
+            "Learning rate of the audits' multiplicative update of the CEM weights.",
+            _non_negative_float,
+        ),
+        Setting(
+            "cem_weight_step",
+            "BATOS_CEM_WEIGHT_STEP",
+            lambda: "0.05",
+            "Largest change of any one CEM weight in one audit.",
+            _non_negative_float,
         ),
         Setting(
             "heartbeat_audit_seconds",

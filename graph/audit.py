@@ -1,18 +1,28 @@
-"""The audit: ALFRED reads the Composite Entropy Metric and writes a report into the image.
+"""The audit: ALFRED reads the Composite Entropy Metric, writes a report into the image, and
+starts and judges self-improvement missions (``graph.missions``).
 
-A LangGraph graph of three nodes — ``measure`` (``graph.cem`` over the newest
-``audit_window`` cycles, compared with the previous report), ``narrate`` (ALFRED's model says
-what moved, in his voice) and ``record`` (the report, one transaction). A failure in any node
-writes nothing: the report is committed by ``record`` alone, so a failed audit leaves the
-image as it was, and the heartbeat logs it.
+A LangGraph graph of four nodes — ``measure`` (``graph.cem`` over the newest ``audit_window``
+cycles with the learnt weights, compared with the previous report; the verdict; the judgement
+of the open missions; the next weights; the mission to start), ``narrate`` (ALFRED's model says
+what moved, in his voice), ``record`` (the missions judged *undone* are undone, then the report
+is written, one transaction) and ``improve`` (the planned mission, if any). A failure in
+``measure`` or ``narrate`` writes nothing; a mission whose change fails is recorded as failed
+and does not fail the audit.
 
-The verdict rule, on the weighted CEM: **decay** when it fell by more than ``audit_decay``
-since the previous report; **stagnation** when it moved by less than ``audit_decay / 10`` over
-each of the last three reports; **steady** otherwise; **unknown** with no previous reading.
+The verdict rule, on the weighted CEM (the earlier reports' components weighted with this
+audit's weights, so a change of weights is never read as a decay): **decay** when it fell by
+more than ``audit_decay`` since the previous report; **stagnation** when it moved by less than
+``audit_decay / 10`` over each of the last three reports; **steady** otherwise; **unknown**
+with no previous reading.
+
+The weights: the ``cem_weights`` setting until the first report; then each report's
+``weights_next`` — ``cem.step_weights`` on the missions it judged — is what the next audit
+uses.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
@@ -23,8 +33,10 @@ from langgraph.graph import END, START, StateGraph
 
 from batos import settings
 from batos.errors import BatosError
-from graph import cem, prompts
+from graph import cem, missions, prompts
 from store.image import LivingImage
+
+log = logging.getLogger("batos.audit")
 
 #: Root key of the audit reports: report number → report dict.
 AUDIT_KEY = "audit_reports"
@@ -42,8 +54,12 @@ class AuditState(TypedDict, total=False):
     previous: dict[str, Any] | None
     deltas: dict[str, float | None]
     verdict: str
+    weights_next: dict[str, float]
+    judgements: list[dict[str, Any]]
+    plan: dict[str, Any] | None
     narrative: str
     report_id: int
+    mission: dict[str, Any] | None
 
 
 def verdict(history: list[float | None], current: float | None, decay: float) -> str:
@@ -65,6 +81,17 @@ def reports(root: Any) -> Any:
     return root.get(AUDIT_KEY) or IOBTree()
 
 
+def current_weights(root: Any) -> dict[str, float]:
+    """The weights the next audit uses: the newest report's ``weights_next``, else the
+    ``cem_weights`` setting (normalised)."""
+    found = reports(root)
+    if len(found):
+        learnt = found[found.maxKey()].get("weights_next")
+        if learnt:
+            return dict(learnt)
+    return cem.normalised(cem.parse_weights(settings.get_str("cem_weights")))
+
+
 def _table(metrics: Mapping[str, Any], deltas: Mapping[str, float | None]) -> str:
     lines = []
     for name in (*cem.COMPONENTS, "cem"):
@@ -77,25 +104,61 @@ def _table(metrics: Mapping[str, Any], deltas: Mapping[str, float | None]) -> st
     return "\n".join(lines)
 
 
+def _judged_lines(judgements: list[dict[str, Any]], plan: Mapping[str, Any] | None) -> str:
+    lines = []
+    for j in judgements:
+        if j["outcome"] is not None:
+            lines.append(f"mission {j['mission']}: {j['outcome']} ({j['why']})")
+    if plan:
+        lines.append(f"mission to start: {plan['kind']} {plan['persona']} for {plan['target']}")
+    return "\n".join(lines)
+
+
 def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) -> Any:
     """The audit graph over ``image``; ``models(persona)`` replaces the configured backends."""
 
     def measure(state: AuditState) -> AuditState:
-        weights = cem.parse_weights(settings.get_str("cem_weights"))
+        size = settings.get_int("audit_window")
         with image.read() as root:
-            metrics = cem.measure(root, settings.get_int("audit_window"), weights).as_dict()
+            weights = current_weights(root)
+            records = cem.window(root, size)
+            declared, methods = cem.image_structure(root)
+            metrics = cem.compute(
+                records, facet_space=declared, methods=methods, weights=weights
+            ).as_dict()
             found = reports(root)
             previous = dict(found[found.maxKey()]) if len(found) else None
-            history = [found[k]["metrics"]["cem"] for k in list(found.keys())[-STAGNANT_REPORTS:]]
-        old = previous["metrics"] if previous else {}
-        deltas = {
-            name: None
-            if metrics.get(name) is None or old.get(name) is None
-            else round(metrics[name] - old[name], 6)
-            for name in (*cem.COMPONENTS, "cem")
+            recent = [found[k]["metrics"] for k in list(found.keys())[-STAGNANT_REPORTS:]]
+            judgements = missions.assess(root, metrics, weights, image)
+            # One mission at a time, each from a reading no other mission's change is in.
+            busy = bool(judgements)
+            old = dict(previous["metrics"]) if previous else {}
+            if old:
+                old["cem"] = cem.weighted(old, weights)
+            deltas = {
+                name: None
+                if metrics.get(name) is None or old.get(name) is None
+                else round(metrics[name] - old[name], 6)
+                for name in (*cem.COMPONENTS, "cem")
+            }
+            history = [cem.weighted(m, weights) for m in recent]
+            rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
+            chosen = None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
+        weights_next = cem.step_weights(
+            weights,
+            missions.evidence(judgements),
+            rate=settings.get_float("cem_weight_rate"),
+            max_step=settings.get_float("cem_weight_step"),
+        )
+        return {
+            "metrics": metrics,
+            "previous": previous,
+            "deltas": deltas,
+            "verdict": rule,
+            "weights_next": weights_next,
+            "judgements": [j.as_dict() for j in judgements],
+            "plan": chosen.as_dict() if chosen else None,
         }
-        rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
-        return {"metrics": metrics, "previous": previous, "deltas": deltas, "verdict": rule}
 
     def narrate(state: AuditState) -> AuditState:
         if models is not None:
@@ -105,6 +168,8 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
 
             model = chat_model("ALFRED")
         prompt = prompts.load("audit")
+        table = _table(state["metrics"], state["deltas"])
+        said = _judged_lines(state.get("judgements") or [], state.get("plan"))
         reply = model.invoke(
             [
                 SystemMessage(prompt["system"]),
@@ -112,7 +177,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
                     prompt["user"].format(
                         cycles=state["metrics"]["cycles"],
                         verdict=state["verdict"],
-                        table=_table(state["metrics"], state["deltas"]),
+                        table=table + ("\n" + said if said else ""),
                     )
                 ),
             ]
@@ -120,6 +185,17 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         return {"narrative": str(reply.content).strip()[:MAX_NARRATIVE_CHARS]}
 
     def record(state: AuditState) -> AuditState:
+        def number_next(root: Any) -> int:
+            found = root.get(AUDIT_KEY)
+            return found.maxKey() + 1 if found is not None and len(found) else 1
+
+        with image.read() as root:
+            upcoming = number_next(root)
+        judged = [
+            missions.Judgement(**{**j, "tids": tuple(j["tids"])})
+            for j in state.get("judgements") or []
+        ]
+        outcomes = missions.apply(image, judged, upcoming)
         report = {
             "time": time.time(),
             "metrics": state["metrics"],
@@ -127,27 +203,55 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             "verdict": state["verdict"],
             "narrative": state["narrative"],
             "previous": state["previous"]["id"] if state.get("previous") else None,
+            "weights_next": state["weights_next"],
+            "judged": {o["id"]: o["status"] for o in outcomes},
         }
 
         def write(root: Any) -> int:
+            missions.prepare(root)
             found = root.get(AUDIT_KEY)
             if found is None:
                 found = root[AUDIT_KEY] = IOBTree()
-            number = found.maxKey() + 1 if len(found) else 1
+            number = number_next(root)
             found[number] = {**report, "id": number}
             return number
 
         number = image.transact(write, note=f"audit: CEM {state['metrics']['cem']}")
         return {"report_id": number}
 
+    def improve(state: AuditState) -> AuditState:
+        chosen = state.get("plan")
+        if not chosen:
+            return {"mission": None}
+        try:
+            started = missions.start(
+                image,
+                missions.Plan(**chosen),
+                report_id=state["report_id"],
+                metrics=state["metrics"],
+                models=models,
+            )
+        except missions.MissionError as exc:
+            log.warning("no mission started: %s", exc.message)
+            return {"mission": None}
+
+        def note(root: Any) -> None:
+            found = root[AUDIT_KEY]
+            found[state["report_id"]] = {**found[state["report_id"]], "mission": started["id"]}
+
+        image.transact(note, note=f"audit {state['report_id']}: mission {started['id']}")
+        return {"mission": started}
+
     builder = StateGraph(AuditState)
     builder.add_node("measure", measure)
     builder.add_node("narrate", narrate)
     builder.add_node("record", record)
+    builder.add_node("improve", improve)
     builder.add_edge(START, "measure")
     builder.add_edge("measure", "narrate")
     builder.add_edge("narrate", "record")
-    builder.add_edge("record", END)
+    builder.add_edge("record", "improve")
+    builder.add_edge("improve", END)
     return builder.compile()
 
 

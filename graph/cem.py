@@ -27,8 +27,19 @@ H_struc — structural complexity. ``coverage`` = distinct facets called / facet
     window's end, including those written in it). H_struc = (coverage + grown) / 2: the
     structure the image has grown, weighted by how much of it is used.
 
-CEM = Σ w_c H_c / Σ w_c over the components that are defined, the weights being the
-``cem_weights`` setting (default equal). ``None`` when no component is defined.
+CEM = Σ w_c H_c / Σ w_c over the components that are defined. ``None`` when no component
+is defined. The weights start as the ``cem_weights`` setting (default equal) and are then
+learnt by the audits (``step_weights``).
+
+Meta-optimisation (``step_weights``): each judged self-improvement mission m has an outcome
+``s_m`` (+1 kept, -1 undone) and the change ``Δ_c^m`` of every component between the reading
+it started from and the one that judged it. A component that moved with the outcome (rose
+under a kept mission, fell under an undone one) predicted success; its gradient is
+``g_c = Σ_m s_m Δ_c^m``. The step is exponentiated gradient — ``w'_c ∝ w_c exp(η g_c)``, η
+the ``cem_weight_rate`` setting — which stays on the simplex; the move ``w' - w`` is then
+scaled down (never changing its direction) until no weight moves by more than
+``cem_weight_step`` and none goes below ``MIN_WEIGHT``. A point between two points of that
+face of the simplex is on it, so the weights always sum to 1 and stay ≥ ``MIN_WEIGHT``.
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ COMPONENTS = ("H_rel", "H_cog", "H_sol", "H_struc")
 #: The persona protocols the seeds tie to each component.
 TIES = {"BRICK": "H_sol", "BABS": "H_sol", "ROBIN": "H_cog", "ALFRED": "H_cog"}
 DEFAULT_WEIGHTS = {c: 0.25 for c in COMPONENTS}
+#: No learnt weight goes below this: every component keeps a say in the CEM.
+MIN_WEIGHT = 0.05
 
 
 @dataclass
@@ -208,6 +221,55 @@ def parse_weights(text: str) -> dict[str, float]:
     if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
         raise ValueError("weights must be non-negative numbers, not all zero")
     return dict(zip(COMPONENTS, values, strict=True))
+
+
+def normalised(weights: Mapping[str, float]) -> dict[str, float]:
+    """``weights`` scaled to sum to 1, each at least ``MIN_WEIGHT`` (mixed with the uniform
+    weights just enough for that)."""
+    values = np.array([max(0.0, float(weights.get(c, 0.0))) for c in COMPONENTS])
+    values = values / values.sum() if values.sum() > 0 else np.full(len(COMPONENTS), 0.25)
+    uniform = 1.0 / len(COMPONENTS)
+    low = float(values.min())
+    if low < MIN_WEIGHT:
+        mix = (MIN_WEIGHT - low) / (uniform - low)
+        values = (1 - mix) * values + mix * uniform
+    return {c: float(v) for c, v in zip(COMPONENTS, values, strict=True)}
+
+
+def step_weights(
+    weights: Mapping[str, float],
+    evidence: Sequence[tuple[float, Mapping[str, float | None]]],
+    *,
+    rate: float,
+    max_step: float,
+) -> dict[str, float]:
+    """One bounded exponentiated-gradient step of the weights (module docstring).
+
+    ``weights`` on the simplex with each ≥ ``MIN_WEIGHT``; ``evidence`` one (outcome,
+    component changes) pair per judged mission, outcome +1 kept or -1 undone, a change None
+    where the component was undefined. No evidence, no move.
+    """
+    old = np.array([float(weights[c]) for c in COMPONENTS])
+    gradient = np.zeros(len(COMPONENTS))
+    for outcome, changes in evidence:
+        for i, c in enumerate(COMPONENTS):
+            change = changes.get(c)
+            if change is not None and math.isfinite(change):
+                gradient[i] += outcome * max(-1.0, min(1.0, change))
+    if not gradient.any() or rate <= 0 or max_step <= 0:
+        return dict(zip(COMPONENTS, old.tolist(), strict=True))
+    proposed = old * np.exp(rate * (gradient - gradient.max()))  # shifted: no overflow
+    proposed /= proposed.sum()
+    move = proposed - old
+    scale = 1.0
+    biggest = float(np.abs(move).max())
+    if biggest > max_step:
+        scale = max_step / biggest
+    for i in np.flatnonzero(move < 0):
+        room = max(0.0, old[i] - MIN_WEIGHT)
+        scale = min(scale, room / -move[i])
+    new = old + scale * move
+    return {c: float(v) for c, v in zip(COMPONENTS, new, strict=True)}
 
 
 # -- reading the image ------------------------------------------------------------------------

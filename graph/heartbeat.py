@@ -50,7 +50,12 @@ def _audit(image: LivingImage, models: Callable[..., Any] | None) -> str:
     from graph import audit
 
     report = audit.run(image, models)
-    return f"audit report {report['id']}: CEM {report['metrics']['cem']} ({report['verdict']})"
+    said = f"audit report {report['id']}: CEM {report['metrics']['cem']} ({report['verdict']})"
+    for number, status in (report.get("judged") or {}).items():
+        said += f"; mission {number} {status}"
+    if report.get("mission"):
+        said += f"; mission {report['mission']} started"
+    return said
 
 
 def _curate(image: LivingImage, models: Callable[..., Any] | None) -> str:

@@ -295,7 +295,9 @@ class Mind:
                 "no router is installed (graph.router is missing)",
                 hint="pass a persona to answer as (--persona / context persona)",
             ) from exc
-        return self._once("router", image, lambda: load_router(image)), True
+        # Every cycle asks: load_router is cached per stored record, and a retrain or a change
+        # of the routing priors (an audit's mission, or its undo) must reach a running server.
+        return load_router(image), True
 
     def catalog(self, image: LivingImage) -> Any:
         given = self._services().catalog

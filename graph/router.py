@@ -15,6 +15,11 @@ bytes, the codex version and a digest of what it was trained on), so no class of
 pickled. ``load_router`` trains and stores it, in its own transaction, when it is missing,
 damaged or was trained on other data; each process caches it per stored record (oid and
 serial), so a retrain by another process is picked up on the next call.
+
+**Priors.** ``root['router_priors']`` maps a persona to an offset added to its logit after the
+temperature (a log-prior ratio, bounded by ``MAX_PRIOR``): the audit's self-improvement
+missions raise an under-used persona's offset, and ``batos undo`` of such a mission takes it
+back. A change to the priors is picked up on the next ``load_router`` call, as a retrain is.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -65,6 +70,10 @@ FOLDS = 5
 MIN_EXAMPLES = 8
 #: Digests of the training data kept per process (computing one costs about 1 ms).
 DIGESTS_KEPT = 8
+#: Where the image keeps the routing priors: persona → logit offset.
+PRIORS_KEY = "router_priors"
+#: Largest offset a prior may add to or take from a persona's logit.
+MAX_PRIOR = 2.0
 
 #: Per image (database, URI): the stored record's (oid, serial) and the router built from it.
 _cache: dict[tuple[int, str], tuple[tuple[bytes, bytes], Router]] = {}
@@ -151,6 +160,25 @@ class Router:
         self.digest = digest
         self.info = dict(info or {})
         self.embedder = embedder or Embedder()
+        self.priors: dict[str, float] = {}
+
+    def with_priors(self, priors: Any) -> Router:
+        """This router with ``priors`` (persona → logit offset, each clipped to
+        ``±MAX_PRIOR``; unknown personas and non-finite values ignored); the weights and the
+        embedder are shared, not copied."""
+        offsets = np.zeros(len(self.personas), dtype=np.float32)
+        kept: dict[str, float] = {}
+        for index, persona in enumerate(self.personas):
+            value = (priors or {}).get(persona)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if math.isfinite(value) and value:
+                    kept[persona] = max(-MAX_PRIOR, min(MAX_PRIOR, float(value)))
+                    offsets[index] = kept[persona]
+        twin = object.__new__(Router)
+        twin.__dict__.update(self.__dict__)
+        twin._bias = np.asarray(self.bias / self.temperature + offsets, dtype=np.float32)
+        twin.priors = kept
+        return twin
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
         """(n, personas) calibrated probabilities for (n, DIMS) normalised embeddings."""
@@ -392,6 +420,20 @@ def shipped_codex() -> Codex:
     return load_codex()
 
 
+def _priors(stored: Any) -> dict[str, float]:
+    """The stored priors as plain numbers (anything else there is ignored, with a warning)."""
+    if stored is None:
+        return {}
+    if not isinstance(stored, Mapping):
+        log.warning("the stored routing priors are a %s, not a mapping; ignored", type(stored))
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in stored.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 def _current(record: Any, codex: Codex, digest: str) -> bool:
     try:
         return record["codex_version"] == codex.version and record["digest"] == digest
@@ -412,17 +454,22 @@ def load_router(
     codex = codex or shipped_codex()
     digest = training_digest(codex)
     slot = (id(image.db), image.uri)
+    priors: dict[str, float] = {}
     for _ in range(2):
         with image.read() as root:
             record = root.get(ROUTER_KEY)
+            priors = _priors(root.get(PRIORS_KEY))
             if record is not None and _current(record, codex, digest):
-                key = (record._p_oid, record._p_serial)
+                key = (record._p_oid, record._p_serial, tuple(sorted(priors.items())))
                 with _cache_lock:
                     cached = _cache.get(slot)
                 if cached is not None and cached[0] == key:
                     return cached[1]
                 try:
-                    router = Router.from_record(record, embedder=embedder)
+                    if cached is not None and cached[0][:2] == key[:2]:
+                        router = cached[1].with_priors(priors)  # only the priors changed
+                    else:
+                        router = Router.from_record(record, embedder=embedder).with_priors(priors)
                 except RoutingError as exc:
                     log.warning("%s; training it again", exc.message)
                 else:
@@ -442,7 +489,7 @@ def load_router(
             root[ROUTER_KEY] = trained.to_record()
 
         image.transact(store, note=f"router: trained on codex version {codex.version}")
-    return trained
+    return trained.with_priors(priors)
 
 
 def prefetch_runner_up(

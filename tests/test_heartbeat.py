@@ -159,7 +159,7 @@ def test_end_to_end_ask_heartbeat_report(capsys, image: str, tmp_path) -> None:
     code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=models)
     assert code == 0, out + err
     code, out, _ = run(capsys, "--image", image, "audit", "report", "--json")
-    rows = json.loads(out)
+    rows = json.loads(out)["audits"]
     assert rows[0]["metrics"]["cycles"] == 3 and rows[0]["metrics"]["H_rel"] is not None
     chart = tmp_path / "cem.png"
     code, out, _ = run(capsys, "--image", image, "audit", "report", "--png", str(chart))

@@ -410,3 +410,26 @@ def test_cli_route_needs_an_existing_image(capsys, tmp_path):
     assert main(["--image", missing, "route", "hello"]) == 3
     assert "batos --image" in capsys.readouterr().err
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_priors_in_the_image_shift_the_route_and_their_undo_takes_it_back(file_uri, router):
+    from graph.router import MAX_PRIOR, PRIORS_KEY
+
+    text = "what is the boiling point of mercury?"
+    with LivingImage.open(file_uri) as image:
+        plain = load_router(image, embedder=router.embedder)
+        before = dict(plain.route(text).ranked)
+        low = min(before, key=before.get)
+        image.transact(lambda root: root.__setitem__(PRIORS_KEY, {}), note="room")
+
+        def raise_prior(root):
+            root[PRIORS_KEY] = {low: 99.0, "NOBODY": 5.0}
+
+        image.transact(raise_prior, note="prior")
+        shifted = load_router(image)
+        assert shifted.priors == {low: MAX_PRIOR}  # clipped; unknown personas ignored
+        after = dict(shifted.route(text).ranked)
+        assert after[low] > before[low] and shifted.embedder is plain.embedder
+        image.undo(next(r.tid for r in image.history(5) if r.description == "prior"))
+        back = dict(load_router(image).route(text).ranked)
+        assert back == pytest.approx(before)

@@ -2,7 +2,8 @@
 
 ``heartbeat`` runs the scheduled jobs until SIGINT/SIGTERM (the running job finishes, then
 exit 0); ``--once`` runs the due jobs and exits; ``--list`` shows the jobs. ``audit report``
-prints the CEM over time (``--json``, ``--png FILE`` for a chart); ``audit show ID`` one report.
+prints the CEM, its weights and the missions over time (``--json``, ``--png FILE`` for a
+chart); ``audit show ID`` one report.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from batos.errors import BatosError
 from graph import audit as audits
-from graph import cem
+from graph import cem, missions
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
 from graph.heartbeat import Heartbeat
@@ -76,6 +77,35 @@ def _rows(image: Any) -> list[dict[str, Any]]:
     return audits.history(image)
 
 
+def _weights(weights: dict[str, float] | None) -> str:
+    if not weights:
+        return "-"
+    return " ".join(f"{weights.get(c, 0.0):.3f}" for c in cem.COMPONENTS)
+
+
+def _mission_rows(found: list[dict[str, Any]]) -> Table:
+    table = Table(title="Self-improvement missions")
+    for column in ("id", "audit", "mission", "hypothesis", "outcome"):
+        table.add_column(column, overflow="fold")
+    for m in found:
+        what = f"{m['persona']}.{m['selector']}" if m.get("selector") else m["persona"]
+        if m["kind"] == "raise_prior" and "prior_after" in m:
+            what += f" {m['prior_before']:+.2f}→{m['prior_after']:+.2f}"
+        h = m["hypothesis"]
+        judged = m.get("judged") or {}
+        why = judged.get("why") or m.get("error") or ""
+        if judged.get("error"):
+            why += f" ({judged['error']})"
+        table.add_row(
+            str(m["id"]),
+            str(m["report"]),
+            f"{m['kind']} {what}",
+            f"{h['component']} ≥ {_num(h['baseline'])}{h['gain']:+g} after {h['cycles']} cycles",
+            f"{m['status']}: {why}" if why else m["status"],
+        )
+    return table
+
+
 @audit_app.command("report")
 def report(
     ctx: typer.Context,
@@ -86,11 +116,13 @@ def report(
     report --png cem.png"""
     with open_image(image_uri(ctx)) as image:
         rows = _rows(image)
+        found = missions.history(image)
     if as_json:
-        console.print_json(json.dumps(rows, default=str))
+        console.print_json(json.dumps({"audits": rows, "missions": found}, default=str))
     else:
         table = Table(title="Audits")
-        for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict"):
+        weights = "weights (" + " ".join(cem.COMPONENTS) + ")"
+        for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict", weights):
             table.add_column(column)
         for r in rows:
             m = r["metrics"]
@@ -99,12 +131,19 @@ def report(
                 _when(r["time"]),
                 str(m["cycles"]),
                 *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
-                r["verdict"],
+                r["verdict"] + (f" → mission {r['mission']}" if r.get("mission") else ""),
+                _weights(m.get("weights")),
             )
         console.print(table)
-        console.print("missions: none (self-improvement missions are not built)")
+        if found:
+            console.print(_mission_rows(found))
+            kept = sum(m["status"] == "kept" for m in found)
+            undone = sum(m["status"] == "undone" for m in found)
+            console.print(f"missions: {len(found)} started, {kept} kept, {undone} undone")
+        else:
+            console.print("missions: none started yet")
     if png is not None:
-        _chart(rows, png)
+        _chart(rows, found, png)
         if not as_json:
             console.print(f"chart written to {png}")
 
@@ -113,7 +152,7 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _chart(rows: list[dict[str, Any]], path: Path) -> None:
+def _chart(rows: list[dict[str, Any]], found: list[dict[str, Any]], path: Path) -> None:
     if not rows:
         raise BatosError(
             "there are no audit reports to chart",
@@ -124,7 +163,7 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")  # files only: no display is needed or used
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, (ax, wax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
     ids = [r["id"] for r in rows]
     for name in (*cem.COMPONENTS, "cem"):
         values = [r["metrics"].get(name) for r in rows]
@@ -135,10 +174,17 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
             linewidth=2.5 if name == "cem" else 1.2,
             label="CEM" if name == "cem" else name,
         )
-    ax.set_xlabel("audit")
+    colours = {"kept": "tab:green", "undone": "tab:red"}
+    for m in found:  # where each mission started, coloured by what became of it
+        ax.axvline(m["report"], color=colours.get(m["status"], "tab:gray"), linestyle=":")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Composite Entropy Metric")
+    ax.set_title("Composite Entropy Metric (dotted: missions; green kept, red undone)")
     ax.legend(loc="best", fontsize="small")
+    for name in cem.COMPONENTS:
+        wax.plot(ids, [r["metrics"]["weights"].get(name, 0.0) for r in rows], label=name)
+    wax.set_ylabel("weight")
+    wax.set_xlabel("audit")
+    wax.legend(loc="best", fontsize="small")
     try:
         fig.savefig(path, format="png")
     except OSError as exc:
@@ -164,6 +210,11 @@ def show(ctx: typer.Context, report_id: int = typer.Argument(..., help="Audit re
             f" · novelty {_num(terms['H_sol_mean'])}"
         )
     console.print(f"verdict: {r['verdict']}")
+    console.print(f"weights: {_weights(m.get('weights'))} → next {_weights(r.get('weights_next'))}")
+    for number, status in (r.get("judged") or {}).items():
+        console.print(f"mission {number} judged: {status}")
+    if r.get("mission"):
+        console.print(f"mission {r['mission']} started (see 'batos audit report')")
     console.print("[bold]ALFRED:[/] ", end="")
     console.print(r["narrative"], markup=False)
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import typer
 from langchain_core.messages import HumanMessage
@@ -417,12 +418,17 @@ def serve(
             sys.path.append(str(path))
     os.chdir(folder)
     console.print(f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}")
+    uri = image_uri(ctx)
     run_server(
         host,
         port,
         False,
         settings_json["graphs"],
         open_browser=False,
+        # The server's blocking-call detector patches file reads in every thread that runs an
+        # event loop, and a ZEO client's networking thread is one: its cache reads would fail
+        # every invalidation. On a zeo:// image the detector is therefore off.
+        allow_blocking=urlsplit(uri).scheme == "zeo",
         env=settings_json.get("env"),
         store=settings_json.get("store"),
         checkpointer=settings_json.get("checkpointer"),

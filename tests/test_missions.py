@@ -1,0 +1,385 @@
+"""Self-improvement missions and the learnt CEM weights: a constructed decay starts a mission
+(scripted models), the next audit keeps what helped and undoes what did not."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from fakes import ScriptedChatModel
+
+from graph import audit, cem, missions
+from graph.cli import main
+from graph.cycle import CYCLES_KEY
+from graph.router import PRIORS_KEY
+from prototypes.incarnation import personas
+from prototypes.uvm import Method
+from store.embeddings import to_bytes
+from store.image import LivingImage
+
+FACET_SOURCE = """
+def facet_feelings(self, question):
+    return {
+        "instruction": "Name the feeling behind this and answer it gently: " + question,
+        "temperature": 0.8,
+    }
+"""
+
+
+@pytest.fixture
+def image(capsys, file_uri: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("BATOS_AUDIT_WINDOW", "4")
+    monkeypatch.setenv("BATOS_MISSION_CYCLES", "2")
+    assert main(["--image", file_uri, "init"]) == 0
+    capsys.readouterr()
+    return file_uri
+
+
+def vector(index: int) -> bytes:
+    v = np.zeros(384, dtype=np.float32)
+    v[index] = 1.0
+    return to_bytes(v)
+
+
+def add_cycles(img: LivingImage, rows: list[tuple[str, list[str], list[str]]]) -> None:
+    """(persona, facets called, methods written) per cycle; every answer on its request and
+    unlike the one before it, so H_rel and H_sol stay put between batches."""
+
+    def write(root) -> None:
+        from BTrees.OOBTree import OOBTree
+
+        cycles = root.get(CYCLES_KEY)
+        if cycles is None:
+            cycles = root[CYCLES_KEY] = OOBTree()
+        for position, (persona, facets, written) in enumerate(rows):
+            cycles[f"{len(cycles):08d}"] = {
+                "personas": [persona],
+                "facets": facets,
+                "methods_written": written,
+                "request": f"question {len(cycles)}",
+                "request_vector": vector(position),
+                "response_vector": vector(position),
+            }
+
+    img.transact(write, note="test: cycles")
+
+
+def scripted(**replies: list[str]):
+    """A model factory: each persona's model answers from its own queue, in order."""
+    queues = {p: ScriptedChatModel().enqueue(*r) for p, r in replies.items()}
+    for persona in ("ROBIN", "BRICK", "BABS", "ALFRED"):
+        queues.setdefault(persona, ScriptedChatModel())
+
+    def models(persona: str, **options):
+        return queues[persona]
+
+    models.queues = queues  # type: ignore[attr-defined]
+    return models
+
+
+def facet_method(img: LivingImage, persona: str, selector: str) -> Method | None:
+    with img.read() as root:
+        found = personas(root)[persona]._lookup(selector)
+        return found[1] if found is not None and isinstance(found[1], Method) else None
+
+
+def test_a_decay_writes_a_facet_through_the_jit_graph_and_a_gain_keeps_it(image: str) -> None:
+    models = scripted(
+        ALFRED=["Structure is intact.", "H_struc has collapsed.", "The new facet serves."],
+        ROBIN=[f"```python\n{FACET_SOURCE}```"],
+    )
+    with LivingImage.open(image) as img:
+        # Four facets called, each written in its cycle: H_struc 0.75.
+        spread = [
+            "BRICK.facet_steps",
+            "BRICK.facet_design",
+            "BABS.facet_facts",
+            "ALFRED.facet_audit",
+        ]
+        add_cycles(img, [("BRICK", [f], [f]) for f in spread])
+        first = audit.run(img, models)
+        assert first["metrics"]["H_struc"] == pytest.approx(0.75)
+        assert first.get("mission") is None
+        # Then only ROBIN's feelings facet, which has no method: H_struc falls most.
+        add_cycles(img, [("BRICK", ["ROBIN.facet_feelings"], [])] * 4)
+        assert facet_method(img, "ROBIN", "facet_feelings") is None
+        second = audit.run(img, models)
+        assert second["verdict"] == "decay" and second["mission"] == 1
+        [mission] = missions.history(img)
+        assert mission["kind"] == "write_facet" and mission["target"] == "H_struc"
+        assert (mission["persona"], mission["selector"]) == ("ROBIN", "facet_feelings")
+        assert mission["status"] == "pending" and len(mission["tids"]) == 1
+        assert mission["hypothesis"]["baseline"] == second["metrics"]["H_struc"]
+        assert "H_struc rises by at least 0.02" in mission["hypothesis"]["text"]
+        # The method ROBIN's (scripted) model wrote is installed, in the mission's transaction.
+        method = facet_method(img, "ROBIN", "facet_feelings")
+        assert method is not None and "answer it gently" in method.source
+        assert models.queues["ROBIN"].calls == 1
+        noted = {r.tid: r.description for r in img.history(20)}
+        assert (
+            noted[mission["tids"][0]] == "mission 1: write_facet ROBIN.facet_feelings for H_struc"
+        )
+        # The next cycles use it: H_struc rises, so the third audit keeps the mission.
+        add_cycles(img, [("BRICK", ["ROBIN.facet_feelings"], [])] * 2)
+        third = audit.run(img, models)
+        [mission] = missions.history(img)
+        assert mission["status"] == "kept" and third["judged"] == {1: "kept"}
+        assert mission["judged"]["changes"]["H_struc"] > 0.02
+        assert facet_method(img, "ROBIN", "facet_feelings") is not None
+        # The weights moved toward the component that predicted the success, boundedly.
+        before, after = third["metrics"]["weights"], third["weights_next"]
+        assert after["H_struc"] > before["H_struc"]
+        assert max(abs(after[c] - before[c]) for c in cem.COMPONENTS) <= 0.05 + 1e-9
+        assert sum(after.values()) == pytest.approx(1.0)
+
+
+def test_a_mission_that_makes_things_worse_is_undone(capsys, image: str) -> None:
+    models = scripted(ALFRED=["Balanced.", "Diversity is falling.", "Worse still."])
+    with LivingImage.open(image) as img:
+        add_cycles(img, [(p, [], []) for p in ("ROBIN", "BRICK", "BABS", "ALFRED")])
+        audit.run(img, models)
+        # BRICK takes three of four cycles: only H_cog falls, so the prior of the least-used
+        # persona (BABS, first of the unused in codex order) is raised.
+        add_cycles(img, [(p, [], []) for p in ("BRICK", "BRICK", "ROBIN", "BRICK")])
+        second = audit.run(img, models)
+        assert second["verdict"] == "decay" and second["mission"] == 1
+        [mission] = missions.history(img)
+        assert (mission["kind"], mission["target"], mission["persona"]) == (
+            "raise_prior",
+            "H_cog",
+            "BABS",
+        )
+        with img.read() as root:
+            assert dict(root[PRIORS_KEY]) == {"BABS": 0.5}
+        # Things get worse: BRICK alone. The next audit undoes the mission.
+        add_cycles(img, [("BRICK", [], [])] * 4)
+        third = audit.run(img, models)
+        [mission] = missions.history(img)
+        assert mission["status"] == "undone" and third["judged"] == {1: "undone"}
+        assert mission["judged"]["changes"]["H_cog"] < 0
+        assert "H_cog moved" in mission["judged"]["why"]
+        with img.read() as root:
+            assert dict(root[PRIORS_KEY]) == {}  # the image as it was before the mission
+            assert len(root[CYCLES_KEY]) == 12  # and nothing else was taken back
+        assert any(r.description == f"undo {mission['tids'][0]}" for r in img.history(20))
+    code = main(["--image", image, "audit", "report"])
+    out = capsys.readouterr().out
+    assert code == 0 and "raise_prior" in out and "undone" in out
+    assert "1 started, 0 kept, 1 undone" in out
+    main(["--image", image, "audit", "report", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert [m["status"] for m in data["missions"]] == ["undone"]
+    assert len(data["audits"]) == 3 and "weights_next" in data["audits"][-1]
+    assert main(["--image", image, "audit", "show", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "mission 1 judged: undone" in out and "weights:" in out
+
+
+def test_a_mission_whose_change_fails_is_recorded_and_changes_nothing(image: str) -> None:
+    models = scripted(
+        ALFRED=["Fine.", "Fallen."],
+        ROBIN=[RuntimeError("the model is down")] * 3,
+    )
+    with LivingImage.open(image) as img:
+        spread = [
+            "BRICK.facet_steps",
+            "BRICK.facet_design",
+            "BABS.facet_facts",
+            "ALFRED.facet_audit",
+        ]
+        add_cycles(img, [("BRICK", [f], [f]) for f in spread])
+        audit.run(img, models)
+        add_cycles(img, [("BRICK", ["ROBIN.facet_feelings"], [])] * 4)
+        second = audit.run(img, models)
+        [mission] = missions.history(img)
+        assert mission["status"] == "failed" and "the model is down" in mission["error"]
+        assert second["mission"] == 1 and facet_method(img, "ROBIN", "facet_feelings") is None
+
+
+def test_an_undo_zodb_refuses_is_reported_and_the_change_stays(image: str) -> None:
+    models = scripted(ALFRED=["a", "b", "c"])
+    with LivingImage.open(image) as img:
+        add_cycles(img, [(p, [], []) for p in ("ROBIN", "BRICK", "BABS", "ALFRED")])
+        audit.run(img, models)
+        add_cycles(img, [(p, [], []) for p in ("BRICK", "BRICK", "ROBIN", "BRICK")])
+        audit.run(img, models)
+        # A later change to the same object: the mission's transaction can no longer be undone.
+        img.transact(lambda root: root[PRIORS_KEY].__setitem__("ROBIN", 0.1), note="by hand")
+        add_cycles(img, [("BRICK", [], [])] * 4)
+        audit.run(img, models)
+        [mission] = missions.history(img)
+        assert mission["status"] == "undo-failed" and mission["judged"]["error"]
+        with img.read() as root:
+            assert dict(root[PRIORS_KEY]) == {"BABS": 0.5, "ROBIN": 0.1}
+
+
+def test_no_mission_without_a_decay_or_while_one_waits(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_MISSION_CYCLES", "5")
+    models = scripted(ALFRED=["a", "b", "c"])
+    with LivingImage.open(image) as img:
+        add_cycles(img, [(p, [], []) for p in ("ROBIN", "BRICK", "BABS", "ALFRED")])
+        assert audit.run(img, models).get("mission") is None  # unknown: no earlier reading
+        add_cycles(img, [(p, [], []) for p in ("BRICK", "BRICK", "ROBIN", "BRICK")])
+        assert audit.run(img, models)["mission"] == 1
+        # Another fall before the mission has its cycles: judged later, no second mission.
+        add_cycles(img, [("BRICK", [], [])] * 4)
+        third = audit.run(img, models)
+        assert third["verdict"] == "decay" and third.get("mission") is None
+        assert [m["status"] for m in missions.history(img)] == ["pending"]
+
+
+def test_targets_follow_the_documented_rule() -> None:
+    weights = dict(cem.DEFAULT_WEIGHTS)
+    metrics = {"H_rel": 0.9, "H_cog": 0.2, "H_sol": 0.5, "H_struc": None}
+    deltas = {"H_rel": -0.01, "H_cog": -0.3, "H_sol": 0.1, "H_struc": None}
+    assert missions.targets("decay", metrics, deltas, weights) == ["H_cog", "H_rel"]
+    assert missions.targets("stagnation", metrics, deltas, weights) == ["H_cog", "H_sol", "H_rel"]
+    assert missions.targets("steady", metrics, deltas, weights) == []
+    heavy = {**weights, "H_rel": 40.0}
+    assert missions.targets("decay", metrics, deltas, heavy)[0] == "H_rel"
+
+
+def test_weight_steps_are_bounded_and_stay_on_the_simplex() -> None:
+    rng = random.Random(7)
+    weights = cem.normalised(cem.DEFAULT_WEIGHTS)
+    for _ in range(500):
+        evidence = [
+            (rng.choice((1.0, -1.0)), {c: rng.uniform(-1, 1) for c in cem.COMPONENTS})
+            for _ in range(rng.randint(0, 3))
+        ]
+        step = rng.choice((0.01, 0.05, 0.2))
+        after = cem.step_weights(weights, evidence, rate=rng.uniform(0, 20), max_step=step)
+        assert sum(after.values()) == pytest.approx(1.0, abs=1e-9)
+        assert min(after.values()) >= cem.MIN_WEIGHT - 1e-12
+        assert max(abs(after[c] - weights[c]) for c in cem.COMPONENTS) <= step + 1e-12
+        weights = after
+    # A consistent signal moves the weight towards its component, and only as far as allowed.
+    start = cem.normalised(cem.DEFAULT_WEIGHTS)
+    moved = cem.step_weights(start, [(1.0, {"H_sol": 0.5})], rate=2.0, max_step=0.05)
+    assert moved["H_sol"] == pytest.approx(0.30) and moved["H_rel"] < 0.25
+    assert cem.step_weights(start, [], rate=2.0, max_step=0.05) == start
+    assert cem.step_weights(start, [(1.0, {"H_sol": math.nan})], rate=2, max_step=1) == start
+    # Many steps the same way stop at the floor, never below it.
+    w = start
+    for _ in range(200):
+        w = cem.step_weights(w, [(1.0, {"H_sol": 1.0})], rate=5.0, max_step=0.05)
+    assert w["H_rel"] == pytest.approx(cem.MIN_WEIGHT) and w["H_sol"] == pytest.approx(0.85)
+    assert cem.normalised({"H_rel": 1, "H_cog": 0, "H_sol": 0, "H_struc": 0})["H_cog"] == (
+        pytest.approx(cem.MIN_WEIGHT)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers (the test model) while a heartbeat audits the same image; each
+    sees the other's commits through ZEO."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+    from pathlib import Path
+
+    import httpx
+    from langgraph_sdk import get_sync_client
+
+    from graph.heartbeat import Heartbeat
+    from store.zeo import ZeoServer, free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.5")
+    with ZeoServer(tmp_path / "shared.fs") as zeo:
+        assert main(["--image", zeo.uri, "init"]) == 0
+        port = free_port()
+        env = {
+            **os.environ,
+            "BATOS_IMAGE": zeo.uri,
+            "BATOS_MIND_RELEVANCE": "-1",
+            "LANGSMITH_TRACING": "false",
+            "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+            "PYTHONPATH": str(repo),
+        }
+        log = (tmp_path / "serve.log").open("w")
+        server = subprocess.Popen(
+            [str(repo / ".venv/bin/python"), "-m", "graph.cli", "serve"]
+            + ["--port", str(port), "--host", "127.0.0.1"],
+            cwd=repo,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stop = threading.Event()
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while True:
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
+                try:
+                    if httpx.get(f"{base}/ok", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+            with LivingImage.open(zeo.uri) as img:
+                beat = Heartbeat(img, scripted(ALFRED=["Steady."] * 500))
+                thread = threading.Thread(target=beat.forever, args=(stop,))
+                thread.start()
+                try:
+                    client = get_sync_client(url=base)
+                    for question in ("hello", "thank you"):
+                        done = client.runs.wait(
+                            None,
+                            "mind",
+                            input={"messages": [{"role": "user", "content": question}]},
+                            context={"persona": "robin"},
+                        )
+                        assert done["status"] == "COMPLETE", done
+                    deadline = time.monotonic() + 60
+                    while not any(r["metrics"]["cycles"] == 2 for r in audit.history(img)):
+                        assert time.monotonic() < deadline, [o.said for o in beat.outcomes]
+                        time.sleep(0.2)
+                finally:  # the heartbeat stops before its image closes
+                    stop.set()
+                    thread.join(30)
+                assert not thread.is_alive()
+                audits = [o for o in beat.outcomes if o.job == "audit"]
+                assert len(audits) >= 2 and all(o.ok for o in beat.outcomes)
+        finally:
+            stop.set()
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+            log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_end_to_end_on_the_test_model(capsys, file_uri: str, tmp_path) -> None:
+    """batos ask a few times, batos heartbeat --once, batos audit report --png: all real."""
+    assert main(["--image", file_uri, "init"]) == 0
+    for question in ("what is a living image", "why keep state in one database"):
+        assert main(["--image", file_uri, "ask", "--persona", "robin", question]) == 0
+    capsys.readouterr()
+    code = main(["--image", file_uri, "heartbeat", "--once"])
+    out = capsys.readouterr().out
+    assert code == 0 and "✓ audit" in out, out
+    chart = tmp_path / "cem.png"
+    assert main(["--image", file_uri, "audit", "report", "--png", str(chart)]) == 0
+    out = capsys.readouterr().out
+    assert "chart written" in out and chart.read_bytes()[:4] == b"\x89PNG"
+    main(["--image", file_uri, "audit", "report", "--json"])
+    [report] = json.loads(capsys.readouterr().out)["audits"]
+    assert report["metrics"]["cycles"] == 2 and report["narrative"]

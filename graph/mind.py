@@ -273,12 +273,14 @@ class Mind:
         return factory(persona, **options)
 
     def embedder(self) -> Any:
+        """The given embedder, else the router's: the gate compares the response's vector
+        with the request's, which the router made, so both come from one encoder."""
         given = self._services().embedder
         if given is not None:
             return given
-        from store.embeddings import Embedder
+        from graph.router import routing_embedder
 
-        return self._once("embedder", Embedder, Embedder)
+        return routing_embedder()
 
     def embed(self, text: str) -> np.ndarray:
         return np.asarray(self.embedder().encode([text])[0], dtype=np.float32)
@@ -303,7 +305,9 @@ class Mind:
             return given
         from store.catalog import KnowledgeCatalog
 
-        return self._once("catalog", image, lambda: KnowledgeCatalog.open(image, self.embedder()))
+        # Without a given embedder the catalog picks the encoder its vectors were made with.
+        given = self._services().embedder
+        return self._once("catalog", image, lambda: KnowledgeCatalog.open(image, given))
 
     # -- measured model calls -------------------------------------------------------------
 

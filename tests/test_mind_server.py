@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from graph import cycle
+from graph.boot import open_image
 from store.image import LivingImage
 from store.zeo import free_port
 
@@ -24,11 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def _serve(command: list[str], tmp_path: Path, image: Path) -> Iterator[str]:
+def _serve(command: list[str], tmp_path: Path, image: Path, **extra_env: str) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path / "server.log"
     env = {
         **os.environ,
+        **extra_env,
         "BATOS_IMAGE": f"file://{image}",
         # the tiny test model rambles: the relevance check is tested with scripted models
         "BATOS_MIND_RELEVANCE": "-1",
@@ -189,3 +191,43 @@ def test_batos_serve_serves_every_graph(tmp_path: Path) -> None:
         served = json.loads((REPO / "langgraph.json").read_text())["graphs"]
         assert {a["graph_id"] for a in found} == set(served)
         assert {"mind", "jit", "audit"} <= set(served)
+
+
+@pytest.mark.slow
+def test_a_served_jit_run_whose_drafting_fails_reports_why(tmp_path: Path) -> None:
+    from langgraph_sdk import get_sync_client
+
+    image = tmp_path / "image" / "live_image.fs"
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    # The persona model cannot load: every draft fails before a word is written.
+    missing_model = str(tmp_path / "no-such-model.gguf")
+    open_image(f"file://{image}").close()  # the personas incarnated, as 'batos init' does
+    with _serve(command, tmp_path, image, BATOS_MODEL=missing_model) as base:
+        client = get_sync_client(url=base)
+        thread = client.threads.create()["thread_id"]
+        request = {"receiver": "brick", "args": [[3, 5]]}
+        for _ in range(2):  # the same thread takes the next request: nothing was left pending
+            failed = client.runs.wait(
+                thread, "jit", input={"selector": "estimate"}, context=request
+            )
+            assert failed["status"] == "failed", failed
+            error = failed["error"]
+            assert error.startswith("draft failed:") and "neither a known model" in error
+            assert "hint: set BATOS_MODEL" in error
+            assert "internal error" not in json.dumps(failed).lower()
+            state = client.threads.get_state(thread)
+            assert state["next"] == [] and all(not t.get("error") for t in state["tasks"])
+            assert client.threads.get(thread)["status"] == "idle"
+        runs = client.runs.list(thread)
+        assert [r["status"] for r in runs] == ["success", "success"]
+        # A streamed run reaches the same end, with no error event.
+        events = list(
+            client.runs.stream(
+                thread, "jit", input={"selector": "estimate"}, context=request, stream_mode="values"
+            )
+        )
+        assert all(e.event != "error" for e in events), events
+        assert "neither a known model" in events[-1].data["error"]
+
+    with LivingImage.open(f"file://{image}") as living, living.read() as root:
+        assert "estimate" not in root["objects"]["brick"]._slots()

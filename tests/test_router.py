@@ -132,9 +132,11 @@ def test_routing_in_a_fresh_process_never_imports_torch(file_uri, router):
         "    found = load_router(image).route('is the heartbeat running?')\n"
         "print(found.best, 'torch' in sys.modules, 'sklearn' in sys.modules)\n"
     )
+    root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
     )
+    assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ALFRED", "False", "False"]
 
 

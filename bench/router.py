@@ -2,15 +2,18 @@
 
     python bench/router.py [--quick]
 
-Three ways to pick a persona from the same all-MiniLM-L6-v2 embedding: the router (logistic
-regression, C and temperature cross-validated on the codex's examples), nearest centroid of
-those examples (cosine), and zero-shot similarity to each persona's codex description (role
-and activation, no examples). The alternatives' softmax temperature is fitted the same way,
-on the training examples, so calibration is compared fairly. Accuracy, log-loss and ECE are
-measured on tests/data/router_heldout.toml, which nothing was tuned on. Latency is per request
-on CPU, end to end (encoding included, one request at a time, the methods interleaved) and for
-the classifier alone on an encoded request. Targets from the issue: p50 ≤ 10 ms, top-1 ≥ 90%.
-Prints a table with ratios to the router and writes bench/results/router.json.
+Four ways to pick a persona from an all-MiniLM-L6-v2 embedding: the router as shipped (logistic
+regression, C and temperature cross-validated on the codex's examples, reading requests with
+the int8 ONNX encoder), the same recipe on the float32 encoder through torch (the router's
+fallback, and what it used before), nearest centroid of the examples (cosine) and zero-shot
+similarity to each persona's codex description (role and activation, no examples), the last
+two on the int8 vectors. The alternatives' softmax temperature is fitted the same way, on the
+training examples, so calibration is compared fairly. Accuracy, log-loss and ECE are measured
+on tests/data/router_heldout.toml, which nothing was tuned on. Latency is per request on CPU,
+end to end (encoding included, one request at a time, the methods interleaved) and for the
+classifier alone on an encoded request; the cold figures come from fresh processes that open
+an image holding the trained router and route one request. Targets from the issue: p50 ≤ 10
+ms, top-1 ≥ 90%. Prints tables with ratios to the router and writes bench/results/router.json.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -32,9 +37,19 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graph.router import FOLDS, Router, fit_temperature, train_router, training_set  # noqa: E402
+from graph.router import (  # noqa: E402
+    FOLDS,
+    ROUTER_KEY,
+    Router,
+    encode_requests,
+    fit_temperature,
+    train_router,
+    training_set,
+)
 from prototypes.codex import PERSONAS, Codex, load_codex  # noqa: E402
-from store.embeddings import Embedder  # noqa: E402
+from store.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
+from store.encoder_onnx import model_path  # noqa: E402
+from store.image import LivingImage  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "router_heldout.toml"
 #: Equal-width confidence bins of the expected calibration error.
@@ -81,7 +96,7 @@ def nearest_centroid(codex: Codex, embedder: Embedder, vectors: np.ndarray, y: n
 def zero_shot(codex: Codex, embedder: Embedder, vectors: np.ndarray, y: np.ndarray):
     """Cosine to each persona's description; only the temperature is fitted, on the examples."""
     descriptions = [f"{spec.role}. {spec.activation}" for spec in codex.personas.values()]
-    prototypes = embedder.encode(descriptions)
+    prototypes = encode_requests(embedder, descriptions)
     temperature, _ = fit_temperature(vectors @ prototypes.T, y)
     return _linear(codex, embedder, prototypes, temperature)
 
@@ -155,34 +170,104 @@ def batched(router: Router, texts: list[str], runs: int) -> float:
     return statistics.median(times) * 1e3
 
 
+#: A fresh process: import the router, open the image, load the stored router, route once.
+COLD = """
+import json, sys, time
+started = time.perf_counter()
+from graph.router import load_router
+from store.embeddings import Embedder
+from store.image import LivingImage
+imported = time.perf_counter()
+with LivingImage.open(sys.argv[1]) as image:
+    router = load_router(image, embedder=Embedder(sys.argv[2]))
+    loaded = time.perf_counter()
+    router.route("how healthy is the image this morning?")
+    first = time.perf_counter()
+    later = []
+    for _ in range(20):
+        again = time.perf_counter()
+        router.route("what makes a good friend?")
+        later.append(time.perf_counter() - again)
+later.sort()
+print(json.dumps({
+    "import_s": imported - started,
+    "load_router_s": loaded - imported,
+    "first_route_s": first - loaded,
+    "then_p50_ms": later[10] * 1e3,
+    "torch_imported": "torch" in sys.modules,
+}))
+"""
+
+
+def cold(router: Router, runs: int) -> dict:
+    """Fresh-process figures per encoder (medians of ``runs``, the encoders alternating)."""
+    rows: dict[str, list[dict]] = {INT8: [], FLOAT32: []}
+    with tempfile.TemporaryDirectory() as folder:
+        uri = f"file://{folder}/live_image.fs"
+        with LivingImage.open(uri) as image:
+            image.transact(lambda root: root.__setitem__(ROUTER_KEY, router.to_record()))
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for _ in range(runs):
+            for encoder in rows:
+                started = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, "-c", COLD, uri, encoder],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env=env,
+                )
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                row["process_s"] = time.perf_counter() - started
+                rows[encoder].append(row)
+    return {
+        encoder: {
+            key: statistics.median(r[key] for r in found)
+            if key != "torch_imported"
+            else any(r[key] for r in found)
+            for key in found[0]
+        }
+        for encoder, found in rows.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer timed requests")
     args = parser.parse_args()
-    count, runs = (60, 2) if args.quick else (400, 5)
+    count, runs, cold_runs = (60, 2, 1) if args.quick else (400, 5, 3)
+    if not model_path().exists():
+        sys.exit(f"the int8 encoder is not built: python -m store.encoder_onnx ({model_path()})")
 
     codex = load_codex()
-    embedder = Embedder()
-    embedder.encode(["load the model before anything is timed"])
+    int8, float32 = Embedder(INT8), Embedder(FLOAT32)
+    for embedder in (int8, float32):
+        embedder.encode(["load the model before anything is timed"])
     started = time.perf_counter()
-    router = train_router(codex, embedder=embedder)
+    router = train_router(codex, embedder=int8)
     train_s = time.perf_counter() - started
+    torch_router = train_router(codex, embedder=float32)
     texts, names = training_set(codex)
     y = np.array([list(codex.personas).index(n) for n in names])
-    vectors = embedder.encode(texts)
+    vectors = encode_requests(int8, texts)
     methods = {
-        "router": router,
-        "nearest centroid": nearest_centroid(codex, embedder, vectors, y),
-        "zero-shot description": zero_shot(codex, embedder, vectors, y),
+        "router, int8 ONNX (ours)": router,
+        "router, float32 torch": torch_router,
+        "nearest centroid, int8": nearest_centroid(codex, int8, vectors, y),
+        "zero-shot description, int8": zero_shot(codex, int8, vectors, y),
     }
+    ours = "router, int8 ONNX (ours)"
     held_texts, held_labels = heldout()
-    held_vectors = embedder.encode(held_texts)
-    scores = {name: quality(m, held_vectors, held_labels) for name, m in methods.items()}
+    held = {INT8: encode_requests(int8, held_texts), FLOAT32: float32.encode(held_texts)}
+    scores = {
+        name: quality(m, held[m.embedder.encoder], held_labels) for name, m in methods.items()
+    }
     speed = latency(methods, held_texts, count)
     per_request_batched = batched(router, held_texts, runs)
+    fresh = cold(router, cold_runs)
 
     load = os.getloadavg()
-    console = Console()
+    console = Console(width=140)
     console.print(
         f"{len(texts)} training examples, {len(held_texts)} held-out requests; router trained "
         f"in {train_s:.1f} s (C={router.info['C']:g}, T={router.temperature:.3f}, "
@@ -190,7 +275,7 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"load average {load[0]:.1f} at the end"
     )
-    table = Table(title="Routing held-out requests on CPU (ratios: method / router)")
+    table = Table(title="Routing held-out requests on CPU (ratios: method / ours)")
     for column in (
         "method",
         "top-1",
@@ -205,7 +290,7 @@ def main() -> None:
         "classifier µs",
     ):
         table.add_column(column, justify="left" if column == "method" else "right")
-    base_q, base_s = scores["router"], speed["router"]
+    base_q, base_s = scores[ours], speed[ours]
     for name in methods:
         q, s = scores[name], speed[name]
         table.add_row(
@@ -222,9 +307,35 @@ def main() -> None:
             f"{s['classifier_p50_us']:.0f}",
         )
     console.print(table)
+    cold_table = Table(
+        title=f"A fresh process routing its first request (median of {cold_runs} runs)"
+    )
+    for column in (
+        "encoder",
+        "import s",
+        "load router s",
+        "first route s",
+        "ratio",
+        "then p50 ms",
+        "whole process s",
+        "torch imported",
+    ):
+        cold_table.add_column(column, justify="left" if column == "encoder" else "right")
+    for encoder, row in fresh.items():
+        cold_table.add_row(
+            encoder,
+            f"{row['import_s']:.2f}",
+            f"{row['load_router_s']:.2f}",
+            f"{row['first_route_s']:.2f}",
+            f"{row['first_route_s'] / fresh[INT8]['first_route_s']:.1f}x",
+            f"{row['then_p50_ms']:.1f}",
+            f"{row['process_s']:.2f}",
+            "yes" if row["torch_imported"] else "no",
+        )
+    console.print(cold_table)
     console.print(
-        f"router: {base_q['answered_by_two']:.1%} of held-out requests answered by two personas; "
-        f"the right persona answers {base_q['right_persona_answers']:.1%}; batched route_many "
+        f"ours: {base_q['answered_by_two']:.1%} of held-out requests answered by two personas; "
+        f"the right persona answers {base_q['right_persona_answers']:.1%}; route_many "
         f"{per_request_batched:.2f} ms per request; per persona top-1 "
         + ", ".join(f"{p} {v:.2f}" for p, v in base_q["top1_per_persona"].items())
     )
@@ -240,7 +351,8 @@ def main() -> None:
         "router": {"C": router.info["C"], "temperature": router.temperature, **router.info},
         "quality": scores,
         "latency": speed,
-        "batched_ms_per_request": per_request_batched,
+        "cold_process": fresh,
+        "route_many_ms_per_request": per_request_batched,
         "timed_requests_per_method": count,
         "cpus": os.cpu_count(),
         "load_average": load,

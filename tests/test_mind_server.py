@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from graph import cycle
+from graph.boot import open_image
+from prototypes.codex import load_codex
 from store.image import LivingImage
 from store.zeo import free_port
 
@@ -24,11 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def _serve(command: list[str], tmp_path: Path, image: Path) -> Iterator[str]:
+def _serve(command: list[str], tmp_path: Path, image: Path, **extra_env: str) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path / "server.log"
     env = {
         **os.environ,
+        **extra_env,
         "BATOS_IMAGE": f"file://{image}",
         # the tiny test model rambles: the relevance check is tested with scripted models
         "BATOS_MIND_RELEVANCE": "-1",
@@ -189,3 +192,129 @@ def test_batos_serve_serves_every_graph(tmp_path: Path) -> None:
         served = json.loads((REPO / "langgraph.json").read_text())["graphs"]
         assert {a["graph_id"] for a in found} == set(served)
         assert {"mind", "jit", "audit"} <= set(served)
+
+
+@pytest.mark.slow
+def test_a_served_jit_run_whose_drafting_fails_reports_why(tmp_path: Path) -> None:
+    from langgraph_sdk import get_sync_client
+
+    image = tmp_path / "image" / "live_image.fs"
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    # The persona model cannot load: every draft fails before a word is written.
+    missing_model = str(tmp_path / "no-such-model.gguf")
+    open_image(f"file://{image}").close()  # the personas incarnated, as 'batos init' does
+    with _serve(command, tmp_path, image, BATOS_MODEL=missing_model) as base:
+        client = get_sync_client(url=base)
+        thread = client.threads.create()["thread_id"]
+        request = {"receiver": "brick", "args": [[3, 5]]}
+        for _ in range(2):  # the same thread takes the next request: nothing was left pending
+            failed = client.runs.wait(
+                thread, "jit", input={"selector": "estimate"}, context=request
+            )
+            assert failed["status"] == "failed", failed
+            error = failed["error"]
+            assert error.startswith("draft failed:") and "neither a known model" in error
+            assert "hint: set BATOS_MODEL" in error
+            assert "internal error" not in json.dumps(failed).lower()
+            state = client.threads.get_state(thread)
+            assert state["next"] == [] and all(not t.get("error") for t in state["tasks"])
+            assert client.threads.get(thread)["status"] == "idle"
+        runs = client.runs.list(thread)
+        assert [r["status"] for r in runs] == ["success", "success"]
+        # A streamed run reaches the same end, with no error event.
+        events = list(
+            client.runs.stream(
+                thread, "jit", input={"selector": "estimate"}, context=request, stream_mode="values"
+            )
+        )
+        assert all(e.event != "error" for e in events), events
+        assert "neither a known model" in events[-1].data["error"]
+
+    with LivingImage.open(f"file://{image}") as living, living.read() as root:
+        assert "estimate" not in root["objects"]["brick"]._slots()
+
+
+def _install_facets(image: Path) -> None:
+    """Every facet the codex declares, written by hand as its intent says (the tiny test model
+    cannot be relied on to write code): the cycle under test plans, delegates and weaves."""
+    from prototypes import kernel
+    from prototypes.incarnation import personas
+
+    def install(root) -> None:
+        for name, obj in personas(root).items():
+            for selector in load_codex().persona(name).facets:
+                source = (
+                    f"def {selector}(self, query):\n"
+                    f"    return {{'instruction': 'As {name}, answer briefly: ' + query, "
+                    "'temperature': 0.5}\n"
+                )
+                kernel.add_method(obj, selector, source, author="test")
+
+    with open_image(f"file://{image}") as living:
+        living.transact(install, note="test: facet methods")
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path: Path) -> None:
+    from langgraph_sdk import get_sync_client
+
+    image = tmp_path / "image" / "live_image.fs"
+    _install_facets(image)
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    # One facet: the tiny model writes its plan under a grammar at about a second a token on
+    # a loaded machine; parallel facets are tested with scripted models (test_mind.py).
+    with _serve(command, tmp_path, image, BATOS_MIND_MAX_FACETS="1") as base:
+        client = get_sync_client(url=base)
+        thread = client.threads.create()["thread_id"]
+        request = "write a python function that sorts a list of numbers"
+        tokens: dict[str, list[str]] = {}
+        updates: list[str] = []
+        for part in client.runs.stream(
+            thread,
+            "mind",
+            input={"messages": [{"role": "user", "content": request}]},
+            context={"depth": "full"},  # routed by the router, planned, delegated, woven
+            stream_mode=["messages-tuple", "updates"],
+        ):
+            assert part.event != "error", part.data
+            if part.event == "messages":
+                chunk, meta = part.data
+                tokens.setdefault(meta["langgraph_node"], []).append(chunk["content"])
+            elif part.event == "updates":
+                updates.extend(part.data)
+
+        values = client.threads.get_state(thread)["values"]
+        assert values["status"] == "COMPLETE", values.get("failure")
+        assert updates[:2] == ["route", "decompose"] and updates[-3:] == [
+            "synthesize",
+            "gate",
+            "complete",
+        ]
+        steps = values["plan"]
+        assert len(steps) == 1 and updates.count("facet") == 1
+        assert {"decompose", "facet", "synthesize"} <= set(tokens)  # every model call streamed
+        assert len(tokens["synthesize"]) > 1
+        assert "".join(tokens["synthesize"]).strip() == values["response"].strip()
+        route = values["route"]
+        assert route["chosen"][0] == "BRICK" and len(route["ranked"]) == 4
+        partials = sorted(values["partials"], key=lambda p: p["index"])
+        assert [(p["persona"], p["facet"]) for p in partials] == [
+            (s["persona"], s["facet"]) for s in steps
+        ]
+        assert all(p["ok"] and p["text"] for p in partials)
+        assert len(values["cem"]["request_vector"]) == 384
+        assert [m["type"] for m in values["messages"]] == ["human", "ai"]
+        cycle_id = values["cycle"]["id"]
+
+        history = client.threads.get_history(thread, limit=50)
+        statuses = [h["values"].get("status") for h in reversed(history)]
+        for status in ("DECOMPOSING", "DELEGATING", "GATE", "COMPLETE"):
+            assert status in statuses
+        assert statuses.index("DECOMPOSING") < statuses.index("DELEGATING")
+        assert statuses.index("DELEGATING") < statuses.index("COMPLETE")
+        assert history[0]["next"] == [] and history[0]["values"]["commit"]["note"]
+
+    with LivingImage.open(f"file://{image}") as living, living.read() as root:
+        (committed,) = cycle.recent(root, 10)
+        assert committed["id"] == cycle_id and committed["status"] == "COMPLETE"

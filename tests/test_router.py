@@ -34,7 +34,7 @@ from graph.router import (
     train_router,
 )
 from prototypes.codex import PERSONAS, load_codex
-from store.embeddings import Embedder
+from store.embeddings import FLOAT32, INT8, Embedder
 from store.image import LivingImage
 
 HELDOUT = Path(__file__).parent / "data" / "router_heldout.toml"
@@ -105,12 +105,65 @@ def test_every_persona_is_ranked_with_probabilities_summing_to_one(router):
     assert found.runner_up == names[1]
 
 
-def test_route_vector_is_the_catalogs_normalised_embedding(router):
+def test_route_vector_is_the_int8_encoders_normalised_embedding(router):
     text = "write a function that merges two dictionaries"
     found = router.route(text)
+    assert router.embedder.encoder == INT8 == router.info["encoder"]
     assert found.vector.dtype == np.float32 and found.vector.shape == (384,)
     assert math.isclose(float(np.linalg.norm(found.vector)), 1.0, rel_tol=1e-4)
-    assert np.allclose(found.vector, Embedder().encode_one(text), atol=1e-5)
+    assert np.allclose(found.vector, Embedder(INT8).encode_one(text), atol=1e-5)
+
+
+@pytest.mark.parametrize("greeting", ["hi there", "good morning"])
+def test_a_plain_greeting_goes_to_robin(router, greeting):
+    # Neither text is among the codex's examples; its small-talk examples teach the kind.
+    assert greeting not in {t for s in load_codex().personas.values() for t in s.router_examples}
+    assert router.route(greeting).best == "ROBIN"
+
+
+def test_routing_in_a_fresh_process_never_imports_torch(file_uri, router):
+    with LivingImage.open(file_uri) as image:
+        load_router(image, embedder=router.embedder)
+    script = (
+        "import sys\n"
+        "from graph.router import load_router\n"
+        "from store.image import LivingImage\n"
+        f"with LivingImage.open({file_uri!r}) as image:\n"
+        "    found = load_router(image).route('is the heartbeat running?')\n"
+        "print(found.best, 'torch' in sys.modules, 'sklearn' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ALFRED", "False", "False"]
+
+
+def test_without_the_int8_file_routing_falls_back_to_float32_and_says_so(
+    router, tmp_path, monkeypatch, caplog
+):
+    import graph.router as router_module
+
+    monkeypatch.setenv("BATOS_MODEL_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(router_module, "_embedder", None)  # the process's choice, made afresh
+    with caplog.at_level("WARNING", logger="batos.router"):
+        fallback = router_module.routing_embedder()
+        reader = Router(
+            router.personas,
+            router.weights,
+            router.bias,
+            router.temperature,
+            codex_version=router.codex_version,
+            digest=router.digest,
+            info=router.info,
+        )
+    assert fallback.encoder == FLOAT32 and reader.embedder is fallback
+    assert "int8 encoder" in caplog.text and "python -m store.encoder_onnx" in caplog.text
+    assert "fitted on minilm-int8 vectors but reads requests with minilm-float32" in caplog.text
+    assert not (tmp_path / "empty").exists()  # nothing was built on the routing path
+    text = "why do I feel so lonely lately?"
+    assert reader.route(text).best == router.route(text).best == "ROBIN"
 
 
 def test_route_many_matches_route_one_by_one(router):

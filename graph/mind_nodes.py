@@ -1,0 +1,628 @@
+"""The mind's nodes: the states of the Prototypal State Machine, each a method of ``Mind``.
+
+ROUTE, DECOMPOSING, DELEGATING (one facet per branch), SYNTHESIZING, the quality gate,
+COMPLETE and FAILED; ``graph.mind`` wires them into the graph. No node commits: changes travel
+as effects and COMPLETE hands them to the checkpointer (``graph.cycle``). Every model call
+streams and is measured; each transition logs one JSON line on ``batos.mind``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.runtime import get_runtime
+from langgraph.types import Send
+
+from batos import settings
+from batos.errors import BatosError, MindError
+from graph import cycle, facets
+from graph import prompts as prompt_files
+from graph.mind_state import MindServices, MindState, content_text, request_text
+from graph.plan import PlanRejected, depth_for, facets_of, parse_plan, plan_schema
+from prototypes.codex import PERSONAS, load_codex
+from store import effects
+from store.image import LivingImage
+
+log = logging.getLogger("batos.mind")
+
+#: Tokens a plan, a facet's answer and the final answer may take (a facet may ask for fewer or
+#: more within ``facets.NUM_PREDICT_RANGE``).
+PLAN_TOKENS = 300
+FACET_TOKENS = 256
+ANSWER_TOKENS = 400
+#: Earlier messages of the thread the answering model sees, each cut to HISTORY_CHARS.
+HISTORY_MESSAGES = 6
+HISTORY_CHARS = 1500
+#: Longest answer the gate passes, in characters.
+MAX_ANSWER_CHARS = 8000
+#: Openings of a refusal; the gate fails an answer that starts with one.
+REFUSAL = re.compile(
+    r"^\s*(i'?m sorry,?\s+(but\s+)?i\s+(can(no|')t|am unable)|i\s+(can(no|')t|am unable to)"
+    r"\s+(help|assist|answer|comply)|as an ai\b)",
+    re.IGNORECASE,
+)
+
+
+def prompts() -> dict[str, Any]:
+    return prompt_files.load("mind")
+
+
+def _emit(event: str, **fields: Any) -> None:
+    log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+def _failure(node: str, exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, BatosError):
+        return {"node": node, "reason": exc.message, "hint": exc.hint or ""}
+    log.exception("mind node %s failed", node)
+    return {"node": node, "reason": f"{type(exc).__name__}: {exc}", "hint": "see the log"}
+
+
+def _history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Earlier turns for the answering model: user and answer messages, not failures."""
+    kept: list[BaseMessage] = []
+    for message in messages[:-1]:
+        if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
+            continue
+        if isinstance(message, HumanMessage | AIMessage):
+            text = content_text(message.content)[:HISTORY_CHARS]
+            kept.append(type(message)(content=text))
+    return kept[-HISTORY_MESSAGES:]
+
+
+def _bring_up_to_date(image: LivingImage) -> None:
+    """The layouts and persona incarnation a served image may not have had yet."""
+    from graph.boot import upgrade_steps
+    from store.schema import upgrade
+
+    upgrade(image, upgrade_steps())
+
+
+class Mind:
+    """The graph's nodes, with the defaults ``build_graph`` was given."""
+
+    def __init__(self, services: MindServices | None = None) -> None:
+        self.defaults = services or MindServices()
+        self.writers = facets.FacetWriters()
+        self._lock = threading.Lock()
+        self._cached: dict[tuple[str, Any], Any] = {}
+
+    # -- what a run uses ------------------------------------------------------------------
+
+    def _context(self) -> dict[str, Any]:
+        try:
+            context = get_runtime().context
+        except RuntimeError:
+            context = None
+        return context if isinstance(context, dict) else {}
+
+    def _services(self) -> MindServices:
+        given = self._context().get("services")
+        if not isinstance(given, MindServices):
+            return self.defaults
+        return MindServices(
+            **{
+                name: getattr(given, name) or getattr(self.defaults, name)
+                for name in MindServices.__dataclass_fields__
+            }
+        )
+
+    def _once(self, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+        """One ``make()`` per kind and key (a URI, or an object kept alive by the cache)."""
+        with self._lock:
+            slot = (kind, key if isinstance(key, str) else id(key))
+            if slot not in self._cached:
+                self._cached[slot] = (key, make())
+            return self._cached[slot][1]
+
+    def image(self, config: RunnableConfig) -> LivingImage:
+        """The checkpointer's image if it is a ``ZODBSaver``, else the given one, else the
+        process's shared image at the ``image`` setting; brought up to date once."""
+        from store.checkpointer import ZODBSaver
+
+        saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        if isinstance(saver, ZODBSaver):
+            image = saver.image
+        elif self._services().image is not None:
+            image = self._services().image
+        else:
+            from store.image import acquire_shared
+
+            uri = settings.get_str("image")
+            image = self._once("image", uri, lambda: acquire_shared(uri))
+        self._once("layout", image, lambda: _bring_up_to_date(image))
+        return image
+
+    def models(self, persona: str, **options: Any) -> BaseChatModel:
+        factory = self._services().models
+        if factory is None:
+            from graph.llm import chat_model
+
+            factory = chat_model
+        return factory(persona, **options)
+
+    def embedder(self) -> Any:
+        """The given embedder, else the router's: the gate compares the response's vector
+        with the request's, which the router made, so both come from one encoder."""
+        given = self._services().embedder
+        if given is not None:
+            return given
+        from graph.router import routing_embedder
+
+        return routing_embedder()
+
+    def embed(self, text: str) -> np.ndarray:
+        return np.asarray(self.embedder().encode([text])[0], dtype=np.float32)
+
+    def router(self, image: LivingImage) -> tuple[Any, bool]:
+        """The router, and whether it is the default one (whose runner-up is prefetched)."""
+        given = self._services().router
+        if given is not None:
+            return given, False
+        try:
+            from graph.router import load_router
+        except ImportError as exc:
+            raise MindError(
+                "no router is installed (graph.router is missing)",
+                hint="pass a persona to answer as (--persona / context persona)",
+            ) from exc
+        # Every cycle asks: load_router is cached per stored record, and a retrain or a change
+        # of the routing priors (an audit's mission, or its undo) must reach a running server.
+        return load_router(image), True
+
+    def catalog(self, image: LivingImage) -> Any:
+        given = self._services().catalog
+        if given is not None:
+            return given
+        from store.catalog import KnowledgeCatalog
+
+        # Without a given embedder the catalog picks the encoder its vectors were made with.
+        given = self._services().embedder
+        return self._once("catalog", image, lambda: KnowledgeCatalog.open(image, given))
+
+    # -- measured model calls -------------------------------------------------------------
+
+    def call(
+        self, model: BaseChatModel, messages: list[BaseMessage], **where: Any
+    ) -> tuple[str, dict[str, Any]]:
+        """Stream one model call; its text and what it cost (seconds, first token, tokens)."""
+        started = time.perf_counter()
+        first: float | None = None
+        full: Any = None
+        for chunk in model.stream(messages):
+            if first is None and content_text(chunk.content):
+                first = time.perf_counter() - started
+            full = chunk if full is None else full + chunk
+        usage = (getattr(full, "usage_metadata", None) or {}) if full is not None else {}
+        metric = {
+            **where,
+            "seconds": round(time.perf_counter() - started, 4),
+            "first_token_s": None if first is None else round(first, 4),
+            "input_tokens": int(usage.get("input_tokens") or 0),
+            "output_tokens": int(usage.get("output_tokens") or 0),
+        }
+        return content_text(full.content if full is not None else ""), metric
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def route(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = {
+            "id": str(uuid6()),
+            "thread_id": str((config.get("configurable") or {}).get("thread_id") or ""),
+            "started": time.time(),
+            "synthesis_attempts": 0,
+        }
+        update: dict[str, Any] = {
+            "cycle": cycle_state,
+            "route": {},
+            "plan": [],
+            "partials": {"replace": []},
+            "effects": {"replace": []},
+            "metrics": {"replace": []},
+            "response": "",
+            "failure": None,
+            "cem": {},
+            "commit": None,
+        }
+        try:
+            update.update(self._route(state, config, cycle_state))
+        except Exception as exc:
+            update["failure"] = _failure("route", exc)
+            update["status"] = "FAILED"
+        self._transition("route", cycle_state["id"], update, started)
+        return update
+
+    def _route(
+        self, state: MindState, config: RunnableConfig, cycle_state: dict[str, Any]
+    ) -> dict[str, Any]:
+        context = self._context()
+        image = self.image(config)
+        limit = settings.get_int("mind_max_request_chars")
+        request = request_text(state.get("messages") or [], limit)
+        cycle_state["request"] = request
+        forced = context.get("persona")
+        vector = None
+        if forced is not None:
+            name = str(forced).upper()
+            if name not in PERSONAS:
+                raise MindError(
+                    f"unknown persona {forced!r}", hint=f"choose one of {', '.join(PERSONAS)}"
+                )
+            ranked, chosen = [[name, 1.0]], [name]
+        else:
+            router, default = self.router(image)
+            found = router.route(request)
+            ranked = [[str(p), round(float(s), 4)] for p, s in found.ranked]
+            chosen = [str(p) for p in found.chosen]
+            vector = found.vector
+            if not chosen or any(p not in PERSONAS for p in chosen):
+                raise MindError(f"the router chose {chosen!r}, not personas of the codex")
+            if default:
+                from graph.router import prefetch_runner_up
+
+                prefetch_runner_up(found)
+        if vector is None:
+            vector = self.embed(request)
+        depth = depth_for(
+            request, chosen, settings.get_int("mind_fast_words"), context.get("depth")
+        )
+        if depth.mode == "fast":
+            chosen = chosen[:1]
+        cycle_state["depth"] = depth.as_dict()
+        return {
+            "route": {"ranked": ranked, "chosen": chosen, "forced": forced is not None},
+            "cem": {"request_vector": np.asarray(vector, dtype=np.float32).tolist()},
+            "status": "SYNTHESIZING" if depth.mode == "fast" else "DECOMPOSING",
+        }
+
+    def decompose(self, state: MindState) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = dict(state["cycle"])
+        chosen = state["route"]["chosen"]
+        metrics: list[dict[str, Any]] = []
+        try:
+            plan, attempts = self._plan(cycle_state["request"], chosen, metrics, cycle_state["id"])
+            cycle_state["plan_attempts"] = attempts
+            update: dict[str, Any] = {"plan": plan, "status": "DELEGATING"}
+        except Exception as exc:
+            update = {"failure": _failure("decompose", exc), "status": "FAILED"}
+        update.update(cycle=cycle_state, metrics=metrics)
+        self._transition("decompose", cycle_state["id"], update, started)
+        return update
+
+    def _plan(
+        self, request: str, chosen: list[str], metrics: list, cycle_id: str
+    ) -> tuple[list[dict[str, str]], int]:
+        p = prompts()
+        lead, most = chosen[0], settings.get_int("mind_max_facets")
+        available = facets_of(chosen)
+        codex = load_codex()
+        listed = "\n".join(
+            f"- {name}: {codex.persona(name.split('.')[0]).role.split(':')[0]}; "
+            f"{name.split('.facet_')[1].replace('_', ' ')}"
+            for name in available
+        )
+        model = self.models(
+            lead,
+            format=plan_schema(list(available), most),
+            temperature=0.2,
+            num_predict=PLAN_TOKENS,
+        )
+        messages: list[BaseMessage] = [
+            HumanMessage(p["plan"].format(most=most, facets=listed, request=request))
+        ]
+        reason = ""
+        for attempt in (1, 2):
+            reply, metric = self.call(model, messages, node="decompose", persona=lead)
+            metrics.append(metric)
+            try:
+                return parse_plan(reply, available, most), attempt
+            except PlanRejected as exc:
+                reason = str(exc)
+                _emit("retry", cycle=cycle_id, node="decompose", attempt=attempt, reason=reason)
+                messages += [AIMessage(reply), HumanMessage(p["plan_retry"].format(reason=reason))]
+        raise MindError(
+            f"{lead}'s plan was rejected twice: {reason}",
+            hint="ask for a fast answer (depth 'fast'), or use a backend with constrained "
+            "decoding (the embedded model and Ollama have it)",
+        )
+
+    def delegate(self, state: MindState) -> list[Send] | str:
+        if state.get("failure"):
+            return "fail"
+        cycle_state = {k: state["cycle"][k] for k in ("id", "request", "thread_id")}
+        return [
+            Send("facet", {"cycle": cycle_state, "index": i, "step": step})
+            for i, step in enumerate(state["plan"])
+        ]
+
+    def facet(self, task: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        started = time.perf_counter()
+        step, cycle_state = task["step"], task["cycle"]
+        persona, selector, query = step["persona"], step["facet"], step["query"]
+        metrics: list[dict[str, Any]] = []
+        found: list[dict[str, Any]] = []
+        partial: dict[str, Any] = {
+            "index": task["index"],
+            "persona": persona,
+            "facet": selector,
+            "query": query,
+        }
+        try:
+            image = self.image(config)
+            with image.connection() as conn:  # never committed: closing it aborts
+                prepared = facets.prepare(
+                    conn.root(),
+                    persona,
+                    selector,
+                    query,
+                    draft=self._drafter(persona, selector, metrics),
+                    attempts=settings.get_int("jit_attempts"),
+                    cycle_id=cycle_state["id"],
+                    writers=self.writers,
+                )
+            parts = [
+                prepared.instruction.text,
+                prompts()["facet_request"].format(request=cycle_state["request"]),
+            ]
+            citations: list[dict[str, Any]] = []
+            if persona == "BABS":  # BABS's facets answer from the catalog, citing it
+                from graph.retrieval import cited_context
+
+                cited = cited_context(self.catalog(image), query, record=False)
+                parts.append(cited.text or "(Memory holds no passages on this.)")
+                citations = cited.citations
+                if cited.hits:
+                    found.append(
+                        {"kind": "catalog_retrieved", "chunks": [h.chunk_id for h in cited.hits]}
+                    )
+            options = {"num_predict": FACET_TOKENS, **prepared.instruction.options}
+            model = self.models(persona, **options)
+            text, metric = self.call(
+                model,
+                [HumanMessage("\n\n".join(parts))],
+                node="facet",
+                persona=persona,
+                facet=selector,
+            )
+            metrics.append(metric)
+            if prepared.written is not None:
+                found.append(prepared.written.effect())
+            partial.update(
+                ok=True, text=text, citations=citations, wrote=prepared.written is not None
+            )
+        except Exception as exc:
+            failure = _failure("facet", exc)
+            partial.update(ok=False, reason=failure["reason"], hint=failure["hint"])
+            found = []
+        partial["seconds"] = round(time.perf_counter() - started, 4)
+        update = {"partials": [partial], "effects": found, "metrics": metrics}
+        _emit(
+            "facet",
+            cycle=cycle_state["id"],
+            persona=persona,
+            facet=selector,
+            ok=partial["ok"],
+            seconds=partial["seconds"],
+            tokens=sum(m["output_tokens"] for m in metrics),
+        )
+        return update
+
+    def _drafter(self, persona: str, selector: str, metrics: list) -> facets.Draft:
+        from graph import jit
+
+        def draft(brief: Any, attempts: list) -> str:
+            options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
+            if attempts:  # a retry samples hotter so it does not repeat the rejected draft
+                temps = jit.RETRY_TEMPERATURES
+                options["temperature"] = temps[min(len(attempts), len(temps)) - 1]
+            reply, metric = self.call(
+                self.models(persona, **options),
+                jit.messages_for(brief, attempts),
+                node="facet:draft",
+                persona=persona,
+                facet=selector,
+            )
+            metrics.append(metric)
+            return jit.extract_code(reply, selector)
+
+        return draft
+
+    def synthesize(self, state: MindState) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = dict(state["cycle"])
+        cycle_state["synthesis_attempts"] = attempt = cycle_state.get("synthesis_attempts", 0) + 1
+        update: dict[str, Any] = {"cycle": cycle_state}
+        try:
+            text, metric = self._synthesize(state, cycle_state, attempt)
+            update.update(response=text, metrics=[metric], status="GATE")
+        except Exception as exc:
+            update.update(failure=_failure("synthesize", exc), status="FAILED")
+        self._transition("synthesize", cycle_state["id"], update, started)
+        return update
+
+    def _synthesize(
+        self, state: MindState, cycle_state: dict[str, Any], attempt: int
+    ) -> tuple[str, dict[str, Any]]:
+        p = prompts()
+        request, chosen = cycle_state["request"], state["route"]["chosen"]
+        lead = chosen[0]
+        failed = [x for x in state.get("partials") or [] if not x.get("ok")]
+        if failed:
+            first = failed[0]
+            raise MindError(
+                f"facet {first['persona']}.{first['facet']} failed: {first['reason']}",
+                hint=first.get("hint") or None,
+            )
+        messages = _history(state.get("messages") or [])
+        partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
+        if cycle_state["depth"]["mode"] == "fast" or not partials:
+            messages.append(HumanMessage(request))
+        else:
+            voices = sorted({x["persona"] for x in partials}, key=chosen.index)
+            notes = "\n\n".join(
+                p["weave_voice"].format(persona=x["persona"], facet=x["facet"], text=x["text"])
+                for x in partials
+            )
+            messages.append(
+                HumanMessage(
+                    p["weave"].format(voices=" and ".join(voices), request=request, notes=notes)
+                )
+            )
+        options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
+        if attempt > 1:
+            messages += [
+                AIMessage(state.get("response") or ""),
+                HumanMessage(p["retry"].format(reason=cycle_state.get("gate_reason", ""))),
+            ]
+            options["temperature"] = 0.3
+        return self.call(self.models(lead, **options), messages, node="synthesize", persona=lead)
+
+    def gate(self, state: MindState) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = dict(state["cycle"])
+        response = (state.get("response") or "").strip()
+        cem = dict(state.get("cem") or {})
+        reason = ""
+        try:
+            request_vector = np.asarray(cem["request_vector"], dtype=np.float32)
+            response_vector = self.embed(response) if response else None
+            relevance = (
+                float(np.dot(request_vector, response_vector))
+                if response_vector is not None
+                else None
+            )
+            threshold = settings.get_float("mind_relevance")
+            if not response:
+                reason = "the answer is empty"
+            elif len(response) > MAX_ANSWER_CHARS:
+                reason = f"the answer is {len(response):,} characters, over {MAX_ANSWER_CHARS:,}"
+            elif REFUSAL.search(response):
+                reason = "the answer is a refusal"
+            elif threshold > -1 and relevance is not None and relevance < threshold:
+                reason = f"the answer's relevance {relevance:.3f} is under {threshold}"
+            cem.update(
+                response_vector=None if response_vector is None else response_vector.tolist(),
+                relevance=None if relevance is None else cycle.finite(relevance),
+            )
+            cycle_state["gate"] = {
+                "passed": not reason,
+                "reason": reason,
+                "relevance": cem["relevance"],
+            }
+            update: dict[str, Any] = {"cycle": cycle_state, "cem": cem}
+            if reason and cycle_state["synthesis_attempts"] < 2:
+                cycle_state["gate_reason"] = reason
+                update["status"] = "SYNTHESIZING"
+                _emit("retry", cycle=cycle_state["id"], node="gate", reason=reason)
+            elif reason:
+                update.update(
+                    status="FAILED",
+                    failure={
+                        "node": "gate",
+                        "reason": f"the answer failed the quality gate twice: {reason}",
+                        "hint": "rephrase the request, or ask for more depth ('full')",
+                    },
+                )
+        except Exception as exc:
+            update = {"cycle": cycle_state, "failure": _failure("gate", exc), "status": "FAILED"}
+        self._transition("gate", cycle_state["id"], update, started)
+        return update
+
+    def complete(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = dict(state["cycle"])
+        commit = cycle.commit_for(state, cycle_state)
+        self.writers.forget(cycle_state["id"])
+        from store.checkpointer import ZODBSaver
+
+        saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        if not isinstance(saver, ZODBSaver):
+            # No saver to carry the commit: apply it here, as one transaction of its own.
+            checked = effects.check(commit)
+            where = (cycle_state["thread_id"], "", "")
+            self.image(config).transact(
+                lambda root: effects.apply_commit(root, checked, where), note=commit["note"]
+            )
+        lead = state["route"]["chosen"][0]
+        message = AIMessage(
+            state["response"],
+            name=lead.lower(),
+            additional_kwargs={"batos_cycle": cycle_state["id"]},
+        )
+        update = {"status": "COMPLETE", "commit": commit, "messages": [message]}
+        self._transition("complete", cycle_state["id"], update, started)
+        return update
+
+    def fail(self, state: MindState) -> dict[str, Any]:
+        started = time.perf_counter()
+        cycle_state = state.get("cycle") or {}
+        failure = state.get("failure") or {"node": "?", "reason": "unknown", "hint": ""}
+        self.writers.forget(cycle_state.get("id", ""))
+        _emit(
+            "abort",
+            cycle=cycle_state.get("id"),
+            thread=cycle_state.get("thread_id"),
+            node=failure["node"],
+            reason=failure["reason"],
+            discarded_effects=len(state.get("effects") or []),
+        )
+        text = f"I could not answer: {failure['reason']}"
+        if failure.get("hint"):
+            text += f" (hint: {failure['hint']})"
+        update = {
+            "status": "FAILED",
+            "effects": {"replace": []},
+            "commit": None,
+            "messages": [AIMessage(text, additional_kwargs={"batos_failed": True})],
+        }
+        self._transition("fail", cycle_state.get("id"), update, started)
+        return update
+
+    # -- edges ------------------------------------------------------------------------------
+
+    @staticmethod
+    def after_route(state: MindState) -> str:
+        if state.get("failure"):
+            return "fail"
+        return "synthesize" if state["cycle"]["depth"]["mode"] == "fast" else "decompose"
+
+    @staticmethod
+    def after_synthesize(state: MindState) -> str:
+        return "fail" if state.get("failure") else "gate"
+
+    @staticmethod
+    def after_gate(state: MindState) -> str:
+        if state.get("failure"):
+            return "fail"
+        return "synthesize" if state.get("status") == "SYNTHESIZING" else "complete"
+
+    def _transition(
+        self, node: str, cycle_id: str | None, update: dict[str, Any], started: float
+    ) -> None:
+        metrics = update.get("metrics")
+        metrics = metrics if isinstance(metrics, list) else []
+        _emit(
+            "transition",
+            cycle=cycle_id,
+            node=node,
+            to=update.get("status"),
+            seconds=round(time.perf_counter() - started, 4),
+            model_seconds=round(sum(m["seconds"] for m in metrics), 4),
+            input_tokens=sum(m["input_tokens"] for m in metrics),
+            output_tokens=sum(m["output_tokens"] for m in metrics),
+            failure=(update.get("failure") or {}).get("reason"),
+        )

@@ -101,7 +101,8 @@ class ZeoServer:
     def uri(self) -> str:
         return f"zeo://{self.host}:{self.port}"
 
-    def command(self) -> list[str]:
+    def command(self, lifeline: int) -> list[str]:
+        """runzeo's command line, stopping when file descriptor ``lifeline`` reads end of file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         blobs = Path(str(self.path) + ".blobs")
         blobs.mkdir(parents=True, exist_ok=True)
@@ -111,7 +112,21 @@ class ZeoServer:
                 _CONFIG.format(host=self.host, port=self.port, path=self.path, blobs=blobs)
             )
         self._config = Path(handle.name)
-        return [sys.executable, "-c", _SUPERVISED_RUNZEO, "LIFELINE", "-C", str(self._config)]
+        return [sys.executable, "-c", _SUPERVISED_RUNZEO, str(lifeline), "-C", str(self._config)]
+
+    def spawn(self, stderr: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+        """Start runzeo on its lifeline (this process), without waiting for it to answer."""
+        lifeline, self._lifeline = os.pipe()  # both ends close on exec: only `lifeline` passes
+        try:
+            self.process = subprocess.Popen(
+                self.command(lifeline),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(lifeline,),
+            )
+        finally:
+            os.close(lifeline)
+        return self.process
 
     def start(self) -> ZeoServer:
         if _answers(self.host, self.port):
@@ -121,15 +136,7 @@ class ZeoServer:
             )
         self._prepare_image()
         self._log = tempfile.TemporaryFile()
-        command = self.command()
-        lifeline, self._lifeline = os.pipe()  # both ends close on exec: only `lifeline` passes
-        command[command.index("LIFELINE")] = str(lifeline)
-        try:
-            self.process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=self._log, pass_fds=(lifeline,)
-            )
-        finally:
-            os.close(lifeline)
+        self.spawn(stderr=self._log)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
             if self.process.poll() is not None:

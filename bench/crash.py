@@ -26,9 +26,11 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -353,11 +355,21 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=200, help="kills (default 200)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-delay", type=float, default=3.0, help="longest life, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the image and the journal")
     args = parser.parse_args()
-    os.environ.setdefault("BATOS_HOME", tempfile.mkdtemp(prefix="batos-crash-home-"))
+    workdir = Path(tempfile.mkdtemp(prefix="batos-crash-"))
+    os.environ.setdefault("BATOS_HOME", str(workdir / "home"))
+    # Each reopening after a kill mid-commit warns that it drops the cut commit: counted instead.
+    logging.getLogger("batos.image").setLevel(logging.ERROR)
+    logging.getLogger("ZODB.FileStorage").setLevel(logging.ERROR)
     started = time.monotonic()
-    findings = run(args.points, seed=args.seed, max_delay=args.max_delay)
+    findings = run(args.points, seed=args.seed, max_delay=args.max_delay, workdir=workdir)
     seconds = time.monotonic() - started
+    problems = findings.damaged | findings.lost | findings.partial
+    if args.keep or problems:
+        print(f"the image, the journal and the workers' log are in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "crash.json").write_text(
         json.dumps({**asdict(findings), "seconds": round(seconds, 1)}, indent=2, default=sorted)
@@ -366,7 +378,7 @@ def main() -> None:
         f"{findings.acknowledged} operations acknowledged, {findings.resumed} cut-short cycles "
         f"resumed, {findings.cut_commits} kills landed mid-commit, in {seconds:.0f} s"
     )
-    for problem in sorted(findings.damaged | findings.lost | findings.partial):
+    for problem in sorted(problems):
         print(f"  {problem}")
     print(
         f"points={findings.points} lost={len(findings.lost)} partial={len(findings.partial)} "

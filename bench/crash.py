@@ -154,8 +154,9 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
             if op == "cycle":
                 message = {"messages": [HumanMessage("plan the steps to build a shed")]}
                 state = graph.invoke(message, run_config(f"t{tag}"))
-                journal.ack(op="cycle", thread=f"t{tag}", status=state["status"],
-                            cycle=_cycle(state))  # fmt: skip
+                journal.ack(
+                    op="cycle", thread=f"t{tag}", status=state["status"], cycle=_cycle(state)
+                )
             elif op == "ingest":
                 text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 200))) + "."
                 ingest_text(catalog, f"doc-{tag}", text)

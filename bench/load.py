@@ -121,13 +121,29 @@ def serve(uri: str, workdir: Path, jobs: int = JOBS) -> Iterator[tuple[str, Path
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
     }
-    command = [sys.executable, "-m", "graph.cli", "--image", uri, "serve", "--config",
-               str(CONFIG), "--port", str(port), "--jobs", str(jobs)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "graph.cli",
+        "--image",
+        uri,
+        "serve",
+        "--config",
+        str(CONFIG),
+        "--port",
+        str(port),
+        "--jobs",
+        str(jobs),
+    ]
     with log_path.open("w") as log:
         server = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
@@ -181,8 +197,9 @@ async def _drive(base: str, clients: int, seconds: float, step: Step, seen: list
     await asyncio.gather(*(_client(base, deadline, step, seen) for _ in range(clients)))
 
 
-def measure(base: str, retries: Path, backend: str, clients: int, seconds: float,
-            seen: list[str]) -> Step:  # fmt: skip
+def measure(
+    base: str, retries: Path, backend: str, clients: int, seconds: float, seen: list[str]
+) -> Step:
     before = len(retries.read_text().splitlines())
     step = Step(backend, clients, seconds)
     started = time.monotonic()
@@ -298,8 +315,13 @@ def main() -> None:
                 {
                     **asdict(r),
                     "steps": [
-                        {**asdict(s), "latencies": None, "cycles_per_s": s.rate,
-                         "p50": s.percentile(50), "p95": s.percentile(95)}
+                        {
+                            **asdict(s),
+                            "latencies": None,
+                            "cycles_per_s": s.rate,
+                            "p50": s.percentile(50),
+                            "p95": s.percentile(95),
+                        }
                         for s in r.steps
                     ],
                 }
@@ -307,7 +329,7 @@ def main() -> None:
             ],
             indent=2,
         )
-    )  # fmt: skip
+    )
     for r in runs:
         for problem in r.disagreements:
             print(f"  {LABELS[r.backend]}: {problem}")

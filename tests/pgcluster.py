@@ -58,11 +58,17 @@ def _cluster_account() -> pwd.struct_passwd:
         return pwd.getpwnam(CLUSTER_USER)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-             CLUSTER_USER],
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                CLUSTER_USER,
+            ],
             check=True,
             capture_output=True,
-        )  # fmt: skip
+        )
         return pwd.getpwnam(CLUSTER_USER)
 
 

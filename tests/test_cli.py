@@ -193,13 +193,22 @@ def test_zeo_start_killed_outright_takes_its_server_with_it(file_uri, tmp_path):
     temp.mkdir()
     port = free_port()
     serving = subprocess.Popen(
-        [sys.executable, "-m", "graph.cli", "--image", file_uri, "zeo", "start",
-         "-a", f"127.0.0.1:{port}"],
+        [
+            sys.executable,
+            "-m",
+            "graph.cli",
+            "--image",
+            file_uri,
+            "zeo",
+            "start",
+            "-a",
+            f"127.0.0.1:{port}",
+        ],
         env={**os.environ, "TMPDIR": str(temp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )  # fmt: skip
+    )
     try:
         said = serving.stdout.readline()  # it says so once the server answers
         assert said.startswith("serving"), said + serving.stdout.read()

@@ -117,8 +117,9 @@ def pack(
             report = packing.pack(image, days=days)
     before, after = report.before, report.after
     if before.revisions is None:
-        console.print(f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → "
-                      f"{_size(after.bytes)}")  # fmt: skip
+        console.print(
+            f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → {_size(after.bytes)}"
+        )
     else:
         console.print(
             f"packed {image.uri} ({report.storage}): object revisions "

@@ -49,7 +49,7 @@ log = logging.getLogger("batos.image")
 
 T = TypeVar("T")
 
-#: Seconds a ZEO client waits for its server before giving up with a clear error.
+#: Seconds a ZEO client or a PostgreSQL connection waits for its server before a clear error.
 ZEO_CONNECT_TIMEOUT = 10
 #: What ZODB raises when an object record is damaged or missing: damage in the image itself.
 LOAD_ERRORS: tuple[type[Exception], ...] = (POSKeyError, StateLoadError, CorruptedError)
@@ -112,7 +112,7 @@ def default_uri() -> str:
 
 
 def _with_default_blobs(uri: str) -> str:
-    """Give file:// and zeo:// URIs a blob directory unless the URI names one."""
+    """Give file://, zeo:// and postgres:// URIs a blob directory unless the URI names one."""
     parts = urlsplit(uri)
     query = dict(parse_qsl(parts.query))
     if parts.scheme == "file" and "blobstorage_dir" not in query:
@@ -126,6 +126,14 @@ def _with_default_blobs(uri: str) -> str:
             label = (parts.netloc or Path(parts.path).name).replace(":", "_")
             query["blob_dir"] = str(Path(settings.get_str("home")) / "zeo-blob-cache" / label)
         query.setdefault("wait_timeout", str(ZEO_CONNECT_TIMEOUT))
+    elif parts.scheme == "postgres":
+        if "blob_dir" not in query:
+            # Blobs live in the database (shared_blob_dir false), so every host sees them;
+            # this folder is only this host's cache of them.
+            label = f"{parts.hostname or 'localhost'}_{parts.port or 5432}_{parts.path[1:]}"
+            query["blob_dir"] = str(Path(settings.get_str("home")) / "pg-blob-cache" / label)
+            query.setdefault("shared_blob_dir", "false")
+        query.setdefault("connect_timeout", str(ZEO_CONNECT_TIMEOUT))
     else:
         return uri
     return parts._replace(query=urlencode(query)).geturl()
@@ -324,7 +332,41 @@ def _translate_open_error(uri: str, exc: Exception) -> ImageError:
             f"no ZEO server answers at {uri}: {exc}",
             hint="start one with 'batos zeo start' (or check the host and port)",
         )
+    if uri.startswith("postgres") and _is_database_error(exc):
+        return _postgres_error(uri, exc)
     return ImageError(f"cannot open the image {uri}: {name}: {exc}")
+
+
+def _is_database_error(exc: Exception) -> bool:
+    # psycopg2's errors, without importing psycopg2 where no postgres:// image is used.
+    return any(c.__module__.startswith("psycopg2") for c in type(exc).__mro__)
+
+
+def _postgres_error(uri: str, exc: Exception) -> ImageError:
+    """What a PostgreSQL image that cannot be opened needs: server, login or database."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    where = urlsplit(uri)
+    if where.password:  # messages end up in logs and terminals: never show the password
+        uri = where._replace(netloc=where.netloc.replace(f":{where.password}@", ":***@")).geturl()
+    server = f"{where.hostname or 'localhost'}:{where.port or 5432}"
+    if "Connection refused" in text or "could not connect" in text or "timeout" in text:
+        hint = (
+            f"start PostgreSQL on {server} (e.g. 'pg_ctlcluster 15 main start' or your "
+            "service manager), or check the host and port in the image URI"
+        )
+        return ImageError(f"no PostgreSQL server answers at {server} for {uri}: {first}", hint=hint)
+    if "does not exist" in text and "database" in text:
+        database = where.path.lstrip("/")
+        hint = f"create it with 'createdb {database}' (RelStorage then adds its tables)"
+        return ImageError(f"PostgreSQL at {server} has no database {database!r}", hint=hint)
+    if "authentication" in text or "password" in text or "role" in text:
+        hint = "check the user and password in the URI (postgres://USER:PASSWORD@HOST/DB)"
+        return ImageError(f"PostgreSQL at {server} refused the login: {first}", hint=hint)
+    return ImageError(
+        f"cannot open the image {uri}: PostgreSQL said: {first}",
+        hint="check the server's log; the image URI is postgres://USER:PASSWORD@HOST:PORT/DB",
+    )
 
 
 class LivingImage:

@@ -2,7 +2,8 @@
 
 A file:// image can be open in one process only. ``ZeoServer`` runs ZEO's own ``runzeo``
 over the same file (blobs included) in a child process, so the LangGraph server, the heartbeat
-and the CLI can all open ``zeo://HOST:PORT`` at once.
+and the CLI can all open ``zeo://HOST:PORT`` at once. The child never outlives the process
+that started it, however that process ends (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -34,6 +35,25 @@ _CONFIG = """\
   path {path}
   blob-dir {blobs}
 </filestorage>
+"""
+
+
+#: What the server process runs: ZEO's ``runzeo``, stopped when the process that started it
+#: ends, however it ends (SIGKILL included). It holds the read end of a pipe whose only write
+#: end is in that process: when the process is gone the kernel closes it, the read returns end
+#: of file, and the server sends itself SIGTERM, on which runzeo closes the storage, releasing
+#: the image's lock and the port. (A pipe, not PR_SET_PDEATHSIG, which fires when the *thread*
+#: that started the child exits, and exists on Linux only.)
+_SUPERVISED_RUNZEO = """\
+import os, signal, sys, threading, runpy
+lifeline = int(sys.argv.pop(1))
+def watch():
+    while os.read(lifeline, 1):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=watch, name="lifeline", daemon=True).start()
+sys.argv[0] = "runzeo"
+runpy.run_module("ZEO.runzeo", run_name="__main__", alter_sys=True)
 """
 
 
@@ -74,12 +94,15 @@ class ZeoServer:
         # The server's log goes to an unnamed file, not a pipe: a pipe nobody reads fills up
         # after some thousands of log lines and then blocks the server.
         self._log: IO[bytes] | None = None
+        # The write end of the server's lifeline (see _SUPERVISED_RUNZEO); open while it serves.
+        self._lifeline: int | None = None
 
     @property
     def uri(self) -> str:
         return f"zeo://{self.host}:{self.port}"
 
-    def command(self) -> list[str]:
+    def command(self, lifeline: int) -> list[str]:
+        """runzeo's command line, stopping when file descriptor ``lifeline`` reads end of file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         blobs = Path(str(self.path) + ".blobs")
         blobs.mkdir(parents=True, exist_ok=True)
@@ -89,7 +112,21 @@ class ZeoServer:
                 _CONFIG.format(host=self.host, port=self.port, path=self.path, blobs=blobs)
             )
         self._config = Path(handle.name)
-        return [sys.executable, "-m", "ZEO.runzeo", "-C", str(self._config)]
+        return [sys.executable, "-c", _SUPERVISED_RUNZEO, str(lifeline), "-C", str(self._config)]
+
+    def spawn(self, stderr: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+        """Start runzeo on its lifeline (this process), without waiting for it to answer."""
+        lifeline, self._lifeline = os.pipe()  # both ends close on exec: only `lifeline` passes
+        try:
+            self.process = subprocess.Popen(
+                self.command(lifeline),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(lifeline,),
+            )
+        finally:
+            os.close(lifeline)
+        return self.process
 
     def start(self) -> ZeoServer:
         if _answers(self.host, self.port):
@@ -99,7 +136,7 @@ class ZeoServer:
             )
         self._prepare_image()
         self._log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=self._log)
+        self.spawn(stderr=self._log)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
             if self.process.poll() is not None:
@@ -115,6 +152,9 @@ class ZeoServer:
                 self.stop()
                 raise ImageError(f"the ZEO server did not answer within {START_TIMEOUT:.0f} s")
             time.sleep(0.05)
+        # The server read its configuration before it answered: nothing is left behind, even
+        # if this process is killed outright.
+        self._remove_config()
         log.info("ZEO serving %s at %s", self.path, self.uri)
         return self
 
@@ -193,10 +233,16 @@ class ZeoServer:
                 self.process.wait()
         self._cleanup()
 
-    def _cleanup(self) -> None:
+    def _remove_config(self) -> None:
         if self._config is not None:
             self._config.unlink(missing_ok=True)
             self._config = None
+
+    def _cleanup(self) -> None:
+        self._remove_config()
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self._log is not None:
             self._log.close()
             self._log = None

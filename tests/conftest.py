@@ -1,4 +1,8 @@
-"""Shared fixtures: every test gets its own BAT OS home, so nothing touches the user's image."""
+"""Shared fixtures: every test gets its own BAT OS home, so nothing touches the user's image.
+
+Images of every kind the product opens: ``memory://``, ``file://``, a real ZEO server and
+PostgreSQL through RelStorage (a throw-away cluster on loopback, started once per session).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pgcluster import PostgresCluster, PostgresUnavailable
 
 from store.image import LivingImage
+from store.zeo import ZeoServer
+
+#: Every kind of image, and those that outlive the process that wrote them.
+IMAGE_KINDS = ("memory", "file", "zeo", "postgres")
+LASTING_KINDS = ("file", "zeo", "postgres")
+#: The kinds several processes can open at once.
+SHARED_KINDS = ("zeo", "postgres")
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +43,59 @@ def memory_image() -> Iterator[LivingImage]:
 @pytest.fixture
 def file_uri(tmp_path: Path) -> str:
     return f"file://{tmp_path / 'image' / 'live_image.fs'}"
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL server of its own for this test session, stopped and deleted at the end."""
+    try:
+        cluster = PostgresCluster()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"PostgreSQL is not installed: {exc}")
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_uri(postgres_cluster: PostgresCluster) -> str:
+    """A ``postgres://`` image URI on a database of its own (history-preserving)."""
+    return postgres_cluster.uri()
+
+
+def _uri_of_kind(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if kind == "memory":
+        yield "memory://"
+    elif kind == "file":
+        yield f"file://{tmp_path / 'image' / 'live_image.fs'}"
+    elif kind == "zeo":
+        with ZeoServer(tmp_path / "zeo" / "live_image.fs") as server:
+            yield server.uri
+    elif kind == "postgres":
+        yield request.getfixturevalue("postgres_cluster").uri()
+    else:
+        raise AssertionError(f"no image kind {kind!r}")
+
+
+@pytest.fixture(params=IMAGE_KINDS)
+def any_image_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URI of a new image of each kind in turn (memory:// opens a new one each time)."""
+    yield from _uri_of_kind(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=LASTING_KINDS)
+def lasting_image_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URI of a new image that reopens with what was committed: file, ZEO, PostgreSQL."""
+    yield from _uri_of_kind(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=SHARED_KINDS)
+def shared_image_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URI of a new image several processes can open at once: ZEO, PostgreSQL."""
+    yield from _uri_of_kind(request.param, request, tmp_path)
+
+
+@pytest.fixture
+def any_image(any_image_uri: str) -> Iterator[LivingImage]:
+    """An open image of each kind in turn."""
+    with LivingImage.open(any_image_uri) as image:
+        yield image

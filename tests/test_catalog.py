@@ -15,7 +15,6 @@ from store.chunking import chunk, sentences
 from store.embeddings import Embedder
 from store.image import LivingImage
 from store.ingest import ingest_text
-from store.zeo import ZeoServer
 
 CATS = (
     "Cats are small domesticated carnivores. They sleep for most of the day. A cat purrs "
@@ -220,36 +219,35 @@ def test_cited_context_fences_passages_as_data(catalog: KnowledgeCatalog) -> Non
 # -- persistence and the vector cache ----------------------------------------------------
 
 
-def test_catalog_survives_reopen(file_uri: str, embedder: Embedder) -> None:
-    with LivingImage.open(file_uri) as image:
+def test_catalog_survives_reopen(lasting_image_uri: str, embedder: Embedder) -> None:
+    with LivingImage.open(lasting_image_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         ingest_text(catalog, "cats", CATS)
         ingest_text(catalog, "physics", PHYSICS)
         before = [(h.chunk_id, h.source) for h in catalog.search("entanglement", 2)]
         catalog.close()
-    with LivingImage.open(file_uri) as image:
+    with LivingImage.open(lasting_image_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         assert [(h.chunk_id, h.source) for h in catalog.search("entanglement", 2)] == before
         assert len(catalog.vectors) == catalog.stats()["chunks"] == 2
         assert catalog.search("entanglement", 1, mode="dense")[0].source == "physics"
 
 
-def test_cache_follows_writes_of_another_process(tmp_path, embedder: Embedder) -> None:
-    with ZeoServer(tmp_path / "shared.fs") as server:
-        with LivingImage.open(server.uri) as one, LivingImage.open(server.uri) as two:
-            writer = KnowledgeCatalog.open(one, embedder)
-            reader = KnowledgeCatalog.open(two, embedder)
-            ingest_text(writer, "cats", CATS)
-            _wait_for(reader, documents=1)
-            assert reader.search("purring", 1, mode="dense")[0].source == "cats"
-            old_ids = set(reader.vectors.ids().tolist())
-            ingest_text(writer, "physics", PHYSICS)
-            ingest_text(writer, "cats", CATS + " Cats also groom themselves.")
-            _wait_for(reader, documents=2, version=writer.stats()["version"])
-            assert reader.search("quantum entanglement", 1, mode="dense")[0].source == "physics"
-            stored = {c for d in ("cats", "physics") for c in reader.document(d)["chunks"]}
-            assert set(reader.vectors.ids().tolist()) == stored
-            assert not old_ids & stored  # the replaced chunks left the cache
+def test_cache_follows_writes_of_another_process(shared_image_uri: str, embedder: Embedder) -> None:
+    with LivingImage.open(shared_image_uri) as one, LivingImage.open(shared_image_uri) as two:
+        writer = KnowledgeCatalog.open(one, embedder)
+        reader = KnowledgeCatalog.open(two, embedder)
+        ingest_text(writer, "cats", CATS)
+        _wait_for(reader, documents=1)
+        assert reader.search("purring", 1, mode="dense")[0].source == "cats"
+        old_ids = set(reader.vectors.ids().tolist())
+        ingest_text(writer, "physics", PHYSICS)
+        ingest_text(writer, "cats", CATS + " Cats also groom themselves.")
+        _wait_for(reader, documents=2, version=writer.stats()["version"])
+        assert reader.search("quantum entanglement", 1, mode="dense")[0].source == "physics"
+        stored = {c for d in ("cats", "physics") for c in reader.document(d)["chunks"]}
+        assert set(reader.vectors.ids().tolist()) == stored
+        assert not old_ids & stored  # the replaced chunks left the cache
 
 
 def _wait_for(catalog: KnowledgeCatalog, *, documents: int, version: int | None = None) -> None:

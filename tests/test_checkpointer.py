@@ -62,6 +62,13 @@ def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
         yield s
 
 
+@pytest.fixture
+def lasting_saver(lasting_image_uri: str) -> Iterator[ZODBSaver]:
+    """A saver on a file, a ZEO and a PostgreSQL image in turn."""
+    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
+        yield s
+
+
 def transactions(image: LivingImage) -> int:
     assert image.db.supportsUndo(), "count transactions on a file or ZEO image, not memory://"
     return len(image.db.undoLog(0, 1_000_000))
@@ -110,16 +117,20 @@ async def test_conformance_through_zeo(tmp_path: Path) -> None:
         await _conformance(lambda: server.uri)
 
 
+async def test_conformance_on_postgres(postgres_cluster: Any) -> None:
+    await _conformance(postgres_cluster.uri)
+
+
 # -- graphs on the saver -----------------------------------------------------------------
 
 
-def test_graph_state_survives_reopening_the_image(file_uri: str) -> None:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+def test_graph_state_survives_reopening_the_image(lasting_image_uri: str) -> None:
+    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
         assert chain_graph(s).invoke({"n": 0, "log": []}, cfg("t1")) == {
             "n": 3,
             "log": ["n0", "n1", "n2"],
         }
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
         graph = chain_graph(s)
         assert graph.get_state(cfg("t1")).values["n"] == 3
         out = graph.invoke({"n": 10, "log": []}, cfg("t1"))
@@ -171,7 +182,8 @@ async def test_async_runs_side_by_side(file_saver: ZODBSaver) -> None:
     assert all(s.values["log"] == ["n0", "n1", "n2", "n3"] for s in states)
 
 
-def test_threads_hammering_one_image(file_saver: ZODBSaver) -> None:
+def test_threads_hammering_one_image(lasting_saver: ZODBSaver) -> None:
+    file_saver = lasting_saver
     graph = chain_graph(file_saver)
     errors: list[BaseException] = []
 
@@ -192,20 +204,20 @@ def test_threads_hammering_one_image(file_saver: ZODBSaver) -> None:
         assert len(list(file_saver.list(cfg(f"w{k}")))) == 6 * 5
 
 
-@pytest.mark.parametrize("image_kind", ["memory", "file"])
 def test_concurrent_writes_to_one_checkpoint_are_all_kept(
-    image_kind: str, file_uri: str, caplog: pytest.LogCaptureFixture
+    any_image_uri: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
-    uri = "memory://" if image_kind == "memory" else file_uri
+    uri = any_image_uri
+    image_kind = uri.split(":", 1)[0]
     with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
         stored = saver.put(cfg("pw", checkpoint_ns=""), generate_checkpoint(), {"step": 0}, {})
         with caplog.at_level("INFO", logger="batos.checkpointer"):
             _race(*(partial(saver.put_writes, stored, [("ch", i)], f"task-{i}") for i in range(12)))
         writes = saver.get_tuple(stored).pending_writes
         assert sorted(w[2] for w in writes) == list(range(12))
-    if image_kind == "file":  # FileStorage merges them (CheckpointRecord._p_resolveConflict)
+    if image_kind != "memory":  # the storage merges them (CheckpointRecord._p_resolveConflict)
         assert "conflict" not in caplog.text
 
 

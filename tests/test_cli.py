@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from batos.errors import ImageLockedError
 from graph.cli import main
 from prototypes.codex import load_codex
 from prototypes.uvm import Method
@@ -184,3 +185,49 @@ def test_zeo_start_stops_its_server_on_a_stop_signal(file_uri, tmp_path, stop_si
     with LivingImage.open(file_uri) as image:  # ...and the image's lock
         image.transact(lambda root: root.__setitem__("after", 1))
     assert list(temp.iterdir()) == []  # and its config file
+
+
+@pytest.mark.slow
+def test_zeo_start_killed_outright_takes_its_server_with_it(file_uri, tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    port = free_port()
+    serving = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graph.cli",
+            "--image",
+            file_uri,
+            "zeo",
+            "start",
+            "-a",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        said = serving.stdout.readline()  # it says so once the server answers
+        assert said.startswith("serving"), said + serving.stdout.read()
+        assert _answers("127.0.0.1", port)
+        assert list(temp.iterdir()) == []  # the config was read and removed before serving
+    finally:
+        serving.send_signal(signal.SIGKILL)  # no handler runs: only the server's lifeline can tell
+    serving.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while _answers("127.0.0.1", port):
+        assert time.monotonic() < deadline, "runzeo outlived the process that started it"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 20
+    while True:  # the server's last act is to close the storage, releasing the lock
+        try:
+            with LivingImage.open(file_uri) as image:
+                image.transact(lambda root: root.__setitem__("after", 1))
+            break
+        except ImageLockedError:
+            assert time.monotonic() < deadline, "the image's lock is still held"
+            time.sleep(0.1)
+    assert list(temp.iterdir()) == []

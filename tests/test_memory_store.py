@@ -20,8 +20,8 @@ def embedder() -> Embedder:
 
 
 @pytest.fixture
-def store(memory_image: LivingImage, embedder: Embedder) -> ImageStore:
-    return ImageStore(memory_image, embedder=embedder)
+def store(any_image: LivingImage, embedder: Embedder) -> ImageStore:
+    return ImageStore(any_image, embedder=embedder)
 
 
 def _strip(item: Item | None) -> tuple | None:
@@ -125,10 +125,10 @@ async def test_async_api_and_bound_transactions(
     assert await store.aget(("t",), "x") is None
 
 
-def test_memories_survive_reopen(file_uri: str, embedder: Embedder) -> None:
-    with LivingImage.open(file_uri) as image:
+def test_memories_survive_reopen(lasting_image_uri: str, embedder: Embedder) -> None:
+    with LivingImage.open(lasting_image_uri) as image:
         ImageStore(image, embedder=embedder).put(("u",), "k", {"text": "remember the milk"})
-    with LivingImage.open(file_uri) as image:
+    with LivingImage.open(lasting_image_uri) as image:
         store = ImageStore(image, embedder=embedder)
         assert store.get(("u",), "k").value == {"text": "remember the milk"}
         assert store.search(("u",), query="groceries to buy")[0].key == "k"

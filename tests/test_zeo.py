@@ -120,7 +120,7 @@ OPENER = textwrap.dedent(
 def test_clients_racing_to_create_the_root_all_open(tmp_path):
     """A server that did not create the root first (plain runzeo): every client still opens."""
     server = ZeoServer(tmp_path / "raw.fs")
-    server.process = subprocess.Popen(server.command(), stderr=subprocess.DEVNULL)
+    server.spawn(stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(server.host, server.port):

@@ -386,11 +386,17 @@ def serve(
     config: Path = typer.Option(
         Path("langgraph.json"), "--config", help="The LangGraph configuration file."
     ),
+    jobs: int = typer.Option(
+        1, "--jobs", "-j", min=1, max=256, help="Runs this server executes at once."
+    ),
 ) -> None:
     """Run the LangGraph server (as 'langgraph dev' does, without the browser) on loopback,
     with the image as its checkpointer and store; Studio and langgraph_sdk clients connect.
 
-    Example: BATOS_IMAGE=zeo://127.0.0.1:8100 batos serve --port 2024
+    Runs beyond --jobs wait in the server's queue. Concurrent runs commit to the image in
+    their own transactions; write conflicts between them are retried.
+
+    Example: BATOS_IMAGE=zeo://127.0.0.1:8100 batos serve --port 2024 --jobs 16
     """
     import os
 
@@ -425,9 +431,11 @@ def serve(
         False,
         settings_json["graphs"],
         open_browser=False,
-        # The server's blocking-call detector patches file reads in every thread that runs an
-        # event loop, and a ZEO client's networking thread is one: its cache reads would fail
-        # every invalidation. On a zeo:// image the detector is therefore off.
+        n_jobs_per_worker=jobs,
+        # The dev server's blockbuster raises on blocking I/O in *any* running event loop; a
+        # ZEO client runs its own loop in its networking thread and reads its cache file there
+        # by design, so every load would fail. The server's own loop is still not blocked:
+        # the checkpointer and store run their image work in executor threads.
         allow_blocking=urlsplit(uri).scheme == "zeo",
         env=settings_json.get("env"),
         store=settings_json.get("store"),

@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from graph.cli.app import console, image_uri
+from store import packing
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage
 
@@ -105,17 +106,29 @@ def pack(
         0.0, "--days", "-d", min=0.0, help="Keep undo history of the last DAYS days."
     ),
 ) -> None:
-    """Pack the image: drop old object revisions and unreachable objects, shrinking the file.
+    """Pack the image: drop old object revisions and unreachable objects.
 
     Packing removes the undo history older than --days: transactions before that point can no
-    longer be undone with 'batos undo'. Example: batos pack --days 7
+    longer be undone with 'batos undo'. A file image shrinks on disk; on PostgreSQL the rows
+    of old revisions are deleted and their count and bytes are shown. Example: batos pack --days 7
     """
     with LivingImage.open(image_uri(ctx)) as image:
-        before = image.db.getSize()
         with console.status("packing…"):
-            image.db.pack(days=days)
-        after = image.db.getSize()
-    console.print(f"packed {image.uri}: {_size(before)} → {_size(after)}")
+            report = packing.pack(image, days=days)
+    before, after = report.before, report.after
+    if before.revisions is None:
+        console.print(
+            f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → {_size(after.bytes)}"
+        )
+    else:
+        console.print(
+            f"packed {image.uri} ({report.storage}): object revisions "
+            f"{before.revisions:,} → {after.revisions:,}, their state "
+            f"{_size(before.bytes)} → {_size(after.bytes)}, blob chunks "
+            f"{before.blob_chunks:,} → {after.blob_chunks:,}"
+        )
+    for note in report.notes:
+        console.print(f"  {note}")
 
 
 def register(app: typer.Typer) -> None:

@@ -49,10 +49,11 @@ from langgraph.types import Send
 from typing_extensions import TypedDict
 
 from batos import settings
-from batos.errors import BatosError, MindError
+from batos.errors import BatosError, GraphRequestError, MindError
 from graph import cycle, facets
 from graph import prompts as prompt_files
 from graph.plan import PlanRejected, depth_for, facets_of, parse_plan, plan_schema
+from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
 from store import effects
 from store.image import LivingImage
@@ -78,6 +79,13 @@ REFUSAL = re.compile(
 )
 
 ModelFactory = Callable[..., BaseChatModel]
+#: What a caller may ask of the depth: the rule's choice, or one path forced.
+DEPTHS = ("auto", "fast", "full")
+_CONTEXT_HINT = (
+    'send context {"persona": "robin", "depth": "auto"}: persona one of '
+    + ", ".join(PERSONAS)
+    + "; depth auto, fast or full (both optional)"
+)
 
 
 @dataclass
@@ -112,12 +120,33 @@ def accumulate(left: list | None, right: list | dict | None) -> list:
     return [*(left or []), *(right or [])]
 
 
+def add_checked_messages(left: Any, right: Any) -> Any:
+    """``add_messages``, refusing a client's malformed messages with a ``GraphRequestError``
+    (a ValueError, whose message the server shows) instead of LangChain's coercion errors,
+    some of which (``NotImplementedError``) the server reports as an internal failure."""
+    try:
+        return add_messages(left, right)
+    except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        errors = getattr(exc, "errors", None)  # pydantic: the first field that failed
+        if callable(errors) and errors():
+            first = errors()[0]
+            reason = f"{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg', '')}"
+        elif isinstance(exc, KeyError):
+            reason = f"a message lacks its {exc.args[0]!r} field"
+        else:
+            reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise GraphRequestError(
+            f"the messages are malformed: {bounded_repr(reason, 200)[1:-1]}",
+            hint='send {"messages": [{"role": "user", "content": "your request"}]}',
+        ) from None
+
+
 class MindInput(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
+    messages: Annotated[list[AnyMessage], add_checked_messages]
 
 
 class MindState(TypedDict, total=False):
-    messages: Annotated[list[AnyMessage], add_messages]
+    messages: Annotated[list[AnyMessage], add_checked_messages]
     status: str
     cycle: dict[str, Any]
     route: dict[str, Any]
@@ -226,6 +255,24 @@ class Mind:
         except RuntimeError:
             context = None
         return context if isinstance(context, dict) else {}
+
+    def _checked_context(self) -> dict[str, Any]:
+        """The run context, refused when a client sent something the schema does not allow
+        (the server passes a client's context on without checking it against the schema)."""
+        try:
+            context = get_runtime().context
+        except RuntimeError:
+            context = None
+        if context is not None and not isinstance(context, dict):
+            raise MindError(
+                f"the run context is a {type(context).__name__}, not a JSON object",
+                hint=_CONTEXT_HINT,
+            )
+        context = context or {}
+        depth = context.get("depth")
+        if depth is not None and depth not in DEPTHS:
+            raise MindError(f"unknown depth {bounded_repr(depth, 80)}", hint=_CONTEXT_HINT)
+        return context
 
     def _services(self) -> MindServices:
         given = self._context().get("services")
@@ -361,7 +408,7 @@ class Mind:
     def _route(
         self, state: MindState, config: RunnableConfig, cycle_state: dict[str, Any]
     ) -> dict[str, Any]:
-        context = self._context()
+        context = self._checked_context()
         image = self.image(config)
         limit = settings.get_int("mind_max_request_chars")
         request = request_text(state.get("messages") or [], limit)
@@ -372,7 +419,8 @@ class Mind:
             name = str(forced).upper()
             if name not in PERSONAS:
                 raise MindError(
-                    f"unknown persona {forced!r}", hint=f"choose one of {', '.join(PERSONAS)}"
+                    f"unknown persona {bounded_repr(forced, 80)}",
+                    hint=f"choose one of {', '.join(PERSONAS)}",
                 )
             ranked, chosen = [[name, 1.0]], [name]
         else:
@@ -776,7 +824,7 @@ _THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 def check_thread_id(thread_id: str) -> str:
     if not isinstance(thread_id, str) or not _THREAD_ID.match(thread_id):
         raise MindError(
-            f"thread id {thread_id!r} is malformed",
+            f"thread id {bounded_repr(thread_id, 80)} is malformed",
             hint="use 1 to 128 letters, digits and . _ : @ - (starting with a letter or digit)",
         )
     return thread_id

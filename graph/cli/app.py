@@ -100,6 +100,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.route",
     "graph.cli.mind",
     "graph.cli.heartbeat",
+    "graph.cli.doctor",
 )
 
 

@@ -34,7 +34,7 @@ from ZODB.Connection import Connection
 from ZODB.FileStorage.format import CorruptedError
 from ZODB.POSException import ConflictError, POSKeyError, ReadOnlyError, StateLoadError, UndoError
 
-from batos import settings
+from batos import metrics, settings
 from batos.errors import (
     ImageCorruptError,
     ImageError,
@@ -42,6 +42,7 @@ from batos.errors import (
     ImageNotFoundError,
     ImageURIError,
 )
+from store import stats  # noqa: F401  (installs the side file that keeps the counters)
 from store.files import write_text
 from store.transactions import retry, run_in_transaction
 
@@ -466,8 +467,10 @@ class LivingImage:
         try:
             self.db.undo(entry["id"], txn)
             tm.commit()
+            metrics.count("transactions_committed")
         except (UndoError, ReadOnlyError) as exc:
             tm.abort()
+            metrics.count("transactions_aborted")
             raise ImageError(
                 f"transaction {wanted} cannot be undone: {exc}",
                 hint="a later transaction changed the same objects; undo that one first",

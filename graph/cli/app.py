@@ -101,6 +101,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.mind",
     "graph.cli.heartbeat",
     "graph.cli.doctor",
+    "graph.cli.stats",
 )
 
 

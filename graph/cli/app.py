@@ -102,6 +102,7 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.heartbeat",
     "graph.cli.doctor",
     "graph.cli.stats",
+    "graph.cli.bridge",
 )
 
 

@@ -182,8 +182,17 @@ class Bridge:
                         router.send_multipart(inbox.recv_multipart())
                     else:
                         self._accept(router, router.recv_multipart())
+            # Running requests finish and their replies go out; forwarding goes on meanwhile,
+            # or a worker blocked on a full in-process queue would never finish.
+            while True:
+                with self._lock:
+                    idle = self._pending == 0
+                if inbox.poll(0 if idle else 100):
+                    router.send_multipart(inbox.recv_multipart())
+                elif idle:
+                    break
             self.pool.shutdown(wait=True)
-            while inbox.poll(0):
+            while inbox.poll(50):
                 router.send_multipart(inbox.recv_multipart())
         finally:
             self.bound.set()

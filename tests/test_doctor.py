@@ -168,3 +168,12 @@ def answering_server() -> Iterator[int]:
 def test_a_running_server_is_seen(answering_server) -> None:
     (check,) = doctor.check_server(answering_server)
     assert check.status == "ok" and "answers" in check.detail
+
+
+def test_an_image_on_another_storage_is_walked_record_by_record() -> None:
+    checks = doctor.check_image("memory://")  # a fresh one: nothing laid out yet
+    walk = [c for c in checks if c.detail.endswith("reachable records load")]
+    assert walk and walk[0].status == "ok"
+    pending = [c for c in checks if c.status == "warn"]
+    assert pending and "not yet applied: root-1" in pending[0].detail
+    assert "batos init" in pending[0].fix

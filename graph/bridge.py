@@ -17,7 +17,7 @@ be in flight on one connection: every reply names its request id.
 
 Validation and errors are the HTTP server's: the same graph checks the input (a malformed
 message is a ``GraphRequestError``; an unknown persona or an empty request ends the cycle
-FAILED, reported in ``result``), thread ids follow ``graph.mind.check_thread_id``, and every
+FAILED, reported in ``result``), thread ids follow ``graph.request.check_thread_id``, and every
 frame is bounded before it is parsed. Requests run on a bounded pool of threads; one socket
 thread owns the ROUTER socket (ZeroMQ sockets are not thread-safe) and forwards the workers'
 replies, which reach it over an in-process PULL socket.
@@ -36,7 +36,8 @@ from typing import Any
 import zmq
 
 from batos.errors import BatosError, GraphRequestError
-from graph.mind import MindServices, build_graph, check_thread_id, content_text
+from graph.mind import MindServices, build_graph
+from graph.request import check_thread_id, content_text
 from store.image import LivingImage
 
 log = logging.getLogger("batos.bridge")

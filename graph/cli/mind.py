@@ -23,7 +23,8 @@ from rich.table import Table
 from batos.errors import BatosError, CycleFailed, MindError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from graph.mind import MindServices, build_graph, check_thread_id, content_text, run_config
+from graph.mind import MindServices, build_graph, run_config
+from graph.request import check_thread_id, content_text
 from prototypes.bounded import bounded_repr
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage

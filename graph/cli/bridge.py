@@ -15,7 +15,7 @@ def bridge(
     ctx: typer.Context,
     bind: str = typer.Option(DEFAULT_BIND, "--bind", help="ZeroMQ endpoint, loopback only."),
 ) -> None:
-    """Serve the mind to ZeroMQ clients (DEALER or REQ sockets) until Ctrl-C or SIGTERM;
+    """Serve the mind to ZeroMQ clients (DEALER sockets) until Ctrl-C or SIGTERM;
     the message format is in the README (The Synaptic Bridge).
 
     Example: batos bridge --bind tcp://127.0.0.1:5555 · python examples/bridge_client.py hello

@@ -1,9 +1,9 @@
 """The Synaptic Bridge: the mind graph behind a ZeroMQ ROUTER socket, for clients that speak it.
 
 A request is one multipart message from a DEALER socket (a REQ socket reads only the first
-reply); the bridge answers it with a
-stream of multipart messages, the last of which is ``result`` or ``error``. Several requests may
-be in flight on one connection: every reply names its request id.
+reply); the bridge answers it with a stream of multipart messages, the last of which is
+``result`` or ``error``. Several requests may be in flight on one connection: every reply names
+its request id.
 
     client → bridge   [b"BATOS/1", request_id, body]         body: JSON, at most MAX_BODY_BYTES
         {"thread_id": "kitchen",                             optional; a new id when left out

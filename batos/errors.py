@@ -136,6 +136,8 @@ class GeneratedCodeError(BatosError):
     """
 
     exit_code = 7
+    #: What to do when the raiser gave no hint of its own.
+    default_hint: str | None = None
 
     def __init__(
         self, message: str, findings: list[str] | None = None, *, hint: str | None = None
@@ -143,7 +145,7 @@ class GeneratedCodeError(BatosError):
         self.findings = list(findings or [])
         self.reason = message  # the message without its findings, to rebuild the error
         listed = "".join(f"\n  - {finding}" for finding in self.findings)
-        super().__init__(message + listed, hint=hint)
+        super().__init__(message + listed, hint=hint or self.default_hint)
         self.message = message + listed
 
 
@@ -154,9 +156,19 @@ class AuditRejected(GeneratedCodeError):
 class SandboxViolation(GeneratedCodeError):
     """Code running in the sandbox tried something the policy forbids, or crashed it."""
 
+    default_hint = (
+        "nothing was changed; rewrite the method within the sandbox's rules "
+        "('batos methods' shows its source, 'batos methods remove' takes it out)"
+    )
+
 
 class SandboxLimitExceeded(SandboxViolation):
     """Code running in the sandbox used more wall time or memory than allowed."""
+
+    default_hint = (
+        "nothing was changed; make the method do less, or raise BATOS_SANDBOX_SECONDS or "
+        "BATOS_SANDBOX_MEMORY_MB if the work is legitimate"
+    )
 
 
 class MissionFailed(GeneratedCodeError):

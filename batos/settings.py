@@ -401,8 +401,12 @@ def get(name: str) -> object:
     try:
         return setting.parse(raw)
     except ValueError as exc:
+        # The value can be anything the environment holds: shown cut short, never whole.
+        shown = repr(raw) if len(raw) <= 80 else repr(raw[:79]) + "…"
+        reason = str(exc) if len(str(exc)) <= 200 else str(exc)[:199] + "…"
         raise ConfigurationError(
-            f"{setting.env}={raw!r} is not valid: {exc}", hint=setting.help
+            f"{setting.env}={shown} is not valid: {reason}",
+            hint=f"set {setting.env} to a valid value or unset it ({setting.help})",
         ) from None
 
 

@@ -33,6 +33,7 @@ from batos import settings
 from batos.errors import BatosError, GraphRequestError
 from graph import prompts as prompt_files
 from prototypes import kernel
+from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
 from prototypes.uvm import UvmObject
@@ -132,7 +133,9 @@ def _served(context: Any, state: JitState) -> JitContext:
     path, args, kwargs = request.get("receiver"), request.get("args", []), request.get("kwargs", {})
     selector = state.get("selector")
     if not isinstance(selector, str) or not selector.isidentifier() or selector.startswith("_"):
-        raise GraphRequestError(f"selector {selector!r} is not a public name", hint=_REQUEST_HINT)
+        raise GraphRequestError(
+            f"selector {bounded_repr(selector, 80)} is not a public name", hint=_REQUEST_HINT
+        )
     if not isinstance(path, str) or not path.strip():
         raise GraphRequestError("the run context names no receiver", hint=_REQUEST_HINT)
     if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -144,7 +147,7 @@ def _served(context: Any, state: JitState) -> JitContext:
         receiver = resolve(conn.root(), path)
         if not isinstance(receiver, UvmObject):
             raise GraphRequestError(
-                f"{path!r} is a {type(receiver).__name__}, not a prototype object",
+                f"{bounded_repr(path, 80)} is a {type(receiver).__name__}, not a prototype object",
                 hint="name an object as 'batos inspect' lists them",
             )
     except BaseException:

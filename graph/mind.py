@@ -27,7 +27,6 @@ the embedder, the image), which the LangGraph server never passes on from client
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from langchain_core.messages import HumanMessage
@@ -35,7 +34,6 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, StateGraph
 
-from batos.errors import MindError
 from graph.mind_nodes import (
     ANSWER_TOKENS,
     FACET_TOKENS,
@@ -52,9 +50,8 @@ from graph.mind_state import (
     MindState,
     ModelFactory,
     accumulate,
-    content_text,
-    request_text,
 )
+from graph.request import check_thread_id, content_text, request_text
 from store.image import LivingImage
 
 __all__ = [
@@ -109,17 +106,6 @@ graph = build_graph()
 
 
 # -- one request, from Python -----------------------------------------------------------------
-
-_THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
-
-
-def check_thread_id(thread_id: str) -> str:
-    if not isinstance(thread_id, str) or not _THREAD_ID.match(thread_id):
-        raise MindError(
-            f"thread id {thread_id!r} is malformed",
-            hint="use 1 to 128 letters, digits and . _ : @ - (starting with a letter or digit)",
-        )
-    return thread_id
 
 
 def run_config(thread_id: str) -> RunnableConfig:

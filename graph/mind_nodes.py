@@ -29,8 +29,10 @@ from batos import settings
 from batos.errors import BatosError, MindError
 from graph import cycle, facets
 from graph import prompts as prompt_files
-from graph.mind_state import MindServices, MindState, content_text, request_text
+from graph.mind_state import MindServices, MindState
 from graph.plan import PlanRejected, depth_for, facets_of, parse_plan, plan_schema
+from graph.request import check_context, content_text, request_text
+from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
 from store import effects
 from store.image import LivingImage
@@ -107,6 +109,13 @@ class Mind:
         except RuntimeError:
             context = None
         return context if isinstance(context, dict) else {}
+
+    def _checked_context(self) -> dict[str, Any]:
+        try:
+            context = get_runtime().context
+        except RuntimeError:
+            context = None
+        return check_context(context)
 
     def _services(self) -> MindServices:
         given = self._context().get("services")
@@ -248,7 +257,7 @@ class Mind:
     def _route(
         self, state: MindState, config: RunnableConfig, cycle_state: dict[str, Any]
     ) -> dict[str, Any]:
-        context = self._context()
+        context = self._checked_context()
         image = self.image(config)
         limit = settings.get_int("mind_max_request_chars")
         request = request_text(state.get("messages") or [], limit)
@@ -259,7 +268,8 @@ class Mind:
             name = str(forced).upper()
             if name not in PERSONAS:
                 raise MindError(
-                    f"unknown persona {forced!r}", hint=f"choose one of {', '.join(PERSONAS)}"
+                    f"unknown persona {bounded_repr(forced, 80)}",
+                    hint=f"choose one of {', '.join(PERSONAS)}",
                 )
             ranked, chosen = [[name, 1.0]], [name]
         else:

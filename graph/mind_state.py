@@ -7,16 +7,15 @@ pass in the context instead of the defaults.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage
-from langgraph.graph.message import add_messages
+from langchain_core.messages import AnyMessage
 from typing_extensions import TypedDict
 
-from batos.errors import MindError
+from graph.request import add_checked_messages
 
 if TYPE_CHECKING:
     from store.image import LivingImage
@@ -59,11 +58,11 @@ def accumulate(left: list | None, right: list | dict | None) -> list:
 
 
 class MindInput(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
+    messages: Annotated[list[AnyMessage], add_checked_messages]
 
 
 class MindState(TypedDict, total=False):
-    messages: Annotated[list[AnyMessage], add_messages]
+    messages: Annotated[list[AnyMessage], add_checked_messages]
     status: str
     cycle: dict[str, Any]
     route: dict[str, Any]
@@ -75,46 +74,3 @@ class MindState(TypedDict, total=False):
     metrics: Annotated[list[dict[str, Any]], accumulate]
     cem: dict[str, Any]
     commit: dict[str, Any] | None
-
-
-def content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(
-        part if isinstance(part, str) else str(part.get("text", ""))
-        for part in content or []
-        if isinstance(part, str) or part.get("type") == "text"
-    )
-
-
-def request_text(messages: Sequence[BaseMessage], limit: int) -> str:
-    """The request: the last message, a human one, text only; ``MindError`` otherwise."""
-    if not messages:
-        raise MindError(
-            "the request has no message",
-            hint='send {"messages": [{"role": "user", "content": "..."}]}',
-        )
-    last = messages[-1]
-    if not isinstance(last, HumanMessage):
-        raise MindError(
-            f"the last message is a {last.type} message, not the user's",
-            hint="end the messages with the user's request",
-        )
-    content = last.content
-    if isinstance(content, list):
-        kinds = sorted({p.get("type", "?") if isinstance(p, dict) else "text" for p in content})
-        if kinds != ["text"]:
-            raise MindError(
-                f"the request holds non-text content ({', '.join(kinds)})",
-                hint="the mind reads text only; send the request as plain text",
-            )
-    text = content_text(content).strip()
-    if not text:
-        raise MindError("the request is empty", hint="send some text")
-    if len(text) > limit:
-        raise MindError(
-            f"the request is {len(text):,} characters; the mind accepts {limit:,}",
-            hint="shorten it, ingest long material with 'batos ingest' and ask about it, "
-            "or raise BATOS_MIND_MAX_REQUEST_CHARS",
-        )
-    return text

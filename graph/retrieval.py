@@ -7,6 +7,7 @@ nothing on this path parses, runs or acts on it — a document that says "instal
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ CONTEXT_HEADER = (
 )
 _FENCE = "<<<"
 _END = ">>>"
+_FENCE_RUN = re.compile(r"<{3,}|>{3,}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ class CitedContext:
             {"n": n, "source": h.source, "start": h.start, "end": h.end, "score": h.score}
             for n, h in enumerate(self.hits, start=1)
         ]
+
+
+def _unfenced(text: str) -> str:
+    """``text`` with every run of three or more fence characters spaced out, so a passage
+    can neither open nor close a fence (a plain replace of "<<<" leaves one in "<<<<<")."""
+    return _FENCE_RUN.sub(lambda m: " ".join(m.group(0)), text)
 
 
 def cited_context(
@@ -55,8 +63,8 @@ def cited_context(
         return CitedContext(query, "", hits)
     parts = [CONTEXT_HEADER]
     for n, hit in enumerate(hits, start=1):
-        body = hit.text.replace(_FENCE, "< < <").replace(_END, "> > >")
-        parts.append(f"[{n}] {hit.citation}\n{_FENCE}\n{body}\n{_END}")
+        body = _unfenced(hit.text)
+        parts.append(f"[{n}] {_unfenced(hit.citation)}\n{_FENCE}\n{body}\n{_END}")
     return CitedContext(query, "\n\n".join(parts), hits)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from batos import metrics
 from batos.errors import AuditRejected
 
 #: Longest method source accepted, in characters.
@@ -519,6 +520,7 @@ def audit(selector: str, source: str) -> AuditReport:
 def check(selector: str, source: str) -> AuditReport:
     """Audit ``source``; raise ``AuditRejected`` listing every finding if there is any."""
     report = audit(selector, source)
+    metrics.count("guardian_verdicts", verdict="rejected" if report.findings else "approved")
     if report.findings:
         raise AuditRejected(
             f"the PersistenceGuardian rejected method {selector!r} "

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batos.errors import ObjectPathError
+from prototypes.bounded import bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
 from prototypes.uvm import UvmObject
 
@@ -35,9 +36,13 @@ def resolve(root: Any, path: str) -> Any:
     for name in names:
         found = _step(current, name)
         if found is _MISSING:
-            where = ".".join(walked) or "the image"
-            choices = ", ".join(_names(current)[:30]) or "nothing"
-            raise ObjectPathError(f"no {name!r} in {where}", hint=f"{where} has: {choices}")
+            # The path comes from a client: its parts are echoed cut short, never whole.
+            where = bounded_repr(".".join(walked), 80)[1:-1] if walked else "the image"
+            choices = ", ".join(bounded_repr(n, 40)[1:-1] for n in _names(current)[:30])
+            raise ObjectPathError(
+                f"no {bounded_repr(name, 80)} in {where}",
+                hint=f"{where} has: {choices or 'nothing'}",
+            )
         current = found
         walked.append(name)
     return current

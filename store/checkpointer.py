@@ -698,7 +698,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             thread = tree.threads.get(thread_id)
             if thread is None or not thread.namespaces:
                 raise CheckpointNotFound(
-                    f"no thread {thread_id!r} in {self.image.uri}",
+                    f"no thread {repr(thread_id)[:80]} in {self.image.uri}",
                     hint="list the threads with 'batos threads'",
                 )
             return thread.summary(thread_id)

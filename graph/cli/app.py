@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 
@@ -101,6 +100,9 @@ FEATURES: tuple[str, ...] = (
     "graph.cli.route",
     "graph.cli.mind",
     "graph.cli.heartbeat",
+    "graph.cli.doctor",
+    "graph.cli.stats",
+    "graph.cli.bridge",
 )
 
 
@@ -131,12 +133,17 @@ def main(argv: list[str] | None = None, *, models: ModelFactory | None = None) -
         return _report(exc)
     except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command
         return _report(load_error(_current["image"], exc))
-    except click.exceptions.ClickException as exc:
-        exc.show()
+    except typer.TyperException as exc:  # a usage error: unknown command or option, bad value
+        # Typer carries its own copy of click: click's exception classes never match these.
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            err_console.print(f"[bold red]error:[/] {exc.format_message()}")
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("aborted")
         return 130
     return result if isinstance(result, int) else 0

@@ -16,10 +16,10 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from batos.errors import BatosError, ObjectPathError
+from batos.errors import BatosError, GeneratedCodeError, ObjectPathError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from prototypes import bounded, kernel
+from prototypes import bounded, guardian, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
 from prototypes.paths import resolve
@@ -120,6 +120,32 @@ def methods(
                 console.print(Syntax(m.source, "python"))
 
 
+def _source_file(file: Path) -> str:
+    """A method's source: UTF-8 text, at most the guardian's limit (checked before reading
+    the whole file, so a huge or endless file is refused without being loaded)."""
+    limit = guardian.MAX_SOURCE_CHARS
+    try:
+        with file.open("rb") as handle:
+            data = handle.read(4 * limit + 1)  # UTF-8 needs at most 4 bytes a character
+    except OSError as exc:
+        raise BatosError(
+            f"cannot read {file}: {exc.strerror}", hint="pass the path of a Python file"
+        ) from exc
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BatosError(
+            f"{file} is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})",
+            hint="pass the path of a Python source file saved as UTF-8",
+        ) from None
+    if len(data) > 4 * limit or len(source) > limit:
+        raise GeneratedCodeError(
+            f"{file} is over the {limit:,} characters a method may have",
+            hint="a method is one function; split the work into several methods",
+        )
+    return source
+
+
 @methods_app.command("add")
 def methods_add(
     ctx: typer.Context,
@@ -136,12 +162,7 @@ def methods_add(
 
     Example: batos methods add brick shout shout.py
     """
-    try:
-        source = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BatosError(
-            f"cannot read {file}: {exc.strerror}", hint="pass the path of a Python file"
-        ) from exc
+    source = _source_file(file)
 
     def install(root: Any) -> Method:
         return kernel.add_method(_prototype(root, path), selector, source, intent=intent)
@@ -180,11 +201,14 @@ def methods_remove(
 
 
 def _argument(text: str) -> Any:
+    # json.loads raises ValueError past Python's integer-digit limit and RecursionError on
+    # deeply nested brackets: both are malformed arguments, not crashes.
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise BatosError(
-            f"argument {text!r} is not a JSON literal",
+            f"argument {bounded_repr(text, 80)} is not a JSON literal: {reason}",
             hint="quote strings JSON-style: '\"hello\"', numbers as 3, lists as '[1, 2]'",
         ) from None
 

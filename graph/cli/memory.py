@@ -116,7 +116,10 @@ def search(
         try:
             text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise CatalogError(f"cannot read queries from {file}: {exc}") from exc
+            raise CatalogError(
+                f"cannot read queries from {file}: {exc}",
+                hint="give a UTF-8 text file with one query a line, or '-' for stdin",
+            ) from exc
         wanted.extend(line.strip() for line in text.splitlines() if line.strip())
     if not wanted:
         raise CatalogError("no query given", hint='batos search "your question" (or --file FILE)')

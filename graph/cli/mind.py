@@ -24,7 +24,9 @@ from rich.table import Table
 from batos.errors import BatosError, CycleFailed, MindError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from graph.mind import MindServices, build_graph, check_thread_id, content_text, run_config
+from graph.mind import MindServices, build_graph, run_config
+from graph.request import check_thread_id, content_text
+from prototypes.bounded import bounded_repr
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage
 
@@ -305,7 +307,7 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
         rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
     if cycle_id and rows[0] is None:
         raise MindError(
-            f"no committed cycle {cycle_id!r} in {image.uri}",
+            f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
             hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
             "their threads keep them: 'batos threads THREAD_ID')",
         )

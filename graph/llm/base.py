@@ -13,6 +13,7 @@ httpx maps its transports' errors). Errors::
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk, BaseMessage, SystemMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
+from batos import metrics
 from batos.errors import ModelError
 
 #: A backend's exception class → what to make of it. The most specific matching class wins.
@@ -66,35 +68,64 @@ class PersonaChatModel(BaseChatModel):
         return {}
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        with map_exceptions(self.exception_table()):
+        with self._measured(), map_exceptions(self.exception_table()):
             messages = with_system(messages, self.system_prompt())
             return super()._generate(messages, *args, **kwargs)
 
     def _stream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
-        with map_exceptions(self.exception_table()):
+        with self._measured() as first, map_exceptions(self.exception_table()):
             messages = with_system(messages, self.system_prompt())
             if getattr(super()._stream, "__func__", None) is BaseChatModel._stream:
                 # A backend that only writes whole replies streams each as one chunk.
-                yield _one_chunk(super()._generate(messages, *args, **kwargs))
+                yield first(_one_chunk(super()._generate(messages, *args, **kwargs)))
                 return
-            yield from super()._stream(messages, *args, **kwargs)
+            for chunk in super()._stream(messages, *args, **kwargs):
+                yield first(chunk)
 
     async def _agenerate(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> ChatResult:
-        with map_exceptions(self.exception_table()):
+        with self._measured(), map_exceptions(self.exception_table()):
             messages = with_system(messages, self.system_prompt())
             return await super()._agenerate(messages, *args, **kwargs)
 
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
-        with map_exceptions(self.exception_table()):
+        with self._measured() as first, map_exceptions(self.exception_table()):
             messages = with_system(messages, self.system_prompt())
             async for chunk in super()._astream(messages, *args, **kwargs):
-                yield chunk
+                yield first(chunk)
+
+    @contextmanager
+    def _measured(self) -> Iterator[Callable[[ChatGenerationChunk], ChatGenerationChunk]]:
+        """Counts the call and its seconds (``batos.metrics``); the callable it gives marks
+        each streamed chunk, the first of which sets the time to first token."""
+        backend = self._llm_type
+        started = time.perf_counter()
+        seen = []
+
+        def first(chunk: ChatGenerationChunk) -> ChatGenerationChunk:
+            if not seen:
+                seen.append(True)
+                elapsed = time.perf_counter() - started
+                metrics.observe("model_first_token_seconds", elapsed, backend=backend)
+            return chunk
+
+        outcome = "ok"
+        try:
+            yield first
+        except GeneratorExit:  # the caller stopped reading a stream: a call all the same
+            outcome = "closed"
+            raise
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            metrics.observe("model_seconds", time.perf_counter() - started, backend=backend)
+            metrics.count("model_calls", backend=backend, outcome=outcome)
 
 
 def _one_chunk(result: ChatResult) -> ChatGenerationChunk:

@@ -1,0 +1,118 @@
+"""What a client may send the mind, checked at the door: messages, run context, thread ids.
+
+The LangGraph server hands a client's input and context to the graph as they came; these
+checks turn whatever is malformed into a ``GraphRequestError`` or ``MindError`` with a hint,
+cutting every echoed value short.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage, HumanMessage
+from langgraph.graph.message import add_messages
+
+from batos.errors import GraphRequestError, MindError
+from prototypes.bounded import bounded_repr
+from prototypes.codex import PERSONAS
+
+#: What a caller may ask of the depth: the rule's choice, or one path forced.
+DEPTHS = ("auto", "fast", "full")
+_CONTEXT_HINT = (
+    'send context {"persona": "robin", "depth": "auto"}: persona one of '
+    + ", ".join(PERSONAS)
+    + "; depth auto, fast or full (both optional)"
+)
+
+
+def check_context(context: Any) -> dict[str, Any]:
+    """The run context, refused when a client sent something the schema does not allow
+    (the server passes a client's context on without checking it against the schema)."""
+    if context is not None and not isinstance(context, dict):
+        raise MindError(
+            f"the run context is a {type(context).__name__}, not a JSON object",
+            hint=_CONTEXT_HINT,
+        )
+    context = context or {}
+    depth = context.get("depth")
+    if depth is not None and depth not in DEPTHS:
+        raise MindError(f"unknown depth {bounded_repr(depth, 80)}", hint=_CONTEXT_HINT)
+    return context
+
+
+def add_checked_messages(left: Any, right: Any) -> Any:
+    """``add_messages``, refusing a client's malformed messages with a ``GraphRequestError``
+    (a ValueError, whose message the server shows) instead of LangChain's coercion errors,
+    some of which (``NotImplementedError``) the server reports as an internal failure."""
+    try:
+        return add_messages(left, right)
+    except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        errors = getattr(exc, "errors", None)  # pydantic: the first field that failed
+        if callable(errors) and errors():
+            first = errors()[0]
+            reason = f"{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg', '')}"
+        elif isinstance(exc, KeyError):
+            reason = f"a message lacks its {exc.args[0]!r} field"
+        else:
+            reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise GraphRequestError(
+            f"the messages are malformed: {bounded_repr(reason, 200)[1:-1]}",
+            hint='send {"messages": [{"role": "user", "content": "your request"}]}',
+        ) from None
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(
+        part if isinstance(part, str) else str(part.get("text", ""))
+        for part in content or []
+        if isinstance(part, str) or part.get("type") == "text"
+    )
+
+
+def request_text(messages: Sequence[BaseMessage], limit: int) -> str:
+    """The request: the last message, a human one, text only; ``MindError`` otherwise."""
+    if not messages:
+        raise MindError(
+            "the request has no message",
+            hint='send {"messages": [{"role": "user", "content": "..."}]}',
+        )
+    last = messages[-1]
+    if not isinstance(last, HumanMessage):
+        raise MindError(
+            f"the last message is a {last.type} message, not the user's",
+            hint="end the messages with the user's request",
+        )
+    content = last.content
+    if isinstance(content, list):
+        kinds = sorted({p.get("type", "?") if isinstance(p, dict) else "text" for p in content})
+        if kinds != ["text"]:
+            raise MindError(
+                f"the request holds non-text content ({', '.join(kinds)})",
+                hint="the mind reads text only; send the request as plain text",
+            )
+    text = content_text(content).strip()
+    if not text:
+        raise MindError("the request is empty", hint="send some text")
+    if len(text) > limit:
+        raise MindError(
+            f"the request is {len(text):,} characters; the mind accepts {limit:,}",
+            hint="shorten it, ingest long material with 'batos ingest' and ask about it, "
+            "or raise BATOS_MIND_MAX_REQUEST_CHARS",
+        )
+    return text
+
+
+_THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def check_thread_id(thread_id: str) -> str:
+    if not isinstance(thread_id, str) or not _THREAD_ID.match(thread_id):
+        raise MindError(
+            f"thread id {bounded_repr(thread_id, 80)} is malformed",
+            hint="use 1 to 128 letters, digits and . _ : @ - (starting with a letter or digit)",
+        )
+    return thread_id

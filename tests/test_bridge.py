@@ -1,0 +1,193 @@
+"""The Synaptic Bridge on a real ZeroMQ socket on loopback, with the scripted model: a
+streamed conversation, requests in flight side by side, the README's client example, and
+malformed requests answered with the server's errors while the image stays as it was."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
+from test_mind import responder
+
+from graph import cycle
+from graph.boot import open_image
+from graph.bridge import MAX_BODY_BYTES, PROTOCOL, Bridge
+from graph.cli import main
+from graph.mind import MindServices
+from store.image import LivingImage
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def image() -> Iterator[LivingImage]:
+    living = open_image("memory://")
+    yield living
+    living.close()
+
+
+@pytest.fixture
+def bridge(image: LivingImage) -> Iterator[Bridge]:
+    services = MindServices(
+        models=FakeModels(responder()), router=FakeRouter(("ROBIN",)), embedder=FakeEmbedder()
+    )
+    server = Bridge(image, "tcp://127.0.0.1:*", services)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    assert server.bound.wait(10) and server.endpoint.startswith("tcp://127.0.0.1:")
+    yield server
+    server.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.fixture
+def client(bridge: Bridge) -> Iterator[zmq.Socket]:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(bridge.endpoint)
+    yield socket
+    socket.close()
+
+
+def request(text: str = "hello there", **body: Any) -> dict[str, Any]:
+    return {"input": {"messages": [{"role": "user", "content": text}]}, **body}
+
+
+def send(socket: zmq.Socket, request_id: bytes, body: Any) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    socket.send_multipart([PROTOCOL, request_id, data])
+
+
+def replies(socket: zmq.Socket, wanted: set[bytes]) -> dict[bytes, list[tuple[str, dict]]]:
+    """Every reply until each wanted request ended (``result`` or ``error``)."""
+    got: dict[bytes, list[tuple[str, dict]]] = {rid: [] for rid in wanted}
+    open_ = set(wanted)
+    while open_:
+        assert socket.poll(30_000), f"no reply for {open_}"
+        rid, kind, data = socket.recv_multipart()
+        got[rid].append((kind.decode(), json.loads(data)))
+        if kind in (b"result", b"error"):
+            open_.discard(rid)
+    return got
+
+
+def test_a_streamed_conversation_through_the_bridge(bridge, client, image) -> None:
+    send(client, b"r1", request("hello there", thread_id="kitchen"))
+    frames = replies(client, {b"r1"})[b"r1"]
+    kinds = [kind for kind, _ in frames]
+    assert kinds[0] == "accepted" and kinds[-1] == "result"
+    assert [d["node"] for k, d in frames if k == "update"] == [
+        "route",
+        "synthesize",
+        "gate",
+        "complete",
+    ]
+    result = frames[-1][1]
+    assert result["status"] == "COMPLETE" and result["thread_id"] == "kitchen"
+    tokens = "".join(d["text"] for k, d in frames if k == "token" and d["node"] == "synthesize")
+    assert tokens == result["response"] == "About hello there: here is the answer."
+    with image.read() as root:
+        assert cycle.get(root, result["cycle"])["status"] == "COMPLETE"
+
+    send(client, b"r2", request("and again", thread_id="kitchen"))
+    second = replies(client, {b"r2"})[b"r2"][-1][1]
+    assert second["status"] == "COMPLETE" and second["cycle"] != result["cycle"]
+    state = bridge.graph.get_state({"configurable": {"thread_id": "kitchen"}}).values
+    assert [m.type for m in state["messages"]] == ["human", "ai", "human", "ai"]
+
+
+def test_requests_in_flight_side_by_side_each_get_their_own_replies(bridge, client) -> None:
+    wanted = {f"q{n}".encode() for n in range(6)}
+    for rid in sorted(wanted):
+        send(client, rid, request(f"question number {rid.decode()}"))
+    got = replies(client, wanted)
+    for rid, frames in got.items():
+        result = frames[-1][1]
+        assert result["status"] == "COMPLETE"
+        assert f"question number {rid.decode()}" in result["response"]
+    assert len({frames[-1][1]["thread_id"] for frames in got.values()}) == 6
+
+
+def test_a_req_socket_is_answered_too(bridge) -> None:
+    socket = zmq.Context.instance().socket(zmq.REQ)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(bridge.endpoint)
+    try:
+        send(socket, b"only", request("hi"))
+        assert socket.poll(30_000)
+        rid, kind, data = socket.recv_multipart()  # a REQ socket reads one reply per request
+        assert (rid, kind) == (b"only", b"accepted") and json.loads(data)["thread_id"]
+    finally:
+        socket.close()
+
+
+MALFORMED = [
+    ("not-json", b"{not json", "GraphRequestError", "the request body is not JSON"),
+    ("a-list", b"[1, 2]", "GraphRequestError", "a JSON list, not an object"),
+    ("no-input", {"context": {}}, "GraphRequestError", "the request has no 'input'"),
+    ("extra-field", request(graph="jit"), "GraphRequestError", "unknown request field(s): 'graph'"),
+    ("input-a-string", {"input": "hello"}, "GraphRequestError", "'input' must be a JSON object"),
+    ("bad-thread", request(thread_id="../etc"), "MindError", "thread id '../etc' is malformed"),
+    (
+        "bad-message",
+        {"input": {"messages": [{"role": "robot", "content": "x"}]}},
+        "GraphRequestError",
+        "the messages are malformed",
+    ),
+    ("nested", b"[" * 100_000, "GraphRequestError", "nested too deeply"),
+    ("huge", b" " * (MAX_BODY_BYTES + 1), "GraphRequestError", "the bridge accepts 1,048,576"),
+]
+
+
+def test_malformed_requests_get_the_servers_errors_and_change_nothing(
+    bridge, client, image
+) -> None:
+    before = image_digest(image.db, exclude=("checkpoints",))
+    for name, body, error, message in MALFORMED:
+        send(client, name.encode(), body)
+        frames = replies(client, {name.encode()})[name.encode()]
+        kind, payload = frames[-1]
+        assert kind == "error", (name, frames)
+        assert payload["error"] == error and message in payload["message"], (name, payload)
+        assert payload["hint"], name
+    client.send_multipart([b"HTTP/1.1", b"x", b"{}"])
+    kind, payload = replies(client, {b"x"})[b"x"][-1]
+    assert kind == "error" and "starting with BATOS/1" in payload["message"]
+    assert image_digest(image.db, exclude=("checkpoints",)) == before
+
+
+def test_a_request_the_mind_cannot_answer_ends_failed_with_its_reason(bridge, client) -> None:
+    send(client, b"p", request("hi", context={"persona": "joker"}))
+    result = replies(client, {b"p"})[b"p"][-1][1]
+    assert result["status"] == "FAILED"
+    assert "unknown persona 'joker'" in result["failure"]["reason"]
+    assert "ROBIN" in result["failure"]["hint"]
+
+
+def test_the_readme_client_example_talks_to_the_bridge(bridge, capsys) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bridge_client", REPO / "examples" / "bridge_client.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    code = example.ask(
+        bridge.endpoint, "hello there", persona="robin", thread_id=None, timeout_s=30
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.strip() == "About hello there: here is the answer."
+    assert "[complete]" in err
+
+
+def test_the_bridge_binds_to_loopback_only(capsys) -> None:
+    assert main(["--image", "memory://", "bridge", "--bind", "tcp://0.0.0.0:5555"]) == 1
+    err = capsys.readouterr().err
+    assert "loopback only" in err and "ssh -L" in err

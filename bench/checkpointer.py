@@ -7,9 +7,14 @@ thread of N, and whole runs of a 10-node graph. In each round every workload run
 slices, the savers taking turns slice by slice (first saver rotating per round), so that all
 of them see the same drift of the disk's sync latency. The table shows the median of the rounds and
 ratios to the SQLite saver and, for graph runs, to InMemorySaver; JSON goes to bench/results/.
+Where a sync costs milliseconds it dominates every durable saver; where it is cheap (tmpfs) the
+savers' CPU shows. So the files go in ``--dir`` (default: the system's temporary folder), and the
+median latency of a 4 KiB write + fsync there is measured before and after the run and printed
+beside the figures, with the load average.
 
-    python bench/checkpointer.py            # full sizes, 5 rounds
-    python bench/checkpointer.py --quick    # small sizes, for a smoke run
+    python bench/checkpointer.py                     # full sizes, 5 rounds, on the temp disk
+    python bench/checkpointer.py --dir /dev/shm      # where a sync costs next to nothing
+    python bench/checkpointer.py --quick             # small sizes, for a smoke run
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import json
 import operator
+import os
 import sqlite3
 import statistics
 import sys
@@ -186,10 +192,35 @@ class Bench:
         return n["graph"], arun if "async" in name else run
 
 
-async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, list[float]]]:
-    """{saver: {workload: [ops/s of each round]}}."""
+def sync_latency_ms(folder: Path, samples: int = 50) -> float:
+    """Median milliseconds of a 4 KiB write followed by fsync of the file, in ``folder``."""
+    path = folder / "fsync-probe"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        block = os.urandom(4096)
+        for _ in range(samples):
+            start = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times) * 1e3
+
+
+def load() -> str:
+    return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+async def measure(
+    sizes: dict[str, int], rounds: int, where: Path | None
+) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
+    """({saver: {workload: [ops/s of each round]}}, [sync latency in ms before, after])."""
     samples: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        sync_ms = [sync_latency_ms(Path(tmp))]
         bench = Bench(Path(tmp), sizes)
         await bench.open()
         try:
@@ -216,10 +247,11 @@ async def measure(sizes: dict[str, int], rounds: int) -> dict[str, dict[str, lis
                     for name in names:
                         rate = ops // size * size / spent[name]
                         samples.setdefault(name, {}).setdefault(workload, []).append(rate)
-                print(f"round {round_ + 1}/{rounds} done", file=sys.stderr)
+                print(f"round {round_ + 1}/{rounds} done ({load()})", file=sys.stderr)
         finally:
             await bench.close()
-    return samples
+        sync_ms.append(sync_latency_ms(Path(tmp)))
+    return samples, sync_ms
 
 
 def medians(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -257,21 +289,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds; medians are shown")
+    parser.add_argument(
+        "--dir", type=Path, help="folder for the databases (default: the system's temp folder)"
+    )
     args = parser.parse_args()
     sizes = (
         {"cycles": 50, "list": 200, "listings": 10, "graph": 20}
         if args.quick
         else {"cycles": 500, "list": 1000, "listings": 20, "graph": 200}
     )
-    samples = asyncio.run(measure(sizes, args.rounds))
+    where = args.dir.resolve() if args.dir else Path(tempfile.gettempdir())
+    before = load()
+    samples, sync_ms = asyncio.run(measure(sizes, args.rounds, args.dir))
     results = medians(samples)
     print(f"sizes: {sizes}, rounds: {args.rounds}")
+    print(
+        f"databases in {where}: 4 KiB write + fsync {sync_ms[0]:.3f} ms before the run, "
+        f"{sync_ms[1]:.3f} ms after (median of 50); {before} at the start, {load()} at the end"
+    )
     print(table(results))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "checkpointer.json"
     out.write_text(
         json.dumps(
-            {"sizes": sizes, "rounds": args.rounds, "medians": results, "samples": samples},
+            {
+                "sizes": sizes,
+                "rounds": args.rounds,
+                "dir": str(where),
+                "sync_ms": sync_ms,
+                "load": [before, load()],
+                "medians": results,
+                "samples": samples,
+            },
             indent=2,
         )
     )

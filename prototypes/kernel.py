@@ -35,7 +35,7 @@ from batos.errors import (
 from prototypes import guardian, sandbox
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
-from prototypes.uvm import Method, UvmObject, set_dnu_handler
+from prototypes.uvm import Method, UvmObject, restore_state, set_dnu_handler
 
 log = logging.getLogger("batos.kernel")
 
@@ -84,7 +84,7 @@ def _short(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
 def intent_for(receiver: UvmObject, selector: str) -> tuple[str, UvmObject | None]:
     """The declared intent of ``selector`` and the object declaring it (None: the codex)."""
     for holder in (receiver, *receiver._ancestors()):
-        intents = holder.__dict__.get("intents")
+        intents = holder._own_slot("intents")
         if isinstance(intents, Mapping) and selector in intents:
             return str(intents[selector]), holder
     for spec in load_codex().personas.values():
@@ -96,7 +96,7 @@ def intent_for(receiver: UvmObject, selector: str) -> tuple[str, UvmObject | Non
 def author_for(receiver: UvmObject) -> str:
     """The persona whose model writes the receiver's methods: its own, else BRICK."""
     for holder in (receiver, *receiver._ancestors()):
-        name = holder.__dict__.get("name")
+        name = holder._own_slot("name")
         if isinstance(name, str) and name.upper() in PERSONAS:
             return name.upper()
     return DEFAULT_AUTHOR
@@ -151,7 +151,7 @@ class _Snapshot:
 
         self.saved = []
         for obj in objects:
-            state = {k: v for k, v in obj.__dict__.items() if not k.startswith("_v_")}
+            state = obj.__getstate__()  # own slots only: no volatile or borrowed entries
             state = {
                 k: v if isinstance(v, persistent.Persistent) else copy.deepcopy(v)
                 for k, v in state.items()
@@ -160,11 +160,7 @@ class _Snapshot:
 
     def rollback(self) -> None:
         for obj, state in self.saved:
-            obj.__dict__.clear()
-            obj.__dict__.update(state)
-        from prototypes import uvm
-
-        uvm._bump_epoch()
+            restore_state(obj, state)
 
 
 def current_transaction(obj: UvmObject) -> Any | None:

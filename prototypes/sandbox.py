@@ -758,7 +758,7 @@ def slot_digests(obj: UvmObject) -> dict[str, str]:
     """A digest of each own data slot of ``obj``, to see which ones a call changed."""
     obj._p_activate()
     digests = {}
-    for name, value in obj.__dict__.items():
+    for name, value in obj.__getstate__().items():  # own slots, never borrowed answers
         if name.startswith("_"):
             continue
         try:

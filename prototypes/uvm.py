@@ -13,21 +13,23 @@ Lookup order (``obj.name``):
      harmless. The nearest definition wins; among equally near ones, the earlier parent slot.
 A method found anywhere runs with ``self`` bound to the *receiver*, not to the holder.
 
-Lookups are cached: what a receiver found for an inherited name (the value, or the method
-bound to it) stays in a class-level table, so a repeated delegated read costs one dict lookup.
-Each entry is forgotten exactly when something it depended on changes — the *path* its lookup
-walked: the receiver, every ancestor visited before the holder, the holder, and the method record
-found. Every object on a path knows (in its volatile ``_v_deps``) which receivers' entries of
-which names passed through it, so:
-  * writing or removing slot ``n`` of an object forgets the entries for ``n`` through it;
-  * writing or removing a parent slot forgets every entry through the object (its ancestors,
+Lookups are cached in the receiver itself: what it found for a name it does not hold (the
+value, or the method bound to it) is *borrowed* into its ``__dict__`` under that name, listed in
+its volatile ``_v_borrowed``, so a repeated delegated read or send is an ordinary attribute read,
+as fast as a local slot. Borrowed names are never stored (``__getstate__`` leaves them out), never
+counted as own slots, and never answer another object's lookup. Each is forgotten exactly when
+something it depended on changes — the *path* its lookup walked: the receiver, every ancestor
+visited before the holder, the holder, and the method record found. Every object on a path knows
+(in its volatile ``_v_deps``) which receivers' lookups of which names passed through it, so:
+  * writing or removing slot ``n`` of an object forgets the lookups of ``n`` through it;
+  * writing or removing a parent slot forgets every lookup through the object (its ancestors,
     and so every descendant's, may now be others);
-  * editing a method's source, selector or compiler forgets the entries that bound it;
+  * editing a method's source, selector or compiler forgets the lookups that bound it;
   * loading, invalidating (another connection's or process's commit, an abort, a savepoint
-    rollback) or ghosting an object forgets every entry through it, before its state goes.
-A write elsewhere leaves an entry alone. A lookup marks its path before it caches, and caches
-nothing if any change was made while it ran (``_changes``), so a change racing with it in
-another thread never leaves a stale entry. Ancestor lists are cached per receiver until a
+    rollback) or ghosting an object forgets every lookup through it, before its state goes.
+A write elsewhere leaves a borrowed name alone. A lookup marks its path before it borrows, and
+borrows nothing if any change was made while it ran (``_changes``), so a change racing with it in
+another thread never leaves a stale answer. Ancestor lists are cached per receiver until a
 parent slot may have changed (``_lineage``).
 
 Names starting with ``_`` are private: they never delegate and never reach
@@ -47,7 +49,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import inspect
 import io
 import pickle
 import threading
@@ -104,6 +105,7 @@ def register_compiler(name: str, compiler: Callable[[str, str], Callable[..., An
     _COMPILERS[name] = compiler
 
 
+_persistent_setattr = persistent.Persistent.__setattr__
 _GHOST = persistent.GHOST
 _UPTODATE = persistent.UPTODATE
 #: Bumped when the parent structure may have changed — a parent slot written or removed, an
@@ -114,43 +116,48 @@ _lineage = 0
 #: place of another, invalidated or dropped, a method edited): a lookup that saw it move while
 #: it ran caches nothing, since it may have read the state from before.
 _changes = 0
-#: Guards the delegation caches: the caches of the one class are filled and emptied from every
-#: thread that has a ZODB connection, and an entry must not be cached after a change's forget.
+#: Guards borrowing and forgetting: objects of one connection are read from its thread, but a
+#: borrowed name must never be written after a change's forget has looked for it.
 _cache_lock = threading.Lock()
-#: Every delegation descriptor by name, to find an entry's cache when an object forgets it.
-_delegations: dict[str, _Delegation] = {}
 _IDENTITY_HASH = object.__hash__
-#: Entries one name's cache may hold. Entries live until their path changes, and hold their
-#: receivers (and so the objects of a database closed meanwhile): past this many the name's
-#: cache starts afresh, which costs re-resolving and never an answer.
-CACHE_LIMIT = 100_000
 
 
-def _bump_epoch(*, lineage: bool = True) -> None:
-    """Forget every cached lookup, and unless ``lineage`` is False, cached ancestor lists too.
+def _is_own(state: dict[str, Any], name: str) -> bool:
+    """Whether ``name`` is an own slot in the object state ``state`` (not a borrowed answer)."""
+    if name not in state:
+        return False
+    borrowed = state.get("_v_borrowed")
+    return not borrowed or name not in borrowed
 
-    For changes made behind the slot protocol (a ``__dict__`` restored in place); the
-    marks left on objects then name entries that are gone, which is harmless (see ``_drop``).
-    """
-    global _lineage, _changes
-    with _cache_lock:
-        _changes += 1
-        if lineage:
-            _lineage += 1
-        for delegation in _delegations.values():
-            delegation.cache.clear()
+
+def _own_items(state: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The own (public and private) entries of an object state, borrowed names left out."""
+    borrowed = state.get("_v_borrowed") or ()
+    return [(k, v) for k, v in state.items() if k not in borrowed]
+
+
+def restore_state(obj: persistent.Persistent, state: dict[str, Any]) -> None:
+    """Replace ``obj``'s ``__dict__`` with ``state`` behind the slot protocol (a rollback of
+    objects outside any database), forgetting every lookup that passed through it."""
+    _forget_all(obj)
+    obj.__dict__.clear()
+    obj.__dict__.update(state)
+    _changed(lineage=True)
 
 
 def _drop(name: str, receivers: set[UvmObject]) -> None:
-    """Remove the cached lookups of ``name`` by ``receivers``.
+    """Take back what ``receivers`` borrowed for ``name`` (under the lock).
 
-    The marks they left on the other objects of their paths stay: a mark without an entry, or
-    on an object a receiver's lookup no longer passes, only ever costs a spare miss, and
-    leaving them makes forgetting and re-marking (the path is usually the same) cheap.
+    The marks they left on the other objects of their paths stay: a mark without a borrowed
+    name, or on an object a receiver's lookup no longer passes, only ever costs a spare miss,
+    and leaving them makes forgetting and re-marking (the path is usually the same) cheap.
     """
-    cache = _delegations[name].cache
     for receiver in receivers:
-        cache.pop(receiver, None)
+        state = receiver.__dict__
+        borrowed = state.get("_v_borrowed")
+        if borrowed and name in borrowed:
+            borrowed.discard(name)
+            state.pop(name, None)
 
 
 def _forget(obj: persistent.Persistent, name: str) -> None:
@@ -303,120 +310,72 @@ def _resolve(receiver: UvmObject, name: str) -> tuple[Any, tuple[persistent.Pers
 
     A data slot comes back as its value, a method bound to the receiver; _MISSING if no
     holder has it. The path is the receiver, the ancestors visited before the holder, the
-    holder, and for a method its record: what a cached answer depends on. Never generative.
+    holder, and for a method its record: what a borrowed answer depends on. Never generative.
     """
     chain = (receiver, *receiver._ancestors())
     for index, holder in enumerate(chain):
         state = holder.__dict__
         if holder is not receiver and name in state:
-            return state[name], chain[: index + 1]
+            # An ancestor's borrowed answer is not its slot: using it would leave this
+            # receiver unmarked on the rest of that ancestor's path.
+            borrowed = state.get("_v_borrowed")
+            if not borrowed or name not in borrowed:
+                return state[name], chain[: index + 1]
         method = state["_methods"].get(name)
         if method is not None:
             return types.MethodType(method.function(), receiver), (*chain[: index + 1], method)
     return _MISSING, ()
 
 
-class _Delegation:
-    """The class-level descriptor for a public name some object inherited, and its cache.
+def _borrow(
+    obj: UvmObject, name: str, found: Any, path: tuple[persistent.Persistent, ...], seen: int
+) -> None:
+    """Keep what ``obj`` found for ``name`` in its own ``__dict__``, unless something changed
+    since ``seen`` (its lookup began).
 
-    It is a non-data descriptor, so an own data slot still wins (the instance ``__dict__``
-    comes before it) and local reads stay plain attribute reads. Its ``cache`` maps each
-    receiver that read the name to what it saw — the slot value, or the method bound to it —
-    so a repeated delegated read or send is one dict lookup in ``__get__``, about the least
-    Python can run there (a plain dict in a slot: a dict subclass would cost a fifth more).
-    An entry is removed when an object on its path changes (see the module docstring), and a
-    receiver is referenced until then. Keys are the receivers themselves: UvmObjects hash by
-    identity (a subclass that does not is simply never cached). Never persisted: only the
-    shared class holds it.
+    Every object on the lookup's ``path`` is marked first, so a change made after the check
+    below finds the borrowed name to forget (see ``_forget``). Receivers that do not hash by
+    identity (a subclass defining ``__eq__``) cannot be marked, and borrow nothing.
     """
-
-    __slots__ = ("name", "cache")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.cache: dict[UvmObject, Any] = {}
-
-    def __get__(self, obj: UvmObject | None, owner: type | None = None) -> Any:
-        try:
-            return self.cache[obj]
-        except (KeyError, TypeError):  # not cached (TypeError: an unhashable subclass)
-            return self._miss(obj)
-
-    def _miss(self, obj: UvmObject | None) -> Any:
-        if obj is None:
-            return self
-        name = self.name
-        state = obj.__dict__
-        if not state:  # a ghost: load it, then its own slot may answer
-            obj._p_activate()
-            state = obj.__dict__
-            if name in state:
-                return state[name]
-        seen = _changes
-        found, path = _resolve(obj, name)
-        if found is _MISSING:
-            raise AttributeError(name)  # __getattr__ takes over: doesNotUnderstand
-        self.remember(obj, found, path, seen)
-        return found
-
-    def remember(
-        self, obj: UvmObject, found: Any, path: tuple[persistent.Persistent, ...], seen: int
-    ) -> None:
-        """Cache what ``obj`` saw, unless something changed since ``seen`` (its lookup began).
-
-        Every object on the lookup's ``path`` is marked first, so a change made after the
-        check below finds the entry to forget (see ``_forget``).
-        """
-        if type(obj).__hash__ is not _IDENTITY_HASH:
+    if type(obj).__hash__ is not _IDENTITY_HASH or name[-1:] == "*":
+        return  # a parent slot is never borrowed: the receiver's own parents define its lineage
+    for holder in path:
+        # A path object turned ghost while the lookup ran (a compiler's code may run
+        # anything) has lost its marks: nothing would forget this answer.
+        if holder._p_state == _GHOST:
             return
-        name = self.name
-        for holder in path:
-            # A path object turned ghost while the lookup ran (a compiler's code may run
-            # anything) has lost its marks: nothing would forget this entry.
-            if holder._p_state == _GHOST:
-                return
-            state = holder.__dict__
-            deps = state.get("_v_deps")
-            if deps is None:
-                state["_v_deps"] = {name: {obj}}
+        state = holder.__dict__
+        deps = state.get("_v_deps")
+        if deps is None:
+            state["_v_deps"] = {name: {obj}}
+        else:
+            marked = deps.get(name)
+            if marked is None:
+                deps[name] = {obj}
             else:
-                marked = deps.get(name)
-                if marked is None:
-                    deps[name] = {obj}
-                else:
-                    marked.add(obj)
-        with _cache_lock:
-            if seen != _changes:
-                return
-            if len(self.cache) >= CACHE_LIMIT:
-                self.cache.clear()  # the marks left behind only ever cost a spare miss
-            self.cache[obj] = found
-
-
-def _install_delegation(name: str) -> _Delegation | None:
-    """The delegation descriptor for ``name`` (created on first use); None if the class owns it."""
-    existing = UvmObject.__dict__.get(name)
-    if existing is None and not hasattr(UvmObject, name):
-        existing = _Delegation(name)
-        with _cache_lock:
-            _delegations[name] = existing
-        setattr(UvmObject, name, existing)
-    return existing if isinstance(existing, _Delegation) else None
+                marked.add(obj)
+    with _cache_lock:
+        if seen != _changes:
+            return
+        state = obj.__dict__
+        if name in state:  # an own slot written meanwhile answers from now on
+            return
+        borrowed = state.get("_v_borrowed")
+        if borrowed is None:
+            state["_v_borrowed"] = {name}
+        else:
+            borrowed.add(name)
+        state[name] = found
 
 
 @functools.cache
 def _answered_by_class(cls: type) -> frozenset[str]:
-    """Public names the class answers itself (``clone``…), never delegation descriptors.
+    """Public names the class answers itself (``clone``…).
 
     A slot of such a name could be stored but never reached: the class attribute would be
     found before the parent chain (for methods, before the object's own slot too).
     """
-    return frozenset(
-        name
-        for name in dir(cls)
-        if not name.startswith("_")
-        and not isinstance(inspect.getattr_static(cls, name), _Delegation)
-    )
+    return frozenset(name for name in dir(cls) if not name.startswith("_"))
 
 
 class _ClonePickler(pickle.Pickler):
@@ -475,8 +434,8 @@ class UvmObject(_Tracked):
     # -- lookup ---------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        # Reached when the receiver's __dict__ lacks ``name`` (or is a ghost's) and no
-        # delegating descriptor for ``name`` exists yet, or that descriptor found nothing.
+        # Reached when the receiver's __dict__ lacks ``name``: neither an own slot nor a
+        # borrowed answer (or the receiver is a ghost).
         if self._p_state == _GHOST:
             self._p_activate()
             return getattr(self, name)
@@ -485,9 +444,7 @@ class UvmObject(_Tracked):
         seen = _changes
         found, path = _resolve(self, name)
         if found is not _MISSING:
-            delegation = _install_delegation(name)
-            if delegation is not None:
-                delegation.remember(self, found, path, seen)
+            _borrow(self, name, found, path, seen)
             return found
         return self._does_not_understand(name)
 
@@ -537,9 +494,10 @@ class UvmObject(_Tracked):
             return None
         self._p_activate()
         for holder in (self, *self._ancestors()):
-            if name in holder.__dict__:
-                return holder, holder.__dict__[name]
-            method = holder.__dict__["_methods"].get(name)
+            state = holder.__dict__
+            if _is_own(state, name):
+                return holder, state[name]
+            method = state["_methods"].get(name)
             if method is not None:
                 return holder, method
         return None
@@ -563,7 +521,12 @@ class UvmObject(_Tracked):
                 hint=f"choose another name (these are taken: "
                 f"{', '.join(sorted(_answered_by_class(type(self))))})",
             )
-        methods = self._methods
+        methods = self._methods  # loads a ghost
+        state = self.__dict__
+        borrowed = state.get("_v_borrowed")
+        if borrowed and name in borrowed:
+            with _cache_lock:  # from now on an own slot: the forget below must not take it
+                borrowed.discard(name)
         try:
             if isinstance(value, Method):
                 if name != value.selector:
@@ -571,15 +534,18 @@ class UvmObject(_Tracked):
                         f"method {value.selector!r} cannot be stored in slot {name!r}",
                         hint=f"store it as obj.{value.selector} = method",
                     )
-                self.__dict__.pop(name, None)
+                state.pop(name, None)
                 methods[name] = value
                 self._p_changed = True
                 return
             if name in methods:
                 del methods[name]
-            persistent.Persistent.__setattr__(self, name, value)
+            _persistent_setattr(self, name, value)
         finally:
-            self._changed_slot(name)
+            if name[-1:] == "*" or "_v_deps" in state:
+                self._changed_slot(name)
+            else:  # nothing was looked up through this object: only note the change
+                _changed()
 
     def __delattr__(self, name: str) -> None:
         if name.startswith("_"):
@@ -591,7 +557,7 @@ class UvmObject(_Tracked):
         if name in self._methods:
             del self._methods[name]
             self._p_changed = True
-        elif name in self.__dict__:
+        elif _is_own(self.__dict__, name):
             persistent.Persistent.__delattr__(self, name)
         else:
             raise AttributeError(f"{self!r} has no own slot {name!r} to remove")
@@ -612,7 +578,7 @@ class UvmObject(_Tracked):
     def _slots(self) -> dict[str, Any]:
         """The receiver's own slots (data, parents and methods), without private names."""
         self._p_activate()
-        own = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        own = {k: v for k, v in _own_items(self.__dict__) if not k.startswith("_")}
         own.update(self._methods)
         return own
 
@@ -634,16 +600,32 @@ class UvmObject(_Tracked):
         self._p_activate()
         twin = self.__class__.__new__(self.__class__)
         twin._methods = {name: m.copy() for name, m in self._methods.items()}
-        own = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        own = {k: v for k, v in _own_items(self.__dict__) if not k.startswith("_")}
         for name, value in _copied(self, own).items():
             setattr(twin, name, value)
         for name, value in overrides.items():
             setattr(twin, name, value)
         return twin
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = persistent.Persistent.__getstate__(self)
+        borrowed = self.__dict__.get("_v_borrowed")
+        if borrowed:  # answers of other objects' slots: never part of this object's record
+            for name in borrowed:
+                state.pop(name, None)
+        return state
+
+    def _own_slot(self, name: str, default: Any = None) -> Any:
+        """The receiver's own slot ``name`` (data or method), never an inherited one."""
+        self._p_activate()
+        state = self.__dict__
+        if _is_own(state, name):
+            return state[name]
+        return state["_methods"].get(name, default)
+
     def __repr__(self) -> str:
         self._p_activate()
-        name = self.__dict__.get("name")
+        name = self.__dict__.get("name") if _is_own(self.__dict__, "name") else None
         oid = self._p_oid
         where = f" oid={int.from_bytes(oid, 'big'):#x}" if oid else ""
         label = f" {name[:60]!r}" if isinstance(name, str) else ""

@@ -261,7 +261,10 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     @contextmanager
     def _reading(self) -> Iterator[CheckpointTree]:
         with self._pool.connection() as conn:
-            conn.transaction_manager.begin()
+            # Catch up with the storage (what begin() does for a connection) without a
+            # transaction: a read needs none, and an accidental write then raises
+            # NoTransaction instead of committing anything.
+            conn.newTransaction(None)
             yield conn.root()[CHECKPOINTS_KEY]
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:

@@ -55,7 +55,6 @@ def retry(
     it opened). When the budget is spent, ``TransactionFailed`` says how often ``what``
     conflicted, with ``hint``; any other exception propagates at once.
     """
-    budget = settings.get_float("tx_retry_seconds") if seconds is None else seconds
     started = time.monotonic()
     tries = 0
     while True:
@@ -64,6 +63,9 @@ def retry(
             return attempt()
         except TransientError as exc:
             metrics.count("transaction_conflicts")
+            # Read only now: most transactions never conflict, and a settings lookup on
+            # every one cost a checkpoint put a tenth of its CPU.
+            budget = settings.get_float("tx_retry_seconds") if seconds is None else seconds
             elapsed = time.monotonic() - started
             wait = pause(tries)
             if elapsed + wait > budget:

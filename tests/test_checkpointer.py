@@ -729,3 +729,19 @@ async def test_factory_reads_the_image_setting(
     monkeypatch.setenv("BATOS_IMAGE", file_uri)
     async with generate_checkpointer() as saver:
         assert saver.image.uri == file_uri
+
+
+def test_reads_see_other_writers_without_a_transaction_of_their_own(file_uri: str) -> None:
+    from transaction.interfaces import NoTransaction
+
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as reader:
+        graph = chain_graph(reader)
+        graph.invoke({"n": 0, "log": []}, cfg("t"))
+        assert reader.get_tuple(cfg("t")).checkpoint["channel_values"]["n"] == 3  # now cached
+        with ZODBSaver(image) as writer:  # another pool: its own connections
+            chain_graph(writer).invoke({"n": 10, "log": []}, cfg("t"))
+        assert reader.get_tuple(cfg("t")).checkpoint["channel_values"]["n"] == 13
+        before = written(reader)
+        with pytest.raises(NoTransaction), reader._reading() as tree:
+            tree.threads["t"].created = 0.0  # a read that tried to change the image
+        assert written(reader) == before

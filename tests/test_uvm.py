@@ -365,8 +365,8 @@ def test_receiver_turned_ghost_then_given_own_slot_elsewhere(tmp_path):
 
 
 def _cached(receiver, name):
-    """Whether ``receiver``'s lookup of ``name`` is held by its class-level cache."""
-    return receiver in UvmObject.__dict__[name].cache
+    """Whether ``receiver`` holds its lookup of ``name`` as a borrowed answer."""
+    return name in receiver.__dict__.get("_v_borrowed", ()) and name in receiver.__dict__
 
 
 def test_a_write_elsewhere_keeps_cached_lookups():
@@ -554,3 +554,66 @@ def test_a_change_from_another_process_through_zeo_is_seen(tmp_path):
         assert child.v == "from another process"
         assert _cached(other, "w")
         db.close()
+
+
+# -- borrowed answers: a lookup kept in the receiver is never one of its slots ---------------
+
+
+def test_a_borrowed_answer_is_never_stored_or_counted_as_own(tmp_path):
+    db = _reopen(tmp_path / "b.fs")
+    conn = db.open()
+    proto = conn.root()["p"] = UvmObject(v="inherited")
+    proto.m = Method("m", "def m(self):\n    return self.v\n")
+    child = conn.root()["c"] = UvmObject(proto)
+    transaction.commit()
+    assert (child.v, child.m()) == ("inherited", "inherited")
+    assert _cached(child, "v") and _cached(child, "m")
+    assert set(child._slots()) == {"parent*"}
+    assert "v" not in child.__getstate__() and "m" not in child.__getstate__()
+    assert child._lookup("v") == (proto, "inherited")
+    assert "v" not in child.clone()._slots()
+    with pytest.raises(AttributeError, match="no own slot 'v'"):
+        del child.v
+    child.note = 1  # the record written now holds the own slot only
+    transaction.commit()
+    db.close()
+    db = _reopen(tmp_path / "b.fs")
+    child = db.open().root()["c"]
+    child._p_activate()
+    assert set(child.__dict__) - {"_methods", "_v_deps"} == {"parent*", "note"}
+    assert child.v == "inherited"
+    db.close()
+
+
+def test_an_own_write_over_a_borrowed_answer_stays():
+    proto = UvmObject(v="inherited")
+    child = UvmObject(proto)
+    assert child.v == "inherited"
+    child.v = "own"  # forgets the borrowed answer, and must not take the own slot with it
+    assert child.v == "own" and not _cached(child, "v")
+    proto.v = "changed"
+    assert child.v == "own"
+    del child.v
+    assert child.v == "changed"
+
+
+def test_an_ancestors_borrowed_answer_never_answers_a_descendant():
+    top = UvmObject(v=1)
+    middle = UvmObject(top)
+    assert middle.v == 1  # middle borrows v from top
+    low = UvmObject(middle)
+    assert low.v == 1  # found in top, through middle: low is marked on top too
+    top.v = 2
+    assert (low.v, middle.v) == (2, 2)
+
+
+def test_a_rollback_outside_any_database_forgets_borrowed_answers():
+    from prototypes.kernel import _Snapshot
+
+    proto = UvmObject(v="before")
+    child = UvmObject(proto)
+    snapshot = _Snapshot([proto])
+    proto.v = "during"
+    assert child.v == "during"  # borrowed while the change stands
+    snapshot.rollback()
+    assert child.v == "before"

@@ -14,6 +14,14 @@ from prototypes.uvm import UvmObject
 from store.image import LivingImage
 
 GOOD = "Here it is:\n```python\ndef double(self, x):\n    return x * 2 + self.bias\n```\n"
+#: An examples reply with none: the drafts are then judged by agreement alone.
+NO_EXAMPLES = '{"examples": []}'
+
+
+@pytest.fixture(autouse=True)
+def one_draft(monkeypatch):
+    """One draft per first round unless a test asks for more (replies are scripted)."""
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
 
 
 @pytest.fixture
@@ -31,9 +39,10 @@ def enabled():
 def test_graph_is_exported_for_langgraph_json() -> None:
     assert set(jit.graph.get_graph().nodes) >= {
         "brief",
+        "examples",
         "draft",
-        "audit",
-        "trial",
+        "check",
+        "choose",
         "install",
         "invoke",
         "fail",
@@ -54,11 +63,12 @@ def test_a_reply_gives_only_its_imports_and_the_method() -> None:
 
 
 def test_unknown_message_is_written_installed_and_answered(image, enabled) -> None:
-    model = ScriptedChatModel().enqueue(GOOD)
+    model = ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD)
     jit.enable(model)
     assert image.transact(lambda root: root["o"].double(5)) == 11
-    assert model.calls == 1
-    prompt = model.history[0][-1].content
+    assert model.calls == 2
+    assert "Write 4 examples" in model.history[0][-1].content
+    prompt = model.history[1][-1].content
     assert "self.double(5)" in prompt and "'bias': '1'" in prompt
     with image.read() as root:
         assert root["o"].double(2) == 5  # installed: no model call now
@@ -66,17 +76,18 @@ def test_unknown_message_is_written_installed_and_answered(image, enabled) -> No
 
 def test_retries_feed_findings_back_to_the_model(image, enabled) -> None:
     model = ScriptedChatModel().enqueue(
-        "```python\ndef double(self, x):\n    return self.__dict__\n```", GOOD
+        NO_EXAMPLES, "```python\ndef double(self, x):\n    return self.__dict__\n```", GOOD
     )
     jit.enable(model, attempts=2)
     assert image.transact(lambda root: root["o"].double(1)) == 3
-    retry_prompt = model.history[1][-1].content
+    retry_prompt = model.history[2][-1].content
     assert "rejected" in retry_prompt and "'__dict__'" in retry_prompt
 
 
 def test_failure_raises_with_every_finding_and_changes_nothing(image, enabled) -> None:
     before = image_digest(image.db)
     model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
         "```python\nimport os\ndef double(self, x):\n    return os.getcwd()\n```",
         "```python\ndef double(self, x):\n    while True:\n        pass\n```",
     )
@@ -90,7 +101,7 @@ def test_failure_raises_with_every_finding_and_changes_nothing(image, enabled) -
 
 
 async def test_async_entry_point(image) -> None:
-    model = ScriptedChatModel().enqueue(GOOD)
+    model = ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD)
     with image.connection() as conn:
         conn.transaction_manager.begin()
         obj = conn.root()["o"]
@@ -107,12 +118,13 @@ def test_stateful_intent_from_the_slot(image, enabled) -> None:
 
     image.transact(setup)
     model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
         "```python\ndef remember(self, x):\n    memo = list(self.memo)\n    memo.append(x)\n"
-        "    self.memo = memo\n    return memo\n```"
+        "    self.memo = memo\n    return memo\n```",
     )
     jit.enable(model)
     assert image.transact(lambda root: root["o"].remember("a")) == ["a"]
-    assert "Store x in the memo slot" in model.history[0][-1].content
+    assert "Store x in the memo slot" in model.history[1][-1].content
     with image.read() as root:
         assert root["o"].memo == ["a"]
 
@@ -134,7 +146,9 @@ def test_end_to_end_on_the_real_model(image, monkeypatch) -> None:
 
     seeds = itertools.count(1)
 
-    def sampled(persona: str):
+    def sampled(persona: str, **options):
+        if "format" in options:  # the examples
+            return chat_model(persona, **options)
         return chat_model(persona, temperature=0.8, seed=next(seeds), num_predict=200)
 
     def setup(root):

@@ -363,7 +363,7 @@ def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]
     """The model calls of this round: the independent drafts first, then one repair."""
     context, mission = _context(), _mission()
     first = state["attempt"] == 0
-    feedback = mission.attempts[-1] if mission.attempts and not first else None
+    feedback = mission.last_failure if not first else None
     repair = state.get("findings") if not first else None
     if repair is not None and state.get("decision") == "repair":
         record = next(r for r in mission.attempts if r.number == state["chosen"])

@@ -230,9 +230,11 @@ class Mission:
         self.candidates: list[examples.Candidate] = []
         self.choice: examples.Choice | None = None
         self.repaired: set[int] = set()
+        #: The draft whose findings the next one is told about.
+        self.last_failure: AttemptRecord | None = None
         self.started = time.time()
         self._brief: MissionBrief | None = None
-        self._pending: tuple[_Restore, Method] | None = None
+        self._pending: tuple[_Restore, Method, int | None] | None = None
         self.result: Any = None
 
     def brief(self) -> MissionBrief:
@@ -243,6 +245,8 @@ class Mission:
     def _record(self, source: str, stage: str, findings: list[str]) -> AttemptRecord:
         record = AttemptRecord(len(self.attempts) + 1, source, stage, list(findings))
         self.attempts.append(record)
+        if findings:
+            self.last_failure = record
         return record
 
     # Each step returns the findings that stop this draft ([] = go on).
@@ -359,12 +363,12 @@ class Mission:
                 method, len(self.examples) - len(failed), []
             )
         self.target._add_method(method)
-        self._pending = (restore, method)
+        self._pending = (restore, method, number)
 
     def invoke(self) -> list[str]:
         """Send the message for real; on any failure roll back to before ``install``."""
         assert self._pending is not None, "install() first"
-        restore, method = self._pending
+        restore, method, number = self._pending
         self._pending = None
         try:
             # The sandbox checks the covenant and what the call stored (sandbox.call_checked).
@@ -388,20 +392,30 @@ class Mission:
             findings = [_describe(exc)]
         if findings:
             restore.rollback()
-            self._record(method.source, "invoke", findings)
+            self._settle(number, method.source, "invoke", findings)
             return findings
         method.audit["mission_seconds"] = round(time.time() - self.started, 3)
         method.audit["trial_result"] = _short(result)
-        self._record(method.source, "installed", [])
+        self._settle(number, method.source, "installed", [])
         self.result = result
         return []
+
+    def _settle(self, number: int | None, source: str, stage: str, findings: list[str]) -> None:
+        """The draft's own record takes the outcome of its real call (a new one if none)."""
+        record = next((r for r in self.attempts if r.number == number), None)
+        if record is None:
+            self._record(source, stage, findings)
+        else:
+            record.stage, record.findings = stage, list(findings)
+            if findings:
+                self.last_failure = record
 
     def attempt(self, source: str) -> list[str]:
         """The whole gate for one draft; [] when the method is installed and ``result`` set."""
         findings = self.audit(source) or self.trial(source)
         if findings:
             return findings
-        self.install(source)
+        self.install(source, self.attempts[-1].number)
         return self.invoke()
 
     def failure(self) -> MissionFailed:

@@ -42,7 +42,7 @@ from typing import Any
 from persistent.mapping import PersistentMapping
 
 from batos import settings
-from batos.errors import GeneratedCodeError
+from batos.errors import GeneratedCodeError, ModelError
 from graph import jit
 from prototypes import examples, kernel
 from prototypes.uvm import Method, UvmObject
@@ -306,7 +306,7 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                 runner = jit.JitRunner(attempts=attempts, drafts=drafts)
             try:
                 first = runner.send(obj, case.selector, case.args, {})
-            except GeneratedCodeError as exc:
+            except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
                 return Outcome(
                     case.selector,
                     None,
@@ -380,6 +380,7 @@ def main() -> None:
     parser.add_argument("--drafts", type=int, default=0, help="independent drafts (0: setting)")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
+    parser.add_argument("--no-calls", action="store_true", help="skip timing method calls")
     parser.add_argument(
         "--adapters",
         choices=("both", "on", "off"),
@@ -387,7 +388,7 @@ def main() -> None:
         help="persona adapters on (what users get), off (system prompts only), or both",
     )
     args = parser.parse_args()
-    costs = call_costs(2_000 if args.quick else 20_000)
+    costs = [] if args.no_calls else call_costs(2_000 if args.quick else 20_000)
     print(f"{'one call of an installed method':<52}{'us/call':>10}{'vs plain':>10}")
     for label, us, base in costs:
         print(f"{label:<52}{us:>10.1f}{us / base:>9.0f}x")

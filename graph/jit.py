@@ -19,6 +19,7 @@ holds only what Studio can show.
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,13 +35,15 @@ from langgraph.runtime import get_runtime
 from typing_extensions import TypedDict
 
 from batos import settings
-from batos.errors import BatosError, GraphRequestError
+from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
 from prototypes import kernel
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
 from prototypes.uvm import UvmObject
+
+log = logging.getLogger("batos.jit")
 
 #: Longest reply a draft may be, in tokens (a method is short; this bounds a rambling model).
 DRAFT_MAX_TOKENS = 600
@@ -351,12 +354,27 @@ def _examples_call(context: JitContext) -> tuple[BaseChatModel, list[BaseMessage
 
 def write_examples(state: JitState) -> JitState:
     model, messages = _examples_call(_context())
-    return _examples_from(model.invoke(messages))
+    try:
+        reply = model.invoke(messages)
+    except ModelError as exc:
+        return _no_examples(exc)
+    return _examples_from(reply)
 
 
 async def awrite_examples(state: JitState) -> JitState:
     model, messages = _examples_call(_context())
-    return _examples_from(await model.ainvoke(messages))
+    try:
+        reply = await model.ainvoke(messages)
+    except ModelError as exc:
+        return _no_examples(exc)
+    return _examples_from(reply)
+
+
+def _no_examples(exc: ModelError) -> JitState:
+    # Examples help choose among drafts; without them the drafts are still gated and chosen
+    # by agreement, so a model that fails here (a timeout on a loaded machine) stops nothing.
+    log.warning("no examples for %r: %s", _mission().selector, exc.message)
+    return {"examples": []}
 
 
 def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]]], int]:

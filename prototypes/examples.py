@@ -42,6 +42,8 @@ MAX_INT_BITS = 128
 MAX_SLOTS = 8
 #: Values the normal form of one output may hold; a larger output compares as its digest.
 MAX_OUTPUT_NODES = 5_000
+#: Longest text of a draft's error on one input, as shown to the model.
+MAX_ERROR_CHARS = 1_000
 #: Decimals below which an expected float is read as rounded (0.33 for 1/3).
 ROUNDED_DECIMALS = 6
 

@@ -472,7 +472,9 @@ def observe(
 
     outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
     if not outcome.ok:
-        return examples.Observation(False, error="; ".join(outcome.findings or [outcome.summary]))
+        # Findings are bounded by the report; what goes back to a model is shorter still.
+        text = "; ".join(outcome.findings or [outcome.summary])
+        return examples.Observation(False, error=text[: examples.MAX_ERROR_CHARS])
     result, state = outcome.value
     return examples.Observation(
         True, examples.normal(result), {k: examples.normal(v) for k, v in state.items()}

@@ -317,3 +317,15 @@ def test_examples_and_drafts_on_the_test_model(image, monkeypatch) -> None:
     with image.read() as root:
         method = root["o"]._methods["add_one"]
         assert method.audit["verdict"] == "approved" and method.audit["drafts"] >= 1
+
+
+def test_a_model_failing_to_write_examples_stops_nothing(image, caplog) -> None:
+    from batos.errors import ModelError
+
+    model = ScriptedChatModel().enqueue(ModelError("generation ran past its 600s timeout"), GOOD)
+    with caplog.at_level("WARNING", logger="batos.jit"):
+        runner = jit.JitRunner(model, drafts=1)
+        assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    assert any("no examples for 'double'" in r.getMessage() for r in caplog.records)
+    with image.read() as root:
+        assert list(root["o"]._methods["double"].examples) == []

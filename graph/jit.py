@@ -378,7 +378,7 @@ def _no_examples(exc: ModelError) -> JitState:
 
 
 def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]]], int]:
-    """The model calls of this round: the independent drafts first, then one repair."""
+    """The model calls of this round: the first round's independent drafts, or one repair."""
     context, mission = _context(), _mission()
     first = state["attempt"] == 0
     feedback = mission.last_failure if not first else None

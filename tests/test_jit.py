@@ -308,7 +308,7 @@ def test_examples_and_drafts_on_the_test_model(image, monkeypatch) -> None:
 
     image.transact(setup)
     before = image_digest(image.db)
-    runner = jit.JitRunner(drafts=2, attempts=1)
+    runner = jit.JitRunner(drafts=1, attempts=1)
     try:
         image.transact(lambda root: runner.send(root["o"], "add_one", (2,)))
     except MissionFailed:

@@ -184,7 +184,16 @@ SETTINGS: dict[str, Setting] = {
             "jit_attempts",
             "BATOS_JIT_ATTEMPTS",
             lambda: "3",
-            "How many drafts doesNotUnderstand asks the model for before giving up.",
+            "How many rounds of drafts doesNotUnderstand runs before giving up: the first "
+            "round's independent drafts, then one repair per round.",
+            _positive_int,
+        ),
+        Setting(
+            "jit_drafts",
+            "BATOS_JIT_DRAFTS",
+            lambda: "3",
+            "Independent drafts doesNotUnderstand samples first and chooses among by agreement "
+            "on its examples (more drafts: better choices, longer first use).",
             _positive_int,
         ),
         Setting(

@@ -1,10 +1,15 @@
-"""The JIT graph: doesNotUnderstand as LangGraph steps (brief, draft, audit, trial, install…).
+"""The JIT graph: doesNotUnderstand as LangGraph steps (brief, examples, draft, check, choose…).
 
-A chat model (the receiver's persona, or BRICK) drafts the missing method; ``prototypes.kernel``
-gates each draft. A draft that fails audit, trial or invocation loops back to ``draft`` with
-its findings until ``jit_attempts`` are used, then the graph ends in ``failed`` and the entry
-point raises ``MissionFailed`` (the image is unchanged). Objects, the model and the mission
-travel in the run's context (``JitContext``); the state holds only what Studio can show.
+A chat model (the receiver's persona, or BRICK) first writes input → output examples from the
+intent (structured output held to ``prototypes.examples.schema``), then ``jit_drafts``
+independent drafts of the missing method (sampled with different seeds). ``prototypes.kernel``
+gates each draft (audit, isolated trial on the call's arguments) and runs it on the examples;
+``choose`` picks by agreement × examples passed, sends a lone draft that fails its examples back
+with the failures, and installs the winner, which then runs for real. Rounds (the first drafts,
+then one repair each) are bounded by ``jit_attempts``; out of them with no working draft, the
+graph ends in ``failed`` and the entry point raises ``MissionFailed`` (the image is unchanged).
+Objects, the model and the mission travel in the run's context (``JitContext``); the state
+holds only what Studio can show.
 
     enable()                      # obj.unknown(1, 2) now writes, installs and runs 'unknown'
     JitRunner(model=m).send(obj, "unknown", (1, 2), {})
@@ -30,11 +35,12 @@ from langgraph.runtime import get_runtime
 from typing_extensions import TypedDict
 
 from batos import settings
-from batos.errors import BatosError, GraphRequestError
+from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
 from prototypes import kernel
 from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
+from prototypes.examples import schema as examples_schema
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
 from prototypes.uvm import UvmObject
 
@@ -42,10 +48,16 @@ log = logging.getLogger("batos.jit")
 
 #: Longest reply a draft may be, in tokens (a method is short; this bounds a rambling model).
 DRAFT_MAX_TOKENS = 600
-#: Sampling temperature of the second, third… draft with the default models.
-RETRY_TEMPERATURES = (0.7, 0.9)
+#: Longest examples reply, in tokens.
+EXAMPLES_MAX_TOKENS = 700
+#: Sampling temperature of every draft after the first of a round, and of repairs: hot
+#: enough that independent drafts differ (at a persona's low code temperature they repeat).
+SAMPLE_TEMPERATURE = 0.8
+#: Temperature of the examples: expected outputs should be worked out, not sampled.
+EXAMPLES_TEMPERATURE = 0.1
 
-ModelFactory = Callable[[str], BaseChatModel]
+#: ``factory(persona, **options)`` → chat model; options as ``graph.llm.chat_model`` takes.
+ModelFactory = Callable[..., BaseChatModel]
 
 
 @dataclass
@@ -58,6 +70,8 @@ class JitContext:
     model: BaseChatModel | None = None
     model_factory: ModelFactory | None = None
     attempts: int = 3
+    drafts: int = 1
+    examples: bool = True
     transaction: Any = None
     acceptance: Callable[[Any], bool] | None = None
     mission: Mission | None = None
@@ -78,7 +92,10 @@ class JitState(TypedDict, total=False):
     selector: str
     brief: dict[str, Any]
     attempt: int
-    source: str
+    sources: list[str]
+    examples: list[dict[str, Any]]
+    decision: str
+    chosen: int
     findings: list[str]
     history: list[dict[str, Any]]
     status: str
@@ -90,18 +107,11 @@ def prompts() -> dict[str, Any]:
     return prompt_files.load("jit")
 
 
-def default_model_factory(persona: str, attempt: int = 0) -> BaseChatModel:
-    """The persona's own model; a retry samples hotter, so it does not repeat the draft the
-    findings were about (at the persona's low code temperature it often would)."""
+def default_model_factory(persona: str, **options: Any) -> BaseChatModel:
+    """The persona's own model (``graph.llm.chat_model``)."""
     from graph.llm import chat_model
 
-    if attempt == 0:
-        return chat_model(persona, num_predict=DRAFT_MAX_TOKENS)
-    return chat_model(
-        persona,
-        num_predict=DRAFT_MAX_TOKENS,
-        temperature=RETRY_TEMPERATURES[min(attempt, len(RETRY_TEMPERATURES)) - 1],
-    )
+    return chat_model(persona, **options)
 
 
 #: The key of the run context under which Python callers pass a live ``JitContext``.
@@ -159,6 +169,7 @@ def _served(context: Any, state: JitState) -> JitContext:
         args=tuple(args),
         kwargs=dict(kwargs),
         attempts=settings.get_int("jit_attempts"),
+        drafts=settings.get_int("jit_drafts"),
         transaction=tm.get(),
         connection=conn,
     )
@@ -192,8 +203,11 @@ def _call_text(brief: MissionBrief) -> str:
     return ", ".join([*brief.args, *(f"{k}={v}" for k, v in brief.kwargs.items())])
 
 
-def messages_for(brief: MissionBrief, attempts: list[AttemptRecord]) -> list[BaseMessage]:
-    """The conversation a persona model sees for one draft: rules, examples, task, feedback."""
+def messages_for(
+    brief: MissionBrief, attempts: list[AttemptRecord], feedback: AttemptRecord | None = None
+) -> list[BaseMessage]:
+    """The conversation a persona model sees for one draft: rules, examples, task, feedback
+    (``feedback``, else the last attempt's, if any)."""
     p = prompts()
     identity = load_codex().persona(brief.author).identity
     system = identity + "\n\n" + p["system"].replace("SELECTOR", brief.selector)
@@ -209,8 +223,8 @@ def messages_for(brief: MissionBrief, attempts: list[AttemptRecord]) -> list[Bas
         call=_call_text(brief),
         intent=brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
     )
-    if attempts:
-        last = attempts[-1]
+    last = feedback or (attempts[-1] if attempts else None)
+    if last is not None:
         task += "\n\n" + p["feedback"].format(
             source=last.source, findings="\n".join(f"- {f}" for f in last.findings)
         )
@@ -260,12 +274,44 @@ def _text(message: BaseMessage) -> str:
     )
 
 
-def _model(context: JitContext, persona: str, attempt: int) -> BaseChatModel:
+def examples_messages(brief: MissionBrief) -> list[BaseMessage]:
+    """The conversation that asks for input → output examples of the intent (no code)."""
+    p = prompts()
+    messages: list[BaseMessage] = [SystemMessage(p["examples_system"])]
+    for shot in p.get("examples_shots", []):
+        messages += [HumanMessage(shot["task"]), AIMessage(shot["answer"])]
+    messages.append(HumanMessage(p["examples_task"].format(**_task_fields(brief))))
+    return messages
+
+
+def _task_fields(brief: MissionBrief) -> dict[str, Any]:
+    return {
+        "receiver": brief.receiver,
+        "slots": brief.slots or "(none)",
+        "parents": ", ".join(brief.parents) or "(none)",
+        "inherited": ", ".join(brief.inherited) or "(none)",
+        "selector": brief.selector,
+        "call": _call_text(brief),
+        "count": len(brief.args) + len(brief.kwargs),
+        "intent": brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
+    }
+
+
+def _model(context: JitContext, persona: str, **options: Any) -> BaseChatModel:
     if context.model is not None:
         return context.model
     if context.model_factory is not None:
-        return context.model_factory(persona)
-    return default_model_factory(persona, attempt)
+        return context.model_factory(persona, **options)
+    return default_model_factory(persona, **options)
+
+
+def _draft_options(sample: int, repair: bool) -> dict[str, Any]:
+    """The first draft at the persona's own temperature; the others sampled hotter, each with
+    its own seed, so independent drafts differ."""
+    options: dict[str, Any] = {"num_predict": DRAFT_MAX_TOKENS}
+    if sample or repair:
+        options.update(temperature=SAMPLE_TEMPERATURE, seed=1_000 + sample)
+    return options
 
 
 # -- nodes ------------------------------------------------------------------------------------
@@ -297,9 +343,67 @@ def brief(state: JitState) -> JitState:
     }
 
 
-def _after_draft(state: JitState, reply: BaseMessage) -> JitState:
-    source = extract_code(_text(reply), state["selector"])
-    return {"source": source, "attempt": state["attempt"] + 1, "findings": []}
+def _examples_from(reply: BaseMessage) -> JitState:
+    mission = _mission()
+    mission.set_examples(_text(reply))
+    return {"examples": [e.as_dict() for e in mission.examples]}
+
+
+def _examples_call(context: JitContext) -> tuple[BaseChatModel, list[BaseMessage]]:
+    mission = _mission()
+    model = _model(
+        context,
+        mission.author,
+        num_predict=EXAMPLES_MAX_TOKENS,
+        temperature=EXAMPLES_TEMPERATURE,
+        format=examples_schema(),
+    )
+    return model, examples_messages(mission.brief())
+
+
+def write_examples(state: JitState) -> JitState:
+    model, messages = _examples_call(_context())
+    try:
+        reply = model.invoke(messages)
+    except ModelError as exc:
+        return _no_examples(exc)
+    return _examples_from(reply)
+
+
+async def awrite_examples(state: JitState) -> JitState:
+    model, messages = _examples_call(_context())
+    try:
+        reply = await model.ainvoke(messages)
+    except ModelError as exc:
+        return _no_examples(exc)
+    return _examples_from(reply)
+
+
+def _no_examples(exc: ModelError) -> JitState:
+    # Examples help choose among drafts; without them the drafts are still gated and chosen
+    # by agreement, so a model that fails here (a timeout on a loaded machine) stops nothing.
+    log.warning("no examples for %r: %s", _mission().selector, exc.message)
+    return {"examples": []}
+
+
+def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]]], int]:
+    """The model calls of this round: the first round's independent drafts, or one repair."""
+    context, mission = _context(), _mission()
+    first = state["attempt"] == 0
+    feedback = mission.last_failure if not first else None
+    repair = state.get("findings") if not first else None
+    if repair is not None and state.get("decision") == "repair":
+        record = next(r for r in mission.attempts if r.number == state["chosen"])
+        feedback = AttemptRecord(record.number, record.source, "examples", list(repair))
+    count = context.drafts if first else 1
+    calls = [
+        (
+            _model(context, mission.author, **_draft_options(i + len(mission.attempts), not first)),
+            messages_for(mission.brief(), [] if first else mission.attempts, feedback),
+        )
+        for i in range(count)
+    ]
+    return calls, state["attempt"] + 1
 
 
 def _served_failure(node: str, exc: Exception) -> JitState:
@@ -315,42 +419,54 @@ def _served_failure(node: str, exc: Exception) -> JitState:
 
 
 def draft(state: JitState) -> JitState:
-    mission = _mission()
-    messages = messages_for(mission.brief(), mission.attempts)
     context = _context()
     try:
-        return _after_draft(
-            state, _model(context, mission.author, state["attempt"]).invoke(messages)
-        )
+        calls, attempt = _round(state)
+        sources = [extract_code(_text(m.invoke(msgs)), state["selector"]) for m, msgs in calls]
     except Exception as exc:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
+    return {"sources": sources, "attempt": attempt, "findings": []}
 
 
 async def adraft(state: JitState) -> JitState:
-    mission = _mission()
-    messages = messages_for(mission.brief(), mission.attempts)
     context = _context()
     try:
-        model = _model(context, mission.author, state["attempt"])
-        return _after_draft(state, await model.ainvoke(messages))
+        calls, attempt = _round(state)
+        sources = [
+            extract_code(_text(await m.ainvoke(msgs)), state["selector"]) for m, msgs in calls
+        ]
     except Exception as exc:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
+    return {"sources": sources, "attempt": attempt, "findings": []}
 
 
-def audit(state: JitState) -> JitState:
-    return {"findings": _mission().audit(state["source"])}
+def check(state: JitState) -> JitState:
+    """Audit and try every draft of the round; those that pass join the candidates."""
+    mission = _mission()
+    for source in state["sources"]:
+        if not mission.audit(source):
+            mission.trial(source)
+    return {}
 
 
-def trial(state: JitState) -> JitState:
-    return {"findings": _mission().trial(state["source"])}
+def choose(state: JitState) -> JitState:
+    mission = _mission()
+    decision, candidate, findings = mission.decide(state["attempt"] < _context().attempts)
+    return {
+        "decision": decision,
+        "chosen": candidate.number if candidate is not None else 0,
+        "findings": findings,
+    }
 
 
 def install(state: JitState) -> JitState:
-    _mission().install(state["source"])
+    mission = _mission()
+    candidate = next(c for c in mission.candidates if c.number == state["chosen"])
+    mission.install(candidate.source, candidate.number)
     return {}
 
 
@@ -358,7 +474,9 @@ def invoke(state: JitState) -> JitState:
     mission = _mission()
     findings = mission.invoke()
     if findings:
-        return {"findings": findings}
+        candidate = next(c for c in mission.candidates if c.number == state["chosen"])
+        mission.discard(candidate)
+        return {"findings": findings, "decision": "invoke failed"}
     _finish_served(_context(), commit=True)
     return {
         "status": "installed",
@@ -377,38 +495,44 @@ def fail(state: JitState) -> JitState:
     return update
 
 
-def _route(on_success: str) -> Callable[[JitState], str]:
-    def route(state: JitState) -> str:
-        if state.get("error"):
-            return "fail"
-        if not state.get("findings"):
-            return on_success
-        return "draft" if state["attempt"] < _context().attempts else "fail"
+def _after_choose(state: JitState) -> str:
+    return {"install": "install", "fail": "fail"}.get(state["decision"], "draft")
 
-    route.__name__ = f"route_to_{on_success}"
-    return route
+
+def _after_draft(state: JitState) -> str:
+    return "fail" if state.get("error") else "check"
+
+
+def _after_invoke(state: JitState) -> str:
+    return END if state.get("status") == "installed" else "choose"
+
+
+def _after_brief(state: JitState) -> str:
+    if state.get("status") == "failed":
+        return END
+    return "examples" if _context().examples else "draft"
 
 
 def build_graph() -> Any:
     builder = StateGraph(JitState, context_schema=JitRequest)
     builder.add_node("brief", brief)
+    builder.add_node(
+        "examples", RunnableLambda(write_examples, afunc=awrite_examples, name="examples")
+    )
     builder.add_node("draft", RunnableLambda(draft, afunc=adraft, name="draft"))
-    builder.add_node("audit", audit)
-    builder.add_node("trial", trial)
+    builder.add_node("check", check)
+    builder.add_node("choose", choose)
     builder.add_node("install", install)
     builder.add_node("invoke", invoke)
     builder.add_node("fail", fail)
     builder.add_edge(START, "brief")
-    builder.add_conditional_edges(
-        "brief", lambda state: END if state.get("status") == "failed" else "draft", ["draft", END]
-    )
-    builder.add_conditional_edges(
-        "draft", lambda state: "fail" if state.get("error") else "audit", ["audit", "fail"]
-    )
-    builder.add_conditional_edges("audit", _route("trial"), ["trial", "draft", "fail"])
-    builder.add_conditional_edges("trial", _route("install"), ["install", "draft", "fail"])
+    builder.add_conditional_edges("brief", _after_brief, ["examples", "draft", END])
+    builder.add_edge("examples", "draft")
+    builder.add_conditional_edges("draft", _after_draft, ["check", "fail"])
+    builder.add_edge("check", "choose")
+    builder.add_conditional_edges("choose", _after_choose, ["install", "draft", "fail"])
     builder.add_edge("install", "invoke")
-    builder.add_conditional_edges("invoke", _route(END), [END, "draft", "fail"])
+    builder.add_conditional_edges("invoke", _after_invoke, [END, "choose"])
     builder.add_edge("fail", END)
     return builder.compile(name="jit")
 
@@ -429,16 +553,21 @@ class JitRunner:
         model_factory: ModelFactory | None = None,
         attempts: int | None = None,
         acceptance: Callable[[Any], bool] | None = None,
+        drafts: int | None = None,
+        examples: bool = True,
     ) -> None:
         self.model = model
         self.model_factory = model_factory
         self.attempts = attempts
         self.acceptance = acceptance
+        self.drafts = drafts
+        self.examples = examples
 
     def _start(
         self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
     ) -> tuple[JitState, dict[str, JitContext], dict[str, Any]]:
         attempts = self.attempts or settings.get_int("jit_attempts")
+        drafts = self.drafts or settings.get_int("jit_drafts")
         context = JitContext(
             receiver=receiver,
             args=tuple(args),
@@ -446,11 +575,13 @@ class JitRunner:
             model=self.model,
             model_factory=self.model_factory,
             attempts=attempts,
+            drafts=drafts,
+            examples=self.examples,
             acceptance=self.acceptance,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )
-        config = {"recursion_limit": 6 * attempts + 10, "run_name": f"jit:{selector}"}
+        config = {"recursion_limit": 8 * (attempts + drafts) + 10, "run_name": f"jit:{selector}"}
         return {"selector": selector}, {LIVE: context}, config
 
     @staticmethod
@@ -480,9 +611,10 @@ def enable(
     *,
     model_factory: ModelFactory | None = None,
     attempts: int | None = None,
+    drafts: int | None = None,
 ) -> JitRunner:
     """Turn doesNotUnderstand on for every UvmObject in this process; returns the runner."""
-    runner = JitRunner(model, model_factory=model_factory, attempts=attempts)
+    runner = JitRunner(model, model_factory=model_factory, attempts=attempts, drafts=drafts)
     kernel.install_handler(runner)
     return runner
 

@@ -19,7 +19,11 @@ a missing slot is an ordinary ``AttributeError``: generated code never starts mi
 
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,10 +36,10 @@ from batos.errors import (
     GeneratedCodeError,
     MissionFailed,
 )
-from prototypes import guardian, sandbox
+from prototypes import examples, guardian, isolation, sandbox
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
-from prototypes.uvm import Method, UvmObject, restore_state, set_dnu_handler
+from prototypes.uvm import Method, UvmObject, restore_state, set_compile_hook, set_dnu_handler
 
 log = logging.getLogger("batos.kernel")
 
@@ -217,9 +221,16 @@ class Mission:
         # result fails it is rolled back like any other failed draft.
         self.acceptance = acceptance
         self.attempts: list[AttemptRecord] = []
+        self.examples: list[examples.Example] = []
+        self.dropped_examples: list[str] = []
+        self.candidates: list[examples.Candidate] = []
+        self.choice: examples.Choice | None = None
+        self.repaired: set[int] = set()
+        #: The draft whose findings the next one is told about.
+        self.last_failure: AttemptRecord | None = None
         self.started = time.time()
         self._brief: MissionBrief | None = None
-        self._pending: tuple[_Restore, Method] | None = None
+        self._pending: tuple[_Restore, Method, int | None] | None = None
         self.result: Any = None
 
     def brief(self) -> MissionBrief:
@@ -230,6 +241,8 @@ class Mission:
     def _record(self, source: str, stage: str, findings: list[str]) -> AttemptRecord:
         record = AttemptRecord(len(self.attempts) + 1, source, stage, list(findings))
         self.attempts.append(record)
+        if findings:
+            self.last_failure = record
         return record
 
     # Each step returns the findings that stop this draft ([] = go on).
@@ -240,35 +253,82 @@ class Mission:
             self._record(source, "audit", report.findings)
         return report.findings
 
+    def set_examples(self, reply: str) -> list[str]:
+        """Read the author's examples reply (hostile text); the reasons examples were dropped."""
+        found, dropped = examples.parse_examples(reply, len(self.args) + len(self.kwargs))
+        kept = []
+        for example in found:
+            if self.selector in example.slots or self.selector in example.slots_after:
+                dropped.append(f"an example sets slot {self.selector!r}, the method's own name")
+                continue
+            kept.append(example)
+        self.examples, self.dropped_examples = kept, dropped
+        return dropped
+
+    def observe(
+        self,
+        source: str,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        slots: Mapping[str, Any],
+    ) -> examples.Observation:
+        return observe(
+            self.target, self.receiver, self.selector, source, function, args, kwargs, slots
+        )
+
     def trial(self, source: str) -> list[str]:
-        """Compile in the sandbox, then run once in an isolated process with OS limits."""
+        """Compile in the sandbox, run on the call's arguments in an isolated process with OS
+        limits, then on every example: a draft that gets through joins ``candidates``."""
         try:
             function = sandbox.compile_sandboxed(self.selector, source)
         except GeneratedCodeError as exc:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
-        target, selector = self.target, self.selector
-
-        def installed_for_the_trial(*args: Any, **kwargs: Any) -> Any:
-            # In the child only (whose changes are dropped): in its slot, so a method that
-            # calls itself, or another object that inherits it, finds it as it will for real.
-            trial_method = Method(selector, source, compiler="sandbox")
-            trial_method._v_function = function
-            target._add_method(trial_method)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                delattr(target, selector)
-
-        outcome = sandbox.run_isolated(
-            installed_for_the_trial, self.receiver, *self.args, **self.kwargs
-        )
-        if not outcome.ok:
-            findings = list(outcome.findings) or [outcome.summary]
-            return self._record(source, "trial", findings).findings
+        call = self.observe(source, function, self.args, self.kwargs, {})
+        if not call.ok:
+            return self._record(source, "trial", call.error.split("; ")).findings
+        observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
+        record = self._record(source, "candidate", [])
+        candidate = examples.Candidate(record.number, source, call, observed)
+        record.findings = [
+            examples.failure_text(self.selector, self.examples[i], observed[i])
+            for i in candidate.failures(self.examples)
+        ]
+        self.candidates.append(candidate)
         return []
 
-    def install(self, source: str) -> None:
-        """Take a savepoint, then put the method in its slot (undone if ``invoke`` fails)."""
+    def decide(self, rounds_left: bool) -> tuple[str, examples.Candidate | None, list[str]]:
+        """What to do with the drafts so far: ('install', candidate, []), ('repair',
+        candidate, findings: the examples it fails), ('draft', None, []) or ('fail', …).
+
+        The best group by agreement × examples passed is installed when it passes every
+        example, or when independent drafts agree on it and it fails one example at most (the
+        example is then the likelier mistake); else its draft goes back with its failures
+        once, while rounds are left. Out of rounds, the best group is installed anyway: it
+        passed the gate, and the examples it fails are kept with it as disputed.
+        """
+        choice = examples.choose(self.candidates, self.examples)
+        self.choice = choice
+        if choice is None:
+            return ("draft" if rounds_left else "fail"), None, []
+        trusted = not choice.failed or (choice.support >= 2 and len(choice.failed) <= 1)
+        if trusted or not rounds_left or choice.candidate.number in self.repaired:
+            return "install", choice.candidate, []
+        self.repaired.add(choice.candidate.number)
+        findings = [
+            examples.failure_text(self.selector, self.examples[i], choice.candidate.observed[i])
+            for i in choice.failed
+        ]
+        return "repair", choice.candidate, findings
+
+    def discard(self, candidate: examples.Candidate) -> None:
+        """Drop a candidate that failed its real call, and every draft that agrees with it."""
+        key = candidate.key()
+        self.candidates = [c for c in self.candidates if c.key() != key]
+
+    def install(self, source: str, number: int | None = None) -> None:
+        """Take a savepoint, then put the method in its slot (undone if ``invoke`` fails),
+        with the examples it was judged by (those it fails marked disputed)."""
         restore: _Restore
         if self.transaction is not None:
             restore = self.transaction.savepoint()
@@ -282,17 +342,29 @@ class Mission:
             compiler="sandbox",
             audit={
                 **guardian.audit(self.selector, source).as_dict(),
-                "attempt": len(self.attempts) + 1,
+                "attempt": number or len(self.attempts) + 1,
                 "mission_seconds": None,
             },
         )
+        if self.examples:
+            failed = set(self.choice.failed) if self.choice is not None else set()
+            method.examples = [
+                {**e.as_dict(), "status": "disputed" if i in failed else "agreed"}
+                for i, e in enumerate(self.examples)
+            ]
+            method.audit["drafts"] = len(self.candidates)
+            if self.choice is not None:
+                method.audit["agreement"] = self.choice.support
+            method.audit["examples_check"] = check_record(
+                method, len(self.examples) - len(failed), []
+            )
         self.target._add_method(method)
-        self._pending = (restore, method)
+        self._pending = (restore, method, number)
 
     def invoke(self) -> list[str]:
         """Send the message for real; on any failure roll back to before ``install``."""
         assert self._pending is not None, "install() first"
-        restore, method = self._pending
+        restore, method, number = self._pending
         self._pending = None
         try:
             # The sandbox checks the covenant and what the call stored (sandbox.call_checked).
@@ -316,20 +388,30 @@ class Mission:
             findings = [_describe(exc)]
         if findings:
             restore.rollback()
-            self._record(method.source, "invoke", findings)
+            self._settle(number, method.source, "invoke", findings)
             return findings
         method.audit["mission_seconds"] = round(time.time() - self.started, 3)
         method.audit["trial_result"] = _short(result)
-        self._record(method.source, "installed", [])
+        self._settle(number, method.source, "installed", [])
         self.result = result
         return []
+
+    def _settle(self, number: int | None, source: str, stage: str, findings: list[str]) -> None:
+        """The draft's own record takes the outcome of its real call (a new one if none)."""
+        record = next((r for r in self.attempts if r.number == number), None)
+        if record is None:
+            self._record(source, stage, findings)
+        else:
+            record.stage, record.findings = stage, list(findings)
+            if findings:
+                self.last_failure = record
 
     def attempt(self, source: str) -> list[str]:
         """The whole gate for one draft; [] when the method is installed and ``result`` set."""
         findings = self.audit(source) or self.trial(source)
         if findings:
             return findings
-        self.install(source)
+        self.install(source, self.attempts[-1].number)
         return self.invoke()
 
     def failure(self) -> MissionFailed:
@@ -345,6 +427,143 @@ class Mission:
             hint="give the selector a clearer intent (an 'intents' slot), allow more attempts "
             "(BATOS_JIT_ATTEMPTS) or add the method by hand with 'batos methods add'",
         )
+
+
+def data_slots(obj: UvmObject) -> dict[str, Any]:
+    """The object's own public data slots (no methods, parents or declared intents)."""
+    return {
+        name: value
+        for name, value in obj._slots().items()
+        if not isinstance(value, Method) and not name.endswith("*") and name != "intents"
+    }
+
+
+def observe(
+    target: UvmObject,
+    receiver: UvmObject,
+    selector: str,
+    source: str,
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    slots: Mapping[str, Any],
+) -> examples.Observation:
+    """Run a compiled method once in an isolated child, installed on ``target`` and with
+    ``slots`` set on the receiver first (in the child only: nothing is applied); its result
+    and the receiver's data slots in normal form, or its error."""
+
+    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
+        for name, value in slots.items():
+            setattr(obj, name, copy.deepcopy(value))
+        # In its slot, so a method that calls itself, or another object that inherits it,
+        # finds it as it will for real.
+        trial_method = Method(selector, source, compiler="sandbox")
+        trial_method._v_function = function
+        target._add_method(trial_method)
+        try:
+            result = function(obj, *call_args, **call_kwargs)
+        finally:
+            delattr(target, selector)
+        return [result, data_slots(obj)]
+
+    outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
+    if not outcome.ok:
+        # Findings are bounded by the report; what goes back to a model is shorter still.
+        text = "; ".join(outcome.findings or [outcome.summary])
+        return examples.Observation(False, error=text[: examples.MAX_ERROR_CHARS])
+    result, state = outcome.value
+    return examples.Observation(
+        True, examples.normal(result), {k: examples.normal(v) for k, v in state.items()}
+    )
+
+
+@functools.cache
+def runtime_fingerprint() -> str:
+    """What a method's examples were last checked under: Python, RestrictedPython and the
+    sandbox's own code. After an upgrade that changes any of them, examples run again."""
+    from importlib import metadata
+    from pathlib import Path
+
+    digest = hashlib.sha256(sys.version.encode())
+    digest.update(metadata.version("RestrictedPython").encode())
+    for module in (sandbox, guardian, examples):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def check_record(method: Method, passed: int, failed: list[str]) -> dict[str, Any]:
+    """The record of one run of a method's examples, kept in its audit."""
+    return {
+        "source": source_digest(method.source),
+        "runtime": runtime_fingerprint(),
+        "passed": passed,
+        "failed": failed[: examples.MAX_EXAMPLES],
+        "checked": time.time(),
+    }
+
+
+def check_examples(method: Method, receiver: UvmObject) -> dict[str, Any]:
+    """Run the method's agreed examples on ``receiver`` in the sandbox; the check record.
+
+    Stored examples are read as hostile data again (they could have been edited); one that
+    breaks a rule counts as failed, with the reason.
+    """
+    function = method.__dict__.get("_v_function") or sandbox.compile_sandboxed(
+        method.selector, method.source
+    )
+    passed, failed = 0, []
+    for stored in list(method.examples):
+        if not isinstance(stored, Mapping) or stored.get("status") != "agreed":
+            continue
+        try:
+            example = examples.example_from(dict(stored))
+        except (examples.ExampleRejected, RecursionError) as exc:
+            failed.append(f"a stored example is malformed: {exc}")
+            continue
+        seen = observe(
+            receiver,
+            receiver,
+            method.selector,
+            method.source,
+            function,
+            example.args,
+            {},
+            example.slots,
+        )
+        if examples.passes(example, seen):
+            passed += 1
+        else:
+            failed.append(examples.failure_text(method.selector, example, seen))
+    if failed:
+        log.warning("method %r fails %d stored example(s)", method.selector, len(failed))
+    return check_record(method, passed, failed)
+
+
+def examples_are_stale(method: Method) -> bool:
+    record = method.audit.get("examples_check") if isinstance(method.audit, Mapping) else None
+    if not isinstance(record, Mapping):
+        return True
+    return (
+        record.get("source") != source_digest(method.source)
+        or record.get("runtime") != runtime_fingerprint()
+    )
+
+
+def _recheck_on_compile(method: Method, receiver: UvmObject) -> None:
+    # Compiling happens after every load and after every change of the source: when the
+    # source or the runtime differs from the last check, the examples run again.
+    if method.compiler != "sandbox" or sandbox.in_sandbox() or isolation.inside_child():
+        return
+    if not method.examples or not examples_are_stale(method):
+        return
+    method.audit = {**method.audit, "examples_check": check_examples(method, receiver)}
+
+
+set_compile_hook(_recheck_on_compile)
 
 
 def _describe(exc: BaseException) -> str:
@@ -383,6 +602,11 @@ def add_method(
     method = Method(
         selector, source, intent=intent, author=author, compiler="sandbox", audit=report.as_dict()
     )
+    previous = target._slots().get(selector)
+    if isinstance(previous, Method) and previous.examples:
+        # A new source for the same selector is held to the examples the old one kept.
+        method.examples = list(previous.examples)
+        method.audit["examples_check"] = check_examples(method, target)
     return target._add_method(method)
 
 

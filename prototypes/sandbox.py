@@ -812,6 +812,8 @@ class IsolatedOutcome:
     ok: bool
     summary: str
     findings: tuple[str, ...] = ()
+    #: The result as the host decoded it from the child's bounded report (None on failure).
+    value: Any = None
 
 
 def run_isolated(
@@ -837,7 +839,7 @@ def run_isolated(
     except Exception as exc:
         text = exception_text(exc)
         return IsolatedOutcome(False, f"{type(exc).__name__}: {text}", (describe_exception(exc),))
-    return IsolatedOutcome(True, _short_repr(result))
+    return IsolatedOutcome(True, _short_repr(result), value=result)
 
 
 def describe_exception(exc: BaseException) -> str:

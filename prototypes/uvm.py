@@ -100,6 +100,18 @@ _COMPILERS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"plain": comp
 _COMPILER_MODULES = {"sandbox": "prototypes.sandbox"}
 
 
+#: Called with (method, receiver) after a method is compiled for a send (see ``set_compile_hook``).
+_compile_hook: Callable[[Method, UvmObject], None] | None = None
+
+
+def set_compile_hook(hook: Callable[[Method, UvmObject], None] | None) -> None:
+    """Have ``hook(method, receiver)`` called whenever a method is compiled on its way to a
+    receiver: after a load, an edit of its source, or a change of runtime. The kernel uses it
+    to re-run a method's stored examples."""
+    global _compile_hook
+    _compile_hook = hook
+
+
 def register_compiler(name: str, compiler: Callable[[str, str], Callable[..., Any]]) -> None:
     """Make a compiler available to methods whose ``compiler`` field names it."""
     _COMPILERS[name] = compiler
@@ -238,7 +250,11 @@ class Method(_Tracked):
 
     The compiled function lives only in the volatile ``_v_function`` and is rebuilt from
     ``source`` after every load, so a method survives any change to Python or BAT OS.
+    ``examples`` are the input → output examples a generated method was judged by (plain
+    dicts; empty for methods written before examples existed or by hand).
     """
+
+    examples: list[dict[str, Any]] | tuple[()] = ()
 
     def __init__(
         self,
@@ -267,7 +283,9 @@ class Method(_Tracked):
             _changed()
             _forget_all(self)
 
-    def function(self) -> Callable[..., Any]:
+    def function(self, receiver: UvmObject | None = None) -> Callable[..., Any]:
+        """The compiled function, compiled now if it is not yet (after a load or an edit);
+        a fresh compile for a ``receiver`` is reported to the compile hook."""
         fn = self.__dict__.get("_v_function")
         if fn is None:
             self._p_activate()
@@ -281,10 +299,12 @@ class Method(_Tracked):
                     "loaded; import the module that registers it"
                 ) from None
             fn = self._v_function = compiler(self.selector, self.source)
+            if receiver is not None and _compile_hook is not None:
+                _compile_hook(self, receiver)
         return fn
 
     def bind(self, receiver: UvmObject) -> types.MethodType:
-        return types.MethodType(self.function(), receiver)
+        return types.MethodType(self.function(receiver), receiver)
 
     def copy(self) -> Method:
         twin = Method(
@@ -295,6 +315,8 @@ class Method(_Tracked):
             audit=copy.deepcopy(self.audit),
             compiler=self.compiler,
         )
+        if self.examples:
+            twin.examples = copy.deepcopy(list(self.examples))
         twin.created = self.created
         return twin
 
@@ -323,7 +345,10 @@ def _resolve(receiver: UvmObject, name: str) -> tuple[Any, tuple[persistent.Pers
                 return state[name], chain[: index + 1]
         method = state["_methods"].get(name)
         if method is not None:
-            return types.MethodType(method.function(), receiver), (*chain[: index + 1], method)
+            return types.MethodType(method.function(receiver), receiver), (
+                *chain[: index + 1],
+                method,
+            )
     return _MISSING, ()
 
 

@@ -55,11 +55,14 @@ def test_rejected_method_exits_non_zero_with_every_finding(capsys, image, tmp_pa
 
 
 def test_send_unknown_selector_goes_through_does_not_understand(capsys, image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
     model = ScriptedChatModel().enqueue(
+        '{"examples": [{"args": [[1]], "slots": {}, "returns": {"total": 1, "largest": 1}, '
+        '"slots_after": {}}]}',
         "```python\ndef estimate(self, sizes):\n"
-        "    return {'total': sum(sizes), 'largest': max(sizes)}\n```"
+        "    return {'total': sum(sizes), 'largest': max(sizes)}\n```",
     )
-    code, out, _ = run(
+    code, out, err = run(
         capsys,
         "--image",
         image,
@@ -68,10 +71,25 @@ def test_send_unknown_selector_goes_through_does_not_understand(capsys, image, m
         "estimate",
         "[3, 5, 2]",
         "--json",
-        models=lambda persona: model,
+        models=lambda persona, **options: model,
     )
     assert code == 0 and json.loads(out) == {"total": 10, "largest": 5}
-    assert "Given a list of task sizes" in model.history[0][-1].content  # the codex intent
+    assert "Given a list of task sizes" in model.history[1][-1].content  # the codex intent
+    assert "wrote brick.estimate in" in err and "1/1 examples agree" in err
+    code, out, _ = run(capsys, "--image", image, "methods", "--json")
+    (row,) = json.loads(out)
+    assert row["examples"] == [
+        {
+            "args": [[1]],
+            "returns": {"total": 1, "largest": 1},
+            "slots": {},
+            "slots_after": {},
+            "status": "agreed",
+        }
+    ]
+    assert row["seconds"] > 0 and row["examples_check"]["passed"] == 1
+    code, out, _ = run(capsys, "--image", image, "methods")
+    assert 'self.estimate([1]) → {"total": 1, "largest": 1}' in out
     with LivingImage.open(image) as img:
         install = img.history(1)[0]
         assert install.description == "send brick.estimate"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from fakes import ScriptedChatModel, image_digest
@@ -14,6 +15,14 @@ from prototypes.uvm import UvmObject
 from store.image import LivingImage
 
 GOOD = "Here it is:\n```python\ndef double(self, x):\n    return x * 2 + self.bias\n```\n"
+#: An examples reply with none: the drafts are then judged by agreement alone.
+NO_EXAMPLES = '{"examples": []}'
+
+
+@pytest.fixture(autouse=True)
+def one_draft(monkeypatch):
+    """One draft per first round unless a test asks for more (replies are scripted)."""
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
 
 
 @pytest.fixture
@@ -31,9 +40,10 @@ def enabled():
 def test_graph_is_exported_for_langgraph_json() -> None:
     assert set(jit.graph.get_graph().nodes) >= {
         "brief",
+        "examples",
         "draft",
-        "audit",
-        "trial",
+        "check",
+        "choose",
         "install",
         "invoke",
         "fail",
@@ -54,11 +64,12 @@ def test_a_reply_gives_only_its_imports_and_the_method() -> None:
 
 
 def test_unknown_message_is_written_installed_and_answered(image, enabled) -> None:
-    model = ScriptedChatModel().enqueue(GOOD)
+    model = ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD)
     jit.enable(model)
     assert image.transact(lambda root: root["o"].double(5)) == 11
-    assert model.calls == 1
-    prompt = model.history[0][-1].content
+    assert model.calls == 2
+    assert "Write 4 examples" in model.history[0][-1].content
+    prompt = model.history[1][-1].content
     assert "self.double(5)" in prompt and "'bias': '1'" in prompt
     with image.read() as root:
         assert root["o"].double(2) == 5  # installed: no model call now
@@ -66,17 +77,18 @@ def test_unknown_message_is_written_installed_and_answered(image, enabled) -> No
 
 def test_retries_feed_findings_back_to_the_model(image, enabled) -> None:
     model = ScriptedChatModel().enqueue(
-        "```python\ndef double(self, x):\n    return self.__dict__\n```", GOOD
+        NO_EXAMPLES, "```python\ndef double(self, x):\n    return self.__dict__\n```", GOOD
     )
     jit.enable(model, attempts=2)
     assert image.transact(lambda root: root["o"].double(1)) == 3
-    retry_prompt = model.history[1][-1].content
+    retry_prompt = model.history[2][-1].content
     assert "rejected" in retry_prompt and "'__dict__'" in retry_prompt
 
 
 def test_failure_raises_with_every_finding_and_changes_nothing(image, enabled) -> None:
     before = image_digest(image.db)
     model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
         "```python\nimport os\ndef double(self, x):\n    return os.getcwd()\n```",
         "```python\ndef double(self, x):\n    while True:\n        pass\n```",
     )
@@ -90,7 +102,7 @@ def test_failure_raises_with_every_finding_and_changes_nothing(image, enabled) -
 
 
 async def test_async_entry_point(image) -> None:
-    model = ScriptedChatModel().enqueue(GOOD)
+    model = ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD)
     with image.connection() as conn:
         conn.transaction_manager.begin()
         obj = conn.root()["o"]
@@ -107,12 +119,13 @@ def test_stateful_intent_from_the_slot(image, enabled) -> None:
 
     image.transact(setup)
     model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
         "```python\ndef remember(self, x):\n    memo = list(self.memo)\n    memo.append(x)\n"
-        "    self.memo = memo\n    return memo\n```"
+        "    self.memo = memo\n    return memo\n```",
     )
     jit.enable(model)
     assert image.transact(lambda root: root["o"].remember("a")) == ["a"]
-    assert "Store x in the memo slot" in model.history[0][-1].content
+    assert "Store x in the memo slot" in model.history[1][-1].content
     with image.read() as root:
         assert root["o"].memo == ["a"]
 
@@ -134,7 +147,9 @@ def test_end_to_end_on_the_real_model(image, monkeypatch) -> None:
 
     seeds = itertools.count(1)
 
-    def sampled(persona: str):
+    def sampled(persona: str, **options):
+        if "format" in options:  # the examples
+            return chat_model(persona, **options)
         return chat_model(persona, temperature=0.8, seed=next(seeds), num_predict=200)
 
     def setup(root):
@@ -146,3 +161,171 @@ def test_end_to_end_on_the_real_model(image, monkeypatch) -> None:
     with image.read() as root:
         assert root["o"].add_one(41) == 42
         assert root["o"]._methods["add_one"].audit["verdict"] == "approved"
+
+
+# -- examples and agreement -------------------------------------------------------------------
+
+
+def _examples(*pairs: tuple[list, object]) -> str:
+    return json.dumps(
+        {
+            "examples": [
+                {"args": args, "slots": {}, "returns": returns, "slots_after": {}}
+                for args, returns in pairs
+            ]
+        }
+    )
+
+
+def _method(body: str) -> str:
+    return f"```python\ndef double(self, x):\n    return {body}\n```"
+
+
+def test_agreement_picks_the_majority_correct_draft_when_an_example_is_wrong(image) -> None:
+    wrong_example = _examples(([5], 11), ([0], 1), ([2], 6))  # 2 → 6 is wrong: it is 5
+    model = ScriptedChatModel().enqueue(
+        wrong_example,
+        _method("x * 3 + self.bias"),  # passes only the wrong example, and no draft agrees
+        _method("x * 2 + self.bias"),
+        _method("x + x + self.bias"),  # the same outputs as the draft before: they agree
+    )
+    runner = jit.JitRunner(model, drafts=3)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (5,))) == 11
+    assert model.calls == 4  # no repair: two independent drafts outweigh one example
+    assert all("Write 4 examples" not in m[-1].content for m in model.history[1:])
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "x * 2" in method.source
+        assert [e["status"] for e in method.examples] == ["agreed", "agreed", "disputed"]
+        assert method.audit["drafts"] == 3 and method.audit["agreement"] == 2
+        assert method.audit["examples_check"]["passed"] == 2
+        assert method.audit["mission_seconds"] > 0
+
+
+def test_a_draft_failing_its_own_examples_is_repaired(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),  # right for 2, wrong for 0 and -3
+        _method("2 * x + self.bias"),
+    )
+    runner = jit.JitRunner(model, drafts=1)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    repair = model.history[2][-1].content
+    assert "example self.double(0) should return 1, but it returned 3" in repair
+    assert "example self.double(-3) should return -5, but it returned 0" in repair
+    assert "return x + 3" in repair  # the draft it repairs
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert method.audit["attempt"] == 2
+        assert all(e["status"] == "agreed" for e in method.examples)
+
+
+def test_hostile_examples_are_dropped_and_the_mission_goes_on(image, caplog) -> None:
+    hostile = json.dumps(
+        {
+            "examples": [
+                {"args": [1, 2, 3], "slots": {}, "returns": 0, "slots_after": {}},
+                {"args": ["x" * 10_000], "slots": {}, "returns": 0, "slots_after": {}},
+                {"args": [1], "slots": {"double": 1}, "returns": 0, "slots_after": {}},
+                {"args": [[[[[[[[[[[1]]]]]]]]]]], "slots": {}, "returns": 0, "slots_after": {}},
+                {"args": [3], "slots": {}, "returns": 7, "slots_after": {}},
+            ]
+        }
+    )
+    model = ScriptedChatModel().enqueue(hostile, GOOD)
+    with caplog.at_level("WARNING", logger="batos.examples"):
+        runner = jit.JitRunner(model, drafts=1)
+        assert image.transact(lambda root: runner.send(root["o"], "double", (3,))) == 7
+    assert len([r for r in caplog.records if "dropped" in r.getMessage()]) >= 3
+    with image.read() as root:
+        assert [e["args"] for e in root["o"]._methods["double"].examples] == [[3]]
+    # Not even JSON: no examples, the draft is judged by the gate alone.
+    model = ScriptedChatModel().enqueue("no examples today", GOOD.replace("double", "triple"))
+    runner = jit.JitRunner(model, drafts=1)
+    assert image.transact(lambda root: runner.send(root["o"], "triple", (1,))) == 3
+
+
+def _install_with_examples(image: LivingImage) -> None:
+    model = ScriptedChatModel().enqueue(_examples(([2], 5), ([0], 1)), GOOD)
+    runner = jit.JitRunner(model, drafts=1)
+    image.transact(lambda root: runner.send(root["o"], "double", (2,)))
+
+
+def test_examples_run_again_when_the_source_changes(image) -> None:
+    _install_with_examples(image)
+    with image.read() as root:
+        assert root["o"]._methods["double"].audit["examples_check"]["failed"] == []
+
+    def edit(root):
+        root["o"]._methods["double"].source = "def double(self, x):\n    return x * 3\n"
+        return root["o"].double(1)  # compiled anew on this send: the examples run
+
+    assert image.transact(edit) == 3
+    with image.read() as root:
+        check = root["o"]._methods["double"].audit["examples_check"]
+    assert check["passed"] == 0 and len(check["failed"]) == 2
+    assert "should return 5, but it returned 6" in check["failed"][0]
+
+
+def test_examples_run_again_after_an_upgrade_and_on_a_hand_written_replacement(
+    image, monkeypatch, tmp_path
+) -> None:
+    from prototypes import kernel
+
+    _install_with_examples(image)
+    with image.read() as root:
+        first = root["o"]._methods["double"].audit["examples_check"]
+    monkeypatch.setattr(kernel, "runtime_fingerprint", lambda: "a later release")
+    image.db.cacheMinimize()  # as after a restart: the method is loaded and compiled again
+    with image.connection() as conn:
+        conn.transaction_manager.begin()
+        assert conn.root()["o"].double(1) == 3
+        check = conn.root()["o"]._methods["double"].audit["examples_check"]
+        conn.transaction_manager.commit()
+    assert check["runtime"] == "a later release" and check["checked"] > first["checked"]
+    assert check["passed"] == 2
+    # A hand-written replacement is held to the examples the method kept.
+    report = image.transact(
+        lambda root: kernel.add_method(
+            root["o"], "double", "def double(self, x):\n    return x\n"
+        ).audit["examples_check"]
+    )
+    assert report["passed"] == 0 and len(report["failed"]) == 2
+    with image.read() as root:
+        assert len(root["o"]._methods["double"].examples) == 2
+
+
+@pytest.mark.model
+def test_examples_and_drafts_on_the_test_model(image, monkeypatch) -> None:
+    """The test model writes examples under the JSON schema (constrained decoding, so they
+    parse) and sampled drafts; whatever it writes, the mission installs a method that passed
+    the gate or fails leaving the image unchanged."""
+    monkeypatch.setenv("BATOS_MODEL", "test")
+    pytest.importorskip("llama_cpp")
+
+    def setup(root):
+        root["o"].intents = PersistentMapping(add_one="Given a number x, return x + 1.")
+
+    image.transact(setup)
+    before = image_digest(image.db)
+    runner = jit.JitRunner(drafts=1, attempts=1)
+    try:
+        image.transact(lambda root: runner.send(root["o"], "add_one", (2,)))
+    except MissionFailed:
+        assert image_digest(image.db) == before
+        return
+    with image.read() as root:
+        method = root["o"]._methods["add_one"]
+        assert method.audit["verdict"] == "approved" and method.audit["drafts"] >= 1
+
+
+def test_a_model_failing_to_write_examples_stops_nothing(image, caplog) -> None:
+    from batos.errors import ModelError
+
+    model = ScriptedChatModel().enqueue(ModelError("generation ran past its 600s timeout"), GOOD)
+    with caplog.at_level("WARNING", logger="batos.jit"):
+        runner = jit.JitRunner(model, drafts=1)
+        assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    assert any("no examples for 'double'" in r.getMessage() for r in caplog.records)
+    with image.read() as root:
+        assert list(root["o"]._methods["double"].examples) == []

@@ -68,8 +68,8 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
         ingest_text(catalog, source, text)
     # doesNotUnderstand is live and willing: a message to calc it lacks would be answered by
     # this model with a working wipe_disk, installed and run (checked at the end).
-    drafter = ScriptedChatModel().enqueue(WIPE_DISK)
-    jit.enable(drafter)
+    drafter = ScriptedChatModel().enqueue('{"examples": []}', WIPE_DISK)
+    jit.enable(drafter, drafts=1)
     installs: list[dict[str, Any]] = []
 
     @tool
@@ -142,6 +142,6 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
     # The checks above could fail: a send of the message the text asks for is answered by the
     # drafting model, and the method is installed and run.
     assert memory_image.transact(lambda root: root["calc"].wipe_disk()) == "wiped"
-    assert drafter.calls == 1
+    assert drafter.calls == 2  # its examples, then its one draft
     with memory_image.read() as root:
         assert "wipe_disk" in root["calc"]._slots()

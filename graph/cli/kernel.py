@@ -18,7 +18,7 @@ from rich.table import Table
 
 from batos.errors import BatosError, GeneratedCodeError, ObjectPathError
 from graph.boot import open_image
-from graph.cli.app import console, image_uri, model_factory
+from graph.cli.app import console, err_console, image_uri, model_factory
 from prototypes import bounded, guardian, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
@@ -95,22 +95,31 @@ def methods(
                     "author": m.author,
                     "verdict": m.audit.get("verdict"),
                     "created": m.created,
+                    "seconds": m.audit.get("mission_seconds"),
                     "source": m.source,
+                    "examples": _plain(list(m.examples), f"{where}.{m.selector}'s examples"),
+                    "examples_check": _plain(
+                        m.audit.get("examples_check"), f"{where}.{m.selector}'s check"
+                    ),
                 }
                 for where, m in found
             ]
             console.print_json(json.dumps(rows))
             return
         table = Table(title="Methods written through the gate")
-        for column in ("object", "selector", "author", "verdict", "created", "intent"):
+        columns = ("object", "selector", "author", "verdict", "created", "s", "examples", "intent")
+        for column in columns:
             table.add_column(column)
         for where, m in found:
+            seconds = m.audit.get("mission_seconds")
             table.add_row(
                 where,
                 m.selector,
                 m.author,
                 str(m.audit.get("verdict", "-")),
                 _when(m.created),
+                f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
+                _examples_cell(m),
                 m.intent or "-",
             )
         console.print(table)
@@ -118,6 +127,38 @@ def methods(
             for where, m in found:
                 console.print(f"[bold]{where}.{m.selector}[/]  by {m.author}")
                 console.print(Syntax(m.source, "python"))
+                for line in _example_lines(m):
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _examples_cell(method: Method) -> str:
+    """'3/4 pass' for the last run of the examples; '-' for a method without any."""
+    check = method.audit.get("examples_check")
+    if not method.examples or not isinstance(check, dict):
+        return "-"
+    agreed = sum(1 for e in method.examples if e.get("status") == "agreed")
+    return f"{check.get('passed', 0)}/{agreed} pass"
+
+
+def _example_lines(method: Method) -> list[str]:
+    """Each example as 'self.sel(args) → expected', the disputed ones and failures marked."""
+    lines = []
+    for stored in method.examples:
+        args = ", ".join(json.dumps(a) for a in stored.get("args", []))
+        slots = f" with {json.dumps(stored['slots'])}" if stored.get("slots") else ""
+        after = f", slots {json.dumps(stored['slots_after'])}" if stored.get("slots_after") else ""
+        mark = "  (disputed: no draft chosen agreed)" if stored.get("status") == "disputed" else ""
+        line = f"  self.{method.selector}({args}){slots} → {json.dumps(stored.get('returns'))}"
+        lines.append(_cut(line + after + mark))
+    check = method.audit.get("examples_check")
+    for failure in (check or {}).get("failed", []) if isinstance(check, dict) else []:
+        lines.append(_cut(f"  FAILS: {failure}"))
+    return lines
+
+
+def _cut(text: str, limit: int = 2_000) -> str:
+    # Examples are bounded when written, but the image is data anyone could have edited.
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _source_file(file: Path) -> str:
@@ -164,12 +205,16 @@ def methods_add(
     """
     source = _source_file(file)
 
-    def install(root: Any) -> Method:
-        return kernel.add_method(_prototype(root, path), selector, source, intent=intent)
+    def install(root: Any) -> tuple[str, list[str]]:
+        method = kernel.add_method(_prototype(root, path), selector, source, intent=intent)
+        check = method.audit.get("examples_check") or {}
+        return method.selector, list(check.get("failed", []))
 
     with open_image(image_uri(ctx)) as image:
-        method = image.transact(install, note=f"methods add {path}.{selector}")
-        console.print(f"installed [bold]{path}.{method.selector}[/] (audit: approved)")
+        name, failed = image.transact(install, note=f"methods add {path}.{selector}")
+        console.print(f"installed [bold]{path}.{name}[/] (audit: approved)")
+        for failure in failed:  # the examples the method it replaced kept
+            err_console.print(f"fails a stored example: {failure}", markup=False)
 
 
 @methods_app.command("remove")
@@ -267,15 +312,33 @@ def send(
                     f"{path}' shows the method's source)",
                 ) from exc
         runner = jit.JitRunner(model_factory=model_factory(ctx))
-        with console.status(f"{path} does not understand {selector!r}: writing it…"):
-            return _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
+        with err_console.status(f"{path} does not understand {selector!r}: writing it…"):
+            result = _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
+        written.append(receiver._lookup(selector)[1])
+        return result
 
+    written: list[Method] = []
     with open_image(image_uri(ctx)) as image:
         result = image.transact(deliver, note=f"send {path}.{selector}")
+        if written:
+            err_console.print(_written_line(f"{path}.{selector}", written[0]), markup=False)
     if as_json:
         typer.echo(json.dumps(result, default=lambda v: bounded_repr(v, 1_000)))
     else:
         console.print(bounded_repr(result, 100_000, nodes=PLAIN_NODES))
+
+
+def _written_line(name: str, method: Method) -> str:
+    """How long writing the method took, and how it was chosen."""
+    audit = method.audit
+    line = f"wrote {name} in {audit.get('mission_seconds') or 0:.1f} s"
+    if method.examples:
+        agreed = sum(1 for e in method.examples if e.get("status") == "agreed")
+        line += (
+            f" ({audit.get('drafts', 1)} draft(s), {audit.get('agreement', 1)} agree, "
+            f"{agreed}/{len(method.examples)} examples agree with it)"
+        )
+    return line
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,103 @@
+"""Examples as hostile data, outputs in normal form, and the choice among drafts by agreement."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from prototypes import examples
+from prototypes.examples import Candidate, Example, Observation
+
+
+def _reply(*items: object) -> str:
+    return json.dumps({"examples": list(items)})
+
+
+def _ex(args: list, returns: object, **extra: object) -> dict:
+    return {"args": args, "slots": {}, "returns": returns, "slots_after": {}, **extra}
+
+
+def test_a_well_formed_reply_gives_its_examples() -> None:
+    found, dropped = examples.parse_examples(
+        "```json\n" + _reply(_ex([1], 2), _ex([0], 1, slots={"n": 3})) + "\n```", arity=1
+    )
+    assert dropped == []
+    assert found == [Example((1,), 2), Example((0,), 1, {"n": 3})]
+
+
+def test_hostile_examples_are_dropped_with_a_log_line_and_never_raise(caplog) -> None:
+    deep: list = []
+    for _ in range(20):
+        deep = [deep]
+    items = [
+        _ex([1], 1),
+        "not an object",
+        _ex([1, 2], 3),  # wrong arity
+        _ex(["x" * 5_000], 1),  # string too long
+        _ex([list(range(1_000))], 0),  # too many values
+        _ex([deep], 0),  # too deep
+        _ex([1], 1, slots={"_p_oid": 1}),  # private slot
+        _ex([1], 1, slots={"intents": {}}),  # the declared intents
+        {"args": [2]},  # no expected output
+        _ex([1], 5),  # the same input again
+        *[_ex([n], n) for n in range(2, 12)],  # more than MAX_EXAMPLES
+    ]
+    with caplog.at_level(logging.WARNING, logger="batos.examples"):
+        found, dropped = examples.parse_examples(_reply(*items), arity=1)
+    assert len(found) == examples.MAX_EXAMPLES and found[0] == Example((1,), 1)
+    assert len(dropped) == len(items) - examples.MAX_EXAMPLES
+    assert any("argument(s)" in d for d in dropped) and any("nested" in d for d in dropped)
+    assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == len(dropped)
+
+
+def test_unusable_replies_give_no_examples() -> None:
+    for reply in (
+        "I cannot do that",
+        '{"examples": 3}',
+        "[" * 100_000,
+        '{"examples": [{"args": [' + "9" * 5_000 + '], "returns": 1}]}',
+        '{"examples": [{"args": [NaN], "returns": 1}]}',
+        "x" * (examples.MAX_REPLY_CHARS * 3),
+    ):
+        found, dropped = examples.parse_examples(reply, arity=1)
+        assert found == [] or all(isinstance(e, Example) for e in found)
+        assert found == [] and dropped
+
+
+def test_outputs_compare_in_normal_form() -> None:
+    n = examples.normal
+    assert n((1, 2)) == [1, 2] and n({3, 1}) == [1, 3] and n(5.0) == 5
+    assert n({1: "a"}) == {"1": "a"}
+    assert examples.matches(0.33, n(1 / 3))  # an expected float read as rounded
+    assert not examples.matches(0.34, n(1 / 3))
+    assert not examples.matches(1, n(True)) and not examples.matches(True, n(1))
+    assert examples.matches({"1": ["a"]}, n({1: ["a"]}))
+    big: list = [0]
+    for _ in range(30):
+        big = [big, big]  # 2**30 leaves: compared by a digest, never expanded
+    assert set(n(big)) == {"large"}
+
+
+def _candidate(number: int, outputs: list[object]) -> Candidate:
+    return Candidate(
+        number,
+        f"draft {number}",
+        Observation(True, outputs[0]),
+        [Observation(True, o) for o in outputs],
+    )
+
+
+def test_agreement_outweighs_a_wrong_example() -> None:
+    shown = [Example((5,), 10), Example((0,), 0), Example((2,), 5)]  # the last one is wrong
+    good_a, good_b = _candidate(1, [10, 0, 4]), _candidate(3, [10, 0, 4])
+    lone = _candidate(2, [10, 0, 5])  # agrees with the wrong example, and with no draft
+    choice = examples.choose([lone, good_a, good_b], shown)
+    assert choice is not None and choice.candidate is good_a
+    assert (choice.support, choice.passed, choice.failed) == (2, 2, (2,))
+
+
+def test_a_lone_draft_that_passes_more_examples_wins() -> None:
+    shown = [Example((1,), 1), Example((2,), 4)]
+    choice = examples.choose([_candidate(1, [1, 3]), _candidate(2, [1, 4])], shown)
+    assert choice is not None and choice.candidate.number == 2 and choice.failed == ()
+    assert examples.choose([], shown) is None

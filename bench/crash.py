@@ -138,6 +138,8 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
     services = MindServices(
         models=FakeModels(_respond), router=FakeRouter(("BRICK",)), embedder=FakeEmbedder()
     )
+    # Each install asks the scripted model for its examples, then for one draft.
+    os.environ["BATOS_JIT_DRAFTS"] = "1"
     drafts = ScriptedChatModel()
     jit.enable(drafts)
     with open_image(uri) as image, ZODBSaver(image) as saver:
@@ -164,6 +166,8 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
             else:
                 name = f"grown_{tag.replace('-', '_')}"
                 bias = rng.randrange(100)
+                example = {"args": [5], "slots": {}, "returns": 10 + bias, "slots_after": {}}
+                drafts.enqueue(json.dumps({"examples": [example]}))
                 drafts.enqueue(f"```python\ndef {name}(self, x):\n    return x * 2 + {bias}\n```")
                 got = image.transact(lambda root, n=name: getattr(root[CALC], n)(3))
                 assert got == 6 + bias, got

@@ -437,8 +437,7 @@ class Mind:
         def draft(brief: Any, attempts: list) -> str:
             options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
             if attempts:  # a retry samples hotter so it does not repeat the rejected draft
-                temps = jit.RETRY_TEMPERATURES
-                options["temperature"] = temps[min(len(attempts), len(temps)) - 1]
+                options["temperature"] = jit.SAMPLE_TEMPERATURE
             reply, metric = self.call(
                 self.models(persona, **options),
                 jit.messages_for(brief, attempts),

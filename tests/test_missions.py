@@ -86,10 +86,13 @@ def facet_method(img: LivingImage, persona: str, selector: str) -> Method | None
         return found[1] if found is not None and isinstance(found[1], Method) else None
 
 
-def test_a_decay_writes_a_facet_through_the_jit_graph_and_a_gain_keeps_it(image: str) -> None:
+def test_a_decay_writes_a_facet_through_the_jit_graph_and_a_gain_keeps_it(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")  # one scripted draft, after the examples call
     models = scripted(
         ALFRED=["Structure is intact.", "H_struc has collapsed.", "The new facet serves."],
-        ROBIN=[f"```python\n{FACET_SOURCE}```"],
+        ROBIN=['{"examples": []}', f"```python\n{FACET_SOURCE}```"],
     )
     with LivingImage.open(image) as img:
         # Four facets called, each written in its cycle: H_struc 0.75.
@@ -117,7 +120,7 @@ def test_a_decay_writes_a_facet_through_the_jit_graph_and_a_gain_keeps_it(image:
         # The method ROBIN's (scripted) model wrote is installed, in the mission's transaction.
         method = facet_method(img, "ROBIN", "facet_feelings")
         assert method is not None and "answer it gently" in method.source
-        assert models.queues["ROBIN"].calls == 1
+        assert models.queues["ROBIN"].calls == 2  # the examples, then the draft
         noted = {r.tid: r.description for r in img.history(20)}
         assert (
             noted[mission["tids"][0]] == "mission 1: write_facet ROBIN.facet_feelings for H_struc"

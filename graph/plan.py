@@ -102,6 +102,20 @@ def plan_schema(facets: Sequence[str], most: int) -> dict[str, Any]:
     }
 
 
+def _cut(query: str) -> str:
+    """``query`` within ``MAX_QUERY_CHARS``, cut at the last word that fits.
+
+    A small model writing under a grammar tends to spell its sub-queries out at length (the
+    default model wrote 400+ characters for one step on a plain request); cutting them keeps a
+    good plan, where rejecting it failed the whole cycle after two tries.
+    """
+    if len(query) <= MAX_QUERY_CHARS:
+        return query
+    head = query[: MAX_QUERY_CHARS + 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > MAX_QUERY_CHARS // 2 else head[:MAX_QUERY_CHARS]).rstrip()
+
+
 class PlanRejected(ValueError):
     """A plan reply that breaks the rules; the message is fed back to the model."""
 
@@ -136,9 +150,7 @@ def parse_plan(reply: str, facets: Mapping[str, str], most: int) -> list[dict[st
             )
         if not isinstance(query, str) or not query.strip():
             raise PlanRejected(f"step {number} has no query text")
-        query = " ".join(query.split())
-        if len(query) > MAX_QUERY_CHARS:
-            raise PlanRejected(f"step {number}'s query is over {MAX_QUERY_CHARS} characters")
+        query = _cut(" ".join(query.split()))
         if (facet, query) in seen:
             continue
         seen.add((facet, query))

@@ -476,3 +476,13 @@ def test_the_last_message_must_be_the_users(image) -> None:
         graph = build_graph(mind(FakeModels(responder())), checkpointer=saver)
         state = graph.invoke({"messages": [AIMessage("I speak first")]}, run_config("ai"))
     assert state["status"] == "FAILED" and "not the user's" in state["failure"]["reason"]
+
+
+def test_an_over_long_plan_query_is_cut_at_a_word_not_rejected() -> None:
+    from graph.plan import MAX_QUERY_CHARS, parse_plan
+
+    long = " ".join(["word"] * 300)  # 1,499 characters
+    reply = json.dumps({"steps": [{"facet": "BRICK.facet_steps", "query": long}]})
+    [step] = parse_plan(reply, {"BRICK.facet_steps": "steps"}, 3)
+    assert len(step["query"]) <= MAX_QUERY_CHARS and step["query"].endswith("word")
+    assert long.startswith(step["query"])

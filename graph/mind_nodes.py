@@ -206,7 +206,12 @@ class Mind:
     def call(
         self, model: BaseChatModel, messages: list[BaseMessage], **where: Any
     ) -> tuple[str, dict[str, Any]]:
-        """Stream one model call; its text and what it cost (seconds, first token, tokens)."""
+        """Stream one model call; its text and what it cost (seconds, first token, tokens).
+
+        ``at`` is when it started (epoch seconds): parallel facets' calls overlap, so the time
+        a cycle spent in the model is the union of the calls' intervals, not their sum.
+        """
+        at = time.time()
         started = time.perf_counter()
         first: float | None = None
         full: Any = None
@@ -217,6 +222,7 @@ class Mind:
         usage = (getattr(full, "usage_metadata", None) or {}) if full is not None else {}
         metric = {
             **where,
+            "at": round(at, 4),
             "seconds": round(time.perf_counter() - started, 4),
             "first_token_s": None if first is None else round(first, 4),
             "input_tokens": int(usage.get("input_tokens") or 0),

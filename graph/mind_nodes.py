@@ -103,19 +103,20 @@ class Mind:
 
     # -- what a run uses ------------------------------------------------------------------
 
-    def _context(self) -> dict[str, Any]:
+    @staticmethod
+    def _runtime_context() -> Any:
+        """The run's context as the caller sent it (None outside a graph run)."""
         try:
-            context = get_runtime().context
+            return get_runtime().context
         except RuntimeError:
-            context = None
+            return None
+
+    def _context(self) -> dict[str, Any]:
+        context = self._runtime_context()
         return context if isinstance(context, dict) else {}
 
     def _checked_context(self) -> dict[str, Any]:
-        try:
-            context = get_runtime().context
-        except RuntimeError:
-            context = None
-        return check_context(context)
+        return check_context(self._runtime_context())
 
     def _services(self) -> MindServices:
         given = self._context().get("services")

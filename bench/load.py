@@ -21,9 +21,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -106,7 +104,6 @@ LABELS = {"zeo": "ZEO", "postgres": "PostgreSQL"}
 @contextmanager
 def serve(uri: str, workdir: Path, jobs: int = JOBS) -> Iterator[tuple[str, Path]]:
     """``batos serve`` over ``uri``; yields its base URL and the file its retries go to."""
-    import httpx
 
     from store.zeo import free_port
 
@@ -135,37 +132,17 @@ def serve(uri: str, workdir: Path, jobs: int = JOBS) -> Iterator[tuple[str, Path
         "--jobs",
         str(jobs),
     ]
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/ok", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
+    from servers import serving
+
+    with serving(
+        command,
+        port=port,
+        cwd=ROOT,
+        env=env,
+        log_path=log_path,
+        timeout=SERVER_START_TIMEOUT,
+    ) as base:
         yield base, retries
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 # -- the clients ----------------------------------------------------------------------------

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+from servers import serving
 
 from graph import cycle
 from graph.boot import open_image
@@ -39,35 +37,15 @@ def _serve(command: list[str], tmp_path: Path, image: Path, **extra_env: str) ->
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
         "PYTHONPATH": str(REPO),
     }
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            [*command, "--port", str(port), "--host", "127.0.0.1"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, log_path.read_text()[-4000:]
-            try:
-                if httpx.get(f"{base}/ok", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()[-4000:]
-            time.sleep(0.5)
+    with serving(
+        [*command, "--port", str(port), "--host", "127.0.0.1"],
+        port=port,
+        cwd=REPO,
+        env=env,
+        log_path=log_path,
+        timeout=180,
+    ) as base:
         yield base
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
     text = log_path.read_text()
     warnings = [
         line

@@ -1,8 +1,10 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Two sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
-persona-flavoured ones): the twenty below, and the held-out set in
-``bench/data/jit_intents_heldout.json`` (written before any prompt tuning and never tuned on).
+Three sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+persona-flavoured ones): the twenty below, the held-out set in
+``bench/data/jit_intents_heldout.json`` (written before any prompt tuning and never tuned on),
+and the fresh set in ``bench/data/jit_intents_fresh.json`` (written after it, before any change
+made while reading the held-out results).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -16,7 +18,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, both sets
+    .venv/bin/python bench/jit.py                              # default model, all three sets
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -227,6 +229,8 @@ CASES: list[Case] = [
 
 
 HELDOUT = Path(__file__).parent / "data" / "jit_intents_heldout.json"
+#: Written after the held-out set and before any change made while reading results.
+FRESH = Path(__file__).parent / "data" / "jit_intents_fresh.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -372,7 +376,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two intents per set")
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
-    parser.add_argument("--set", choices=("both", "bench", "heldout"), default="both")
+    parser.add_argument(
+        "--set",
+        choices=("all", "both", "bench", "heldout", "fresh"),
+        default="all",
+        help="all three sets, both (bench and heldout), or one",
+    )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"
     )
@@ -395,8 +404,14 @@ def main() -> None:
     if args.calls_only:
         return
     limit = 2 if args.quick else args.limit or None
-    sets = {"bench": CASES[:limit], "heldout": heldout_cases()[:limit]}
-    if args.set != "both":
+    sets = {
+        "bench": CASES[:limit],
+        "heldout": heldout_cases()[:limit],
+        "fresh": heldout_cases(FRESH)[:limit],
+    }
+    if args.set == "both":
+        sets = {name: sets[name] for name in ("bench", "heldout")}
+    elif args.set != "all":
         sets = {args.set: sets[args.set]}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     drafts = args.drafts or settings.get_int("jit_drafts")

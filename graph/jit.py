@@ -37,7 +37,7 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
-from prototypes import kernel
+from prototypes import guardian, kernel
 from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
@@ -241,7 +241,54 @@ def extract_code(reply: str, selector: str) -> str:
     block) left out; only imports and the method itself are kept."""
     blocks = _FENCE.findall(reply) or [reply]
     chosen = next((b for b in blocks if f"def {selector}(" in b), blocks[0])
-    return _method_only(chosen.strip() + "\n", selector)
+    return with_imports(_method_only(chosen.strip() + "\n", selector))
+
+
+#: Names a draft may use without importing them, and the import that binds each: the allowed
+#: modules, and their members whose names say where they come from.
+_IMPORTABLE: dict[str, str] = {
+    **{module: f"import {module}" for module in guardian.ALLOWED_IMPORTS},
+    **{
+        name: f"from {module} import {name}"
+        for module, names in guardian.ALLOWED_IMPORTS.items()
+        if module in ("collections", "itertools", "functools")
+        for name in names
+    },
+    "timedelta": "from datetime import timedelta",
+}
+
+
+def with_imports(source: str) -> str:
+    """``source`` with the imports it forgot: an allowed module (or a collections, itertools
+    or functools member) named but bound nowhere in it gets its import line on top.
+
+    Small models write ``collections.Counter(words)`` with no import about one time in three;
+    the import is the one the guardian allows anyway, so adding it is a fix, not a guess.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # the audit reports it, with its line
+    bound: set[str] = set()
+    used: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                used.append(node.id)
+            else:
+                bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    missing = dict.fromkeys(
+        _IMPORTABLE[name] for name in used if name in _IMPORTABLE and name not in bound
+    )
+    return "".join(f"{line}\n" for line in missing) + source if missing else source
 
 
 def _method_only(source: str, selector: str) -> str:
@@ -356,7 +403,7 @@ def _examples_call(context: JitContext) -> tuple[BaseChatModel, list[BaseMessage
         mission.author,
         num_predict=EXAMPLES_MAX_TOKENS,
         temperature=EXAMPLES_TEMPERATURE,
-        format=examples_schema(),
+        format=examples_schema(arity=len(mission.args) + len(mission.kwargs)),
     )
     return model, examples_messages(mission.brief())
 

@@ -15,6 +15,7 @@ output rounded to as many.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -78,9 +79,16 @@ class Example:
         return f"self.{selector}({shown}){state}"
 
 
-def schema(most: int = MAX_EXAMPLES) -> dict[str, Any]:
+def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]:
     """The JSON schema of an examples reply (no string bounds: llama.cpp would expand each
-    into a grammar rule per character; ``parse_examples`` bounds them instead)."""
+    into a grammar rule per character; ``parse_examples`` bounds them instead).
+
+    With ``arity``, every "args" list must hold exactly that many items: small models spread
+    a one-list call's list over "args" (``[1, 2, 3]`` for ``f([1, 2, 3])``), and decoding
+    held to the count leaves them no room to."""
+    args: dict[str, Any] = {"type": "array"}
+    if arity is not None:
+        args.update(minItems=arity, maxItems=arity)
     return {
         "type": "object",
         "properties": {
@@ -91,7 +99,7 @@ def schema(most: int = MAX_EXAMPLES) -> dict[str, Any]:
                 "items": {
                     "type": "object",
                     "properties": {
-                        "args": {"type": "array"},
+                        "args": args,
                         "slots": {"type": "object"},
                         "returns": {},
                         "slots_after": {"type": "object"},
@@ -170,11 +178,15 @@ def example_from(data: Any, arity: int | None = None) -> Example:
     )
 
 
-def parse_examples(reply: str, arity: int | None = None) -> tuple[list[Example], list[str]]:
+def parse_examples(
+    reply: str, arity: int | None = None, selector: str | None = None
+) -> tuple[list[Example], list[str]]:
     """The examples in a model's reply and why each dropped one was dropped.
 
     Never raises: a reply that is not JSON gives no examples (the drafts are then chosen by
-    agreement alone). Repeated inputs keep their first example.
+    agreement alone). Repeated inputs keep their first example. When every example's
+    "returns" is an object whose one key is the method's name (``{"hms": "1:02:05"}``, a
+    habit of small models), the values are read as the returns.
     """
     dropped: list[str] = []
     text = reply.strip()[:MAX_REPLY_CHARS]
@@ -210,7 +222,17 @@ def parse_examples(reply: str, arity: int | None = None) -> tuple[list[Example],
         examples.append(example)
     for reason in dropped:
         log.warning("example dropped: %s", reason)
-    return examples, dropped
+    return _unwrapped(examples, selector), dropped
+
+
+def _unwrapped(found: list[Example], selector: str | None) -> list[Example]:
+    # Only when all are wrapped: one method that really returns {name: value} for some inputs
+    # and not others keeps its examples as written.
+    if not found or selector is None:
+        return found
+    if not all(isinstance(e.returns, dict) and list(e.returns) == [selector] for e in found):
+        return found
+    return [dataclasses.replace(e, returns=e.returns[selector]) for e in found]
 
 
 def _no_constant(name: str) -> Any:

@@ -255,7 +255,9 @@ class Mission:
 
     def set_examples(self, reply: str) -> list[str]:
         """Read the author's examples reply (hostile text); the reasons examples were dropped."""
-        found, dropped = examples.parse_examples(reply, len(self.args) + len(self.kwargs))
+        found, dropped = examples.parse_examples(
+            reply, len(self.args) + len(self.kwargs), self.selector
+        )
         kept = []
         for example in found:
             if self.selector in example.slots or self.selector in example.slots_after:
@@ -346,15 +348,16 @@ class Mission:
                 "mission_seconds": None,
             },
         )
+        if self.candidates:
+            method.audit["drafts"] = len(self.candidates)
+            if self.choice is not None:
+                method.audit["agreement"] = self.choice.support
         if self.examples:
             failed = set(self.choice.failed) if self.choice is not None else set()
             method.examples = [
                 {**e.as_dict(), "status": "disputed" if i in failed else "agreed"}
                 for i, e in enumerate(self.examples)
             ]
-            method.audit["drafts"] = len(self.candidates)
-            if self.choice is not None:
-                method.audit["agreement"] = self.choice.support
             method.audit["examples_check"] = check_record(
                 method, len(self.examples) - len(failed), []
             )

@@ -101,3 +101,25 @@ def test_a_lone_draft_that_passes_more_examples_wins() -> None:
     choice = examples.choose([_candidate(1, [1, 3]), _candidate(2, [1, 4])], shown)
     assert choice is not None and choice.candidate.number == 2 and choice.failed == ()
     assert examples.choose([], shown) is None
+
+
+def test_the_schema_holds_args_to_the_call_s_arity() -> None:
+    item = examples.schema(arity=1)["properties"]["examples"]["items"]["properties"]["args"]
+    assert item == {"type": "array", "minItems": 1, "maxItems": 1}
+    free = examples.schema()["properties"]["examples"]["items"]["properties"]["args"]
+    assert free == {"type": "array"}
+
+
+def test_returns_wrapped_in_the_method_s_name_are_unwrapped_only_when_all_are() -> None:
+    wrapped = _reply(_ex([3725], {"hms": "1:02:05"}), _ex([0], {"hms": "0:00:00"}))
+    found, _ = examples.parse_examples(wrapped, arity=1, selector="hms")
+    assert [e.returns for e in found] == ["1:02:05", "0:00:00"]
+    # One example that is not wrapped: the method may really return {name: value}.
+    mixed = _reply(_ex([1], {"hms": "x"}), _ex([2], "y"))
+    found, _ = examples.parse_examples(mixed, arity=1, selector="hms")
+    assert [e.returns for e in found] == [{"hms": "x"}, "y"]
+    # Another key, or no selector given: as written.
+    found, _ = examples.parse_examples(_reply(_ex([1], {"result": 2})), arity=1, selector="hms")
+    assert found[0].returns == {"result": 2}
+    found, _ = examples.parse_examples(wrapped, arity=1)
+    assert found[0].returns == {"hms": "1:02:05"}

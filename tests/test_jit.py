@@ -63,6 +63,38 @@ def test_a_reply_gives_only_its_imports_and_the_method() -> None:
     assert jit.extract_code("```python\ndef area(self:\n```", "area") == "def area(self:\n"
 
 
+def test_a_draft_gets_the_allowed_imports_it_forgot_and_nothing_else() -> None:
+    source = "def f(self, text):\n    return collections.Counter(text.split())\n"
+    assert jit.extract_code(source, "f") == "import collections\n" + source
+    uses = "def f(self, xs):\n    d = defaultdict(int)\n    return math.fsum(xs), reduce, d\n"
+    assert set(jit.with_imports(uses).splitlines()[:3]) == {
+        "from collections import defaultdict",
+        "import math",
+        "from functools import reduce",
+    }
+    # Bound names are left alone: an import there, an argument, a local, an exception name.
+    for bound in (
+        "import math\ndef f(self):\n    return math.pi\n",
+        "def f(self, math):\n    return math.pi\n",
+        "def f(self):\n    string = 'a'\n    return string\n",
+        "def f(self):\n    return [deque for deque in 'ab']\n",
+        "def f(self):\n    return os.getcwd()\n",  # not an allowed module: the audit rejects it
+        "def f(self:\n",  # not Python: the audit says where
+    ):
+        assert jit.with_imports(bound) == bound
+
+
+def test_drafts_and_agreement_are_recorded_without_examples(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES, _method("x * 2 + self.bias"), _method("x + x + self.bias")
+    )
+    runner = jit.JitRunner(model, drafts=2)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (5,))) == 11
+    with image.read() as root:
+        audit = root["o"]._methods["double"].audit
+        assert audit["drafts"] == 2 and audit["agreement"] == 2
+
+
 def test_unknown_message_is_written_installed_and_answered(image, enabled) -> None:
     model = ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD)
     jit.enable(model)

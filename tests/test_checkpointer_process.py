@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import serving
 
 from graph.cli import main as batos
 from store.checkpointer import ZODBSaver
@@ -173,55 +174,29 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
         "LANGGRAPH_CLI_NO_ANALYTICS": "1",
         "PYTHONPATH": str(project),
     }
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            [
-                str(REPO / ".venv" / "bin" / "langgraph"),
-                "dev",
-                "--no-browser",
-                "--no-reload",
-                "--port",
-                str(port),
-                "--host",
-                "127.0.0.1",
-            ],
+    command = [str(REPO / ".venv" / "bin" / "langgraph"), "dev", "--no-browser", "--no-reload"]
+    with (
+        serving(
+            [*command, "--port", str(port), "--host", "127.0.0.1"],
+            port=port,
             cwd=project,
             env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            log_path=log_path,
+            timeout=120,
+        ) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        thread = client.post("/threads", json={}).json()["thread_id"]
+        result = client.post(
+            f"/threads/{thread}/runs/wait",
+            json={"assistant_id": "tiny", "input": {"n": 1, "log": []}},
         )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=base, timeout=30) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                assert server.poll() is None, log_path.read_text()[-4000:]
-                try:
-                    if client.get("/ok").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, log_path.read_text()[-4000:]
-                time.sleep(0.5)
-            thread = client.post("/threads", json={}).json()["thread_id"]
-            result = client.post(
-                f"/threads/{thread}/runs/wait",
-                json={"assistant_id": "tiny", "input": {"n": 1, "log": []}},
-            )
-            assert result.status_code == 200, result.text
-            assert result.json()["n"] == 22
-            history = client.post(f"/threads/{thread}/history", json={"limit": 10}).json()
-            assert len(history) == 5
-            copy = client.post(f"/threads/{thread}/copy").json()["thread_id"]
-            assert client.get(f"/threads/{copy}/state").json()["values"]["n"] == 22
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        assert result.status_code == 200, result.text
+        assert result.json()["n"] == 22
+        history = client.post(f"/threads/{thread}/history", json={"limit": 10}).json()
+        assert len(history) == 5
+        copy = client.post(f"/threads/{thread}/copy").json()["thread_id"]
+        assert client.get(f"/threads/{copy}/state").json()["values"]["n"] == 22
     text = log_path.read_text()
     assert "Using custom checkpointer: ZODBSaver" in text, text[-4000:]
     assert "Custom checkpointer missing" not in text, text[-4000:]

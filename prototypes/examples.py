@@ -79,6 +79,14 @@ class Example:
         return f"self.{selector}({shown}){state}"
 
 
+#: Any JSON value, spelled so that llama.cpp's grammar converter reads it so: it turns an empty
+#: schema ``{}`` into "an object" (every expected output was then forced into a JSON object,
+#: ``{"hms": "1:02:05"}``), and applies an array's item bounds only when its items are given.
+ANY_VALUE: dict[str, Any] = {
+    "type": ["string", "number", "integer", "boolean", "array", "object", "null"]
+}
+
+
 def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]:
     """The JSON schema of an examples reply (no string bounds: llama.cpp would expand each
     into a grammar rule per character; ``parse_examples`` bounds them instead).
@@ -86,7 +94,7 @@ def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]
     With ``arity``, every "args" list must hold exactly that many items: small models spread
     a one-list call's list over "args" (``[1, 2, 3]`` for ``f([1, 2, 3])``), and decoding
     held to the count leaves them no room to."""
-    args: dict[str, Any] = {"type": "array"}
+    args: dict[str, Any] = {"type": "array", "items": ANY_VALUE}
     if arity is not None:
         args.update(minItems=arity, maxItems=arity)
     return {
@@ -101,7 +109,7 @@ def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]
                     "properties": {
                         "args": args,
                         "slots": {"type": "object"},
-                        "returns": {},
+                        "returns": ANY_VALUE,
                         "slots_after": {"type": "object"},
                     },
                     "required": ["args", "slots", "returns", "slots_after"],

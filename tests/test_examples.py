@@ -103,11 +103,23 @@ def test_a_lone_draft_that_passes_more_examples_wins() -> None:
     assert examples.choose([], shown) is None
 
 
-def test_the_schema_holds_args_to_the_call_s_arity() -> None:
-    item = examples.schema(arity=1)["properties"]["examples"]["items"]["properties"]["args"]
-    assert item == {"type": "array", "minItems": 1, "maxItems": 1}
-    free = examples.schema()["properties"]["examples"]["items"]["properties"]["args"]
-    assert free == {"type": "array"}
+def test_the_schema_holds_args_to_the_call_s_arity_and_lets_returns_be_any_value() -> None:
+    """Checked on llama.cpp's own grammar converter, which reads ``{}`` as "an object"."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    rules = dict(
+        line.split(" ::= ", 1)
+        for line in json_schema_to_gbnf(json.dumps(examples.schema(arity=2))).splitlines()
+    )
+    item = rules["examples-item-args"]
+    assert item.count("examples-item-args-item") == 2 and "?" not in item
+    returns = rules["examples-item-returns"]
+    assert all(t in returns for t in ("string", "number", "boolean", "array", "null"))
+    rules = dict(
+        line.split(" ::= ", 1)
+        for line in json_schema_to_gbnf(json.dumps(examples.schema())).splitlines()
+    )
+    assert "*" in rules["examples-item-args"]  # any number of arguments
 
 
 def test_returns_wrapped_in_the_method_s_name_are_unwrapped_only_when_all_are() -> None:

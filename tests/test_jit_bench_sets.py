@@ -21,6 +21,7 @@ def _sets() -> dict[str, list[jit.Case]]:
         "bench": jit.CASES,
         "heldout": jit.heldout_cases(jit.HELDOUT),
         "fresh": jit.heldout_cases(jit.FRESH),
+        "unseen": jit.heldout_cases(jit.UNSEEN),
     }
 
 
@@ -36,7 +37,9 @@ def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
             seen_intents.add(case.intent)
 
 
-@pytest.mark.parametrize("path", [jit.HELDOUT, jit.FRESH], ids=["heldout", "fresh"])
+@pytest.mark.parametrize(
+    "path", [jit.HELDOUT, jit.FRESH, jit.UNSEEN], ids=["heldout", "fresh", "unseen"]
+)
 def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     for item in data["intents"]:

@@ -19,6 +19,7 @@ holds only what Studio can show.
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -327,7 +328,15 @@ def examples_messages(brief: MissionBrief) -> list[BaseMessage]:
     messages: list[BaseMessage] = [SystemMessage(p["examples_system"])]
     for shot in p.get("examples_shots", []):
         messages += [HumanMessage(shot["task"]), AIMessage(shot["answer"])]
-    messages.append(HumanMessage(p["examples_task"].format(**_task_fields(brief))))
+    fields = _task_fields(brief)
+    if brief.args_json or brief.kwargs_json or brief.slots_json:
+        # The examples are JSON: the call and the slots are shown in JSON's spelling too.
+        fields["call"] = ", ".join(
+            [*brief.args_json, *(f"{k}={v}" for k, v in brief.kwargs_json.items())]
+        )
+        shown = ", ".join(f"{json.dumps(k)}: {v}" for k, v in brief.slots_json.items())
+        fields["slots"] = "{" + shown + "}" if shown else "(none)"
+    messages.append(HumanMessage(p["examples_task"].format(**fields)))
     return messages
 
 

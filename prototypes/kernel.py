@@ -22,10 +22,11 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +66,11 @@ class MissionBrief:
     slots: dict[str, str]
     parents: tuple[str, ...]
     inherited: tuple[str, ...]
+    #: The same arguments and state slots spelled as JSON where they are plain data: the
+    #: examples are written in JSON, and a Python repr's quotes were copied into them.
+    args_json: tuple[str, ...] = ()
+    kwargs_json: dict[str, str] = field(default_factory=dict)
+    slots_json: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +89,38 @@ class MissionBrief:
 def _short(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
     # Bounded by nodes visited too: a slot may hold a small graph that expands without end.
     return bounded_repr(value, limit)
+
+
+#: Values visited to spell one value as JSON for a brief.
+JSON_TEXT_NODES = 200
+
+
+def json_text(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
+    """``value`` as JSON text when it is plain data (None, bools, numbers, strings, lists,
+    tuples and string-keyed mappings) within ``limit`` characters, else its bounded repr."""
+    budget = [JSON_TEXT_NODES]
+
+    def plain(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 20:
+            raise ValueError("too large")
+        if v is None or isinstance(v, (bool, str, int)):
+            return v
+        if isinstance(v, float) and v == v and v not in (float("inf"), float("-inf")):
+            return v
+        if isinstance(v, Mapping) and not isinstance(v, UvmObject):
+            if not all(isinstance(k, str) for k in v):
+                raise ValueError("not JSON")
+            return {k: plain(x, depth + 1) for k, x in list(v.items())}
+        if isinstance(v, Sequence) and not isinstance(v, (bytes, bytearray, UvmObject)):
+            return [plain(x, depth + 1) for x in list(v)]
+        raise ValueError("not JSON")
+
+    try:
+        text = json.dumps(plain(value, 0), ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        return _short(value, limit)
+    return text if len(text) <= limit else _short(value, limit)
 
 
 def intent_for(receiver: UvmObject, selector: str) -> tuple[str, UvmObject | None]:
@@ -137,6 +175,13 @@ def build_brief(
         slots=slots,
         parents=tuple(_short(p) for p in receiver._parents()),
         inherited=tuple(inherited),
+        args_json=tuple(json_text(a) for a in args),
+        kwargs_json={k: json_text(v) for k, v in (kwargs or {}).items()},
+        slots_json={
+            name: json_text(value)
+            for name, value in sorted(receiver._slots().items())
+            if not name.endswith("*") and not isinstance(value, Method)
+        },
     )
 
 

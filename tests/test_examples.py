@@ -135,3 +135,47 @@ def test_returns_wrapped_in_the_method_s_name_are_unwrapped_only_when_all_are() 
     assert found[0].returns == {"result": 2}
     found, _ = examples.parse_examples(wrapped, arity=1)
     assert found[0].returns == {"hms": "1:02:05"}
+
+
+def test_the_examples_task_shows_the_call_and_slots_in_json_spelling() -> None:
+    """A Python repr's quotes were copied into the JSON examples (``["a', 'b'], "]``)."""
+    from persistent.list import PersistentList
+
+    from graph.jit import examples_messages
+    from prototypes.kernel import build_brief
+    from prototypes.uvm import UvmObject
+
+    obj = UvmObject(name="shelf", books=PersistentList(["Dune"]), tags={"x"}, on=True)
+    brief = build_brief(obj, "add_all", (["a", "b"], None), {"sep": ", "})
+    task = examples_messages(brief)[-1].content
+    assert 'called as self.add_all(["a", "b"], null, sep=", ")' in task
+    assert '"books": ["Dune"]' in task and '"on": true' in task and '"name": "shelf"' in task
+    assert "\"tags\": {'x'}" in task  # not JSON: its bounded repr, not a guess
+    assert "Its slots: (none)" in examples_messages(build_brief(UvmObject(), "f", (1,)))[-1].content
+
+
+def test_json_text_is_bounded_and_spells_only_plain_data() -> None:
+    from prototypes.kernel import BRIEF_VALUE_CHARS, json_text
+
+    assert json_text((1, "x", {"k": [None, False, 2.5]})) == '[1, "x", {"k": [null, false, 2.5]}]'
+    assert json_text({1: 2}) == "{1: 2}"  # a key JSON cannot hold
+    assert json_text(float("nan")) == "nan"
+    big = json_text(list(range(10_000)))
+    assert len(big) <= BRIEF_VALUE_CHARS + 1 and not big.endswith("]")
+    nested: list = []
+    for _ in range(100):
+        nested = [nested]
+    assert json_text(nested).startswith("[[[")  # too deep: the bounded repr
+
+
+def test_every_examples_shot_parses_and_holds_to_its_call() -> None:
+    """The few-shot answers teach the format; each must be what the parser and schema accept."""
+    import re
+
+    from graph.jit import prompts
+
+    for shot in prompts()["examples_shots"]:
+        count = int(re.search(r"has (\d+) item", shot["task"]).group(1))
+        found, dropped = examples.parse_examples(shot["answer"], count)
+        assert len(found) == 4 and not dropped, shot["task"]
+        assert all(len(e.args) == count for e in found)

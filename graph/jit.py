@@ -242,7 +242,7 @@ def extract_code(reply: str, selector: str) -> str:
     block) left out; only imports and the method itself are kept."""
     blocks = _FENCE.findall(reply) or [reply]
     chosen = next((b for b in blocks if f"def {selector}(" in b), blocks[0])
-    return with_imports(_method_only(chosen.strip() + "\n", selector))
+    return with_slots_assigned(with_imports(_method_only(chosen.strip() + "\n", selector)))
 
 
 #: Names a draft may use without importing them, and the import that binds each: the allowed
@@ -290,6 +290,67 @@ def with_imports(source: str) -> str:
         _IMPORTABLE[name] for name in used if name in _IMPORTABLE and name not in bound
     )
     return "".join(f"{line}\n" for line in missing) + source if missing else source
+
+
+def with_slots_assigned(source: str) -> str:
+    """``source`` with each statement that changes a slot's container in place
+    (``self.queue.append(x)``, ``items[k] = v`` after ``items = self.items``) followed by the
+    assignment of that slot the persistence covenant asks for (``self.queue = self.queue``).
+
+    Small models keep writing the in-place change after being told the covenant's rule, draft
+    after draft; the added line is the one the rule asks for and changes nothing else the
+    method does. A change inside a ``return`` or on the line of an ``if`` is left as written:
+    the audit reports it.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # the audit reports it, with its line
+    lines = source.splitlines(keepends=True)
+    added: dict[int, str] = {}
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        aliases: dict[str, str] = {}
+        statements = [n for n in ast.walk(fn) if isinstance(n, ast.stmt) and n is not fn]
+        for stmt in sorted(statements, key=lambda n: (n.lineno, n.col_offset)):
+            if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.Delete)):
+                assign = _slot_assignments(stmt, aliases)
+                indent = lines[stmt.lineno - 1][: stmt.col_offset]
+                if assign and not indent.strip() and stmt.end_lineno is not None:
+                    text = "".join(f"{indent}self.{slot} = {value}\n" for slot, value in assign)
+                    added[stmt.end_lineno] = added.get(stmt.end_lineno, "") + text
+            if isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    if isinstance(target, ast.Name):
+                        slot = guardian._self_slot(stmt.value)
+                        if slot is not None:
+                            aliases[target.id] = slot
+                        else:
+                            aliases.pop(target.id, None)
+    if not added:
+        return source
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    out = "".join(line + added.get(number, "") for number, line in enumerate(lines, 1))
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return source
+    return out
+
+
+def _slot_assignments(stmt: ast.stmt, aliases: dict[str, str]) -> list[tuple[str, str]]:
+    """(slot, value) for each slot whose container ``stmt`` changes in place."""
+    found: dict[str, str] = {}
+    for node in ast.walk(stmt):
+        for target in guardian._in_place_targets(node):
+            slot = guardian._self_slot(target)
+            if slot is not None:
+                found[slot] = f"self.{slot}"
+            elif isinstance(target, ast.Name) and target.id in aliases:
+                found[aliases[target.id]] = target.id
+    return list(found.items())
 
 
 def _method_only(source: str, selector: str) -> str:

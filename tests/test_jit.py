@@ -84,6 +84,58 @@ def test_a_draft_gets_the_allowed_imports_it_forgot_and_nothing_else() -> None:
         assert jit.with_imports(bound) == bound
 
 
+def test_a_draft_that_changes_a_slot_in_place_gets_the_slot_assigned_back() -> None:
+    source = (
+        "def f(self, k, v):\n"
+        "    items = self.items\n"
+        "    items[k] = v  # aliased\n"
+        "    self.log.append(k); self.n += 1\n"
+        "    if k: self.other.append(1)\n"
+        "    return self.stack.pop()\n"
+    )
+    assert jit.with_slots_assigned(source) == (
+        "def f(self, k, v):\n"
+        "    items = self.items\n"
+        "    items[k] = v  # aliased\n"
+        "    self.items = items\n"
+        "    self.log.append(k); self.n += 1\n"
+        "    self.log = self.log\n"
+        "    if k: self.other.append(1)\n"
+        "    return self.stack.pop()\n"
+    )
+    # A copy is not the slot; code without in-place changes, or not Python, is left alone.
+    for alone in (
+        "def f(self, x):\n    q = list(self.q)\n    q.append(x)\n    self.q = q\n",
+        "def f(self, x):\n    return x\n",
+        "def f(self:\n",
+    ):
+        assert jit.with_slots_assigned(alone) == alone
+
+
+def test_an_in_place_slot_change_is_installed_and_survives_a_reload(tmp_path) -> None:
+    """What a small model writes after being told the covenant, end to end in the sandbox."""
+    in_place = (
+        "```python\ndef enqueue(self, item):\n    if len(self.queue) >= 3:\n"
+        "        return False\n    self.queue.append(item)\n    return True\n```"
+    )
+    uri = f"file://{tmp_path / 'q.fs'}"
+    image = LivingImage.open(uri)
+    try:
+        image.transact(lambda root: root.__setitem__("q", UvmObject(queue=["a", "b"])))
+        runner = jit.JitRunner(ScriptedChatModel().enqueue(NO_EXAMPLES, in_place))
+        assert image.transact(lambda root: runner.send(root["q"], "enqueue", ("c",))) is True
+        assert image.transact(lambda root: root["q"].enqueue("d")) is False
+    finally:
+        image.close()
+    image = LivingImage.open(uri)
+    try:
+        with image.read() as root:
+            assert list(root["q"].queue) == ["a", "b", "c"]
+            assert "self.queue = self.queue" in root["q"]._methods["enqueue"].source
+    finally:
+        image.close()
+
+
 def test_drafts_and_agreement_are_recorded_without_examples(image) -> None:
     model = ScriptedChatModel().enqueue(
         NO_EXAMPLES, _method("x * 2 + self.bias"), _method("x + x + self.bias")

@@ -176,20 +176,24 @@ class CheckpointRecord(Persistent):
     def __getstate__(self) -> Any:
         if "writes" not in vars(self):  # a record of layout 1 or 2, until layout 3 fills it
             return super().__getstate__()
-        refs: list[Any] = []
-        data = ormsgpack.packb(
-            [
-                *self.checkpoint,
-                *self.metadata,
-                self.parent_id,
-                self.run_id,
-                self.size,
-                self.versions,
-                {channel: _out(stored, refs) for channel, stored in self.values.items()},
-            ]
-        )
-        writes, write_refs = _pack_writes(self.writes)
-        return RECORD_FORMAT, data, tuple(refs), writes, write_refs
+        # Everything but the writes is fixed once the record is made: packed once, kept while
+        # the record is in memory, so a put_writes packs only the writes.
+        packed = getattr(self, "_v_packed", None)
+        if packed is None:
+            refs: list[Any] = []
+            data = ormsgpack.packb(
+                [
+                    *self.checkpoint,
+                    *self.metadata,
+                    self.parent_id,
+                    self.run_id,
+                    self.size,
+                    self.versions,
+                    {channel: _out(stored, refs) for channel, stored in self.values.items()},
+                ]
+            )
+            packed = self._v_packed = (data, tuple(refs))
+        return RECORD_FORMAT, *packed, *_pack_writes(self.writes)
 
     def __setstate__(self, state: Any) -> None:
         if isinstance(state, dict):  # layouts 1-3: the attributes, pickled
@@ -213,6 +217,7 @@ class CheckpointRecord(Persistent):
         ):
             raise _damaged("fields of the wrong types")
         vars(self).update(
+            _v_packed=(data, refs),
             checkpoint=(c_type, c_bytes),
             metadata=(m_type, m_bytes),
             parent_id=parent_id,

@@ -31,7 +31,7 @@ import random
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import ExitStack, asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -121,7 +121,7 @@ class _Writer:
     Every write of a saver goes through it, so one process's writes never conflict with each
     other and the objects a put wrote are still in this connection's cache for the next put
     and for the ``get_tuple`` that usually follows. Reads use it when it is free
-    (``connection(wait=False)``) and the pool otherwise.
+    (``acquire(wait=False)``) and the pool otherwise.
     """
 
     def __init__(self, image: LivingImage) -> None:
@@ -130,12 +130,10 @@ class _Writer:
         self._conn: Connection | None = None
         self._closed = False
 
-    @contextmanager
-    def connection(self, *, wait: bool = True) -> Iterator[Connection | None]:
-        """The write connection, held until the block ends; None if busy and not ``wait``."""
+    def acquire(self, *, wait: bool = True) -> Connection | None:
+        """The write connection, held until ``release()``; None if busy and not ``wait``."""
         if not self._lock.acquire(blocking=wait):
-            yield None
-            return
+            return None
         try:
             if self._closed:
                 raise CheckpointError(
@@ -143,9 +141,13 @@ class _Writer:
                 )
             if self._conn is None:
                 self._conn = self._image.db.open(transaction_manager=_ExplicitTransactions())
-            yield self._conn
-        finally:
+        except BaseException:
             self._lock.release()
+            raise
+        return self._conn
+
+    def release(self) -> None:
+        self._lock.release()
 
     def close(self) -> None:
         with self._lock:
@@ -313,15 +315,23 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         With ``writer``, through the write connection if it is free: its cache holds what
         this saver last wrote, which a short read (``get_tuple``) most often wants.
         """
-        with ExitStack() as stack:
-            conn = stack.enter_context(self._writer.connection(wait=False)) if writer else None
-            if conn is None:
-                conn = stack.enter_context(self._pool.connection())
-            # Catch up with the storage (what begin() does for a connection) without a
-            # transaction: a read needs none, and an accidental write then raises
-            # NoTransaction instead of committing anything.
-            conn.newTransaction(None)
-            yield conn.root()[CHECKPOINTS_KEY]
+        conn = self._writer.acquire(wait=False) if writer else None
+        if conn is None:
+            with self._pool.connection() as conn:
+                yield self._catch_up(conn)
+            return
+        try:
+            yield self._catch_up(conn)
+        finally:
+            self._writer.release()
+
+    @staticmethod
+    def _catch_up(conn: Connection) -> CheckpointTree:
+        # Catch up with the storage (what begin() does for a connection) without a
+        # transaction: a read needs none, and an accidental write then raises
+        # NoTransaction instead of committing anything.
+        conn.newTransaction(None)
+        return conn.root()[CHECKPOINTS_KEY]
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
         return self._write_root(lambda root: fn(root[CHECKPOINTS_KEY]), note)
@@ -329,8 +339,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     def _write_root(self, fn: Callable[[Any], T], note: str) -> T:
         """Run ``fn(root)`` in one transaction of the write connection, retried on write
         conflicts; ``fn`` raises ``Unchanged(result)`` to abort it instead of committing it."""
-        with self._writer.connection() as conn:
-            assert conn is not None
+        conn = self._writer.acquire()
+        assert conn is not None
+        try:
             return run_in_transaction(
                 conn.transaction_manager,
                 lambda: fn(conn.root()),
@@ -338,6 +349,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 user="checkpointer",
                 hint="other runs keep writing the same thread; retry later",
             )
+        finally:
+            self._writer.release()
 
     def _dumps(self, value: Any, what: str) -> Typed:
         try:

@@ -5,21 +5,23 @@ Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
     CheckpointTree
      ├── threads: OOBTree  thread_id → ThreadRecord
      │    └── namespaces: OOBTree  checkpoint_ns → CheckpointIndex
-     │         CheckpointIndex: recent  the newest checkpoint_id → CheckpointRecord (its own state)
-     │                          older   OOBTree  the rest (None until there are any)
-     │         CheckpointRecord: body, metadata, parent_id, run_id,
+     │         CheckpointIndex: the newest checkpoint ids and a reference to the newest record
+     │                          older  OOBTree  checkpoint_id → CheckpointRecord, the rest
+     │         CheckpointRecord: checkpoint_id, body, metadata, parent_id, run_id,
      │                           versions {channel: version}, values {channel: stored},
-     │                           writes {(task_id, idx): (channel, stored, task_path)}
+     │                           writes {(task_id, idx): (channel, stored, task_path)},
+     │                           previous (the record of the next older id)
      └── runs:    OOBTree  run_id → OOTreeSet of (thread_id, ns, checkpoint_id)
 
 Checkpoint ids are uuid6, so each namespace index is ordered oldest → newest, and "latest" is
 its largest id. A checkpoint is one record holding everything a read needs. A put writes that
-record and the small bucket of its namespace's newest ids (ids and references only); every
-``RECENT`` puts the older half of that bucket moves into the namespace's tree, so a put writes
-that tree once in ``RECENT`` puts, however long the thread. A put_writes rewrites the record
-only. A record's state is two msgpack documents (what it was stored with,
-and its pending writes) and the ``Payload`` records they refer to: one string for ZODB to
-pickle instead of a hundred small objects, each a Python call of ZODB's pickler.
+record and its namespace's small bucket of newest ids, which refers to the newest record only
+(the others are reached through each record's ``previous``); once in ``RECENT`` puts the
+bucket's older ids move into the namespace's tree, so a put writes two small objects however
+long the thread. A put_writes rewrites the record only. A record's state is two msgpack
+documents (what it was stored with, and its pending writes) and the references it holds: a
+few strings for ZODB to pickle instead of a hundred small objects, each a Python call of ZODB's
+pickler, as is every reference.
 (Layouts 1 and 2 kept values and writes in per-thread trees whose last buckets, a few KiB of
 other checkpoints' data, every put and put_writes rewrote; ``checkpoints-3`` moves them in.
 Records of layouts 1-3 are pickled attribute dicts: they are read as they are and rewritten in
@@ -38,6 +40,7 @@ The classes here are pickled by module path: they must stay importable as
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -145,16 +148,23 @@ class CheckpointRecord(Persistent):
     """One checkpoint: its serialized body (without channel values), metadata, channel values
     and pending writes.
 
-    Stored as ``(RECORD_FORMAT, data, refs, writes, write_refs)``: ``data`` and ``writes`` are
-    msgpack documents in which a value kept in a ``Payload`` is its position in ``refs`` or
-    ``write_refs``. Everything but the writes is fixed when the record is made.
+    Stored as ``(RECORD_FORMAT, data, refs, writes, write_refs, previous)``: ``data`` and
+    ``writes`` are msgpack documents in which a value kept in a ``Payload`` is its position in
+    ``refs`` or ``write_refs``. Everything in ``data`` is fixed when the record is made.
     """
+
+    #: The record of the next older checkpoint of its namespace, or None: the chain by which
+    #: a ``CheckpointIndex`` reaches its newest records through one reference.
+    previous: CheckpointRecord | None = None
+    #: This checkpoint's id; None in records of layouts 1-3, which did not keep it.
+    checkpoint_id: str | None = None
 
     def __init__(
         self,
         checkpoint: Typed,
         metadata: Typed,
         *,
+        checkpoint_id: str,
         parent_id: str | None,
         run_id: str | None,
         versions: dict[str, str],
@@ -162,6 +172,7 @@ class CheckpointRecord(Persistent):
         writes: Writes,
         size: int,
     ) -> None:
+        self.checkpoint_id = checkpoint_id
         self.checkpoint = checkpoint
         self.metadata = metadata
         self.parent_id = parent_id
@@ -183,6 +194,7 @@ class CheckpointRecord(Persistent):
             refs: list[Any] = []
             data = ormsgpack.packb(
                 [
+                    self.checkpoint_id,
                     *self.checkpoint,
                     *self.metadata,
                     self.parent_id,
@@ -193,21 +205,35 @@ class CheckpointRecord(Persistent):
                 ]
             )
             packed = self._v_packed = (data, tuple(refs))
-        return RECORD_FORMAT, *packed, *_pack_writes(self.writes)
+        return RECORD_FORMAT, *packed, *_pack_writes(self.writes), self.previous
 
     def __setstate__(self, state: Any) -> None:
         if isinstance(state, dict):  # layouts 1-3: the attributes, pickled
             super().__setstate__(state)
             return
-        if not (isinstance(state, tuple) and len(state) == 5 and state[0] == RECORD_FORMAT):
+        if not (isinstance(state, tuple) and len(state) == 6 and state[0] == RECORD_FORMAT):
             raise _damaged(f"a state of format {_shape(state)}")
-        _, data, refs, writes, write_refs = state
+        _, data, refs, writes, write_refs, previous = state
+        if not isinstance(previous, CheckpointRecord | None):
+            raise _damaged(f"a previous record {_shape(previous)}")
         fields = _unpack(data, "data")
-        if not (isinstance(fields, list) and len(fields) == 9):
+        if not (isinstance(fields, list) and len(fields) == 10):
             raise _damaged(f"data {_shape(fields)}")
-        c_type, c_bytes, m_type, m_bytes, parent_id, run_id, size, versions, values = fields
+        (
+            checkpoint_id,
+            c_type,
+            c_bytes,
+            m_type,
+            m_bytes,
+            parent_id,
+            run_id,
+            size,
+            versions,
+            values,
+        ) = fields
         if not (
-            _is_typed(c_type, c_bytes)
+            isinstance(checkpoint_id, str | None)
+            and _is_typed(c_type, c_bytes)
             and _is_typed(m_type, m_bytes)
             and isinstance(parent_id, str | None)
             and isinstance(run_id, str | None)
@@ -218,6 +244,8 @@ class CheckpointRecord(Persistent):
             raise _damaged("fields of the wrong types")
         vars(self).update(
             _v_packed=(data, refs),
+            checkpoint_id=checkpoint_id,
+            previous=previous,
             checkpoint=(c_type, c_bytes),
             metadata=(m_type, m_bytes),
             parent_id=parent_id,
@@ -232,6 +260,7 @@ class CheckpointRecord(Persistent):
         return CheckpointRecord(
             self.checkpoint,
             metadata,
+            checkpoint_id=self.checkpoint_id,
             parent_id=self.parent_id,
             run_id=self.run_id,
             versions=dict(self.versions),
@@ -266,7 +295,7 @@ class CheckpointRecord(Persistent):
                 merged[key] = write
         if isinstance(committed, dict):
             return {**committed, "writes": merged}
-        return (*committed[:3], *_pack_writes(merged))
+        return (*committed[:3], *_pack_writes(merged), committed[5])
 
 
 def _out(stored: Any, refs: list[Any]) -> Any:
@@ -332,13 +361,20 @@ def _fixed(state: Any) -> Any:
     format; None for a state that is neither format."""
     if isinstance(state, dict):
         return {name: value for name, value in state.items() if name != "writes"}
-    if isinstance(state, tuple) and len(state) == 5 and state[0] == RECORD_FORMAT:
-        return state[:3]
+    if isinstance(state, tuple) and len(state) == 6 and state[0] == RECORD_FORMAT:
+        return (*state[:3], state[5])
     return None
 
 
 def _state_writes(state: Any) -> Writes:
     return state["writes"] if isinstance(state, dict) else _unpack_writes(state[3], state[4])
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or a == b
+    except ValueError:  # ZODB's references to two different records refuse to compare
+        return False
 
 
 def _is_typed(kind: Any, data: Any) -> bool:
@@ -366,31 +402,55 @@ def _damaged(what: str) -> ImageCorruptError:
 class CheckpointIndex(Persistent):
     """The checkpoints of one namespace of a thread by id, oldest → newest.
 
-    The newest ids are the index's own state, the small bucket of ``recent`` ids: fewer than
-    ``2 * RECENT`` of them (a merge may leave a few more), stored as one msgpack list and a
-    tuple of references to their records. The rest live in ``older``, a tree. Every id of
-    ``recent`` is larger than every id in ``older``: a put of a new (largest) id rewrites the
-    bucket only, until it is full and all but its newest ``RECENT`` ids move into ``older``,
-    and the latest checkpoint is found without reading ``older``.
+    The newest ids (fewer than ``2 * RECENT``) are the index's own state, the small bucket of
+    recent ids: one msgpack list and one reference, to the newest record. Each record refers
+    to the record of the next older id (``CheckpointRecord.previous``), so the index reaches
+    every recent record through that chain and a put adds one reference to the image, not
+    one per recent checkpoint (a reference costs ZODB's pickler three Python calls). When the
+    bucket fills, all but its newest ``RECENT`` ids move into ``older``, a tree: every id of
+    the bucket is larger than every id in ``older``, so a put of a new (largest) id writes
+    the bucket and its record, the tree once in ``RECENT`` puts, and the latest checkpoint is
+    found without reading the tree.
+
+    Every record's ``previous`` is None or the live record of the next older id, also in
+    ``older``: removing or replacing a record relinks the one after it, so a deleted record is
+    never kept reachable. Two processes changing one namespace at once conflict and retry.
     """
 
     def __init__(self) -> None:
-        self._recent: dict[str, CheckpointRecord] = {}
-        self.older: Any = None  # OOBTree once anything moves out of ``recent``
+        self._ids: list[str] = []  # the recent ids, ascending
+        self._newest: CheckpointRecord | None = None
+        self.older: Any = None  # OOBTree once anything moves out of the bucket
 
-    def __getstate__(self) -> tuple[bytes, tuple[Any, ...], Any]:
-        ids = sorted(self._recent)
-        return ormsgpack.packb(ids), tuple(map(self._recent.__getitem__, ids)), self.older
+    def __getstate__(self) -> tuple[bytes, Any, Any]:
+        return ormsgpack.packb(self._ids), self._newest, self.older
 
     def __setstate__(self, state: Any) -> None:
-        ids, refs, older = _index_state(state)
-        vars(self).update(_recent=dict(zip(ids, refs, strict=True)), older=older)
+        if not (isinstance(state, tuple) and len(state) == 3):
+            raise _damaged(f"a checkpoint index state {_shape(state)}")
+        packed, newest, older = state
+        ids = _unpack(packed, "checkpoint ids")
+        if not (
+            isinstance(ids, list)
+            and all(isinstance(i, str) for i in ids)
+            and all(a < b for a, b in zip(ids, ids[1:], strict=False))
+            and (newest is None) == (not ids)
+        ):
+            raise _damaged("a checkpoint index whose ids are out of order or miss their records")
+        vars(self).update(_ids=ids, _newest=newest, older=older)
+
+    # -- reading ---------------------------------------------------------------------------
 
     def get(self, checkpoint_id: str, default: Any = None) -> Any:
-        record = self._recent.get(checkpoint_id)
-        if record is None and self.older is not None:
-            record = self.older.get(checkpoint_id)
-        return default if record is None else record
+        ids = self._ids
+        if ids and checkpoint_id >= ids[0]:
+            if checkpoint_id == ids[-1]:
+                return self._newest
+            position = bisect_left(ids, checkpoint_id)
+            if position < len(ids) and ids[position] == checkpoint_id:
+                return self._recent()[position]
+            return default
+        return self.older.get(checkpoint_id, default) if self.older is not None else default
 
     def __getitem__(self, checkpoint_id: str) -> CheckpointRecord:
         record = self.get(checkpoint_id)
@@ -398,122 +458,130 @@ class CheckpointIndex(Persistent):
             raise KeyError(checkpoint_id)
         return record
 
-    def __setitem__(self, checkpoint_id: str, record: CheckpointRecord) -> None:
-        recent, older = self._recent, self.older
-        if (recent and checkpoint_id >= min(recent)) or not older or checkpoint_id > older.maxKey():
-            recent[checkpoint_id] = record
-            self._p_changed = True
-            if len(recent) >= 2 * RECENT:
-                self._move_older(len(recent) - RECENT)
-        else:  # an id older than the newest ones: a put of a past checkpoint
-            older[checkpoint_id] = record
-
-    def _move_older(self, count: int) -> None:
-        if self.older is None:
-            self.older = OOBTree()
-        moved = sorted(self._recent)[:count]
-        self.older.update(
-            {checkpoint_id: self._recent.pop(checkpoint_id) for checkpoint_id in moved}
-        )
-        self._p_changed = True
-
-    def pop(self, checkpoint_id: str, default: Any = None) -> Any:
-        record = self._recent.pop(checkpoint_id, None)
-        if record is not None:
-            self._p_changed = True
-        elif self.older is not None:
-            record = self.older.pop(checkpoint_id, None)
-        return default if record is None else record
-
     def __len__(self) -> int:
-        return len(self._recent) + (len(self.older) if self.older is not None else 0)
+        return len(self._ids) + (len(self.older) if self.older is not None else 0)
 
     def __bool__(self) -> bool:
-        return bool(self._recent) or bool(self.older)
+        return bool(self._ids) or bool(self.older)
 
     def maxKey(self) -> str:  # noqa: N802 (the name BTrees give it)
         """The newest checkpoint id; ValueError when there is none, as a BTree's."""
-        if self._recent:
-            return max(self._recent)
+        if self._ids:
+            return self._ids[-1]
         if self.older:
             return self.older.maxKey()
         raise ValueError("empty checkpoint index")
 
     def keys(self, *, max: str | None = None, excludemax: bool = False) -> list[str]:  # noqa: A002
         """Checkpoint ids oldest → newest, those below (or up to) ``max`` when given."""
-        return [key for key, _ in self.items(max=max, excludemax=excludemax)]
-
-    def items(
-        self,
-        *,
-        max: str | None = None,  # noqa: A002
-        excludemax: bool = False,
-    ) -> list[tuple[str, CheckpointRecord]]:
-        items = sorted(self._recent.items())
-        if max is not None:
-            items = [item for item in items if item[0] < max or (item[0] == max and not excludemax)]
+        ids = _below(self._ids, max, excludemax)
         if self.older:
             bounds: dict[str, Any] = {} if max is None else {"max": max, "excludemax": excludemax}
-            items = list(self.older.items(**bounds)) + items
-        return items
+            ids = list(self.older.keys(**bounds)) + ids
+        return ids
+
+    def items(self) -> list[tuple[str, CheckpointRecord]]:
+        items = list(zip(self._ids, self._recent(), strict=True))
+        return list(self.older.items()) + items if self.older else items
 
     def values(self) -> list[CheckpointRecord]:
         return [record for _, record in self.items()]
 
-    def _p_resolveConflict(self, old: Any, committed: Any, new: Any) -> Any:
-        # Puts of different checkpoints of one namespace at once (two processes on one thread)
-        # merge, as in a BTree's bucket: each id takes the side that changed it. Both changing
-        # one id conflicts, and so do ids added on one side and removed on the other: a removal
-        # may be a move to ``older``, and an id added meanwhile could be older than those moved.
-        states = [_index_state(state) for state in (old, committed, new)]
-        maps = [dict(zip(ids, refs, strict=True)) for ids, refs, _ in states]
-        added = [bool(m.keys() - maps[0].keys()) for m in maps[1:]]
-        removed = [bool(maps[0].keys() - m.keys()) for m in maps[1:]]
-        if (added[0] and removed[1]) or (removed[0] and added[1]):
-            raise ConflictError
-        merged = {}
-        for checkpoint_id in set().union(*maps):
-            value = _merge_3(*(m.get(checkpoint_id, _ABSENT) for m in maps))
-            if value is not _ABSENT:
-                merged[checkpoint_id] = value
-        older = _merge_3(*(state[2] for state in states))
-        ids = sorted(merged)
-        return ormsgpack.packb(ids), tuple(merged[i] for i in ids), older
+    def _recent(self) -> list[CheckpointRecord]:
+        """The records of the recent ids, oldest first, found by walking from the newest."""
+        ids = self._ids
+        records: list[CheckpointRecord] = []
+        record = self._newest
+        for position in range(len(ids) - 1, -1, -1):
+            if record is None or record.checkpoint_id not in (None, ids[position]):
+                raise _damaged(f"the chain of newest checkpoints breaks at {ids[position]!r}")
+            records.append(record)
+            record = record.previous
+        records.reverse()
+        return records
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def __setitem__(self, checkpoint_id: str, record: CheckpointRecord) -> None:
+        ids, older = self._ids, self.older
+        if (
+            ids
+            and checkpoint_id > ids[-1]
+            or not ids
+            and not (older and checkpoint_id <= older.maxKey())
+        ):  # the usual put: a new newest checkpoint
+            record.previous = self._newest
+            ids.append(checkpoint_id)
+            self._newest = record
+        elif ids and checkpoint_id >= ids[0] or not (older and checkpoint_id <= older.maxKey()):
+            # a put of a past id into the bucket: replace or insert, and relink after it
+            records = self._recent()
+            position = bisect_left(ids, checkpoint_id)
+            if position < len(ids) and ids[position] == checkpoint_id:
+                record.previous = records[position].previous
+                records[position] = record
+            else:
+                record.previous = records[position - 1] if position else None
+                ids.insert(position, checkpoint_id)
+                records.insert(position, record)
+            if position + 1 < len(records):
+                records[position + 1].previous = record
+            self._newest = records[-1]
+        else:  # older than the bucket: into the tree, the next record pointing to it
+            following = self._following(checkpoint_id)
+            record.previous = None
+            older[checkpoint_id] = record
+            if following is not None and following.previous is not None:
+                following.previous = record
+            return
+        self._p_changed = True
+        if len(ids) >= 2 * RECENT:
+            self._move_older(len(ids) - RECENT)
+
+    def _move_older(self, count: int) -> None:
+        if self.older is None:
+            self.older = OOBTree()
+        self.older.update(list(zip(self._ids[:count], self._recent()[:count], strict=True)))
+        del self._ids[:count]
+        self._p_changed = True
+
+    def pop(self, checkpoint_id: str, default: Any = None) -> Any:
+        """Remove one checkpoint's record and return it, relinking the record after it."""
+        ids = self._ids
+        if ids and checkpoint_id >= ids[0]:
+            position = bisect_left(ids, checkpoint_id)
+            if position == len(ids) or ids[position] != checkpoint_id:
+                return default
+            records = self._recent()
+            record = records.pop(position)
+            del ids[position]
+            if position < len(records) and records[position].previous is record:
+                records[position].previous = record.previous
+            self._newest = records[-1] if records else None
+            self._p_changed = True
+            return record
+        if self.older is None:
+            return default
+        following = self._following(checkpoint_id)
+        record = self.older.pop(checkpoint_id, None)
+        if record is None:
+            return default
+        if following is not None and following.previous is record:
+            following.previous = record.previous
+        return record
+
+    def _following(self, checkpoint_id: str) -> CheckpointRecord | None:
+        """The record of the next newer id than ``checkpoint_id`` (not itself), if any."""
+        if self.older:
+            for later in self.older.keys(min=checkpoint_id, excludemin=True):
+                return self.older[later]
+        return self._recent()[0] if self._ids else None
 
 
-_ABSENT = object()
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return a is b or a == b
-    except ValueError:  # ZODB's references to two different records refuse to compare
-        return False
-
-
-def _merge_3(old: Any, committed: Any, new: Any) -> Any:
-    """The three-way merge of one value: the side that changed it, or ConflictError if both
-    changed it differently."""
-    if _same(committed, old):
-        return new
-    if _same(new, old) or _same(new, committed):
-        return committed
-    raise ConflictError
-
-
-def _index_state(state: Any) -> tuple[list[str], tuple[Any, ...], Any]:
-    if not (isinstance(state, tuple) and len(state) == 3):
-        raise _damaged(f"a checkpoint index state {_shape(state)}")
-    packed, refs, older = state
-    ids = _unpack(packed, "checkpoint ids")
-    if not (
-        isinstance(ids, list)
-        and all(isinstance(i, str) for i in ids)
-        and isinstance(refs, tuple)
-        and len(refs) == len(ids)
-    ):
-        raise _damaged("a checkpoint index whose ids and records do not match")
-    return ids, refs, older
+def _below(ids: list[str], most: str | None, exclude: bool) -> list[str]:
+    if most is None:
+        return list(ids)
+    return ids[: (bisect_left if exclude else bisect_right)(ids, most)]
 
 
 class ThreadRecord(Persistent):
@@ -694,7 +762,9 @@ def _layout_4(root: Any) -> None:
         for ns, tree in list(thread.namespaces.items()):
             index = CheckpointIndex()
             for checkpoint_id in list(tree.keys())[-RECENT:]:
-                index[checkpoint_id] = tree.pop(checkpoint_id)
+                record = tree.pop(checkpoint_id)
+                record.checkpoint_id = checkpoint_id
+                index[checkpoint_id] = record
             if tree:
                 index.older = tree
             thread.namespaces[ns] = index

@@ -606,6 +606,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             index[checkpoint_id] = CheckpointRecord(
                 body_typed,
                 metadata_typed,
+                checkpoint_id=checkpoint_id,
                 parent_id=parent_id,
                 run_id=run_id,
                 versions=versions,

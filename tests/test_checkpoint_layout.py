@@ -18,7 +18,7 @@ import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from persistent import Persistent
 from ZODB.ConflictResolution import PersistentReference
-from ZODB.POSException import ConflictError
+from ZODB.POSException import ConflictError, POSKeyError
 from ZODB.utils import get_pickle_metadata, p64
 
 from batos import metrics
@@ -143,9 +143,80 @@ def test_puts_of_past_ids_keep_the_newest_in_the_bucket(file_saver: ZODBSaver) -
     with file_saver._reading() as tree:
         index = tree.threads["p"].namespaces[""]
         assert index.maxKey() == configs[-1]["configurable"]["checkpoint_id"]
-        assert past in index.older and past not in index._recent
-        assert min(index._recent) > index.older.maxKey()
+        assert past in index.older and past not in index._ids
+        assert index._ids[0] > index.older.maxKey()
+        assert_chain(index)
     assert file_saver.get_tuple(cfg("p", checkpoint_id=past)).metadata["step"] == -5
+
+
+def assert_chain(index: CheckpointIndex) -> None:
+    """Each record refers to the record of the next older id, or (in the tree, and the
+    oldest of the bucket) to none: never to a record the namespace no longer holds."""
+    items = index.items()
+    assert [key for key, _ in items] == index.keys() == sorted(index.keys())
+    recent = set(index._ids)
+    for position, (checkpoint_id, record) in enumerate(items):
+        assert record.checkpoint_id in (None, checkpoint_id)
+        before = items[position - 1][1] if position else None
+        if checkpoint_id in recent and checkpoint_id != index._ids[0]:
+            assert record.previous is before
+        else:
+            assert record.previous is None or record.previous is before
+
+
+def test_the_chain_of_records_survives_every_change(file_saver: ZODBSaver) -> None:
+    saver = file_saver
+    configs = put_chain(saver, "c", 4 * RECENT)
+    ids = [c["configurable"]["checkpoint_id"] for c in configs]
+
+    def index(thread: str = "c") -> CheckpointIndex:
+        with saver._reading() as tree:
+            return tree.threads[thread].namespaces[""]
+
+    def put_again(checkpoint_id: str, step: int) -> None:
+        found = saver.get_tuple(cfg("c", checkpoint_id=checkpoint_id))
+        saver.put(found.parent_config, found.checkpoint, {"step": step}, {})
+
+    assert_chain(index())
+    assert index()._ids == ids[-RECENT:]
+    put_again(ids[-3], 100)  # replaced in the bucket
+    put_again(ids[2], 101)  # replaced in the tree
+    assert_chain(index())
+    # dropped from the tree, the oldest of the bucket, the middle and the newest of it
+    for position in (1, 2 * RECENT, 3 * RECENT, len(ids) - 2, len(ids) - 1):
+        saver._write(
+            lambda tree, drop=ids[position]: tree.threads["c"].drop_checkpoint("", drop),
+            f"drop {position}",
+        )
+        assert saver.get_tuple(cfg("c", checkpoint_id=ids[position])) is None
+        assert_chain(index())
+    steps = [c.metadata["step"] for c in saver.list(cfg("c"))]
+    assert len(steps) == len(ids) - 5 and 100 in steps and 101 in steps
+    assert saver.get_tuple(cfg("c")).metadata["step"] == 100  # ids[-3] is the newest now
+    assert saver.trim(["c"], keep=RECENT + 1) == len(ids) - 5 - (RECENT + 1)
+    assert_chain(index())
+    saver.copy_thread("c", "copy")
+    assert_chain(index("copy"))
+    assert [c.checkpoint for c in saver.list(cfg("copy"))] == [
+        c.checkpoint for c in saver.list(cfg("c"))
+    ]
+
+
+def test_pack_frees_the_records_of_deleted_checkpoints(file_uri: str) -> None:
+    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+        configs = put_chain(saver, "p", 5 * RECENT)
+        with saver._reading() as tree:
+            oids = {key: record._p_oid for key, record in tree.threads["p"].namespaces[""].items()}
+        saver.trim(["p"], keep=3)
+        image.db.pack()
+        kept = {c["configurable"]["checkpoint_id"] for c in configs[-3:]}
+        for checkpoint_id, oid in oids.items():
+            if checkpoint_id in kept:
+                image.db.storage.load(oid)
+            else:
+                with pytest.raises(POSKeyError):  # unreachable, so packed away
+                    image.db.storage.load(oid)
+        assert [c.config for c in saver.list(cfg("p"))] == configs[-3:][::-1]
 
 
 # -- one write connection, no empty transactions -----------------------------------------
@@ -220,8 +291,9 @@ def test_records_are_stored_as_msgpack_with_references_to_large_values(
     with file_saver._reading() as tree:
         record = tree.threads["m"].namespaces[""].get(config["configurable"]["checkpoint_id"])
         state = raw_state(file_saver.image, record)
-    version, data, refs, writes, write_refs = state
+    version, data, refs, writes, write_refs, previous = state
     assert version == RECORD_FORMAT and isinstance(data, bytes) and isinstance(writes, bytes)
+    assert previous is not None  # the record of the checkpoint before it
     assert len(refs) == 1 and len(write_refs) == 1  # the two large values, in records of their own
     found = file_saver.get_tuple(config)
     assert found.checkpoint["channel_values"]["big"] == "x" * 5000
@@ -270,10 +342,8 @@ def test_layout_3_image_gets_its_bucket_of_newest_ids_and_reads_the_same(
             assert "checkpoints-4" in applied(root)
             index = root[CHECKPOINTS_KEY].threads["old"].namespaces[""]
             assert isinstance(index, CheckpointIndex)
-            assert (
-                sorted(index._recent)
-                == [c["configurable"]["checkpoint_id"] for c in configs][-RECENT:]
-            )
+            assert index._ids == [c["configurable"]["checkpoint_id"] for c in configs][-RECENT:]
+            assert_chain(index)
             assert len(index.older) == 2 * RECENT
             assert len(root[CHECKPOINTS_KEY].threads["short"].namespaces[""].older or ()) == 0
         assert {thread: history(saver, thread) for thread in expected} == expected
@@ -295,9 +365,10 @@ def test_layout_3_image_gets_its_bucket_of_newest_ids_and_reads_the_same(
 def test_a_damaged_record_says_so() -> None:
     record = CheckpointRecord.__new__(CheckpointRecord)
     for state in (
-        (RECORD_FORMAT, b"\xc1", (), b"\x90", ()),  # not msgpack
-        (RECORD_FORMAT, b"\x93\x01\x02\x03", (), b"\x90", ()),  # three fields, not nine
-        (99, b"", (), b"", ()),  # a format this code does not know
+        (RECORD_FORMAT, b"\xc1", (), b"\x90", (), None),  # not msgpack
+        (RECORD_FORMAT, b"\x93\x01\x02\x03", (), b"\x90", (), None),  # three fields, not ten
+        (RECORD_FORMAT, b"\x90", (), b"\x90", (), "not a record"),
+        (99, b"", (), b"", (), None),  # a format this code does not know
         "nonsense",
     ):
         with pytest.raises(ImageCorruptError, match="checkpoint record") as info:
@@ -306,6 +377,7 @@ def test_a_damaged_record_says_so() -> None:
     good = CheckpointRecord(
         ("json", b"{}"),
         ("json", b"{}"),
+        checkpoint_id="c",
         parent_id=None,
         run_id=None,
         versions={},
@@ -324,38 +396,12 @@ def ref(n: int) -> PersistentReference:
     return PersistentReference(p64(n))
 
 
-def index_state(entries: dict[str, Any], older: Any = None) -> tuple:
-    index = CheckpointIndex()
-    index._recent.update(entries)
-    index.older = older
-    return index.__getstate__()
-
-
-def resolve_index(*states: tuple) -> dict:
-    merged = CheckpointIndex.__new__(CheckpointIndex)._p_resolveConflict(*states)
-    index = CheckpointIndex.__new__(CheckpointIndex)
-    index.__setstate__(merged)
-    return {key: value.oid for key, value in index._recent.items()}
-
-
-def test_puts_of_two_processes_into_one_bucket_merge() -> None:
-    old = index_state({"a": ref(1)})
-    one = index_state({"a": ref(1), "b": ref(2)})
-    two = index_state({"a": ref(1), "c": ref(3)})
-    assert resolve_index(old, one, two) == {"a": p64(1), "b": p64(2), "c": p64(3)}
-    # both replacing one id, or one adding while the other moves ids out: no merge
-    with pytest.raises(ConflictError):
-        resolve_index(old, index_state({"a": ref(4)}), index_state({"a": ref(5)}))
-    with pytest.raises(ConflictError):
-        resolve_index(old, one, index_state({}, older=ref(9)))
-    assert resolve_index(old, index_state({}), index_state({})) == {}
-
-
 def test_writes_of_two_processes_to_one_new_form_record_merge() -> None:
     def state(writes: dict) -> tuple:
         return CheckpointRecord(
             ("json", b"{}"),
             ("json", b"{}"),
+            checkpoint_id="c",
             parent_id=None,
             run_id=None,
             versions={"a": "1"},
@@ -374,6 +420,7 @@ def test_writes_of_two_processes_to_one_new_form_record_merge() -> None:
     other = CheckpointRecord(
         ("json", b"{}"),
         ("json", b"{}"),
+        checkpoint_id="c",
         parent_id="p",
         run_id=None,
         versions={"a": "1"},
@@ -389,6 +436,10 @@ def test_writes_of_two_processes_to_one_new_form_record_merge() -> None:
     )
     record.__setstate__(again)
     assert record.writes[("t1", 0)][1].oid == p64(8)
+    # writes racing a relink (the record before it deleted by another process): no merge
+    relinked = (*one[:5], ref(5))
+    with pytest.raises(ConflictError):
+        CheckpointRecord.__new__(CheckpointRecord)._p_resolveConflict(base, relinked, two)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
      ├── threads: OOBTree  thread_id → ThreadRecord
      │    └── namespaces: OOBTree  checkpoint_ns → CheckpointIndex
      │         CheckpointIndex: the newest checkpoint ids and a reference to the newest record
-     │                          older  OOBTree  checkpoint_id → CheckpointRecord, the rest
+     │                          older  OlderCheckpoints (an OOBTree)  checkpoint_id → record
      │         CheckpointRecord: checkpoint_id, body, metadata, parent_id, run_id,
      │                           versions {channel: version}, values {channel: stored},
      │                           writes {(task_id, idx): (channel, stored, task_path)},
@@ -399,6 +399,18 @@ def _damaged(what: str) -> ImageCorruptError:
     )
 
 
+class OlderCheckpoints(OOBTree):
+    """The tree of a namespace's older checkpoints: checkpoint_id → CheckpointRecord.
+
+    Ids arrive in order, so every split of a leaf rewrites the node above it, and an OOBTree's
+    nodes hold up to 250 children (its root 500): a tree of a few thousand checkpoints rewrote
+    a node of a few hundred references every fifteen puts. Small internal nodes keep that
+    rewrite small.
+    """
+
+    max_internal_size = 16
+
+
 class CheckpointIndex(Persistent):
     """The checkpoints of one namespace of a thread by id, oldest → newest.
 
@@ -540,7 +552,7 @@ class CheckpointIndex(Persistent):
 
     def _move_older(self, count: int) -> None:
         if self.older is None:
-            self.older = OOBTree()
+            self.older = OlderCheckpoints()
         self.older.update(list(zip(self._ids[:count], self._recent()[:count], strict=True)))
         del self._ids[:count]
         self._p_changed = True
@@ -754,9 +766,10 @@ def _layout_3(root: Any) -> None:
 def _layout_4(root: Any) -> None:
     """Give each namespace its bucket of newest ids (``CheckpointIndex``).
 
-    The namespace's tree stays as the index's ``older`` part, less its newest ``RECENT`` ids;
-    records are shared, not copied, and keep their layout-3 form until they next change. Runs
-    in one transaction, so a crash leaves the image on layout 3.
+    The newest ``RECENT`` records of the namespace's tree go into the bucket (linked, so they
+    are rewritten, in the new form), the rest into the index's ``older`` tree; records are
+    shared, not copied, and those in the tree keep their layout-3 form until they next change.
+    Runs in one transaction, so a crash leaves the image on layout 3.
     """
     for thread in root[CHECKPOINTS_KEY].threads.values():
         for ns, tree in list(thread.namespaces.items()):
@@ -766,7 +779,7 @@ def _layout_4(root: Any) -> None:
                 record.checkpoint_id = checkpoint_id
                 index[checkpoint_id] = record
             if tree:
-                index.older = tree
+                index.older = OlderCheckpoints(tree)
             thread.namespaces[ns] = index
 
 

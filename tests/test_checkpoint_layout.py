@@ -29,6 +29,7 @@ from store.checkpoint_layout import (
     RECORD_FORMAT,
     CheckpointIndex,
     CheckpointRecord,
+    OlderCheckpoints,
 )
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage
@@ -103,6 +104,24 @@ def test_a_put_writes_its_record_and_the_bucket_of_newest_ids(file_saver: ZODBSa
     assert sum(w != plain for w in written) == moves
     assert all(w[RECORD] == 1 and w[INDEX] == 1 for w in written)
     assert len(list(file_saver.list(cfg("long")))) == 3 + 6 * RECENT
+    # the bucket refers to its newest record only: ids, the newest record, the tree
+    with file_saver._reading() as tree:
+        index = tree.threads["long"].namespaces[""]
+        ids, newest, older = raw_state(file_saver.image, index)
+        assert isinstance(ids, bytes) and len(index._ids) >= RECENT
+        assert newest[0] == index.get(index.maxKey())._p_oid and older[0] == index.older._p_oid
+
+
+def test_a_long_thread_keeps_the_nodes_of_its_tree_small(file_saver: ZODBSaver) -> None:
+    configs = put_chain(file_saver, "long", 80 * RECENT)
+    with file_saver._reading() as tree:
+        older = tree.threads["long"].namespaces[""].older
+        assert isinstance(older, OlderCheckpoints) and len(older) == 79 * RECENT
+        children = older.__getstate__()[0][::2]
+        # what a leaf's split rewrites: a node of at most 16 children (the root 32), not 250
+        assert 1 < len(children) < 2 * OlderCheckpoints.max_internal_size
+        assert all(isinstance(child, OlderCheckpoints) for child in children)
+    assert file_saver.get_tuple(configs[5]).metadata["step"] == 5
 
 
 def test_put_writes_rewrites_only_its_record(file_saver: ZODBSaver) -> None:
@@ -344,7 +363,7 @@ def test_layout_3_image_gets_its_bucket_of_newest_ids_and_reads_the_same(
             assert isinstance(index, CheckpointIndex)
             assert index._ids == [c["configurable"]["checkpoint_id"] for c in configs][-RECENT:]
             assert_chain(index)
-            assert len(index.older) == 2 * RECENT
+            assert isinstance(index.older, OlderCheckpoints) and len(index.older) == 2 * RECENT
             assert len(root[CHECKPOINTS_KEY].threads["short"].namespaces[""].older or ()) == 0
         assert {thread: history(saver, thread) for thread in expected} == expected
         # an old record changes: it is stored in the new form, and reads the same

@@ -73,6 +73,8 @@ def _key(name: str, labels: dict[str, str]) -> tuple[str, Labels]:
         _, _, names = METRICS[name]
     except KeyError:
         raise KeyError(f"undeclared metric {name!r}; declare it in batos.metrics.METRICS") from None
+    if not labels and not names:  # most counters, once per transaction: skip the general case
+        return name, ()
     if set(labels) != set(names):
         raise KeyError(f"metric {name!r} takes labels {names}, got {tuple(labels)}")
     return name, tuple((k, str(labels[k])) for k in names)

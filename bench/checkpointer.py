@@ -10,7 +10,10 @@ ratios to the SQLite saver and, for graph runs, to InMemorySaver; JSON goes to b
 Where a sync costs milliseconds it dominates every durable saver; where it is cheap (tmpfs) the
 savers' CPU shows. So the files go in ``--dir`` (default: the system's temporary folder), and the
 median latency of a 4 KiB write + fsync there is measured before and after the run and printed
-beside the figures, with the load average.
+beside the figures, with the load average. The CPU each saver spent per operation (process time,
+its threads included) is printed too, and beside it the floor under ZODBSaver's: the CPU of a
+bare ZODB commit that changes one small object, on a FileStorage in the same folder (a cycle
+commits twice: its put and its put_writes).
 
     python bench/checkpointer.py                     # full sizes, 5 rounds, on the temp disk
     python bench/checkpointer.py --dir /dev/shm      # where a sync costs next to nothing
@@ -210,17 +213,45 @@ def sync_latency_ms(folder: Path, samples: int = 50) -> float:
     return statistics.median(times) * 1e3
 
 
+def bare_commit(folder: Path, commits: int = 500) -> tuple[float, float]:
+    """(CPU ms, wall ms) of one ZODB commit changing one small object, on a file image in
+    ``folder``, as the saver's connections commit (explicit transactions): the least a put
+    can cost."""
+    import transaction
+    from persistent.mapping import PersistentMapping
+
+    manager = transaction.TransactionManager(explicit=True)
+    with LivingImage.open(f"file://{folder / 'floor.fs'}") as image:
+        conn = image.db.open(transaction_manager=manager)
+        try:
+            manager.begin()
+            conn.root()["floor"] = counter = PersistentMapping(n=0)
+            manager.commit()
+            cpu, wall = time.process_time(), time.perf_counter()
+            for n in range(commits):
+                manager.begin()
+                counter["n"] = n
+                manager.commit()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        finally:
+            conn.close()
+    return cpu / commits * 1e3, wall / commits * 1e3
+
+
 def load() -> str:
     return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 async def measure(
     sizes: dict[str, int], rounds: int, where: Path | None
-) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
-    """({saver: {workload: [ops/s of each round]}}, [sync latency in ms before, after])."""
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]], dict[str, list]]:
+    """({saver: {workload: [ops/s of each round]}}, the same in CPU ms per operation,
+    {"sync_ms": [before, after], "bare_commit": [(cpu ms, wall ms) before, after]})."""
     samples: dict[str, dict[str, list[float]]] = {}
+    cpu_samples: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         sync_ms = [sync_latency_ms(Path(tmp))]
+        floor = [bare_commit(Path(tmp))]
         bench = Bench(Path(tmp), sizes)
         await bench.open()
         try:
@@ -234,24 +265,32 @@ async def measure(
                     size = next(v for k, v in SLICE.items() if k in workload)
                     ops = next(iter(jobs.values()))[0]
                     spent = dict.fromkeys(names, 0.0)
+                    cpu = dict.fromkeys(names, 0.0)
                     for _ in range(ops // size):
                         for name in names:
                             op = jobs[name][1]
-                            start = time.perf_counter()
+                            start, start_cpu = time.perf_counter(), time.process_time()
                             for _ in range(size):
                                 if is_async:
                                     await op()
                                 else:
                                     op()
                             spent[name] += time.perf_counter() - start
+                            cpu[name] += time.process_time() - start_cpu
                     for name in names:
-                        rate = ops // size * size / spent[name]
-                        samples.setdefault(name, {}).setdefault(workload, []).append(rate)
+                        done = ops // size * size
+                        samples.setdefault(name, {}).setdefault(workload, []).append(
+                            done / spent[name]
+                        )
+                        cpu_samples.setdefault(name, {}).setdefault(workload, []).append(
+                            cpu[name] / done * 1e3
+                        )
                 print(f"round {round_ + 1}/{rounds} done ({load()})", file=sys.stderr)
         finally:
             await bench.close()
         sync_ms.append(sync_latency_ms(Path(tmp)))
-    return samples, sync_ms
+        floor.append(bare_commit(Path(tmp)))
+    return samples, cpu_samples, {"sync_ms": sync_ms, "bare_commit": floor}
 
 
 def medians(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -285,6 +324,33 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(cpu: dict[str, dict[str, float]], floor: list[list[float]]) -> str:
+    """CPU per operation of each saver, ZODBSaver's over the SQLite saver's, and the floor."""
+    metrics = [m for m in SYNC_WORKLOADS + ASYNC_WORKLOADS if any(m in r for r in cpu.values())]
+    names = [m.replace("ops/s", "").replace("runs/s", "run").strip() for m in metrics]
+    lines = [f"{'CPU ms per op':<18}" + "".join(f"{n:>20}" for n in names)]
+    for name, row in cpu.items():
+        cells = (f"{row[m]:>20.3f}" if m in row else f"{'-':>20}" for m in metrics)
+        lines.append(f"{name:<18}" + "".join(cells))
+    lines.append("")
+    zodb = cpu["ZODBSaver"]
+    for metric, baseline in (
+        *((m, "SqliteSaver") for m in SYNC_WORKLOADS),
+        *((m, "AsyncSqliteSaver") for m in ASYNC_WORKLOADS),
+    ):
+        ratio = zodb[metric] / cpu[baseline][metric]
+        lines.append(f"ZODBSaver CPU / {baseline:<17} {metric:<19} {ratio:6.2f}x")
+    (cpu_before, wall_before), (cpu_after, wall_after) = floor
+    commit = (cpu_before + cpu_after) / 2
+    lines.append(
+        f"floor: a bare ZODB commit of one small object costs {cpu_before:.3f} ms CPU "
+        f"({wall_before:.3f} ms wall) before the run, {cpu_after:.3f} ({wall_after:.3f}) after; "
+        f"a cycle commits twice (put, put_writes): {2 * commit:.3f} ms CPU against "
+        f"SqliteSaver's whole cycle, {cpu['SqliteSaver']['cycle ops/s']:.3f} ms"
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
@@ -300,14 +366,17 @@ def main() -> None:
     )
     where = args.dir.resolve() if args.dir else Path(tempfile.gettempdir())
     before = load()
-    samples, sync_ms = asyncio.run(measure(sizes, args.rounds, args.dir))
-    results = medians(samples)
+    samples, cpu_samples, disk = asyncio.run(measure(sizes, args.rounds, args.dir))
+    results, cpu = medians(samples), medians(cpu_samples)
+    sync_ms = disk["sync_ms"]
     print(f"sizes: {sizes}, rounds: {args.rounds}")
     print(
         f"databases in {where}: 4 KiB write + fsync {sync_ms[0]:.3f} ms before the run, "
         f"{sync_ms[1]:.3f} ms after (median of 50); {before} at the start, {load()} at the end"
     )
     print(table(results))
+    print()
+    print(cpu_table(cpu, disk["bare_commit"]))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "checkpointer.json"
     out.write_text(
@@ -317,9 +386,12 @@ def main() -> None:
                 "rounds": args.rounds,
                 "dir": str(where),
                 "sync_ms": sync_ms,
+                "bare_commit_ms": disk["bare_commit"],
                 "load": [before, load()],
                 "medians": results,
+                "cpu_ms_medians": cpu,
                 "samples": samples,
+                "cpu_ms_samples": cpu_samples,
             },
             indent=2,
         )

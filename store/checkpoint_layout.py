@@ -4,18 +4,28 @@ Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
 
     CheckpointTree
      ├── threads: OOBTree  thread_id → ThreadRecord
-     │    └── namespaces: OOBTree  checkpoint_ns → OOBTree  checkpoint_id → CheckpointRecord
-     │         CheckpointRecord: body, metadata, parent_id, run_id,
+     │    └── namespaces: OOBTree  checkpoint_ns → CheckpointIndex
+     │         CheckpointIndex: the newest checkpoint ids and a reference to the newest record
+     │                          older  OlderCheckpoints (an OOBTree)  checkpoint_id → record
+     │         CheckpointRecord: checkpoint_id, body, metadata, parent_id, run_id,
      │                           versions {channel: version}, values {channel: stored},
-     │                           writes {(task_id, idx): (channel, stored, task_path)}
+     │                           writes {(task_id, idx): (channel, stored, task_path)},
+     │                           previous (the record of the next older id)
      └── runs:    OOBTree  run_id → OOTreeSet of (thread_id, ns, checkpoint_id)
 
 Checkpoint ids are uuid6, so each namespace index is ordered oldest → newest, and "latest" is
-``maxKey()``. A checkpoint is one record holding everything a read needs: a put writes that
-record and the last bucket of its namespace tree (ids and references only), a put_writes
-rewrites that record only.
+its largest id. A checkpoint is one record holding everything a read needs. A put writes that
+record and its namespace's small bucket of newest ids, which refers to the newest record only
+(the others are reached through each record's ``previous``); once in ``RECENT`` puts the
+bucket's older ids move into the namespace's tree, so a put writes two small objects however
+long the thread. A put_writes rewrites the record only. A record's state is two msgpack
+documents (what it was stored with, and its pending writes) and the references it holds: a
+few strings for ZODB to pickle instead of a hundred small objects, each a Python call of ZODB's
+pickler, as is every reference.
 (Layouts 1 and 2 kept values and writes in per-thread trees whose last buckets, a few KiB of
-other checkpoints' data, every put and put_writes rewrote; ``checkpoints-3`` moves them in.)
+other checkpoints' data, every put and put_writes rewrote; ``checkpoints-3`` moves them in.
+Records of layouts 1-3 are pickled attribute dicts: they are read as they are and rewritten in
+the msgpack form when they next change; ``checkpoints-4`` adds the bucket of newest ids.)
 
 Every value is stored as the saver's serde output ``(type, bytes)`` — never a pickled live
 object — inline when small, in its own ``Payload`` record when larger, and in a ZODB blob when
@@ -30,14 +40,17 @@ The classes here are pickled by module path: they must stay importable as
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ormsgpack
 from BTrees.OOBTree import OOBTree, OOTreeSet
 from persistent import Persistent
 from ZODB.POSException import ConflictError
 
+from batos.errors import ImageCorruptError
 from store.schema import UpgradeStep
 
 CHECKPOINTS_KEY = "checkpoints"
@@ -45,6 +58,11 @@ CHECKPOINTS_KEY = "checkpoints"
 #: Serialized values up to this size stay inline in their checkpoint's record; larger ones get
 #: their own record, shared by every later checkpoint that did not change them.
 INLINE_LIMIT = 512
+#: Newest checkpoint ids a namespace keeps in its small bucket; when it holds twice as many,
+#: all but these move into the namespace's tree (once in RECENT puts).
+RECENT = 8
+#: The version of a record's msgpack state (records of layouts 1-3 are pickled dicts).
+RECORD_FORMAT = 1
 
 Typed = tuple[str, bytes]
 #: One put_writes call, serialized: (task_id, task_path, [(idx, channel, typed value), ...])
@@ -128,13 +146,25 @@ class ThreadSummary:
 
 class CheckpointRecord(Persistent):
     """One checkpoint: its serialized body (without channel values), metadata, channel values
-    and pending writes."""
+    and pending writes.
+
+    Stored as ``(RECORD_FORMAT, data, refs, writes, write_refs, previous)``: ``data`` and
+    ``writes`` are msgpack documents in which a value kept in a ``Payload`` is its position in
+    ``refs`` or ``write_refs``. Everything in ``data`` is fixed when the record is made.
+    """
+
+    #: The record of the next older checkpoint of its namespace, or None: the chain by which
+    #: a ``CheckpointIndex`` reaches its newest records through one reference.
+    previous: CheckpointRecord | None = None
+    #: This checkpoint's id; None in records of layouts 1-3, which did not keep it.
+    checkpoint_id: str | None = None
 
     def __init__(
         self,
         checkpoint: Typed,
         metadata: Typed,
         *,
+        checkpoint_id: str,
         parent_id: str | None,
         run_id: str | None,
         versions: dict[str, str],
@@ -142,6 +172,7 @@ class CheckpointRecord(Persistent):
         writes: Writes,
         size: int,
     ) -> None:
+        self.checkpoint_id = checkpoint_id
         self.checkpoint = checkpoint
         self.metadata = metadata
         self.parent_id = parent_id
@@ -153,10 +184,83 @@ class CheckpointRecord(Persistent):
         # bytes this checkpoint added: body, metadata and the values it changed
         self.size = size
 
+    def __getstate__(self) -> Any:
+        if "writes" not in vars(self):  # a record of layout 1 or 2, until layout 3 fills it
+            return super().__getstate__()
+        # Everything but the writes is fixed once the record is made: packed once, kept while
+        # the record is in memory, so a put_writes packs only the writes.
+        packed = getattr(self, "_v_packed", None)
+        if packed is None:
+            refs: list[Any] = []
+            data = ormsgpack.packb(
+                [
+                    self.checkpoint_id,
+                    *self.checkpoint,
+                    *self.metadata,
+                    self.parent_id,
+                    self.run_id,
+                    self.size,
+                    self.versions,
+                    {channel: _out(stored, refs) for channel, stored in self.values.items()},
+                ]
+            )
+            packed = self._v_packed = (data, tuple(refs))
+        return RECORD_FORMAT, *packed, *_pack_writes(self.writes), self.previous
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):  # layouts 1-3: the attributes, pickled
+            super().__setstate__(state)
+            return
+        if not (isinstance(state, tuple) and len(state) == 6 and state[0] == RECORD_FORMAT):
+            raise _damaged(f"a state of format {_shape(state)}")
+        _, data, refs, writes, write_refs, previous = state
+        if not isinstance(previous, CheckpointRecord | None):
+            raise _damaged(f"a previous record {_shape(previous)}")
+        fields = _unpack(data, "data")
+        if not (isinstance(fields, list) and len(fields) == 10):
+            raise _damaged(f"data {_shape(fields)}")
+        (
+            checkpoint_id,
+            c_type,
+            c_bytes,
+            m_type,
+            m_bytes,
+            parent_id,
+            run_id,
+            size,
+            versions,
+            values,
+        ) = fields
+        if not (
+            isinstance(checkpoint_id, str | None)
+            and _is_typed(c_type, c_bytes)
+            and _is_typed(m_type, m_bytes)
+            and isinstance(parent_id, str | None)
+            and isinstance(run_id, str | None)
+            and type(size) is int
+            and _is_str_map(versions)
+            and isinstance(values, dict)
+        ):
+            raise _damaged("fields of the wrong types")
+        vars(self).update(
+            _v_packed=(data, refs),
+            checkpoint_id=checkpoint_id,
+            previous=previous,
+            checkpoint=(c_type, c_bytes),
+            metadata=(m_type, m_bytes),
+            parent_id=parent_id,
+            run_id=run_id,
+            size=size,
+            versions=versions,
+            values={channel: _in(stored, refs) for channel, stored in values.items()},
+            writes=_unpack_writes(writes, write_refs),
+        )
+
     def copy(self, metadata: Typed) -> CheckpointRecord:
         return CheckpointRecord(
             self.checkpoint,
             metadata,
+            checkpoint_id=self.checkpoint_id,
             parent_id=self.parent_id,
             run_id=self.run_id,
             versions=dict(self.versions),
@@ -178,16 +282,318 @@ class CheckpointRecord(Persistent):
     def _p_resolveConflict(self, old: Any, committed: Any, new: Any) -> Any:
         # Tasks of one step finish together and each stores its writes on the same record:
         # merge them instead of failing all but one. Anything else changed at once conflicts.
-        if not all(isinstance(state, dict) for state in (old, committed, new)):
+        # Stored values arrive here as references to their records, equal when the same.
+        fixed = [_fixed(state) for state in (old, committed, new)]
+        if any(part is None for part in fixed) or not _same(fixed[1], fixed[2]):
             raise ConflictError
-        for name in set(old) | set(committed) | set(new):
-            if name != "writes" and not old.get(name) == committed.get(name) == new.get(name):
-                raise ConflictError
-        before, merged = old["writes"], dict(committed["writes"])
-        for key, write in new["writes"].items():
-            if before.get(key) != write and (key not in merged or key[1] < 0):
+        if type(fixed[0]) is type(fixed[1]) and not _same(fixed[0], fixed[1]):
+            raise ConflictError  # (a record of layout 3 rewritten by both: fixed parts differ)
+        before, ours, theirs = (_state_writes(state) for state in (old, committed, new))
+        merged = dict(ours)
+        for key, write in theirs.items():
+            if not _same(before.get(key), write) and (key not in merged or key[1] < 0):
                 merged[key] = write
-        return {**committed, "writes": merged}
+        if isinstance(committed, dict):
+            return {**committed, "writes": merged}
+        return (*committed[:3], *_pack_writes(merged), committed[5])
+
+
+def _out(stored: Any, refs: list[Any]) -> Any:
+    """A stored value as msgpack holds it: an inline (type, bytes) as itself, anything else (a
+    ``Payload``, or a reference to one in conflict resolution) as its position in ``refs``."""
+    if isinstance(stored, tuple):
+        return stored
+    refs.append(stored)
+    return len(refs) - 1
+
+
+def _in(packed: Any, refs: Any) -> Any:
+    if type(packed) is int:
+        if not (isinstance(refs, tuple) and 0 <= packed < len(refs)):
+            raise _damaged(f"a reference to value {packed} of {_shape(refs)}")
+        return refs[packed]
+    if isinstance(packed, list) and len(packed) == 2 and _is_typed(*packed):
+        return packed[0], packed[1]
+    raise _damaged(f"a stored value {_shape(packed)}")
+
+
+def _pack_writes(writes: Writes) -> tuple[bytes, tuple[Any, ...]]:
+    refs: list[Any] = []
+    packed = ormsgpack.packb(
+        [
+            [task_id, idx, channel, path, _out(stored, refs)]
+            for (task_id, idx), (channel, stored, path) in writes.items()
+        ]
+    )
+    return packed, tuple(refs)
+
+
+def _unpack_writes(packed: Any, refs: Any) -> Writes:
+    rows = _unpack(packed, "writes")
+    if not isinstance(rows, list):
+        raise _damaged(f"writes {_shape(rows)}")
+    writes: Writes = {}
+    for row in rows:
+        if not (
+            isinstance(row, list)
+            and len(row) == 5
+            and isinstance(row[0], str)
+            and type(row[1]) is int
+            and isinstance(row[2], str)
+            and isinstance(row[3], str)
+        ):
+            raise _damaged(f"a write {_shape(row)}")
+        writes[(row[0], row[1])] = (row[2], _in(row[4], refs), row[3])
+    return writes
+
+
+def _unpack(packed: Any, what: str) -> Any:
+    if not isinstance(packed, bytes):
+        raise _damaged(f"{what} {_shape(packed)}")
+    try:
+        return ormsgpack.unpackb(packed)
+    except ValueError as exc:
+        raise _damaged(f"{what} that is not msgpack ({exc})") from exc
+
+
+def _fixed(state: Any) -> Any:
+    """What a record's state holds besides its writes, comparable across two states of one
+    format; None for a state that is neither format."""
+    if isinstance(state, dict):
+        return {name: value for name, value in state.items() if name != "writes"}
+    if isinstance(state, tuple) and len(state) == 6 and state[0] == RECORD_FORMAT:
+        return (*state[:3], state[5])
+    return None
+
+
+def _state_writes(state: Any) -> Writes:
+    return state["writes"] if isinstance(state, dict) else _unpack_writes(state[3], state[4])
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or a == b
+    except ValueError:  # ZODB's references to two different records refuse to compare
+        return False
+
+
+def _is_typed(kind: Any, data: Any) -> bool:
+    return isinstance(kind, str) and isinstance(data, bytes)
+
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _shape(value: Any) -> str:
+    return f"of type {type(value).__name__}"
+
+
+def _damaged(what: str) -> ImageCorruptError:
+    return ImageCorruptError(
+        f"a checkpoint record in the image is damaged: {what}",
+        hint="run 'batos repair' on the image, or restore a backup; the thread's other "
+        "checkpoints are unaffected",
+    )
+
+
+class OlderCheckpoints(OOBTree):
+    """The tree of a namespace's older checkpoints: checkpoint_id → CheckpointRecord.
+
+    Ids arrive in order, so every split of a leaf rewrites the node above it, and an OOBTree's
+    nodes hold up to 250 children (its root 500): a tree of a few thousand checkpoints rewrote
+    a node of a few hundred references every fifteen puts. Small internal nodes keep that
+    rewrite small.
+    """
+
+    max_internal_size = 16
+
+
+class CheckpointIndex(Persistent):
+    """The checkpoints of one namespace of a thread by id, oldest → newest.
+
+    The newest ids (fewer than ``2 * RECENT``) are the index's own state, the small bucket of
+    recent ids: one msgpack list and one reference, to the newest record. Each record refers
+    to the record of the next older id (``CheckpointRecord.previous``), so the index reaches
+    every recent record through that chain and a put adds one reference to the image, not
+    one per recent checkpoint (a reference costs ZODB's pickler three Python calls). When the
+    bucket fills, all but its newest ``RECENT`` ids move into ``older``, a tree: every id of
+    the bucket is larger than every id in ``older``, so a put of a new (largest) id writes
+    the bucket and its record, the tree once in ``RECENT`` puts, and the latest checkpoint is
+    found without reading the tree.
+
+    Every record's ``previous`` is None or the live record of the next older id, also in
+    ``older``: removing or replacing a record relinks the one after it, so a deleted record is
+    never kept reachable. Two processes changing one namespace at once conflict and retry.
+    """
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []  # the recent ids, ascending
+        self._newest: CheckpointRecord | None = None
+        self.older: Any = None  # OOBTree once anything moves out of the bucket
+
+    def __getstate__(self) -> tuple[bytes, Any, Any]:
+        return ormsgpack.packb(self._ids), self._newest, self.older
+
+    def __setstate__(self, state: Any) -> None:
+        if not (isinstance(state, tuple) and len(state) == 3):
+            raise _damaged(f"a checkpoint index state {_shape(state)}")
+        packed, newest, older = state
+        ids = _unpack(packed, "checkpoint ids")
+        if not (
+            isinstance(ids, list)
+            and all(isinstance(i, str) for i in ids)
+            and all(a < b for a, b in zip(ids, ids[1:], strict=False))
+            and (newest is None) == (not ids)
+        ):
+            raise _damaged("a checkpoint index whose ids are out of order or miss their records")
+        vars(self).update(_ids=ids, _newest=newest, older=older)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, checkpoint_id: str, default: Any = None) -> Any:
+        ids = self._ids
+        if ids and checkpoint_id >= ids[0]:
+            if checkpoint_id == ids[-1]:
+                return self._newest
+            position = bisect_left(ids, checkpoint_id)
+            if position < len(ids) and ids[position] == checkpoint_id:
+                return self._recent()[position]
+            return default
+        return self.older.get(checkpoint_id, default) if self.older is not None else default
+
+    def __getitem__(self, checkpoint_id: str) -> CheckpointRecord:
+        record = self.get(checkpoint_id)
+        if record is None:
+            raise KeyError(checkpoint_id)
+        return record
+
+    def __len__(self) -> int:
+        return len(self._ids) + (len(self.older) if self.older is not None else 0)
+
+    def __bool__(self) -> bool:
+        return bool(self._ids) or bool(self.older)
+
+    def maxKey(self) -> str:  # noqa: N802 (the name BTrees give it)
+        """The newest checkpoint id; ValueError when there is none, as a BTree's."""
+        if self._ids:
+            return self._ids[-1]
+        if self.older:
+            return self.older.maxKey()
+        raise ValueError("empty checkpoint index")
+
+    def keys(self, *, max: str | None = None, excludemax: bool = False) -> list[str]:  # noqa: A002
+        """Checkpoint ids oldest → newest, those below (or up to) ``max`` when given."""
+        ids = _below(self._ids, max, excludemax)
+        if self.older:
+            bounds: dict[str, Any] = {} if max is None else {"max": max, "excludemax": excludemax}
+            ids = list(self.older.keys(**bounds)) + ids
+        return ids
+
+    def items(self) -> list[tuple[str, CheckpointRecord]]:
+        items = list(zip(self._ids, self._recent(), strict=True))
+        return list(self.older.items()) + items if self.older else items
+
+    def values(self) -> list[CheckpointRecord]:
+        return [record for _, record in self.items()]
+
+    def _recent(self) -> list[CheckpointRecord]:
+        """The records of the recent ids, oldest first, found by walking from the newest."""
+        ids = self._ids
+        records: list[CheckpointRecord] = []
+        record = self._newest
+        for position in range(len(ids) - 1, -1, -1):
+            if record is None or record.checkpoint_id not in (None, ids[position]):
+                raise _damaged(f"the chain of newest checkpoints breaks at {ids[position]!r}")
+            records.append(record)
+            record = record.previous
+        records.reverse()
+        return records
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def __setitem__(self, checkpoint_id: str, record: CheckpointRecord) -> None:
+        ids, older = self._ids, self.older
+        if (
+            ids
+            and checkpoint_id > ids[-1]
+            or not ids
+            and not (older and checkpoint_id <= older.maxKey())
+        ):  # the usual put: a new newest checkpoint
+            record.previous = self._newest
+            ids.append(checkpoint_id)
+            self._newest = record
+        elif ids and checkpoint_id >= ids[0] or not (older and checkpoint_id <= older.maxKey()):
+            # a put of a past id into the bucket: replace or insert, and relink after it
+            records = self._recent()
+            position = bisect_left(ids, checkpoint_id)
+            if position < len(ids) and ids[position] == checkpoint_id:
+                record.previous = records[position].previous
+                records[position] = record
+            else:
+                record.previous = records[position - 1] if position else None
+                ids.insert(position, checkpoint_id)
+                records.insert(position, record)
+            if position + 1 < len(records):
+                records[position + 1].previous = record
+            self._newest = records[-1]
+        else:  # older than the bucket: into the tree, the next record pointing to it
+            following = self._following(checkpoint_id)
+            record.previous = None
+            older[checkpoint_id] = record
+            if following is not None and following.previous is not None:
+                following.previous = record
+            return
+        self._p_changed = True
+        if len(ids) >= 2 * RECENT:
+            self._move_older(len(ids) - RECENT)
+
+    def _move_older(self, count: int) -> None:
+        if self.older is None:
+            self.older = OlderCheckpoints()
+        self.older.update(list(zip(self._ids[:count], self._recent()[:count], strict=True)))
+        del self._ids[:count]
+        self._p_changed = True
+
+    def pop(self, checkpoint_id: str, default: Any = None) -> Any:
+        """Remove one checkpoint's record and return it, relinking the record after it."""
+        ids = self._ids
+        if ids and checkpoint_id >= ids[0]:
+            position = bisect_left(ids, checkpoint_id)
+            if position == len(ids) or ids[position] != checkpoint_id:
+                return default
+            records = self._recent()
+            record = records.pop(position)
+            del ids[position]
+            if position < len(records) and records[position].previous is record:
+                records[position].previous = record.previous
+            self._newest = records[-1] if records else None
+            self._p_changed = True
+            return record
+        if self.older is None:
+            return default
+        following = self._following(checkpoint_id)
+        record = self.older.pop(checkpoint_id, None)
+        if record is None:
+            return default
+        if following is not None and following.previous is record:
+            following.previous = record.previous
+        return record
+
+    def _following(self, checkpoint_id: str) -> CheckpointRecord | None:
+        """The record of the next newer id than ``checkpoint_id`` (not itself), if any."""
+        if self.older:
+            for later in self.older.keys(min=checkpoint_id, excludemin=True):
+                return self.older[later]
+        return self._recent()[0] if self._ids else None
+
+
+def _below(ids: list[str], most: str | None, exclude: bool) -> list[str]:
+    if most is None:
+        return list(ids)
+    return ids[: (bisect_left if exclude else bisect_right)(ids, most)]
 
 
 class ThreadRecord(Persistent):
@@ -200,7 +606,7 @@ class ThreadRecord(Persistent):
     def namespace(self, ns: str, *, create: bool = False) -> Any:
         index = self.namespaces.get(ns)
         if index is None and create:
-            index = self.namespaces[ns] = OOBTree()
+            index = self.namespaces[ns] = CheckpointIndex()
         return index
 
     def drop_checkpoint(self, ns: str, checkpoint_id: str) -> CheckpointRecord | None:
@@ -357,6 +763,26 @@ def _layout_3(root: Any) -> None:
             del threads[thread_id]
 
 
+def _layout_4(root: Any) -> None:
+    """Give each namespace its bucket of newest ids (``CheckpointIndex``).
+
+    The newest ``RECENT`` records of the namespace's tree go into the bucket (linked, so they
+    are rewritten, in the new form), the rest into the index's ``older`` tree; records are
+    shared, not copied, and those in the tree keep their layout-3 form until they next change.
+    Runs in one transaction, so a crash leaves the image on layout 3.
+    """
+    for thread in root[CHECKPOINTS_KEY].threads.values():
+        for ns, tree in list(thread.namespaces.items()):
+            index = CheckpointIndex()
+            for checkpoint_id in list(tree.keys())[-RECENT:]:
+                record = tree.pop(checkpoint_id)
+                record.checkpoint_id = checkpoint_id
+                index[checkpoint_id] = record
+            if tree:
+                index.older = OlderCheckpoints(tree)
+            thread.namespaces[ns] = index
+
+
 CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "checkpoints-1",
@@ -373,5 +799,11 @@ CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
         "each checkpoint's values and pending writes in its own record, so a put writes one "
         "record and one bucket of ids",
         _layout_3,
+    ),
+    UpgradeStep(
+        "checkpoints-4",
+        "each namespace's newest checkpoint ids in a small bucket of their own, so a put "
+        "rewrites that bucket and not its namespace's tree",
+        _layout_4,
     ),
 )

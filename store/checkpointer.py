@@ -6,9 +6,13 @@ ZODB transaction, retried on write conflicts, so a crash leaves either the whole
 or none of it. A ``put_writes`` for a stored checkpoint is one transaction too; one for a
 checkpoint not stored yet waits in memory (``store.checkpoint_parking``) and is stored by that
 checkpoint's put, in its transaction, so nothing is ever written for a checkpoint that never
-arrives. ZODB connections are not thread-safe: the saver keeps a small pool and lends each call
-its own connection; async methods run the sync ones in the event loop's executor. The layout in
-the image is described in ``store.checkpoint_layout``.
+arrives, and a put_writes that finds nothing to store commits nothing. ZODB connections are not
+thread-safe: every write of a saver goes through its one write connection, one at a time (writes
+of one saver are serialized within a process; other processes' writes still merge or retry as
+conflicts), so what a put wrote stays in that connection's cache for the next put and the
+get_tuple after it. Reads borrow the write connection when it is free and otherwise a
+connection of a small pool; async methods run the sync ones in the event loop's executor. The
+layout in the image is described in ``store.checkpoint_layout``.
 
 Errors::
 
@@ -70,7 +74,7 @@ from store.checkpoint_layout import (
 from store.checkpoint_parking import ParkedWrites
 from store.image import LivingImage, shared_image
 from store.schema import upgrade
-from store.transactions import run_in_transaction
+from store.transactions import Unchanged, run_in_transaction
 
 __all__ = [
     "CheckpointConfigError",
@@ -111,6 +115,49 @@ class _ExplicitTransactions(transaction.TransactionManager):
             pass
 
 
+class _Writer:
+    """The saver's one write connection, used by one write at a time.
+
+    Every write of a saver goes through it, so one process's writes never conflict with each
+    other and the objects a put wrote are still in this connection's cache for the next put
+    and for the ``get_tuple`` that usually follows. Reads use it when it is free
+    (``acquire(wait=False)``) and the pool otherwise.
+    """
+
+    def __init__(self, image: LivingImage) -> None:
+        self._image = image
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._closed = False
+
+    def acquire(self, *, wait: bool = True) -> Connection | None:
+        """The write connection, held until ``release()``; None if busy and not ``wait``."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            if self._closed:
+                raise CheckpointError(
+                    "the checkpointer was closed", hint="open a new ZODBSaver on the image"
+                )
+            if self._conn is None:
+                self._conn = self._image.db.open(transaction_manager=_ExplicitTransactions())
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._conn
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.transaction_manager.abort()
+            conn.close()
+
+
 class _ConnectionPool:
     """Open connections, each with its own transaction manager, lent to one caller at a time."""
 
@@ -120,9 +167,10 @@ class _ConnectionPool:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(size)
         self._closed = False
-        # ZODB logs a warning whenever more connections are open than its pool size.
+        # ZODB logs a warning whenever more connections are open than its pool size (the
+        # saver's write connection is one more).
         db = image.db
-        db.setPoolSize(db.getPoolSize() + size)
+        db.setPoolSize(db.getPoolSize() + size + 1)
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -245,9 +293,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             else None
         )
         self._pool = _ConnectionPool(image, max_connections)
+        self._writer = _Writer(image)
         self._parking = ParkedWrites()
 
     def close(self) -> None:
+        self._writer.close()
         self._pool.close()
 
     def __enter__(self) -> ZODBSaver:
@@ -259,20 +309,39 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     # -- transactions -----------------------------------------------------------------------
 
     @contextmanager
-    def _reading(self) -> Iterator[CheckpointTree]:
-        with self._pool.connection() as conn:
-            # Catch up with the storage (what begin() does for a connection) without a
-            # transaction: a read needs none, and an accidental write then raises
-            # NoTransaction instead of committing anything.
-            conn.newTransaction(None)
-            yield conn.root()[CHECKPOINTS_KEY]
+    def _reading(self, *, writer: bool = False) -> Iterator[CheckpointTree]:
+        """The checkpoint tree as the storage has it now, read without a transaction.
+
+        With ``writer``, through the write connection if it is free: its cache holds what
+        this saver last wrote, which a short read (``get_tuple``) most often wants.
+        """
+        conn = self._writer.acquire(wait=False) if writer else None
+        if conn is None:
+            with self._pool.connection() as conn:
+                yield self._catch_up(conn)
+            return
+        try:
+            yield self._catch_up(conn)
+        finally:
+            self._writer.release()
+
+    @staticmethod
+    def _catch_up(conn: Connection) -> CheckpointTree:
+        # Catch up with the storage (what begin() does for a connection) without a
+        # transaction: a read needs none, and an accidental write then raises
+        # NoTransaction instead of committing anything.
+        conn.newTransaction(None)
+        return conn.root()[CHECKPOINTS_KEY]
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
         return self._write_root(lambda root: fn(root[CHECKPOINTS_KEY]), note)
 
     def _write_root(self, fn: Callable[[Any], T], note: str) -> T:
-        """Run ``fn(root)`` in one transaction, retried on write conflicts."""
-        with self._pool.connection() as conn:
+        """Run ``fn(root)`` in one transaction of the write connection, retried on write
+        conflicts; ``fn`` raises ``Unchanged(result)`` to abort it instead of committing it."""
+        conn = self._writer.acquire()
+        assert conn is not None
+        try:
             return run_in_transaction(
                 conn.transaction_manager,
                 lambda: fn(conn.root()),
@@ -280,6 +349,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 user="checkpointer",
                 hint="other runs keep writing the same thread; retry later",
             )
+        finally:
+            self._writer.release()
 
     def _dumps(self, value: Any, what: str) -> Typed:
         try:
@@ -331,9 +402,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         checkpoint_id = _checkpoint_id(config)
-        with self._reading() as tree:
+        with self._reading(writer=True) as tree:
             thread = tree.threads.get(thread_id)
-            checkpoints = thread.namespace(ns) if thread is not None else None
+            checkpoints = thread.namespaces.get(ns) if thread is not None else None
             if not checkpoints:
                 return None
             if checkpoint_id is None:
@@ -512,12 +583,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         blob_threshold = self._blob_threshold
 
         def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
-            parent = (
-                self._parent(tree, thread_id, ns, parent_id, checkpoint_id)
-                if parent_id is not None
-                else None
-            )
-            index = tree.thread(thread_id, create=True).namespace(ns, create=True)
+            thread = tree.threads.get(thread_id)
+            index = thread.namespaces.get(ns) if thread is not None else None
+            parent = None
+            if parent_id is not None:
+                parent = index.get(parent_id) if index is not None else None
+                if parent is None:
+                    raise self._no_parent(thread_id, ns, parent_id, checkpoint_id)
+            if index is None:
+                index = tree.thread(thread_id, create=True).namespace(ns, create=True)
             stored: dict[str, Any] = {}
             for channel in inherited:
                 value = _inherited(index, parent, channel, versions[channel])
@@ -532,6 +606,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             index[checkpoint_id] = CheckpointRecord(
                 body_typed,
                 metadata_typed,
+                checkpoint_id=checkpoint_id,
                 parent_id=parent_id,
                 run_id=run_id,
                 versions=versions,
@@ -544,27 +619,22 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
         return apply
 
-    def _parent(
-        self, tree: CheckpointTree, thread_id: str, ns: str, parent_id: str, checkpoint_id: str
-    ) -> CheckpointRecord:
+    def _no_parent(
+        self, thread_id: str, ns: str, parent_id: str, checkpoint_id: str
+    ) -> CheckpointNotFound:
         # A put's config names the checkpoint it continues from. LangGraph sends one it
         # could not find too (get_tuple returns None for an unknown id, as it must), which
         # would store a history hanging from nothing. The parent must be in the same thread
         # and namespace: LangGraph's own puts always continue a checkpoint of their namespace
         # (a subgraph starts its namespace with no parent), and so does every put in the
         # conformance suite.
-        thread = tree.threads.get(thread_id)
-        index = thread.namespace(ns) if thread is not None else None
-        parent = index.get(parent_id) if index is not None else None
-        if parent is None:
-            raise CheckpointNotFound(
-                f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
-                f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
-                f"of {self.image.uri}; nothing was written",
-                hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
-                "graph.get_state_history(config), or leave it out to continue from the latest",
-            )
-        return parent
+        return CheckpointNotFound(
+            f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
+            f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
+            f"of {self.image.uri}; nothing was written",
+            hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
+            "graph.get_state_history(config), or leave it out to continue from the latest",
+        )
 
     def put_writes(
         self,
@@ -600,14 +670,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
         def apply(tree: CheckpointTree) -> bool:
             thread = tree.threads.get(thread_id)
-            index = thread.namespace(ns) if thread is not None else None
+            index = thread.namespaces.get(ns) if thread is not None else None
             record = index.get(checkpoint_id) if index is not None else None
             if record is None:
-                return False
+                raise Unchanged(False)  # no empty transaction: the writes wait for their put
             writes = dict(record.writes)
             encoder = partial(encode, blob_threshold=self._blob_threshold)
-            if add_writes(writes, task_writes, encoder):
-                record.writes = writes
+            if not add_writes(writes, task_writes, encoder):
+                raise Unchanged(True)  # a retried task's writes, stored already
+            record.writes = writes
             return True
 
         note = f"writes {thread_id} {ns} {checkpoint_id} {task_id}"

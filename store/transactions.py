@@ -5,7 +5,8 @@ it again on fresh state". ``retry`` runs an attempt until it stops raising one, 
 jittered, exponentially growing pause between attempts, for as long as the ``tx_retry_seconds``
 setting allows — a time budget, not a count, so that a handful of writers on one hot object
 all get through however unlucky their interleaving. ``run_in_transaction`` is the usual form:
-one transaction per attempt, committed on success, aborted on any failure.
+one transaction per attempt, committed on success, aborted on any failure or when the function
+finds nothing to change (``Unchanged``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import transaction
 from transaction.interfaces import TransientError
@@ -30,6 +31,15 @@ T = TypeVar("T")
 FIRST_PAUSE_S = 0.005
 #: The longest pause before any retry.
 MAX_PAUSE_S = 0.5
+
+
+class Unchanged(Exception):  # noqa: N818 (a verdict, not a failure)
+    """Raised by a transaction's function that found nothing to change: ``run_in_transaction``
+    aborts the transaction instead of committing an empty one, and returns ``result``."""
+
+    def __init__(self, result: Any = None) -> None:
+        super().__init__(result)
+        self.result = result
 
 
 def pause(attempt: int) -> float:
@@ -92,7 +102,7 @@ def run_in_transaction(
 
     Each attempt begins a new transaction (recording ``user`` and ``note``) and runs ``fn``
     on fresh state, so ``fn`` must be safe to repeat. Any failure aborts: nothing of a failed
-    attempt is ever committed.
+    attempt is ever committed, and neither is one whose ``fn`` raised ``Unchanged``.
     """
 
     def attempt() -> T:
@@ -103,6 +113,9 @@ def run_in_transaction(
         try:
             result = fn()
             tm.commit()
+        except Unchanged as unchanged:
+            tm.abort()
+            return unchanged.result
         except BaseException:
             tm.abort()
             metrics.count("transactions_aborted")

@@ -1,12 +1,14 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Four sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+Five sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
 persona-flavoured ones): the twenty below, the held-out set in
 ``bench/data/jit_intents_heldout.json`` (written before any prompt tuning; the misses of one
 early run on it were read, and the fix for forgotten imports came from them), the fresh set in
 ``bench/data/jit_intents_fresh.json`` (written before any change made while reading the held-out
 results; its first full run's misses were read) and the unseen set in
-``bench/data/jit_intents_unseen.json`` (written after that run, before reading its misses).
+``bench/data/jit_intents_unseen.json`` (written after that run, before reading its misses; they
+were read after its run) and ``bench/data/jit_intents_unseen2.json`` (written after that, before
+the changes they led to were measured).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -20,7 +22,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, all four sets
+    .venv/bin/python bench/jit.py                              # default model, all five sets
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -235,6 +237,8 @@ HELDOUT = Path(__file__).parent / "data" / "jit_intents_heldout.json"
 FRESH = Path(__file__).parent / "data" / "jit_intents_fresh.json"
 #: Written after the fresh set's first full run, before any of its misses was looked at.
 UNSEEN = Path(__file__).parent / "data" / "jit_intents_unseen.json"
+#: Written after the unseen set's misses were read, before the changes they led to were measured.
+UNSEEN2 = Path(__file__).parent / "data" / "jit_intents_unseen2.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -382,9 +386,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
     parser.add_argument(
         "--set",
-        choices=("all", "both", "bench", "heldout", "fresh", "unseen"),
+        choices=("all", "both", "bench", "heldout", "fresh", "unseen", "unseen2"),
         default="all",
-        help="all four sets, both (bench and heldout), or one",
+        help="all five sets, both (bench and heldout), or one",
     )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"
@@ -413,6 +417,7 @@ def main() -> None:
         "heldout": heldout_cases()[:limit],
         "fresh": heldout_cases(FRESH)[:limit],
         "unseen": heldout_cases(UNSEEN)[:limit],
+        "unseen2": heldout_cases(UNSEEN2)[:limit],
     }
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}

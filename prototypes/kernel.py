@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -104,15 +105,25 @@ def json_text(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
         budget[0] -= 1
         if budget[0] < 0 or depth > 20:
             raise ValueError("too large")
-        if v is None or isinstance(v, (bool, str, int)):
+        if v is None or isinstance(v, bool):
             return v
-        if isinstance(v, float) and v == v and v not in (float("inf"), float("-inf")):
+        if isinstance(v, str):
+            if len(v) > limit:  # measured before it is copied into any text
+                raise ValueError("too long")
             return v
-        if isinstance(v, Mapping) and not isinstance(v, UvmObject):
-            if not all(isinstance(k, str) for k in v):
-                raise ValueError("not JSON")
-            return {k: plain(x, depth + 1) for k, x in list(v.items())}
-        if isinstance(v, Sequence) and not isinstance(v, (bytes, bytearray, UvmObject)):
+        if isinstance(v, int):
+            if v.bit_length() > 256:
+                raise ValueError("too long")
+            return v
+        if isinstance(v, float) and math.isfinite(v):
+            return v
+        if isinstance(v, (Mapping, Sequence)) and not isinstance(v, (bytes, bytearray, UvmObject)):
+            if len(v) > budget[0]:  # before a member is read: a huge container costs nothing
+                raise ValueError("too large")
+            if isinstance(v, Mapping):
+                if not all(isinstance(k, str) for k in v):
+                    raise ValueError("not JSON")
+                return {k: plain(x, depth + 1) for k, x in list(v.items())}
             return [plain(x, depth + 1) for x in list(v)]
         raise ValueError("not JSON")
 

@@ -166,6 +166,12 @@ def test_json_text_is_bounded_and_spells_only_plain_data() -> None:
     for _ in range(100):
         nested = [nested]
     assert json_text(nested).startswith("[[[")  # too deep: the bounded repr
+    # Huge values are refused before they are copied or walked.
+    assert json_text("x" * 10_000_000).startswith("'xxx") and len(json_text("y" * 10**6)) < 200
+    assert len(json_text(10**100_000)) <= BRIEF_VALUE_CHARS + 1
+    shared = [1] * 50
+    assert not json_text([shared] * 10).endswith("]]")  # shared members count every visit
+    assert json_text(dict.fromkeys(map(str, range(1_000_000)), 1)).startswith("{'0': 1")
 
 
 def test_every_examples_shot_parses_and_holds_to_its_call() -> None:

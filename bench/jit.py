@@ -1,14 +1,15 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Five sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+Six sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
 persona-flavoured ones): the twenty below, the held-out set in
 ``bench/data/jit_intents_heldout.json`` (written before any prompt tuning; the misses of one
 early run on it were read, and the fix for forgotten imports came from them), the fresh set in
 ``bench/data/jit_intents_fresh.json`` (written before any change made while reading the held-out
 results; its first full run's misses were read) and the unseen set in
 ``bench/data/jit_intents_unseen.json`` (written after that run, before reading its misses; they
-were read after its run) and ``bench/data/jit_intents_unseen2.json`` (written after that, before
-the changes they led to were measured).
+were read after its run), ``bench/data/jit_intents_unseen2.json`` (written after that, before
+the changes they led to were measured; its misses were read after its run) and
+``bench/data/jit_intents_unseen3.json`` (written after that, before the next changes).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -22,7 +23,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, all five sets
+    .venv/bin/python bench/jit.py                              # default model, all six sets
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -239,6 +240,8 @@ FRESH = Path(__file__).parent / "data" / "jit_intents_fresh.json"
 UNSEEN = Path(__file__).parent / "data" / "jit_intents_unseen.json"
 #: Written after the unseen set's misses were read, before the changes they led to were measured.
 UNSEEN2 = Path(__file__).parent / "data" / "jit_intents_unseen2.json"
+#: Written after the unseen2 set's misses were read, before the next changes were made.
+UNSEEN3 = Path(__file__).parent / "data" / "jit_intents_unseen3.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -284,6 +287,9 @@ class Outcome:
     examples: int = 0
     disputed: int = 0
     installed: bool = True
+    #: The installed method and the examples kept with it, so a run's misses can be read.
+    source: str = ""
+    kept: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _drafts_used(obj: UvmObject, selector: str) -> int | None:
@@ -335,6 +341,8 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                 "agreement": int(method.audit.get("agreement") or 0),
                 "examples": len(stored),
                 "disputed": sum(1 for e in stored if e.get("status") == "disputed"),
+                "source": method.source,
+                "kept": [dict(e) for e in stored],
             }
             ok = _holds(case.expect, first, obj)
             if ok and case.expect_again is not None:
@@ -386,7 +394,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
     parser.add_argument(
         "--set",
-        choices=("all", "both", "bench", "heldout", "fresh", "unseen", "unseen2"),
+        choices=("all", "both", "bench", "heldout", "fresh", "unseen", "unseen2", "unseen3"),
         default="all",
         help="all five sets, both (bench and heldout), or one",
     )
@@ -418,6 +426,7 @@ def main() -> None:
         "fresh": heldout_cases(FRESH)[:limit],
         "unseen": heldout_cases(UNSEEN)[:limit],
         "unseen2": heldout_cases(UNSEEN2)[:limit],
+        "unseen3": heldout_cases(UNSEEN3)[:limit],
     }
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}
@@ -482,6 +491,7 @@ def main() -> None:
                 "call_costs_us": {label: us for label, us, _ in costs},
             },
             indent=2,
+            default=repr,  # a kept example's value that JSON cannot spell
         )
     )
     print(f"wrote {path}")

@@ -311,23 +311,17 @@ def with_slots_assigned(source: str) -> str:
     for fn in tree.body:
         if not isinstance(fn, ast.FunctionDef):
             continue
-        aliases: dict[str, str] = {}
-        statements = [n for n in ast.walk(fn) if isinstance(n, ast.stmt) and n is not fn]
-        for stmt in sorted(statements, key=lambda n: (n.lineno, n.col_offset)):
-            if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.Delete)):
-                assign = _slot_assignments(stmt, aliases)
-                indent = lines[stmt.lineno - 1][: stmt.col_offset]
-                if assign and not indent.strip() and stmt.end_lineno is not None:
-                    text = "".join(f"{indent}self.{slot} = {value}\n" for slot, value in assign)
-                    added[stmt.end_lineno] = added.get(stmt.end_lineno, "") + text
-            if isinstance(stmt, ast.Assign):
-                for target in stmt.targets:
-                    if isinstance(target, ast.Name):
-                        slot = guardian._self_slot(stmt.value)
-                        if slot is not None:
-                            aliases[target.id] = slot
-                        else:
-                            aliases.pop(target.id, None)
+        changes = guardian.in_place_slot_changes(fn)
+        simple = (ast.Expr, ast.Assign, ast.AugAssign, ast.Delete)
+        for stmt in ast.walk(fn):
+            if not isinstance(stmt, simple) or stmt.end_lineno is None:
+                continue
+            inside = {id(node) for node in ast.walk(stmt)}
+            assign = {c.slot: c.via for c in changes if id(c.node) in inside}
+            indent = lines[stmt.lineno - 1][: stmt.col_offset]
+            if assign and not indent.strip():
+                text = "".join(f"{indent}self.{slot} = {via}\n" for slot, via in assign.items())
+                added[stmt.end_lineno] = added.get(stmt.end_lineno, "") + text
     if not added:
         return source
     if lines and not lines[-1].endswith("\n"):
@@ -338,19 +332,6 @@ def with_slots_assigned(source: str) -> str:
     except SyntaxError:
         return source
     return out
-
-
-def _slot_assignments(stmt: ast.stmt, aliases: dict[str, str]) -> list[tuple[str, str]]:
-    """(slot, value) for each slot whose container ``stmt`` changes in place."""
-    found: dict[str, str] = {}
-    for node in ast.walk(stmt):
-        for target in guardian._in_place_targets(node):
-            slot = guardian._self_slot(target)
-            if slot is not None:
-                found[slot] = f"self.{slot}"
-            elif isinstance(target, ast.Name) and target.id in aliases:
-                found[aliases[target.id]] = target.id
-    return list(found.items())
 
 
 def _method_only(source: str, selector: str) -> str:
@@ -389,26 +370,27 @@ def examples_messages(brief: MissionBrief) -> list[BaseMessage]:
     messages: list[BaseMessage] = [SystemMessage(p["examples_system"])]
     for shot in p.get("examples_shots", []):
         messages += [HumanMessage(shot["task"]), AIMessage(shot["answer"])]
-    fields = _task_fields(brief)
-    if brief.args_json or brief.kwargs_json or brief.slots_json:
-        # The examples are JSON: the call and the slots are shown in JSON's spelling too.
-        fields["call"] = ", ".join(
-            [*brief.args_json, *(f"{k}={v}" for k, v in brief.kwargs_json.items())]
-        )
-        shown = ", ".join(f"{json.dumps(k)}: {v}" for k, v in brief.slots_json.items())
-        fields["slots"] = "{" + shown + "}" if shown else "(none)"
+    fields = _task_fields(brief, spelling="json")
     messages.append(HumanMessage(p["examples_task"].format(**fields)))
     return messages
 
 
-def _task_fields(brief: MissionBrief) -> dict[str, Any]:
+def _task_fields(brief: MissionBrief, spelling: str = "python") -> dict[str, Any]:
+    """The task's fields; ``spelling="json"`` shows the call and the slots as JSON (the
+    examples are JSON, and with Python's reprs in view the model copies their quotes and
+    True/False into them). A brief without JSON texts keeps the Python spelling."""
+    call, slots = _call_text(brief), brief.slots or "(none)"
+    if spelling == "json" and (brief.args_json or brief.kwargs_json or brief.slots_json):
+        call = ", ".join([*brief.args_json, *(f"{k}={v}" for k, v in brief.kwargs_json.items())])
+        shown = ", ".join(f"{json.dumps(k)}: {v}" for k, v in brief.slots_json.items())
+        slots = "{" + shown + "}" if shown else "(none)"
     return {
         "receiver": brief.receiver,
-        "slots": brief.slots or "(none)",
+        "slots": slots,
         "parents": ", ".join(brief.parents) or "(none)",
         "inherited": ", ".join(brief.inherited) or "(none)",
         "selector": brief.selector,
-        "call": _call_text(brief),
+        "call": call,
         "count": len(brief.args) + len(brief.kwargs),
         "intent": brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
     }

@@ -415,31 +415,18 @@ class PersistenceGuardian(ast.NodeVisitor):
     # -- the persistence covenant -----------------------------------------------------------
 
     def _check_covenant(self, fn: ast.FunctionDef) -> None:
-        aliases: dict[str, str] = {}
-        mutated: dict[str, ast.AST] = {}
         reassigned_after: dict[str, int] = {}
         for node in _walk_in_order(fn):
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    slot = _self_slot(target)
-                    if slot is not None:
-                        reassigned_after[slot] = node.lineno
-                    elif isinstance(target, ast.Name):
-                        source_slot = _self_slot(node.value)
-                        if source_slot is not None:
-                            aliases[target.id] = source_slot
-                        else:
-                            aliases.pop(target.id, None)
+            targets = node.targets if isinstance(node, ast.Assign) else []
             if isinstance(node, ast.AugAssign):
-                slot = _self_slot(node.target)
+                targets = [node.target]
+            for target in targets:
+                slot = _self_slot(target)
                 if slot is not None:
                     reassigned_after[slot] = node.lineno
-            for target in _in_place_targets(node):
-                slot = _self_slot(target)
-                if slot is None and isinstance(target, ast.Name):
-                    slot = aliases.get(target.id)
-                if slot is not None:
-                    mutated[slot] = node
+        mutated: dict[str, ast.AST] = {}
+        for change in in_place_slot_changes(fn):
+            mutated[change.slot] = change.node
         for slot, node in mutated.items():
             if reassigned_after.get(slot, -1) < getattr(node, "lineno", 0):
                 self._add(
@@ -450,6 +437,44 @@ class PersistenceGuardian(ast.NodeVisitor):
                     f"a list or '{slot} = dict(self.{slot})' for a dict, change '{slot}', "
                     f"then 'self.{slot} = {slot}'",
                 )
+
+
+@dataclass(frozen=True)
+class InPlaceChange:
+    """One place where a method changes a slot's container in place."""
+
+    slot: str
+    #: The node that changes it: the ``c[k] = v`` statement or the ``c.append(x)`` call.
+    node: ast.AST
+    #: How the code names the container there: ``self.slot`` or a local bound to it.
+    via: str
+
+
+def in_place_slot_changes(fn: ast.FunctionDef) -> list[InPlaceChange]:
+    """Every in-place change of a slot's container in ``fn``, in source order: through
+    ``self.slot`` or through a local name last bound to ``self.slot``.
+
+    The covenant's audit and the kernel's rewrite of such changes both read this one walk,
+    so what the audit reports is exactly what the rewrite can mend.
+    """
+    aliases: dict[str, str] = {}
+    changes: list[InPlaceChange] = []
+    for node in _walk_in_order(fn):
+        for target in _in_place_targets(node):
+            slot = _self_slot(target)
+            if slot is not None:
+                changes.append(InPlaceChange(slot, node, f"self.{slot}"))
+            elif isinstance(target, ast.Name) and target.id in aliases:
+                changes.append(InPlaceChange(aliases[target.id], node, target.id))
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    source_slot = _self_slot(node.value)
+                    if source_slot is not None:
+                        aliases[target.id] = source_slot
+                    else:
+                        aliases.pop(target.id, None)
+    return changes
 
 
 def _is_literal(node: ast.AST) -> bool:

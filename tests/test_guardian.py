@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from batos.errors import AuditRejected
+from prototypes import guardian
 from prototypes.guardian import audit, check
 
 GOOD = """import math
@@ -113,3 +116,33 @@ def test_code_too_deep_to_audit_is_a_finding_not_a_crash() -> None:
         assert len(findings) == 1 and (
             "nested too deeply" in findings[0] or "parsed" in findings[0]
         )
+
+
+def test_in_place_slot_changes_name_the_slot_and_how_the_code_reaches_it() -> None:
+    fn = ast.parse(
+        "def f(self, k):\n"
+        "    items = self.items\n"
+        "    items[k] = 1\n"
+        "    self.log.append(k)\n"
+        "    items = list(self.items)\n"  # a copy: no longer the slot
+        "    items.append(k)\n"
+        "    del self.table[k]\n"
+    ).body[0]
+    changes = [(c.slot, c.via, c.node.lineno) for c in guardian.in_place_slot_changes(fn)]
+    assert changes == [("items", "items", 3), ("log", "self.log", 4), ("table", "self.table", 7)]
+
+
+def test_the_covenant_and_the_kernels_rewrite_read_the_same_changes() -> None:
+    """What the audit reports as an in-place change, the kernel's rewrite mends, and only that."""
+    from graph import jit
+
+    broken = (
+        "def f(self, k):\n"
+        "    q = self.q\n"
+        "    q.append(k)\n"
+        "    self.d[k] = 1\n"
+        "    self.s.add(k)\n"
+        "    return len(q)\n"
+    )
+    assert len(guardian.audit("f", broken).findings) == 3
+    assert guardian.audit("f", jit.with_slots_assigned(broken)).findings == []

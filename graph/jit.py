@@ -226,7 +226,8 @@ def messages_for(
     )
     last = feedback or (attempts[-1] if attempts else None)
     if last is not None:
-        task += "\n\n" + p["feedback"].format(
+        template = p["dispute"] if last.stage == "examples" else p["feedback"]
+        task += "\n\n" + template.format(
             source=last.source, findings="\n".join(f"- {f}" for f in last.findings)
         )
     messages.append(HumanMessage(task))

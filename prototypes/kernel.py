@@ -282,6 +282,9 @@ class Mission:
         self.candidates: list[examples.Candidate] = []
         self.choice: examples.Choice | None = None
         self.repaired: set[int] = set()
+        #: The draft last sent back with the examples it fails, and how many attempts had been
+        #: made then: the drafts after that number are its repairs.
+        self.repairing: tuple[int, int] | None = None
         #: The draft whose findings the next one is told about.
         self.last_failure: AttemptRecord | None = None
         self.started = time.time()
@@ -362,10 +365,12 @@ class Mission:
         The best group by agreement × examples passed is installed when it passes every
         example, or when independent drafts agree on it and it fails one example at most (the
         example is then the likelier mistake); else its draft goes back with its failures
-        once, while rounds are left. Out of rounds, the best group is installed anyway: it
-        passed the gate, and the examples it fails are kept with it as disputed.
+        once, while rounds are left. A repair that passes every example its draft passed and
+        at least one it failed is chosen over that draft's group: the author, shown the
+        dispute, sided with the examples. Out of rounds, the best group is installed anyway:
+        it passed the gate, and the examples it fails are kept with it as disputed.
         """
-        choice = examples.choose(self.candidates, self.examples)
+        choice = self._repair_that_fixes() or examples.choose(self.candidates, self.examples)
         self.choice = choice
         if choice is None:
             return ("draft" if rounds_left else "fail"), None, []
@@ -373,11 +378,37 @@ class Mission:
         if trusted or not rounds_left or choice.candidate.number in self.repaired:
             return "install", choice.candidate, []
         self.repaired.add(choice.candidate.number)
+        self.repairing = (choice.candidate.number, len(self.attempts))
         findings = [
             examples.failure_text(self.selector, self.examples[i], choice.candidate.observed[i])
             for i in choice.failed
         ]
         return "repair", choice.candidate, findings
+
+    def _repair_that_fixes(self) -> examples.Choice | None:
+        """The repair of the draft last sent back that fails fewer of the examples and none
+        its draft passed (the fewest failures; the earliest on a tie), else None."""
+        if self.repairing is None:
+            return None
+        number, since = self.repairing
+        self.repairing = None
+        origin = next((c for c in self.candidates if c.number == number), None)
+        if origin is None:  # its group failed its real call since
+            return None
+        before = set(origin.failures(self.examples))
+        best: tuple[examples.Candidate, set[int]] | None = None
+        for candidate in self.candidates:
+            if candidate.number <= since:
+                continue
+            after = set(candidate.failures(self.examples))
+            if after < before and (best is None or len(after) < len(best[1])):
+                best = (candidate, after)
+        if best is None:
+            return None
+        candidate, failed = best
+        support = sum(1 for c in self.candidates if c.key() == candidate.key())
+        passed = len(self.examples) - len(failed)
+        return examples.Choice(candidate, support, passed, tuple(sorted(failed)), support * passed)
 
     def discard(self, candidate: examples.Candidate) -> None:
         """Drop a candidate that failed its real call, and every draft that agrees with it."""

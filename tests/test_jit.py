@@ -304,6 +304,41 @@ def test_a_draft_failing_its_own_examples_is_repaired(image) -> None:
         assert all(e["status"] == "agreed" for e in method.examples)
 
 
+def test_a_repair_that_fixes_the_disputed_examples_beats_the_agreeing_drafts(image) -> None:
+    """Three drafts agree on code two examples dispute; shown the dispute, the author fixes
+    it without breaking the example they passed: the repair is installed, not the majority."""
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),
+        _method("3 + x"),
+        _method("x + 3"),
+        _method("2 * x + self.bias"),
+    )
+    runner = jit.JitRunner(model, drafts=3)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    repair = model.history[4][-1].content
+    assert "decide each one" in repair and "Disagreements:" in repair  # asked to judge
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "2 * x" in method.source and method.audit["attempt"] == 4
+        assert all(e["status"] == "agreed" for e in method.examples)
+        assert root["o"].double(-3) == -5
+
+
+def test_a_repair_that_breaks_a_passing_example_is_not_chosen(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),  # passes 2 → 5 only
+        _method("1"),  # passes 0 → 1 only: it trades one failure for another
+    )
+    runner = jit.JitRunner(model, drafts=1, attempts=2)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "x + 3" in method.source
+        assert [e["status"] for e in method.examples] == ["agreed", "disputed", "disputed"]
+
+
 def test_hostile_examples_are_dropped_and_the_mission_goes_on(image, caplog) -> None:
     hostile = json.dumps(
         {

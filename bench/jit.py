@@ -1,6 +1,6 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Six sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+Seven sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
 persona-flavoured ones): the twenty below, the held-out set in
 ``bench/data/jit_intents_heldout.json`` (written before any prompt tuning; the misses of one
 early run on it were read, and the fix for forgotten imports came from them), the fresh set in
@@ -9,7 +9,9 @@ results; its first full run's misses were read) and the unseen set in
 ``bench/data/jit_intents_unseen.json`` (written after that run, before reading its misses; they
 were read after its run), ``bench/data/jit_intents_unseen2.json`` (written after that, before
 the changes they led to were measured; its misses were read after its run) and
-``bench/data/jit_intents_unseen3.json`` (written after that, before the next changes).
+``bench/data/jit_intents_unseen3.json`` (written after that, before the next changes; its misses
+were read after its first run) and ``bench/data/jit_intents_unseen4.json`` (written after that,
+before the changes they led to were made).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -242,6 +244,8 @@ UNSEEN = Path(__file__).parent / "data" / "jit_intents_unseen.json"
 UNSEEN2 = Path(__file__).parent / "data" / "jit_intents_unseen2.json"
 #: Written after the unseen2 set's misses were read, before the next changes were made.
 UNSEEN3 = Path(__file__).parent / "data" / "jit_intents_unseen3.json"
+#: Written after the unseen3 set's misses were read, before the changes they led to were made.
+UNSEEN4 = Path(__file__).parent / "data" / "jit_intents_unseen4.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -394,9 +398,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
     parser.add_argument(
         "--set",
-        choices=("all", "both", "bench", "heldout", "fresh", "unseen", "unseen2", "unseen3"),
+        choices=(
+            "all",
+            "both",
+            "bench",
+            "heldout",
+            "fresh",
+            "unseen",
+            "unseen2",
+            "unseen3",
+            "unseen4",
+        ),
         default="all",
-        help="all five sets, both (bench and heldout), or one",
+        help="all seven sets, both (bench and heldout), or one",
     )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"
@@ -427,6 +441,7 @@ def main() -> None:
         "unseen": heldout_cases(UNSEEN)[:limit],
         "unseen2": heldout_cases(UNSEEN2)[:limit],
         "unseen3": heldout_cases(UNSEEN3)[:limit],
+        "unseen4": heldout_cases(UNSEEN4)[:limit],
     }
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}

@@ -312,13 +312,15 @@ def with_slots_assigned(source: str) -> str:
     for fn in tree.body:
         if not isinstance(fn, ast.FunctionDef):
             continue
-        changes = guardian.in_place_slot_changes(fn)
+        changes: dict[int, list[guardian.InPlaceChange]] = {}
+        for change in guardian.in_place_slot_changes(fn):
+            changes.setdefault(id(change.node), []).append(change)
         simple = (ast.Expr, ast.Assign, ast.AugAssign, ast.Delete)
         for stmt in ast.walk(fn):
             if not isinstance(stmt, simple) or stmt.end_lineno is None:
                 continue
-            inside = {id(node) for node in ast.walk(stmt)}
-            assign = {c.slot: c.via for c in changes if id(c.node) in inside}
+            # Simple statements hold no statements, so each node is walked once in all.
+            assign = {c.slot: c.via for node in ast.walk(stmt) for c in changes.get(id(node), ())}
             indent = lines[stmt.lineno - 1][: stmt.col_offset]
             if assign and not indent.strip():
                 text = "".join(f"{indent}self.{slot} = {via}\n" for slot, via in assign.items())

@@ -4,9 +4,10 @@ The author model writes a few examples from the intent alone (``parse_examples``
 as hostile data: sizes, counts, nesting and integers are bounded, and an example that breaks a
 rule is dropped with a log line). Every draft that passes the gate is run on the examples' inputs
 and on the call's own arguments in the sandbox; ``choose`` then groups drafts whose outputs are
-identical and scores each group by its size times the examples it passes (dual agreement, as in
-CodeT): independent drafts that agree outweigh a single example, so a wrong example cannot sink
-a good draft, while a lone draft that fails its examples is sent back with the failures.
+identical and scores each group by its size times the examples' checks it passes (each result
+and each expected slot; dual agreement, as in CodeT): independent drafts that agree outweigh a
+single example, so a wrong example cannot sink a good draft, while a lone draft that fails its
+examples is sent back with the failures.
 
 Outputs are compared in a normal form (``normal``): tuples as lists, sets as sorted lists, dict
 keys as text, integral floats as integers; an expected float with few decimals matches an
@@ -108,11 +109,11 @@ def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]
                     "type": "object",
                     "properties": {
                         "args": args,
-                        "slots": {"type": "object"},
+                        "slots_before": {"type": "object"},
                         "returns": ANY_VALUE,
                         "slots_after": {"type": "object"},
                     },
-                    "required": ["args", "slots", "returns", "slots_after"],
+                    "required": ["args", "slots_before", "returns", "slots_after"],
                     "additionalProperties": False,
                 },
             }
@@ -181,7 +182,9 @@ def example_from(data: Any, arity: int | None = None) -> Example:
     return Example(
         args=tuple(_check(args, budget, 0)),
         returns=_check(data["returns"], budget, 0),
-        slots=_slots(data.get("slots") or {}, '"slots"', budget),
+        # A reply names the state before the call "slots_before" (a bare "slots" was read by
+        # small models as the state after it, as often as not); stored examples say "slots".
+        slots=_slots(data.get("slots_before", data.get("slots")) or {}, '"slots_before"', budget),
         slots_after=_slots(data.get("slots_after") or {}, '"slots_after"', budget),
     )
 
@@ -366,6 +369,20 @@ def passes(example: Example, seen: Observation) -> bool:
     )
 
 
+def checks_passed(example: Example, seen: Observation) -> int:
+    """How many of an example's checks ``seen`` passes: its result, and each slot it expects.
+
+    Counted apart because an example is often half right: a model that miscounts what a
+    call returns still says which slot the call must change, and a draft that never saves
+    that slot should not win on its agreement with other drafts that forgot it too."""
+    if not seen.ok:
+        return 0
+    return int(matches(normal(example.returns), seen.result)) + sum(
+        name in seen.slots and matches(normal(value), seen.slots[name])
+        for name, value in example.slots_after.items()
+    )
+
+
 def failure_text(selector: str, example: Example, seen: Observation) -> str:
     """A failed example as a finding the author model can act on."""
     wanted = f"return {json.dumps(example.returns)}"
@@ -398,6 +415,11 @@ class Candidate:
             if not passes(e, o)
         ]
 
+    def checks_passed(self, examples: Sequence[Example]) -> int:
+        """The examples' checks this draft passes: each example's result, and each slot it
+        expects after the call, counted apart."""
+        return sum(checks_passed(e, o) for e, o in zip(examples, self.observed, strict=True))
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -417,8 +439,9 @@ class Choice:
 
 
 def choose(candidates: Sequence[Candidate], examples: Sequence[Example]) -> Choice | None:
-    """The group with the best score = drafts agreeing × examples passed; ties go to more
-    agreement, then to the earlier draft. None when there is no candidate."""
+    """The group with the best score = drafts agreeing × the examples' checks passed (each
+    result and each expected slot, ``checks_passed``); ties go to more agreement, then to the
+    earlier draft. None when there is no candidate."""
     groups: dict[str, list[Candidate]] = {}
     for candidate in candidates:
         groups.setdefault(candidate.key(), []).append(candidate)
@@ -427,7 +450,7 @@ def choose(candidates: Sequence[Candidate], examples: Sequence[Example]) -> Choi
         first = members[0]
         failed = tuple(first.failures(examples))
         passed = len(examples) - len(failed)
-        score = len(members) * passed
+        score = len(members) * first.checks_passed(examples)
         rank = (score, len(members), -first.number)
         if best is None or rank > best[0]:
             best = (rank, Choice(first, len(members), passed, failed, score))

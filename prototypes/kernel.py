@@ -362,7 +362,7 @@ class Mission:
         """What to do with the drafts so far: ('install', candidate, []), ('repair',
         candidate, findings: the examples it fails), ('draft', None, []) or ('fail', …).
 
-        The best group by agreement × examples passed is installed when it passes every
+        The best group by agreement × the examples' checks passed is installed when it passes every
         example, or when independent drafts agree on it and it fails one example at most (the
         example is then the likelier mistake); else its draft goes back with its failures
         once, while rounds are left. A repair that passes every example its draft passed and
@@ -408,7 +408,8 @@ class Mission:
         candidate, failed = best
         support = sum(1 for c in self.candidates if c.key() == candidate.key())
         passed = len(self.examples) - len(failed)
-        return examples.Choice(candidate, support, passed, tuple(sorted(failed)), support * passed)
+        score = support * candidate.checks_passed(self.examples)
+        return examples.Choice(candidate, support, passed, tuple(sorted(failed)), score)
 
     def discard(self, candidate: examples.Candidate) -> None:
         """Drop a candidate that failed its real call, and every draft that agrees with it."""

@@ -103,6 +103,39 @@ def test_a_lone_draft_that_passes_more_examples_wins() -> None:
     assert examples.choose([], shown) is None
 
 
+def test_each_result_and_each_expected_slot_count_apart_in_the_choice() -> None:
+    """Examples that get a counter's result wrong but say which slot the call changes still
+    tell a draft that saves the slot from agreeing drafts that forget to."""
+    shown = [  # a counter starting at n: returns the new count (the examples say the old one)
+        Example((), n, {"visits": n}, {"visits": n + 1}) for n in (1, 2, 3)
+    ]
+
+    def counter(number: int, saves: bool) -> Candidate:
+        seen = [Observation(True, n + 1, {"visits": n + 1 if saves else n}) for n in (1, 2, 3)]
+        return Candidate(number, f"draft {number}", seen[0], seen)
+
+    forgetful = [counter(1, False), counter(2, False)]
+    right = counter(3, True)
+    assert all(c.checks_passed(shown) == 0 for c in forgetful)
+    assert right.checks_passed(shown) == 3
+    choice = examples.choose([*forgetful, right], shown)
+    assert choice is not None and choice.candidate is right
+    # no example passes whole: the choice is still reported by examples passed
+    assert (choice.support, choice.passed, choice.failed, choice.score) == (1, 0, (0, 1, 2), 3)
+    # a draft that errors passes no check
+    assert examples.checks_passed(shown[0], Observation(False, error="ValueError: x")) == 0
+
+
+def test_a_reply_names_the_state_before_the_call_and_stored_examples_still_read() -> None:
+    reply = _reply({"args": [], "slots_before": {"n": 1}, "returns": 2, "slots_after": {"n": 2}})
+    found, dropped = examples.parse_examples(reply, 0)
+    assert dropped == [] and found == [Example((), 2, {"n": 1}, {"n": 2})]
+    stored = found[0].as_dict()
+    assert examples.example_from(stored) == found[0]
+    properties = examples.schema()["properties"]["examples"]["items"]["properties"]
+    assert set(properties) == {"args", "slots_before", "returns", "slots_after"}
+
+
 def test_the_schema_holds_args_to_the_call_s_arity_and_lets_returns_be_any_value() -> None:
     """Checked on llama.cpp's own grammar converter, which reads ``{}`` as "an object"."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
@@ -184,4 +217,6 @@ def test_every_examples_shot_parses_and_holds_to_its_call() -> None:
         count = int(re.search(r"has (\d+) item", shot["task"]).group(1))
         found, dropped = examples.parse_examples(shot["answer"], count)
         assert len(found) == 4 and not dropped, shot["task"]
+        keys = examples.schema()["properties"]["examples"]["items"]["required"]
+        assert all(list(item) == keys for item in json.loads(shot["answer"])["examples"])
         assert all(len(e.args) == count for e in found)

@@ -162,8 +162,11 @@ def _slots(value: Any, what: str, budget: list[int]) -> dict[str, Any]:
     if len(value) > MAX_SLOTS:
         raise ExampleRejected(f"{what} names {len(value)} slots (at most {MAX_SLOTS})")
     for name in value:
-        if not _SLOT.fullmatch(name) or name == "intents":
+        if not _SLOT.fullmatch(name):
             raise ExampleRejected(f"{what} names {name!r}, not a public slot")
+    # The declared intents are never set or checked by an example; a model that copies the
+    # object's slots copies them too, and the rest of its example is still worth keeping.
+    value = {name: v for name, v in value.items() if name != "intents"}
     return _check(value, budget, 1)
 
 

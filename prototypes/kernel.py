@@ -188,10 +188,13 @@ def build_brief(
         inherited=tuple(inherited),
         args_json=tuple(json_text(a) for a in args),
         kwargs_json={k: json_text(v) for k, v in (kwargs or {}).items()},
+        # The state the examples start from: the declared intents are the kernel's own
+        # bookkeeping (the intent is shown apart), and a model asked to start from the slots
+        # as they are copies whatever it is shown.
         slots_json={
             name: json_text(value)
             for name, value in sorted(receiver._slots().items())
-            if not name.endswith("*") and not isinstance(value, Method)
+            if not name.endswith("*") and not isinstance(value, Method) and name != "intents"
         },
     )
 

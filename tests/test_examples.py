@@ -37,7 +37,6 @@ def test_hostile_examples_are_dropped_with_a_log_line_and_never_raise(caplog) ->
         _ex([list(range(1_000))], 0),  # too many values
         _ex([deep], 0),  # too deep
         _ex([1], 1, slots={"_p_oid": 1}),  # private slot
-        _ex([1], 1, slots={"intents": {}}),  # the declared intents
         {"args": [2]},  # no expected output
         _ex([1], 5),  # the same input again
         *[_ex([n], n) for n in range(2, 12)],  # more than MAX_EXAMPLES
@@ -48,6 +47,16 @@ def test_hostile_examples_are_dropped_with_a_log_line_and_never_raise(caplog) ->
     assert len(dropped) == len(items) - examples.MAX_EXAMPLES
     assert any("argument(s)" in d for d in dropped) and any("nested" in d for d in dropped)
     assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == len(dropped)
+
+
+def test_the_declared_intents_are_left_out_of_an_example_that_copies_them() -> None:
+    reply = _reply(
+        {"args": [], "slots_before": {"intents": {"f": "x"}, "n": 1}, "returns": 1},
+        {"args": [2], "slots_before": {"intents": "x"}, "returns": 2, "slots_after": {}},
+    )
+    found, dropped = examples.parse_examples(reply)
+    assert dropped == []
+    assert found == [Example((), 1, {"n": 1}), Example((2,), 2)]
 
 
 def test_unusable_replies_give_no_examples() -> None:

@@ -365,13 +365,14 @@ class Mission:
         """What to do with the drafts so far: ('install', candidate, []), ('repair',
         candidate, findings: the examples it fails), ('draft', None, []) or ('fail', …).
 
-        The best group by agreement × the examples' checks passed is installed when it passes every
-        example, or when independent drafts agree on it and it fails one example at most (the
-        example is then the likelier mistake); else its draft goes back with its failures
-        once, while rounds are left. A repair that passes every example its draft passed and
-        at least one it failed is chosen over that draft's group: the author, shown the
-        dispute, sided with the examples. Out of rounds, the best group is installed anyway:
-        it passed the gate, and the examples it fails are kept with it as disputed.
+        The best group by agreement × the examples' checks passed is installed when it
+        passes every example, or when independent drafts agree on it and it fails one example
+        at most (the example is then the likelier mistake); else its draft goes back with its
+        failures once, while rounds are left. A repair that passes every example its draft
+        passed and at least one it failed is chosen over that draft's group: the author,
+        shown the dispute, sided with the examples. Out of rounds, the best group is
+        installed anyway: it passed the gate, and the examples it fails are kept with it as
+        disputed.
         """
         choice = self._repair_that_fixes() or examples.choose(self.candidates, self.examples)
         self.choice = choice

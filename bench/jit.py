@@ -1,6 +1,6 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Seven sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+Eight sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
 persona-flavoured ones): the twenty below, the held-out set in
 ``bench/data/jit_intents_heldout.json`` (written before any prompt tuning; the misses of one
 early run on it were read, and the fix for forgotten imports came from them), the fresh set in
@@ -11,7 +11,8 @@ were read after its run), ``bench/data/jit_intents_unseen2.json`` (written after
 the changes they led to were measured; its misses were read after its run) and
 ``bench/data/jit_intents_unseen3.json`` (written after that, before the next changes; its misses
 were read after its first run) and ``bench/data/jit_intents_unseen4.json`` (written after that,
-before the changes they led to were made).
+before the changes they led to were made) and ``bench/data/jit_intents_unseen5.json`` (written
+after unseen4's run, before any change that followed it).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -25,7 +26,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, all six sets
+    .venv/bin/python bench/jit.py                              # default model, all eight sets
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -246,6 +247,8 @@ UNSEEN2 = Path(__file__).parent / "data" / "jit_intents_unseen2.json"
 UNSEEN3 = Path(__file__).parent / "data" / "jit_intents_unseen3.json"
 #: Written after the unseen3 set's misses were read, before the changes they led to were made.
 UNSEEN4 = Path(__file__).parent / "data" / "jit_intents_unseen4.json"
+#: Written after the unseen4 set's run, before any change that followed it.
+UNSEEN5 = Path(__file__).parent / "data" / "jit_intents_unseen5.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -408,9 +411,10 @@ def main() -> None:
             "unseen2",
             "unseen3",
             "unseen4",
+            "unseen5",
         ),
         default="all",
-        help="all seven sets, both (bench and heldout), or one",
+        help="all eight sets, both (bench and heldout), or one",
     )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"
@@ -442,6 +446,7 @@ def main() -> None:
         "unseen2": heldout_cases(UNSEEN2)[:limit],
         "unseen3": heldout_cases(UNSEEN3)[:limit],
         "unseen4": heldout_cases(UNSEEN4)[:limit],
+        "unseen5": heldout_cases(UNSEEN5)[:limit],
     }
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}

@@ -25,6 +25,7 @@ def _sets() -> dict[str, list[jit.Case]]:
         "unseen2": jit.heldout_cases(jit.UNSEEN2),
         "unseen3": jit.heldout_cases(jit.UNSEEN3),
         "unseen4": jit.heldout_cases(jit.UNSEEN4),
+        "unseen5": jit.heldout_cases(jit.UNSEEN5),
     }
 
 
@@ -42,8 +43,8 @@ def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [jit.HELDOUT, jit.FRESH, jit.UNSEEN, jit.UNSEEN2, jit.UNSEEN3, jit.UNSEEN4],
-    ids=["heldout", "fresh", "unseen", "unseen2", "unseen3", "unseen4"],
+    [jit.HELDOUT, jit.FRESH, jit.UNSEEN, jit.UNSEEN2, jit.UNSEEN3, jit.UNSEEN4, jit.UNSEEN5],
+    ids=["heldout", "fresh", "unseen", "unseen2", "unseen3", "unseen4", "unseen5"],
 )
 def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from prototypes.codex import PERSONAS
+from prototypes.codex import INTENTS_SLOT, PERSONAS
 
 COMPONENTS = ("H_rel", "H_cog", "H_sol", "H_struc")
 #: The persona protocols the seeds tie to each component.
@@ -303,7 +303,7 @@ def image_structure(root: Any) -> tuple[int, set[str]]:
 
     declared, methods = 0, set()
     for name, persona in personas(root).items():
-        for selector in persona._slots().get("intents") or {}:
+        for selector in persona._slots().get(INTENTS_SLOT) or {}:
             if not selector.startswith(FACET_PREFIX):
                 continue
             declared += 1

@@ -33,7 +33,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import CheckpointError
 from prototypes import guardian, sandbox
-from prototypes.codex import FACET_PREFIX, PERSONAS
+from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store import effects
@@ -79,7 +79,7 @@ def _persona(root: Any, effect: Mapping[str, Any]) -> Any:
 def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
     persona = _persona(root, effect)
     selector, source = effect.get("selector"), effect.get("source")
-    intents = persona._slots().get("intents") or {}
+    intents = persona._slots().get(INTENTS_SLOT) or {}
     if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
         raise _bad(effect, f"{selector!r} is not a facet selector")
     if selector not in intents:

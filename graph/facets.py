@@ -22,7 +22,7 @@ from typing import Any
 
 from batos.errors import GeneratedCodeError, MindError, MissionFailed
 from prototypes import kernel, sandbox
-from prototypes.codex import FACET_PREFIX
+from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
 from prototypes.incarnation import personas
 from prototypes.kernel import AttemptRecord, MissionBrief
 from prototypes.uvm import Method, UvmObject
@@ -172,7 +172,7 @@ def prepare(
     receiver = personas(root).get(persona)
     if receiver is None:
         raise FacetError(f"the image has no persona {persona}", hint="run 'batos init'")
-    intents = receiver._slots().get("intents") or {}
+    intents = receiver._slots().get(INTENTS_SLOT) or {}
     if not selector.startswith(FACET_PREFIX) or selector not in intents:
         raise FacetError(
             f"{persona} has no facet {selector!r}",

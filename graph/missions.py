@@ -55,7 +55,7 @@ from graph import cem
 from graph.cycle import CYCLES_KEY
 from graph.router import MAX_PRIOR, PRIORS_KEY
 from prototypes import guardian, sandbox
-from prototypes.codex import FACET_PREFIX, PERSONAS
+from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store.image import LivingImage
@@ -149,7 +149,7 @@ def _facet_plan(root: Any, metrics: Mapping[str, Any], records: Sequence[Mapping
         receiver = found.get(persona)
         if ("write_facet", persona, selector) in avoid:
             return False
-        if receiver is None or selector not in (receiver._slots().get("intents") or {}):
+        if receiver is None or selector not in (receiver._slots().get(INTENTS_SLOT) or {}):
             return False
         held = receiver._lookup(selector)
         return held is None or not isinstance(held[1], Method)
@@ -163,7 +163,7 @@ def _facet_plan(root: Any, metrics: Mapping[str, Any], records: Sequence[Mapping
             return Plan("write_facet", "H_struc", persona, reason, selector, query)
     for persona in _least_used(metrics, list(PERSONAS)):
         receiver = found.get(persona)
-        intents = receiver._slots().get("intents") or {} if receiver is not None else {}
+        intents = receiver._slots().get(INTENTS_SLOT) or {} if receiver is not None else {}
         for selector in sorted(s for s in intents if s.startswith(FACET_PREFIX)):
             if missing(persona, selector):
                 reason = f"{persona} is the least-used persona with a facet not yet written"

@@ -12,6 +12,8 @@ PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
 #: Intents whose selector starts with this are facets: methods the mind calls to turn a
 #: sub-query into the instruction (and sampling options) for the persona's model.
 FACET_PREFIX = "facet_"
+#: The slot where an object declares the intents of the selectors it may be sent.
+INTENTS_SLOT = "intents"
 
 
 @dataclass(frozen=True)

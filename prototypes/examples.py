@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prototypes.codex import INTENTS_SLOT
+
 log = logging.getLogger("batos.examples")
 
 #: Longest examples reply read, in characters.
@@ -166,7 +168,7 @@ def _slots(value: Any, what: str, budget: list[int]) -> dict[str, Any]:
             raise ExampleRejected(f"{what} names {name!r}, not a public slot")
     # The declared intents are never set or checked by an example; a model that copies the
     # object's slots copies them too, and the rest of its example is still worth keeping.
-    value = {name: v for name, v in value.items() if name != "intents"}
+    value = {name: v for name, v in value.items() if name != INTENTS_SLOT}
     return _check(value, budget, 1)
 
 

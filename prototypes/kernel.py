@@ -40,7 +40,7 @@ from batos.errors import (
 )
 from prototypes import examples, guardian, isolation, sandbox
 from prototypes.bounded import bounded_repr
-from prototypes.codex import PERSONAS, load_codex
+from prototypes.codex import INTENTS_SLOT, PERSONAS, load_codex
 from prototypes.uvm import Method, UvmObject, restore_state, set_compile_hook, set_dnu_handler
 
 log = logging.getLogger("batos.kernel")
@@ -137,7 +137,7 @@ def json_text(value: Any, limit: int = BRIEF_VALUE_CHARS) -> str:
 def intent_for(receiver: UvmObject, selector: str) -> tuple[str, UvmObject | None]:
     """The declared intent of ``selector`` and the object declaring it (None: the codex)."""
     for holder in (receiver, *receiver._ancestors()):
-        intents = holder._own_slot("intents")
+        intents = holder._own_slot(INTENTS_SLOT)
         if isinstance(intents, Mapping) and selector in intents:
             return str(intents[selector]), holder
     for spec in load_codex().personas.values():
@@ -191,11 +191,7 @@ def build_brief(
         # The state the examples start from: the declared intents are the kernel's own
         # bookkeeping (the intent is shown apart), and a model asked to start from the slots
         # as they are copies whatever it is shown.
-        slots_json={
-            name: json_text(value)
-            for name, value in sorted(receiver._slots().items())
-            if not name.endswith("*") and not isinstance(value, Method) and name != "intents"
-        },
+        slots_json={name: json_text(value) for name, value in sorted(data_slots(receiver).items())},
     )
 
 
@@ -468,9 +464,7 @@ class Mission:
             if self.acceptance is not None and not self.acceptance(result):
                 # The check may look at the slots as well as the result: show both.
                 slots = ", ".join(
-                    f"{k}={_short(v, 60)}"
-                    for k, v in sorted(self.receiver._slots().items())
-                    if not isinstance(v, Method) and not k.endswith("*") and k != "intents"
+                    f"{k}={_short(v, 60)}" for k, v in sorted(data_slots(self.receiver).items())
                 )
                 findings = [
                     f"called with {_short(self.args)} it returned {_short(result)} and "
@@ -529,7 +523,7 @@ def data_slots(obj: UvmObject) -> dict[str, Any]:
     return {
         name: value
         for name, value in obj._slots().items()
-        if not isinstance(value, Method) and not name.endswith("*") and name != "intents"
+        if not isinstance(value, Method) and not name.endswith("*") and name != INTENTS_SLOT
     }
 
 

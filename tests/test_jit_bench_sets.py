@@ -26,6 +26,7 @@ def _sets() -> dict[str, list[jit.Case]]:
         "unseen3": jit.heldout_cases(jit.UNSEEN3),
         "unseen4": jit.heldout_cases(jit.UNSEEN4),
         "unseen5": jit.heldout_cases(jit.UNSEEN5),
+        "unseen6": jit.heldout_cases(jit.UNSEEN6),
     }
 
 
@@ -43,8 +44,17 @@ def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [jit.HELDOUT, jit.FRESH, jit.UNSEEN, jit.UNSEEN2, jit.UNSEEN3, jit.UNSEEN4, jit.UNSEEN5],
-    ids=["heldout", "fresh", "unseen", "unseen2", "unseen3", "unseen4", "unseen5"],
+    [
+        jit.HELDOUT,
+        jit.FRESH,
+        jit.UNSEEN,
+        jit.UNSEEN2,
+        jit.UNSEEN3,
+        jit.UNSEEN4,
+        jit.UNSEEN5,
+        jit.UNSEEN6,
+    ],
+    ids=["heldout", "fresh", "unseen", "unseen2", "unseen3", "unseen4", "unseen5", "unseen6"],
 )
 def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -249,6 +249,14 @@ SETTINGS: dict[str, Setting] = {
             _unit_interval,
         ),
         Setting(
+            "mind_repetition",
+            "BATOS_MIND_REPETITION",
+            lambda: "0.4",
+            "Largest share of an answer's 4-word phrases that may repeat an earlier one for the "
+            "quality gate to pass it (answers of 24 words or more); 1 turns the check off.",
+            _unit_interval,
+        ),
+        Setting(
             "cem_weights",
             "BATOS_CEM_WEIGHTS",
             lambda: "0.25,0.25,0.25,0.25",

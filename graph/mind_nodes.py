@@ -55,6 +55,24 @@ REFUSAL = re.compile(
     r"\s+(help|assist|answer|comply)|as an ai\b)",
     re.IGNORECASE,
 )
+#: Repetition is measured on runs of this many words, and only in answers this long: shorter
+#: answers and phrases repeat by chance.
+REPEAT_NGRAM, REPEAT_MIN_WORDS = 4, 24
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+
+
+def repetition(text: str) -> float:
+    """Share of the answer's word 4-grams that repeat an earlier one (0: none, near 1: a loop).
+
+    A small model that loses the thread says the same thing over and over ("X is easy to learn
+    because it has fewer keywords" for every X); its answer stays on topic, so relevance alone
+    passes it.
+    """
+    words = [w.lower() for w in _WORD.findall(text)]
+    if len(words) < REPEAT_MIN_WORDS:
+        return 0.0
+    grams = [tuple(words[i : i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
 
 
 def prompts() -> dict[str, Any]:
@@ -522,12 +540,18 @@ class Mind:
                 else None
             )
             threshold = settings.get_float("mind_relevance")
+            repeats, most = repetition(response), settings.get_float("mind_repetition")
             if not response:
                 reason = "the answer is empty"
             elif len(response) > MAX_ANSWER_CHARS:
                 reason = f"the answer is {len(response):,} characters, over {MAX_ANSWER_CHARS:,}"
             elif REFUSAL.search(response):
                 reason = "the answer is a refusal"
+            elif repeats > most:
+                reason = (
+                    f"the answer repeats itself ({repeats:.0%} of its 4-word phrases occur "
+                    f"earlier in it, over {most:.0%}): say each thing once"
+                )
             elif threshold > -1 and relevance is not None and relevance < threshold:
                 reason = f"the answer's relevance {relevance:.3f} is under {threshold}"
             cem.update(
@@ -538,6 +562,7 @@ class Mind:
                 "passed": not reason,
                 "reason": reason,
                 "relevance": cem["relevance"],
+                "repetition": round(repeats, 3),
             }
             update: dict[str, Any] = {"cycle": cycle_state, "cem": cem}
             if reason and cycle_state["synthesis_attempts"] < 2:

@@ -17,6 +17,7 @@ from batos.errors import CheckpointError, MindError, ModelError
 from graph import cycle
 from graph.boot import open_image
 from graph.mind import MindServices, ask, build_graph, run_config
+from graph.mind_nodes import repetition
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store import effects
@@ -247,6 +248,32 @@ def test_a_plan_rejected_twice_fails_and_changes_nothing(image, bad: str) -> Non
     assert stable_digest(image) == before
 
 
+_LOOP = " ".join(
+    f"A {kite} kite is easy to fly because it has a light frame and a long tail."
+    for kite in ("delta", "box", "diamond", "sled", "parafoil")
+)
+
+
+def test_repetition_is_the_share_of_phrases_said_before() -> None:
+    assert repetition(_LOOP) > 0.5
+    assert repetition("I hear you. " * 20) > 0.9
+    steps = (
+        "Step 1: open the file in your editor. Step 2: read the file line by line. "
+        "Step 3: close the file when you are done. Step 4: check the size of the file."
+    )
+    assert repetition(steps) == 0.0
+    # Short answers repeat by chance: a refrain of a few words is not a loop.
+    assert repetition("Yes. Yes. Yes. Yes.") == 0.0
+
+
+def test_the_repetition_check_can_be_turned_off(image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_REPETITION", "1")
+    models = FakeModels(responder(answer=lambda call: "How to fly my kite: " + _LOOP))
+    state = run(image, mind(models), "how do I fly my kite", depth="fast")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["gate"]["repetition"] > 0.5
+
+
 def test_the_gate_retries_synthesis_once(image) -> None:
     answers = iter(["Bananas are yellow.", "Your kite question: fly the kite upwind."])
     models = FakeModels(responder(answer=lambda call: next(answers)))
@@ -265,6 +292,7 @@ def test_the_gate_retries_synthesis_once(image) -> None:
         (["", "   "], "empty"),
         (["I'm sorry, but I can't help with kites."] * 2, "refusal"),
         (["kite " * 2000] * 2, "characters"),
+        ([_LOOP] * 2, "repeats itself"),
     ],
 )
 def test_an_answer_failing_the_gate_twice_fails_the_cycle(image, answers, reason) -> None:

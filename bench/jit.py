@@ -14,7 +14,8 @@ were read after its first run) and ``bench/data/jit_intents_unseen4.json`` (writ
 before the changes they led to were made), ``bench/data/jit_intents_unseen5.json`` (written
 after unseen4's run, before any change that followed it) and
 ``bench/data/jit_intents_unseen6.json`` (written after unseen5's run, before any change that
-followed it).
+followed it) and ``bench/data/jit_intents_unseen7.json`` (written after unseen6's run, before
+the change its misses led to).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -28,7 +29,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, all nine sets
+    .venv/bin/python bench/jit.py                              # default model, all ten sets
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -253,6 +254,8 @@ UNSEEN4 = Path(__file__).parent / "data" / "jit_intents_unseen4.json"
 UNSEEN5 = Path(__file__).parent / "data" / "jit_intents_unseen5.json"
 #: Written after the unseen5 set's run, before any change that followed it.
 UNSEEN6 = Path(__file__).parent / "data" / "jit_intents_unseen6.json"
+#: Written after the unseen6 set's run, before the change its misses led to.
+UNSEEN7 = Path(__file__).parent / "data" / "jit_intents_unseen7.json"
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -417,9 +420,10 @@ def main() -> None:
             "unseen4",
             "unseen5",
             "unseen6",
+            "unseen7",
         ),
         default="all",
-        help="all nine sets, both (bench and heldout), or one",
+        help="all ten sets, both (bench and heldout), or one",
     )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"
@@ -453,6 +457,7 @@ def main() -> None:
         "unseen4": heldout_cases(UNSEEN4)[:limit],
         "unseen5": heldout_cases(UNSEEN5)[:limit],
         "unseen6": heldout_cases(UNSEEN6)[:limit],
+        "unseen7": heldout_cases(UNSEEN7)[:limit],
     }
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}

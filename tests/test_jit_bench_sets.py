@@ -27,6 +27,7 @@ def _sets() -> dict[str, list[jit.Case]]:
         "unseen4": jit.heldout_cases(jit.UNSEEN4),
         "unseen5": jit.heldout_cases(jit.UNSEEN5),
         "unseen6": jit.heldout_cases(jit.UNSEEN6),
+        "unseen7": jit.heldout_cases(jit.UNSEEN7),
     }
 
 
@@ -53,8 +54,19 @@ def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
         jit.UNSEEN4,
         jit.UNSEEN5,
         jit.UNSEEN6,
+        jit.UNSEEN7,
     ],
-    ids=["heldout", "fresh", "unseen", "unseen2", "unseen3", "unseen4", "unseen5", "unseen6"],
+    ids=[
+        "heldout",
+        "fresh",
+        "unseen",
+        "unseen2",
+        "unseen3",
+        "unseen4",
+        "unseen5",
+        "unseen6",
+        "unseen7",
+    ],
 )
 def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))

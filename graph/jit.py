@@ -4,10 +4,12 @@ A chat model (the receiver's persona, or BRICK) first writes input → output ex
 intent (structured output held to ``prototypes.examples.schema``), then ``jit_drafts``
 independent drafts of the missing method (sampled with different seeds). ``prototypes.kernel``
 gates each draft (audit, isolated trial on the call's arguments) and runs it on the examples;
-``choose`` picks by agreement × examples passed, sends a lone draft that fails its examples back
-with the failures, and installs the winner, which then runs for real. Rounds (the first drafts,
-then one repair each) are bounded by ``jit_attempts``; out of them with no working draft, the
-graph ends in ``failed`` and the entry point raises ``MissionFailed`` (the image is unchanged).
+``choose`` picks by agreement × examples passed; when no two drafts agree and the best fails its
+examples it asks for one more batch of independent drafts; a best draft still failing them goes
+back with the failures once; the winner is installed and then runs for real. Rounds (the first
+drafts, that second batch, then one repair each) are bounded by ``jit_attempts``; out of them
+with no working draft, the graph ends in ``failed`` and the entry point raises
+``MissionFailed`` (the image is unchanged).
 Objects, the model and the mission travel in the run's context (``JitContext``); the state
 holds only what Studio can show.
 
@@ -489,19 +491,21 @@ def _no_examples(exc: ModelError) -> JitState:
 
 
 def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]]], int]:
-    """The model calls of this round: the first round's independent drafts, or one repair."""
+    """The model calls of this round: a batch of independent drafts (the first round, or
+    when ``choose`` asked for more), or one repair."""
     context, mission = _context(), _mission()
     first = state["attempt"] == 0
-    feedback = mission.last_failure if not first else None
-    repair = state.get("findings") if not first else None
+    fresh = first or state.get("decision") == "sample"
+    feedback = mission.last_failure if not fresh else None
+    repair = state.get("findings") if not fresh else None
     if repair is not None and state.get("decision") == "repair":
         record = next(r for r in mission.attempts if r.number == state["chosen"])
         feedback = AttemptRecord(record.number, record.source, "examples", list(repair))
-    count = context.drafts if first else 1
+    count = context.drafts if fresh else 1
     calls = [
         (
             _model(context, mission.author, **_draft_options(i + len(mission.attempts), not first)),
-            messages_for(mission.brief(), [] if first else mission.attempts, feedback),
+            messages_for(mission.brief(), [] if fresh else mission.attempts, feedback),
         )
         for i in range(count)
     ]

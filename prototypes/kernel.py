@@ -281,6 +281,8 @@ class Mission:
         self.candidates: list[examples.Candidate] = []
         self.choice: examples.Choice | None = None
         self.repaired: set[int] = set()
+        #: Whether a second batch of independent drafts has been drawn (at most one is).
+        self.resampled = False
         #: The draft last sent back with the examples it fails, and how many attempts had been
         #: made then: the drafts after that number are its repairs.
         self.repairing: tuple[int, int] | None = None
@@ -359,14 +361,17 @@ class Mission:
 
     def decide(self, rounds_left: bool) -> tuple[str, examples.Candidate | None, list[str]]:
         """What to do with the drafts so far: ('install', candidate, []), ('repair',
-        candidate, findings: the examples it fails), ('draft', None, []) or ('fail', …).
+        candidate, findings: the examples it fails), ('sample', None, []): draw another batch
+        of independent drafts, ('draft', None, []) or ('fail', …).
 
         The best group by agreement × the examples' checks passed is installed when it
         passes every example, or when independent drafts agree on it and it fails one example
-        at most (the example is then the likelier mistake); else its draft goes back with its
-        failures once, while rounds are left. A repair that passes every example its draft
-        passed and at least one it failed is chosen over that draft's group: the author,
-        shown the dispute, sided with the examples. Out of rounds, the best group is
+        at most (the example is then the likelier mistake). When no two drafts agree and the
+        best fails an example, nothing backs it: one more batch of independent drafts is
+        drawn (once), and the choice is made again over all of them. Else the best draft goes
+        back with its failures once, while rounds are left. A repair that passes every example
+        its draft passed and at least one it failed is chosen over that draft's group: the
+        author, shown the dispute, sided with the examples. Out of rounds, the best group is
         installed anyway: it passed the gate, and the examples it fails are kept with it as
         disputed.
         """
@@ -375,6 +380,12 @@ class Mission:
         if choice is None:
             return ("draft" if rounds_left else "fail"), None, []
         trusted = not choice.failed or (choice.support >= 2 and len(choice.failed) <= 1)
+        lone = choice.support < 2 and len(self.attempts) >= 2  # drafts drawn, none agree
+        if not trusted and rounds_left and lone and not self.resampled:
+            # A lone draft that fails its own examples was wrong in all 7 such installs of
+            # two bench/jit.py runs; more samples give agreement something to count.
+            self.resampled = True
+            return "sample", None, []
         if trusted or not rounds_left or choice.candidate.number in self.repaired:
             return "install", choice.candidate, []
         self.repaired.add(choice.candidate.number)

@@ -325,6 +325,62 @@ def test_a_repair_that_fixes_the_disputed_examples_beats_the_agreeing_drafts(ima
         assert root["o"].double(-3) == -5
 
 
+def test_drafts_that_all_disagree_and_fail_their_examples_bring_a_second_batch(image) -> None:
+    """Three drafts, three answers, the best failing an example: nothing backs any of them, so
+    three more independent drafts are drawn (no findings shown) and the choice is made again
+    over all six; two of the new ones agree with the examples and win."""
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),  # passes 2 → 5 only
+        _method("1"),  # passes 0 → 1 only
+        _method("x - 2"),  # passes -3 → -5 only
+        _method("2 * x + self.bias"),
+        _method("x + 7"),
+        _method("self.bias + x * 2"),
+    )
+    runner = jit.JitRunner(model, drafts=3)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    assert len(model.history) == 7  # examples, 3 drafts, 3 more drafts: no repair round
+    for call in model.history[4:]:  # drafted afresh: nothing of the first batch is shown
+        text = " ".join(str(m.content) for m in call)
+        assert "x + 3" not in text and "should return" not in text
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "2 * x" in method.source or "x * 2" in method.source
+        assert method.audit["drafts"] == 6 and method.audit["agreement"] == 2
+        assert all(e["status"] == "agreed" for e in method.examples)
+
+
+def test_the_second_batch_is_drawn_once_then_the_best_draft_is_repaired(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),  # passes 2 → 5 only
+        _method("1"),
+        _method("x - 2"),  # second batch: still no two agree
+        _method("x * 5 - 5"),
+        _method("2 * x + self.bias"),  # the repair of the best draft
+    )
+    runner = jit.JitRunner(model, drafts=2, attempts=3)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    assert len(model.history) == 6
+    assert "should return" in model.history[5][-1].content  # the repair is shown the failures
+    with image.read() as root:
+        assert "2 * x" in root["o"]._methods["double"].source
+
+
+def test_a_lone_draft_of_a_one_draft_round_is_repaired_not_resampled(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1), ([-3], -5)),
+        _method("x + 3"),
+        _method("2 * x + self.bias"),
+    )
+    assert (
+        image.transact(lambda root: jit.JitRunner(model, drafts=1).send(root["o"], "double", (2,)))
+        == 5
+    )
+    assert "should return" in model.history[2][-1].content
+
+
 def test_a_repair_that_breaks_a_passing_example_is_not_chosen(image) -> None:
     model = ScriptedChatModel().enqueue(
         _examples(([2], 5), ([0], 1), ([-3], -5)),

@@ -256,6 +256,18 @@ UNSEEN5 = Path(__file__).parent / "data" / "jit_intents_unseen5.json"
 UNSEEN6 = Path(__file__).parent / "data" / "jit_intents_unseen6.json"
 #: Written after the unseen6 set's run, before the change its misses led to.
 UNSEEN7 = Path(__file__).parent / "data" / "jit_intents_unseen7.json"
+#: Every held-out set by its --set name, in the order they were written.
+HELDOUT_SETS = {
+    "heldout": HELDOUT,
+    "fresh": FRESH,
+    "unseen": UNSEEN,
+    "unseen2": UNSEEN2,
+    "unseen3": UNSEEN3,
+    "unseen4": UNSEEN4,
+    "unseen5": UNSEEN5,
+    "unseen6": UNSEEN6,
+    "unseen7": UNSEEN7,
+}
 
 
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
@@ -408,20 +420,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
     parser.add_argument(
         "--set",
-        choices=(
-            "all",
-            "both",
-            "bench",
-            "heldout",
-            "fresh",
-            "unseen",
-            "unseen2",
-            "unseen3",
-            "unseen4",
-            "unseen5",
-            "unseen6",
-            "unseen7",
-        ),
+        choices=("all", "both", "bench", *HELDOUT_SETS),
         default="all",
         help="all ten sets, both (bench and heldout), or one",
     )
@@ -447,18 +446,8 @@ def main() -> None:
     if args.calls_only:
         return
     limit = 2 if args.quick else args.limit or None
-    sets = {
-        "bench": CASES[:limit],
-        "heldout": heldout_cases()[:limit],
-        "fresh": heldout_cases(FRESH)[:limit],
-        "unseen": heldout_cases(UNSEEN)[:limit],
-        "unseen2": heldout_cases(UNSEEN2)[:limit],
-        "unseen3": heldout_cases(UNSEEN3)[:limit],
-        "unseen4": heldout_cases(UNSEEN4)[:limit],
-        "unseen5": heldout_cases(UNSEEN5)[:limit],
-        "unseen6": heldout_cases(UNSEEN6)[:limit],
-        "unseen7": heldout_cases(UNSEEN7)[:limit],
-    }
+    sets = {"bench": CASES[:limit]}
+    sets.update({name: heldout_cases(path)[:limit] for name, path in HELDOUT_SETS.items()})
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}
     elif args.set != "all":

@@ -17,18 +17,9 @@ from prototypes.uvm import UvmObject
 
 
 def _sets() -> dict[str, list[jit.Case]]:
-    return {
-        "bench": jit.CASES,
-        "heldout": jit.heldout_cases(jit.HELDOUT),
-        "fresh": jit.heldout_cases(jit.FRESH),
-        "unseen": jit.heldout_cases(jit.UNSEEN),
-        "unseen2": jit.heldout_cases(jit.UNSEEN2),
-        "unseen3": jit.heldout_cases(jit.UNSEEN3),
-        "unseen4": jit.heldout_cases(jit.UNSEEN4),
-        "unseen5": jit.heldout_cases(jit.UNSEEN5),
-        "unseen6": jit.heldout_cases(jit.UNSEEN6),
-        "unseen7": jit.heldout_cases(jit.UNSEEN7),
-    }
+    sets = {"bench": jit.CASES}
+    sets.update({name: jit.heldout_cases(path) for name, path in jit.HELDOUT_SETS.items()})
+    return sets
 
 
 def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
@@ -43,31 +34,7 @@ def test_every_set_has_twenty_intents_and_none_repeats_across_sets() -> None:
             seen_intents.add(case.intent)
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        jit.HELDOUT,
-        jit.FRESH,
-        jit.UNSEEN,
-        jit.UNSEEN2,
-        jit.UNSEEN3,
-        jit.UNSEEN4,
-        jit.UNSEEN5,
-        jit.UNSEEN6,
-        jit.UNSEEN7,
-    ],
-    ids=[
-        "heldout",
-        "fresh",
-        "unseen",
-        "unseen2",
-        "unseen3",
-        "unseen4",
-        "unseen5",
-        "unseen6",
-        "unseen7",
-    ],
-)
+@pytest.mark.parametrize("path", jit.HELDOUT_SETS.values(), ids=jit.HELDOUT_SETS.keys())
 def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     for item in data["intents"]:

@@ -256,6 +256,8 @@ UNSEEN5 = Path(__file__).parent / "data" / "jit_intents_unseen5.json"
 UNSEEN6 = Path(__file__).parent / "data" / "jit_intents_unseen6.json"
 #: Written after the unseen6 set's run, before the change its misses led to.
 UNSEEN7 = Path(__file__).parent / "data" / "jit_intents_unseen7.json"
+#: Written after the unseen7 set's run, before any change that followed it.
+UNSEEN8 = Path(__file__).parent / "data" / "jit_intents_unseen8.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -267,6 +269,7 @@ HELDOUT_SETS = {
     "unseen5": UNSEEN5,
     "unseen6": UNSEEN6,
     "unseen7": UNSEEN7,
+    "unseen8": UNSEEN8,
 }
 
 

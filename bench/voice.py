@@ -4,6 +4,7 @@
     python bench/voice.py --quick            # the test model, a few prompts (to see it work)
     python bench/voice.py --classifier-only  # validate the classifier; no model is loaded
     python bench/voice.py --report-only      # the table from the replies cached so far
+    python bench/voice.py --seed 1 --sets far --conditions both   # the far figure on another draw
 
 Replies are attributed by a style classifier — TF-IDF over word 1–2-grams and character 2–5-grams,
 logistic regression — trained on the training replies only (modelfiles/data/<persona>.jsonl) and
@@ -24,9 +25,12 @@ With --mind it also runs the mind (graph/mind.py) with one persona routed, on th
 and attributes its final answers the same way.
 
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
-interval (the sets are small). Replies are cached in bench/results/voice-replies.jsonl keyed by
-model, condition, persona, prompt, adapter and system prompt digests and sampling, so an
-interrupted run resumes and re-scoring costs nothing. Writes bench/results/voice-<model>.json.
+interval (the sets are small). Replies are sampled at each persona's Modelfile temperature with a
+fixed seed (--seed, 0 by default): another seed is another draw of the same replies, which shows
+how much of a figure is the luck of one draw. Replies are cached in
+bench/results/voice-replies.jsonl keyed by model, condition, persona, prompt, adapter and system
+prompt digests and sampling (seed included), so an interrupted run resumes and re-scoring costs
+nothing. Writes bench/results/voice-<model>.json (voice-<model>-seed<N>.json for another seed).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ CONDITION_LABELS = {
 NEUTRAL_SYSTEM = "You are a helpful assistant."
 VALIDATION_FLOOR = 0.90
 REPLY_TOKENS = 64
-SEED = 0
+SEED = 0  # --seed; part of every cache key
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "voice-replies.jsonl"
 
@@ -264,7 +268,12 @@ class Speaker:
     """Persona replies on one base model under the three conditions, through the real backend."""
 
     def __init__(
-        self, which: str, cache: ReplyCache, tokens: int = REPLY_TOKENS, offline: bool = False
+        self,
+        which: str,
+        cache: ReplyCache,
+        tokens: int = REPLY_TOKENS,
+        offline: bool = False,
+        seed: int = SEED,
     ) -> None:
         from graph.llm.embedded import EmbeddedChatModel
 
@@ -272,6 +281,7 @@ class Speaker:
         self.offline = offline  # only what the cache holds; nothing is generated
         self.cache = cache
         self.tokens = tokens
+        self.seed = seed
         self.generated = 0
         self.seconds = 0.0
         self._model = EmbeddedChatModel
@@ -289,12 +299,17 @@ class Speaker:
         model = self._chat(persona)
         system = NEUTRAL_SYSTEM if condition == "adapter" else model.system_prompt()
         adapter = "none" if condition == "system" else self.adapter_sha(persona)
-        parts = [self.which, condition, persona, prompt, adapter, _sha(system), self.tokens, SEED]
+        parts = [self.which, condition, persona, prompt, adapter, _sha(system), self.tokens]
+        parts.append(self.seed)
         return _sha(json.dumps(parts))
 
     def _chat(self, persona: str) -> Any:
         return self._model(
-            persona=persona, base_model=self.which, num_predict=self.tokens, seed=SEED, timeout=900
+            persona=persona,
+            base_model=self.which,
+            num_predict=self.tokens,
+            seed=self.seed,
+            timeout=900,
         )
 
     def reply(self, condition: str, persona: str, prompt: str) -> str | None:
@@ -400,7 +415,7 @@ class PromptSet:
     prompts: tuple[str, ...]
 
 
-def prompt_sets(quick: bool) -> list[PromptSet]:
+def prompt_sets(quick: bool, names: Sequence[str] = ("far", "heldout", "near")) -> list[PromptSet]:
     """The far half first (it is the target), then the shortest set, so that a run cut short
     has whole sets to report."""
     voice = voice_prompts()
@@ -410,6 +425,7 @@ def prompt_sets(quick: bool) -> list[PromptSet]:
         PromptSet("heldout", tuple(held)),
         PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
     ]
+    sets = [s for s in sets if s.name in names]
     if quick:
         sets = [PromptSet(s.name, s.prompts[:2]) for s in sets]
     return sets
@@ -419,6 +435,7 @@ def collect(
     speaker: Speaker,
     sets: Iterable[PromptSet],
     progress: Callable[[str], None] = print,
+    conditions: Sequence[str] = CONDITIONS,
 ) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """``set → condition → [(persona, reply)]``, generating what the cache lacks.
 
@@ -429,7 +446,7 @@ def collect(
         table = out.setdefault(prompt_set.name, {c: [] for c in CONDITIONS})
         for i, prompt in enumerate(prompt_set.prompts, 1):
             for persona in PERSONAS:
-                for condition in CONDITIONS:
+                for condition in conditions:
                     text = speaker.reply(condition, persona, prompt)
                     if text is not None:
                         table[condition].append((persona, text))
@@ -470,11 +487,11 @@ def report(
         if not any(table.values()):
             print(f"\n{headers[name]}: no replies yet")
             continue
-        count = len(table["both"])
+        count = max(len(v) for v in table.values())
         print(f"\n{headers[name]}, {count} replies a condition — {gate}")
         print(f"{'condition':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         result[name] = {}
-        for condition in CONDITIONS:
+        for condition in (c for c in CONDITIONS if table.get(c)):
             scores, _ = attribution(classifier, table[condition])
             result[name][condition] = {k: v.as_dict() for k, v in scores.items()}
             cells = "".join(
@@ -482,6 +499,21 @@ def report(
             )
             print(f"{CONDITION_LABELS[condition]:26}{cells}")
     return result
+
+
+def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a comma-separated selection from ``allowed``, in the given order."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(unknown) or 'nothing'}: choose from {', '.join(allowed)}"
+            )
+        return names
+
+    return parse
 
 
 def main() -> None:
@@ -496,6 +528,19 @@ def main() -> None:
         help="also the mind's final answers on single-persona routes (the far prompts)",
     )
     parser.add_argument("--tokens", type=int, default=REPLY_TOKENS, help="reply length cap")
+    parser.add_argument("--seed", type=int, default=SEED, help="sampling seed (default: 0)")
+    parser.add_argument(
+        "--sets",
+        type=_names(("far", "heldout", "near")),
+        default=("far", "heldout", "near"),
+        help="prompt sets, comma-separated (default: far,heldout,near)",
+    )
+    parser.add_argument(
+        "--conditions",
+        type=_names(CONDITIONS),
+        default=CONDITIONS,
+        help="conditions, comma-separated (default: adapter,system,both)",
+    )
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")
     os.environ["BATOS_MODEL"] = which  # the mind's chat models read the setting
@@ -517,17 +562,21 @@ def main() -> None:
     if args.classifier_only:
         return
 
-    speaker = Speaker(which, ReplyCache(CACHE), args.tokens, offline=args.report_only)
-    sets = prompt_sets(args.quick)
+    speaker = Speaker(
+        which, ReplyCache(CACHE), args.tokens, offline=args.report_only, seed=args.seed
+    )
+    sets = prompt_sets(args.quick, args.sets)
     print(
         f"model {which}: {sum(len(s.prompts) for s in sets)} prompts × {len(PERSONAS)} personas "
-        f"× {len(CONDITIONS)} conditions, replies capped at {args.tokens} tokens, seed {SEED}"
-        + (" (cached replies only)" if args.report_only else "")
+        f"× {len(args.conditions)} conditions, replies capped at {args.tokens} tokens, "
+        f"seed {args.seed}" + (" (cached replies only)" if args.report_only else "")
     )
-    replies = collect(speaker, sets, progress=lambda line: print(line, flush=True))
+    replies = collect(
+        speaker, sets, progress=lambda line: print(line, flush=True), conditions=args.conditions
+    )
     result = report(classifier, validation, replies)
     if args.mind:
-        far = next(s.prompts for s in sets if s.name == "far")
+        far = next(s.prompts for s in prompt_sets(args.quick) if s.name == "far")
         pairs, statuses = mind_replies(speaker, far, lambda line: print(line, flush=True))
         scores, _ = attribution(classifier, pairs)
         ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
@@ -544,13 +593,16 @@ def main() -> None:
             "scores": {k: v.as_dict() for k, v in scores.items()},
         }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}.json"
+    seed = f"-seed{args.seed}" if args.seed != SEED else ""
+    # A run over some sets or conditions must not overwrite the full run's figures.
+    part = "" if (len(args.sets), len(args.conditions)) == (3, len(CONDITIONS)) else "-part"
+    out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}{seed}{part}.json"
     out.write_text(
         json.dumps(
             {
                 "model": which,
                 "tokens": args.tokens,
-                "seed": SEED,
+                "seed": args.seed,
                 "validation": validation.as_dict(),
                 "sets": result,
             },

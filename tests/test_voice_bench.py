@@ -8,6 +8,7 @@ interrupted run resumes from its cache.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from collections import Counter
@@ -95,3 +96,37 @@ def test_reply_cache_resumes_and_skips_a_line_cut_short(tmp_path: Path) -> None:
     again.put("k2", "second", {})
     assert voice.ReplyCache(path).get("k2") == "second"
     assert json.loads(path.read_text().splitlines()[0])["persona"] == "ROBIN"
+
+
+def test_sets_and_conditions_are_chosen_by_name_and_unknown_names_refused() -> None:
+    parse = voice._names(voice.CONDITIONS)
+    assert parse("both, system,both") == ("both", "system")
+    for bad in ("both,loud", ","):
+        with pytest.raises(argparse.ArgumentTypeError, match="choose from adapter, system, both"):
+            parse(bad)
+    assert [s.name for s in voice.prompt_sets(False, ("near", "far"))] == ["far", "near"]
+    assert [len(s.prompts) for s in voice.prompt_sets(True, ("heldout",))] == [2]
+
+
+class _Scripted:
+    """A speaker that answers from a script and records what it was asked."""
+
+    generated, seconds = 0, 0.0
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, str]] = []
+
+    def reply(self, condition: str, persona: str, prompt: str) -> str:
+        self.asked.append((condition, persona, prompt))
+        return f"{persona} on {prompt}"
+
+
+def test_collect_asks_only_the_chosen_conditions_and_the_report_skips_the_rest() -> None:
+    speaker = _Scripted()
+    sets = voice.prompt_sets(True, ("far",))
+    replies = voice.collect(speaker, sets, progress=lambda _: None, conditions=("both",))
+    assert {c for c, _, _ in speaker.asked} == {"both"}
+    assert len(speaker.asked) == 2 * len(voice.PERSONAS)
+    assert replies["far"]["system"] == [] and len(replies["far"]["both"]) == 8
+    result = voice.report(voice.train_classifier(), voice.Score(38, 40), replies)
+    assert set(result["far"]) == {"both"}

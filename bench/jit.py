@@ -258,6 +258,8 @@ UNSEEN6 = Path(__file__).parent / "data" / "jit_intents_unseen6.json"
 UNSEEN7 = Path(__file__).parent / "data" / "jit_intents_unseen7.json"
 #: Written after the unseen7 set's run, before any change that followed it.
 UNSEEN8 = Path(__file__).parent / "data" / "jit_intents_unseen8.json"
+#: Written after the unseen8 set's run, before any change that followed it.
+UNSEEN9 = Path(__file__).parent / "data" / "jit_intents_unseen9.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -270,6 +272,7 @@ HELDOUT_SETS = {
     "unseen6": UNSEEN6,
     "unseen7": UNSEEN7,
     "unseen8": UNSEEN8,
+    "unseen9": UNSEEN9,
 }
 
 

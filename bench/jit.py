@@ -1,21 +1,9 @@
 """doesNotUnderstand on a real model: pass rate with no oracle, and seconds per installed method.
 
-Eight sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
-persona-flavoured ones): the twenty below, the held-out set in
-``bench/data/jit_intents_heldout.json`` (written before any prompt tuning; the misses of one
-early run on it were read, and the fix for forgotten imports came from them), the fresh set in
-``bench/data/jit_intents_fresh.json`` (written before any change made while reading the held-out
-results; its first full run's misses were read) and the unseen set in
-``bench/data/jit_intents_unseen.json`` (written after that run, before reading its misses; they
-were read after its run), ``bench/data/jit_intents_unseen2.json`` (written after that, before
-the changes they led to were measured; its misses were read after its run) and
-``bench/data/jit_intents_unseen3.json`` (written after that, before the next changes; its misses
-were read after its first run) and ``bench/data/jit_intents_unseen4.json`` (written after that,
-before the changes they led to were made), ``bench/data/jit_intents_unseen5.json`` (written
-after unseen4's run, before any change that followed it) and
-``bench/data/jit_intents_unseen6.json`` (written after unseen5's run, before any change that
-followed it) and ``bench/data/jit_intents_unseen7.json`` (written after unseen6's run, before
-the change its misses led to).
+Sets of intents with checks (strings, lists, numbers, stateful ones that update slots, and
+persona-flavoured ones): the twenty below (``bench``) and the held-out sets in ``bench/data/``,
+listed in ``HELDOUT_SETS`` with when each was written — each before the change it measures,
+never used to tune a prompt (the README says how each set's misses were used afterwards).
 For each, a fresh object is sent the unknown message once, as a user would: the kernel writes
 examples from the intent, samples ``--drafts`` drafts, chooses by agreement and installs one;
 nothing of the check reaches the model. The intent passes when the first result holds and the
@@ -29,7 +17,7 @@ It also times one call of an installed method, isolated in a child process (the 
 in the host process, against the same method compiled as plain Python, on a small receiver and
 on one holding a 10,000-item list (the per-call covenant check pickles the receiver's slots).
 
-    .venv/bin/python bench/jit.py                              # default model, all ten sets
+    .venv/bin/python bench/jit.py                              # default model, every set
     BATOS_MODEL=test .venv/bin/python bench/jit.py --quick     # 2 intents per set, to see it work
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
@@ -428,7 +416,7 @@ def main() -> None:
         "--set",
         choices=("all", "both", "bench", *HELDOUT_SETS),
         default="all",
-        help="all ten sets, both (bench and heldout), or one",
+        help="every set (all), bench and heldout (both), or one",
     )
     parser.add_argument(
         "--modes", default="no-oracle,oracle", help="no-oracle (the headline), oracle, or both"

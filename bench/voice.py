@@ -30,7 +30,8 @@ fixed seed (--seed, 0 by default): another seed is another draw of the same repl
 how much of a figure is the luck of one draw. Replies are cached in
 bench/results/voice-replies.jsonl keyed by model, condition, persona, prompt, adapter and system
 prompt digests and sampling (seed included), so an interrupted run resumes and re-scoring costs
-nothing. Writes bench/results/voice-<model>.json (voice-<model>-seed<N>.json for another seed).
+nothing. Writes bench/results/voice-<model>.json (-seed<N> added for another seed, -part for a
+run over some sets or conditions, so that it never overwrites a full run's figures).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from graph.llm.modelfile import adapter_path, modelfiles_dir  # noqa: E402
 
 PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
 CONDITIONS = ("adapter", "system", "both")
+#: The prompt sets, in the order they run (see ``prompt_sets``).
+SET_NAMES = ("far", "heldout", "near")
 CONDITION_LABELS = {
     "adapter": "adapter only",
     "system": "system prompt only",
@@ -415,7 +418,7 @@ class PromptSet:
     prompts: tuple[str, ...]
 
 
-def prompt_sets(quick: bool, names: Sequence[str] = ("far", "heldout", "near")) -> list[PromptSet]:
+def prompt_sets(quick: bool, names: Sequence[str] = SET_NAMES) -> list[PromptSet]:
     """The far half first (it is the target), then the shortest set, so that a run cut short
     has whole sets to report."""
     voice = voice_prompts()
@@ -531,8 +534,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED, help="sampling seed (default: 0)")
     parser.add_argument(
         "--sets",
-        type=_names(("far", "heldout", "near")),
-        default=("far", "heldout", "near"),
+        type=_names(SET_NAMES),
+        default=SET_NAMES,
         help="prompt sets, comma-separated (default: far,heldout,near)",
     )
     parser.add_argument(
@@ -595,7 +598,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     seed = f"-seed{args.seed}" if args.seed != SEED else ""
     # A run over some sets or conditions must not overwrite the full run's figures.
-    part = "" if (len(args.sets), len(args.conditions)) == (3, len(CONDITIONS)) else "-part"
+    whole = set(args.sets) == set(SET_NAMES) and set(args.conditions) == set(CONDITIONS)
+    part = "" if whole else "-part"
     out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}{seed}{part}.json"
     out.write_text(
         json.dumps(

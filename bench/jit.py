@@ -22,6 +22,7 @@ on one holding a 10,000-item list (the per-call covenant check pickles the recei
     .venv/bin/python bench/jit.py --set heldout --drafts 1     # one set, one draft
     .venv/bin/python bench/jit.py --modes no-oracle --limit 8  # a subset, headline mode only
     .venv/bin/python bench/jit.py --calls-only                 # only the per-call costs
+    .venv/bin/python bench/jit.py --set unseen7 --only max_run_sum,babs_cite  # named intents
 
 ``--adapters on|off|both`` runs the persona models with their adapters (what users get, the
 default), without them, or both. Prints a table and writes bench/results/jit-<model>[-tag].json.
@@ -408,6 +409,13 @@ def call_costs(number: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _selectors(text: str) -> frozenset[str]:
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one selector")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two intents per set")
@@ -423,6 +431,12 @@ def main() -> None:
     )
     parser.add_argument("--attempts", type=int, default=3, help="rounds (no-oracle) or drafts")
     parser.add_argument("--drafts", type=int, default=0, help="independent drafts (0: setting)")
+    parser.add_argument(
+        "--only",
+        type=_selectors,
+        default=None,
+        help="comma-separated selectors: only these intents of the chosen sets",
+    )
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
     parser.add_argument("--no-calls", action="store_true", help="skip timing method calls")
@@ -446,6 +460,16 @@ def main() -> None:
         sets = {name: sets[name] for name in ("bench", "heldout")}
     elif args.set != "all":
         sets = {args.set: sets[args.set]}
+    if args.only is not None:
+        known = {case.selector for cases in sets.values() for case in cases}
+        unknown = sorted(args.only - known)
+        if unknown:
+            parser.error(f"--only: no intent named {', '.join(unknown)} in --set {args.set}")
+        sets = {
+            name: [case for case in cases if case.selector in args.only]
+            for name, cases in sets.items()
+        }
+        sets = {name: cases for name, cases in sets.items() if cases}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     drafts = args.drafts or settings.get_int("jit_drafts")
     model = settings.get_str("model")

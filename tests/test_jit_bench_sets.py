@@ -44,3 +44,17 @@ def test_data_checks_accept_the_expected_answer_and_reject_another(path) -> None
             assert check(call["returns"], obj), (item["selector"], call)
             wrong = ["not", "this"] if call["returns"] != ["not", "this"] else 0
             assert not check(wrong, obj), (item["selector"], call)
+
+
+def test_only_takes_known_selectors_of_the_chosen_set(monkeypatch, capsys) -> None:
+    assert jit._selectors(" max_run_sum, babs_cite ,") == {"max_run_sum", "babs_cite"}
+    with pytest.raises(Exception, match="at least one selector"):
+        jit._selectors(" , ")
+    # A name that is in another set, not the chosen one, stops before any model loads.
+    monkeypatch.setattr(
+        "sys.argv", ["jit.py", "--no-calls", "--set", "unseen7", "--only", "max_run_sum,record_lap"]
+    )
+    with pytest.raises(SystemExit) as stop:
+        jit.main()
+    assert stop.value.code == 2
+    assert "no intent named record_lap in --set unseen7" in capsys.readouterr().err

@@ -249,6 +249,8 @@ UNSEEN7 = Path(__file__).parent / "data" / "jit_intents_unseen7.json"
 UNSEEN8 = Path(__file__).parent / "data" / "jit_intents_unseen8.json"
 #: Written after the unseen8 set's run, before any change that followed it.
 UNSEEN9 = Path(__file__).parent / "data" / "jit_intents_unseen9.json"
+#: Written after the unseen9 set's two runs, before any change that followed them.
+UNSEEN10 = Path(__file__).parent / "data" / "jit_intents_unseen10.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -262,6 +264,7 @@ HELDOUT_SETS = {
     "unseen7": UNSEEN7,
     "unseen8": UNSEEN8,
     "unseen9": UNSEEN9,
+    "unseen10": UNSEEN10,
 }
 
 

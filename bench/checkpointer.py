@@ -13,7 +13,9 @@ median latency of a 4 KiB write + fsync there is measured before and after the r
 beside the figures, with the load average. The CPU each saver spent per operation (process time,
 its threads included) is printed too, and beside it the floor under ZODBSaver's: the CPU of a
 bare ZODB commit that changes one small object, on a FileStorage in the same folder (a cycle
-commits twice: its put and its put_writes).
+commits twice: its put and its put_writes), and one commit of one small record made by
+FileStorage's own two-phase commit called directly and by SQLite writing one row, to show how
+much of a commit is ZODB's Python above the storage and how much the storage's own.
 
     python bench/checkpointer.py                     # full sizes, 5 rounds, on the temp disk
     python bench/checkpointer.py --dir /dev/shm      # where a sync costs next to nothing
@@ -44,6 +46,7 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
+from persistent.mapping import PersistentMapping  # noqa: E402
 
 from store.checkpointer import ZODBSaver  # noqa: E402
 from store.image import LivingImage  # noqa: E402
@@ -218,7 +221,6 @@ def bare_commit(folder: Path, commits: int = 500) -> tuple[float, float]:
     ``folder``, as the saver's connections commit (explicit transactions): the least a put
     can cost."""
     import transaction
-    from persistent.mapping import PersistentMapping
 
     manager = transaction.TransactionManager(explicit=True)
     with LivingImage.open(f"file://{folder / 'floor.fs'}") as image:
@@ -236,6 +238,47 @@ def bare_commit(folder: Path, commits: int = 500) -> tuple[float, float]:
         finally:
             conn.close()
     return cpu / commits * 1e3, wall / commits * 1e3
+
+
+def one_commit(folder: Path, commits: int = 500) -> dict[str, float]:
+    """CPU ms of one commit of one small record, three ways, in ``folder``: through a ZODB
+    connection (as ``bare_commit``), FileStorage's own two-phase commit called directly with a
+    record already pickled (no connection, no transaction manager: what is left of a commit
+    when ZODB's Python above the storage is gone), and SQLite writing one row (WAL,
+    synchronous=FULL, as the SQLite savers here)."""
+    import ZODB
+    from ZODB.Connection import TransactionMetaData
+    from ZODB.FileStorage import FileStorage
+
+    storage = FileStorage(str(folder / "direct.fs"))
+    db = ZODB.DB(storage)
+    try:
+        with db.transaction() as conn:
+            conn.root()["record"] = record = PersistentMapping(text="x" * 300)
+        data, serial = storage.load(record._p_oid)
+        oid = record._p_oid
+        cpu = time.process_time()
+        for _ in range(commits):
+            meta = TransactionMetaData()
+            storage.tpc_begin(meta)
+            storage.store(oid, serial, data, "", meta)
+            storage.tpc_vote(meta)
+            serial = storage.tpc_finish(meta)
+        direct = (time.process_time() - cpu) / commits * 1e3
+    finally:
+        db.close()
+    conn = sqlite_conn(folder / "row.db")
+    try:
+        conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+        conn.commit()
+        cpu = time.process_time()
+        for _ in range(commits):
+            conn.execute("INSERT OR REPLACE INTO t VALUES (1, ?)", (data,))
+            conn.commit()
+        row = (time.process_time() - cpu) / commits * 1e3
+    finally:
+        conn.close()
+    return {"FileStorage called directly": direct, "SQLite one row": row}
 
 
 def load() -> str:
@@ -290,7 +333,8 @@ async def measure(
             await bench.close()
         sync_ms.append(sync_latency_ms(Path(tmp)))
         floor.append(bare_commit(Path(tmp)))
-    return samples, cpu_samples, {"sync_ms": sync_ms, "bare_commit": floor}
+        commits = one_commit(Path(tmp))
+    return samples, cpu_samples, {"sync_ms": sync_ms, "bare_commit": floor, "commits": commits}
 
 
 def medians(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -324,7 +368,9 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def cpu_table(cpu: dict[str, dict[str, float]], floor: list[list[float]]) -> str:
+def cpu_table(
+    cpu: dict[str, dict[str, float]], floor: list[list[float]], commits: dict[str, float]
+) -> str:
     """CPU per operation of each saver, ZODBSaver's over the SQLite saver's, and the floor."""
     metrics = [m for m in SYNC_WORKLOADS + ASYNC_WORKLOADS if any(m in r for r in cpu.values())]
     names = [m.replace("ops/s", "").replace("runs/s", "run").strip() for m in metrics]
@@ -347,6 +393,13 @@ def cpu_table(cpu: dict[str, dict[str, float]], floor: list[list[float]]) -> str
         f"({wall_before:.3f} ms wall) before the run, {cpu_after:.3f} ({wall_after:.3f}) after; "
         f"a cycle commits twice (put, put_writes): {2 * commit:.3f} ms CPU against "
         f"SqliteSaver's whole cycle, {cpu['SqliteSaver']['cycle ops/s']:.3f} ms"
+    )
+    lines.append(
+        f"one commit of one small record, CPU: through a ZODB connection {cpu_after:.3f} ms, "
+        + ", ".join(f"{name} {ms:.3f} ms" for name, ms in commits.items())
+        + f" (ZODB connection / SQLite {cpu_after / commits['SQLite one row']:.1f}x, "
+        f"FileStorage direct / SQLite "
+        f"{commits['FileStorage called directly'] / commits['SQLite one row']:.1f}x)"
     )
     return "\n".join(lines)
 
@@ -376,7 +429,7 @@ def main() -> None:
     )
     print(table(results))
     print()
-    print(cpu_table(cpu, disk["bare_commit"]))
+    print(cpu_table(cpu, disk["bare_commit"], disk["commits"]))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "checkpointer.json"
     out.write_text(
@@ -387,6 +440,7 @@ def main() -> None:
                 "dir": str(where),
                 "sync_ms": sync_ms,
                 "bare_commit_ms": disk["bare_commit"],
+                "one_commit_cpu_ms": disk["commits"],
                 "load": [before, load()],
                 "medians": results,
                 "cpu_ms_medians": cpu,

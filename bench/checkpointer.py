@@ -255,8 +255,8 @@ def one_commit(folder: Path, commits: int = 500) -> dict[str, float]:
     try:
         with db.transaction() as conn:
             conn.root()["record"] = record = PersistentMapping(text="x" * 300)
-        data, serial = storage.load(record._p_oid)
         oid = record._p_oid
+        data, serial = storage.load(oid)
         cpu = time.process_time()
         for _ in range(commits):
             meta = TransactionMetaData()

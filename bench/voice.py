@@ -536,13 +536,13 @@ def main() -> None:
         "--sets",
         type=_names(SET_NAMES),
         default=SET_NAMES,
-        help="prompt sets, comma-separated (default: far,heldout,near)",
+        help=f"prompt sets, comma-separated (default: {','.join(SET_NAMES)})",
     )
     parser.add_argument(
         "--conditions",
         type=_names(CONDITIONS),
         default=CONDITIONS,
-        help="conditions, comma-separated (default: adapter,system,both)",
+        help=f"conditions, comma-separated (default: {','.join(CONDITIONS)})",
     )
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")

@@ -251,6 +251,7 @@ UNSEEN8 = Path(__file__).parent / "data" / "jit_intents_unseen8.json"
 UNSEEN9 = Path(__file__).parent / "data" / "jit_intents_unseen9.json"
 #: Written after the unseen9 set's two runs, before any change that followed them.
 UNSEEN10 = Path(__file__).parent / "data" / "jit_intents_unseen10.json"
+UNSEEN11 = Path(__file__).parent / "data" / "jit_intents_unseen11.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -265,6 +266,7 @@ HELDOUT_SETS = {
     "unseen8": UNSEEN8,
     "unseen9": UNSEEN9,
     "unseen10": UNSEEN10,
+    "unseen11": UNSEEN11,
 }
 
 

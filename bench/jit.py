@@ -47,6 +47,7 @@ from batos import settings
 from batos.errors import GeneratedCodeError, ModelError
 from graph import jit
 from prototypes import examples, kernel
+from prototypes.kernel import Mission
 from prototypes.uvm import Method, UvmObject
 from store.image import LivingImage
 
@@ -316,6 +317,45 @@ class Outcome:
     #: The installed method and the examples kept with it, so a run's misses can be read.
     source: str = ""
     kept: list[dict[str, Any]] = field(default_factory=list)
+    #: Diagnosis, never fed to the kernel: how many of the mission's drafts that passed the
+    #: gate (candidates) would have passed this intent's check. A miss with a right draft in
+    #: the pool is the choice's fault; a miss with none, the drafts'.
+    pool: int = 0
+    pool_right: int = 0
+
+
+class _Runner(jit.JitRunner):
+    """The kernel's runner, keeping the last mission so its drafts can be diagnosed."""
+
+    mission: Mission | None = None
+
+    def _finish(self, state: dict[str, Any], context: dict[str, Any]) -> Any:  # type: ignore[override]
+        self.mission = context[jit.LIVE].mission
+        return jit.JitRunner._finish(state, context)
+
+
+def _pool(case: Case, mission: Mission | None) -> tuple[int, int]:
+    """(distinct candidate sources, how many of them pass the case's two calls), each run on
+    a fresh receiver outside any image."""
+    if mission is None:
+        return 0, 0
+    sources = list(dict.fromkeys(c.source for c in mission.candidates))
+    right = 0
+    for source in sources:
+        obj = UvmObject(
+            name=case.slots.get("name", "bench"),
+            **{k: v for k, v in case.slots.items() if k != "name"},
+        )
+        try:
+            kernel.add_method(obj, case.selector, source)
+            method = getattr(obj, case.selector)
+            ok = _holds(case.expect, method(*case.args), obj)
+            if ok and case.expect_again is not None:
+                ok = _holds(case.expect_again, method(*case.again), obj)
+        except Exception:
+            ok = False
+        right += ok
+    return len(sources), right
 
 
 def _drafts_used(obj: UvmObject, selector: str) -> int | None:
@@ -347,18 +387,23 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                     examples=False,
                 )
             else:  # what a user gets: nothing of the check reaches the model
-                runner = jit.JitRunner(attempts=attempts, drafts=drafts)
+                runner = _Runner(attempts=attempts, drafts=drafts)
             try:
                 first = runner.send(obj, case.selector, case.args, {})
             except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
+                seconds = time.perf_counter() - started
+                pool, right = _pool(case, getattr(runner, "mission", None))
                 return Outcome(
                     case.selector,
                     None,
-                    time.perf_counter() - started,
+                    seconds,
                     exc.message.splitlines()[0],
                     installed=False,
+                    pool=pool,
+                    pool_right=right,
                 )
             seconds = time.perf_counter() - started
+            pool, right = _pool(case, getattr(runner, "mission", None))
             used = _drafts_used(obj, case.selector)
             method = obj._methods[case.selector]
             stored = list(method.examples)
@@ -369,6 +414,8 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                 "disputed": sum(1 for e in stored if e.get("status") == "disputed"),
                 "source": method.source,
                 "kept": [dict(e) for e in stored],
+                "pool": pool,
+                "pool_right": right,
             }
             ok = _holds(case.expect, first, obj)
             if ok and case.expect_again is not None:
@@ -501,7 +548,8 @@ def main() -> None:
                         f"  {case.selector:<22} {outcome.seconds:7.1f} s  {mark}  "
                         f"[draft {outcome.solved_at or '-'}, {outcome.agreement}/"
                         f"{outcome.drafts} agree, {outcome.disputed}/{outcome.examples} "
-                        "examples disputed]",
+                        f"examples disputed, {outcome.pool_right}/{outcome.pool} distinct "
+                        "drafts right]",
                         flush=True,
                     )
     os.environ.pop("BATOS_ADAPTERS", None)
@@ -511,12 +559,16 @@ def main() -> None:
         f"\nJIT benchmark — model {model!r}, {drafts} draft(s) no-oracle, up to "
         f"{args.attempts} rounds; load average {load[0]:.2f} before, {load_after[0]:.2f} after"
     )
-    print(f"{'run':<34}{'intents':>8}{'pass':>8}{'pass@1':>8}{'s/installed':>13}")
+    print(f"{'run':<34}{'intents':>8}{'pass':>8}{'pass@1':>8}{'s/installed':>13}{'any draft':>11}")
     for key, s in summary.items():
         print(
             f"{key:<34}{s['intents']:>8}{s['pass']:>8.2f}{s['pass@1']:>8.2f}"
-            f"{s['seconds_per_installed_method']:>13.1f}"
+            f"{s['seconds_per_installed_method']:>13.1f}{s['any_draft_right']:>11.2f}"
         )
+    print(
+        "any draft: intents where at least one draft that passed the gate was right "
+        "(a diagnosis of the choice, never fed to the kernel)"
+    )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
@@ -549,6 +601,7 @@ def _summary(outcomes: list[Outcome]) -> dict[str, float]:
         "pass": len(solved) / n if n else float("nan"),
         "pass@1": sum(1 for o in solved if o.solved_at == 1) / n if n else float("nan"),
         "seconds_per_installed_method": statistics.mean(installed) if installed else float("nan"),
+        "any_draft_right": sum(1 for o in outcomes if o.pool_right) / n if n else float("nan"),
     }
 
 

@@ -504,3 +504,66 @@ def test_a_model_failing_to_write_examples_stops_nothing(image, caplog) -> None:
     assert any("no examples for 'double'" in r.getMessage() for r in caplog.records)
     with image.read() as root:
         assert list(root["o"]._methods["double"].examples) == []
+
+
+def _judge(answer: str) -> str:
+    return json.dumps({"answer": answer})
+
+
+def test_a_judge_reading_both_orders_alike_chooses_the_runner_up(image) -> None:
+    """Two drafts agree on a misreading and one reads the intent right: agreement alone
+    installs the misreading; a judge shown what each group did where they differ, and
+    choosing the same group whichever is shown first, installs the other."""
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
+        _method("x * 3 + self.bias"),
+        _method("x * 2 + self.bias"),
+        _method("self.bias + 3 * x"),  # agrees with the first
+        _judge("B"),  # the leader (x * 3) shown as A
+        _judge("A"),  # the order swapped: the runner-up shown as A
+    )
+    runner = jit.JitRunner(model, drafts=3, judge=True)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (5,))) == 11
+    assert model.calls == 6
+    first, second = (m[-1].content for m in model.history[4:])
+    assert "Call: self.double(5) on slots" in first
+    assert "Method A returns 16\nMethod B returns 11" in first
+    assert "Method A returns 11\nMethod B returns 16" in second
+    for call in model.history[4:]:  # the judge sees behaviour only: no code, no vote count
+        text = " ".join(str(m.content) for m in call)
+        assert "def double" not in text and "agree" not in text
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "x * 2" in method.source and method.audit["agreement"] == 1
+
+
+@pytest.mark.parametrize("replies", [("A", "A"), ("B", "B"), ("A", "B"), ("maybe", "{")])
+def test_a_judge_that_contradicts_itself_or_backs_the_leader_changes_nothing(
+    image, replies
+) -> None:
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
+        _method("x * 3 + self.bias"),
+        _method("x * 2 + self.bias"),
+        _method("self.bias + 3 * x"),
+        *(r if r in ("maybe", "{") else _judge(r) for r in replies),
+    )
+    runner = jit.JitRunner(model, drafts=3, judge=True)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (5,))) == 16
+    assert model.calls == 6
+
+
+def test_no_judge_when_every_draft_agrees_or_when_it_is_off(image) -> None:
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES, _method("x * 2 + self.bias"), _method("self.bias + 2 * x")
+    )
+    runner = jit.JitRunner(model, drafts=2, judge=True)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (5,))) == 11
+    assert model.calls == 3
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES, _method("x * 3 + self.bias"), _method("x * 2 + self.bias")
+    )
+    runner = jit.JitRunner(model, drafts=2, judge=False)
+    image.transact(lambda root: root.__setitem__("p", UvmObject(name="calc", bias=1)))
+    assert image.transact(lambda root: runner.send(root["p"], "double", (5,))) == 16
+    assert model.calls == 3

@@ -197,14 +197,6 @@ SETTINGS: dict[str, Setting] = {
             _positive_int,
         ),
         Setting(
-            "jit_judge",
-            "BATOS_JIT_JUDGE",
-            lambda: "off",
-            "Whether doesNotUnderstand asks the author model to judge between the two best "
-            "groups of drafts, shown what each did where they differ ('on' or 'off').",
-            _choice("on", "off"),
-        ),
-        Setting(
             "sandbox_seconds",
             "BATOS_SANDBOX_SECONDS",
             lambda: "2",

@@ -363,9 +363,7 @@ def _drafts_used(obj: UvmObject, selector: str) -> int | None:
     return None if method is None else int(method.audit.get("attempt", 0))
 
 
-def run_case(
-    case: Case, attempts: int, *, oracle: bool, drafts: int, judge: bool | None = None
-) -> Outcome:
+def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome:
     image = LivingImage.open("memory://")
     try:
 
@@ -389,7 +387,7 @@ def run_case(
                     examples=False,
                 )
             else:  # what a user gets: nothing of the check reaches the model
-                runner = _Runner(attempts=attempts, drafts=drafts, judge=judge)
+                runner = _Runner(attempts=attempts, drafts=drafts)
             try:
                 first = runner.send(obj, case.selector, case.args, {})
             except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
@@ -491,12 +489,6 @@ def main() -> None:
         default=None,
         help="comma-separated selectors: only these intents of the chosen sets",
     )
-    parser.add_argument(
-        "--judge",
-        choices=("on", "off"),
-        default=None,
-        help="a judge between the two best groups of drafts (default: BATOS_JIT_JUDGE)",
-    )
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
     parser.add_argument("--no-calls", action="store_true", help="skip timing method calls")
@@ -532,7 +524,6 @@ def main() -> None:
         sets = {name: cases for name, cases in sets.items() if cases}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     drafts = args.drafts or settings.get_int("jit_drafts")
-    judge = (args.judge or settings.get_str("jit_judge")) == "on"
     model = settings.get_str("model")
     from graph.llm import chat_model
 
@@ -550,9 +541,7 @@ def main() -> None:
                 print(f"{key}:", flush=True)
                 outcomes = runs[key] = []
                 for case in cases:
-                    outcome = run_case(
-                        case, args.attempts, oracle=mode == "oracle", drafts=drafts, judge=judge
-                    )
+                    outcome = run_case(case, args.attempts, oracle=mode == "oracle", drafts=drafts)
                     outcomes.append(outcome)
                     mark = "pass" if outcome.solved_at else f"miss ({outcome.error})"
                     print(
@@ -568,8 +557,7 @@ def main() -> None:
     summary = {key: _summary(outcomes) for key, outcomes in runs.items()}
     print(
         f"\nJIT benchmark — model {model!r}, {drafts} draft(s) no-oracle, up to "
-        f"{args.attempts} rounds, judge {'on' if judge else 'off'}; load average "
-        f"{load[0]:.2f} before, {load_after[0]:.2f} after"
+        f"{args.attempts} rounds; load average {load[0]:.2f} before, {load_after[0]:.2f} after"
     )
     print(f"{'run':<34}{'intents':>8}{'pass':>8}{'pass@1':>8}{'s/installed':>13}{'any draft':>11}")
     for key, s in summary.items():
@@ -590,7 +578,6 @@ def main() -> None:
             {
                 "model": model,
                 "drafts": drafts,
-                "judge": judge,
                 "attempts": args.attempts,
                 "load_average": {"before": load, "after": load_after},
                 "runs": {

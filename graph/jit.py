@@ -58,16 +58,6 @@ EXAMPLES_MAX_TOKENS = 700
 SAMPLE_TEMPERATURE = 0.8
 #: Temperature of the examples: expected outputs should be worked out, not sampled.
 EXAMPLES_TEMPERATURE = 0.1
-#: Longest judge reply, in tokens (``{"answer": "A"}`` under a schema).
-JUDGE_MAX_TOKENS = 16
-#: Characters of a judge's reply read (the reply is hostile text like any other).
-JUDGE_REPLY_CHARS = 200
-#: The judge's reply, held to it by constrained decoding.
-JUDGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"answer": {"type": "string", "enum": ["A", "B"]}},
-    "required": ["answer"],
-}
 
 #: ``factory(persona, **options)`` → chat model; options as ``graph.llm.chat_model`` takes.
 ModelFactory = Callable[..., BaseChatModel]
@@ -85,7 +75,6 @@ class JitContext:
     attempts: int = 3
     drafts: int = 1
     examples: bool = True
-    judge: bool = False
     transaction: Any = None
     acceptance: Callable[[Any], bool] | None = None
     mission: Mission | None = None
@@ -184,7 +173,6 @@ def _served(context: Any, state: JitState) -> JitContext:
         kwargs=dict(kwargs),
         attempts=settings.get_int("jit_attempts"),
         drafts=settings.get_int("jit_drafts"),
-        judge=settings.get_str("jit_judge") == "on",
         transaction=tm.get(),
         connection=conn,
     )
@@ -413,46 +401,6 @@ def _task_fields(brief: MissionBrief, spelling: str = "python") -> dict[str, Any
     }
 
 
-def judge_messages(intent: str, contest: kernel.Contest, swap: bool) -> list[BaseMessage]:
-    """The conversation that asks which of a contest's two groups does what the intent asks
-    (``swap``: the challenger shown as A)."""
-    p = prompts()
-    messages: list[BaseMessage] = [SystemMessage(p["judge_system"])]
-    for shot in p.get("judge_shots", []):
-        messages += [HumanMessage(shot["task"]), AIMessage(shot["answer"])]
-    shown = "".join(
-        p["judge_input"].format(
-            call=row.call,
-            slots=f" on slots {row.slots}" if row.slots else "",
-            first=row.second if swap else row.first,
-            second=row.first if swap else row.second,
-        )
-        for row in contest.inputs
-    )
-    messages.append(HumanMessage(p["judge_task"].format(intent=intent, inputs=shown)))
-    return messages
-
-
-def judge_answer(reply: str) -> str:
-    """ "A", "B", or "" for a reply that is not one of them (hostile text, read bounded)."""
-    try:
-        data = json.loads(reply[:JUDGE_REPLY_CHARS])
-    except ValueError:
-        return ""
-    answer = data.get("answer") if isinstance(data, dict) else None
-    return answer if answer in ("A", "B") else ""
-
-
-def _verdict(first: str, second: str) -> str:
-    """The group two readings agree on ("leader" or "challenger"), else ""; the second
-    reading showed the challenger as A."""
-    if first == "A" and second == "B":
-        return "leader"
-    if first == "B" and second == "A":
-        return "challenger"
-    return ""
-
-
 def _model(context: JitContext, persona: str, **options: Any) -> BaseChatModel:
     if context.model is not None:
         return context.model
@@ -611,73 +559,6 @@ def check(state: JitState) -> JitState:
     return {}
 
 
-def _judge_calls(
-    context: JitContext,
-) -> tuple[kernel.Contest, BaseChatModel, list[list[BaseMessage]]] | None:
-    mission = _mission()
-    if not context.judge:
-        return None
-    contest = mission.contest()
-    if contest is None:
-        return None
-    model = _model(
-        context,
-        mission.author,
-        num_predict=JUDGE_MAX_TOKENS,
-        temperature=0.0,
-        format=JUDGE_SCHEMA,
-    )
-    intent = mission.intent or f"infer it from the name {mission.selector!r} and the arguments"
-    return contest, model, [judge_messages(intent, contest, swap) for swap in (False, True)]
-
-
-def _judged(contest: kernel.Contest, replies: list[str]) -> JitState:
-    mission = _mission()
-    verdict = _verdict(*(judge_answer(r) for r in replies))
-    mission.judged(contest, verdict)
-    log.info(
-        "judge for %r: %s (leader %s, challenger %s)",
-        mission.selector,
-        verdict or "no verdict",
-        contest.leader.summary(len(mission.examples)),
-        contest.challenger.summary(len(mission.examples)),
-    )
-    return {}
-
-
-def _no_verdict(contest: kernel.Contest, exc: ModelError) -> JitState:
-    # The judge only reorders the two best groups: without it they are chosen as before.
-    log.warning("no verdict for %r: %s", _mission().selector, exc.message)
-    _mission().judged(contest, "")
-    return {}
-
-
-def judge(state: JitState) -> JitState:
-    """Ask the author model which of the two best groups of drafts does what the intent
-    asks, twice with the order swapped; a verdict counts only when both readings agree."""
-    calls = _judge_calls(_context())
-    if calls is None:
-        return {}
-    contest, model, conversations = calls
-    try:
-        replies = [_text(model.invoke(messages)) for messages in conversations]
-    except ModelError as exc:
-        return _no_verdict(contest, exc)
-    return _judged(contest, replies)
-
-
-async def ajudge(state: JitState) -> JitState:
-    calls = _judge_calls(_context())
-    if calls is None:
-        return {}
-    contest, model, conversations = calls
-    try:
-        replies = [_text(await model.ainvoke(messages)) for messages in conversations]
-    except ModelError as exc:
-        return _no_verdict(contest, exc)
-    return _judged(contest, replies)
-
-
 def choose(state: JitState) -> JitState:
     mission = _mission()
     decision, candidate, findings = mission.decide(state["attempt"] < _context().attempts)
@@ -746,7 +627,6 @@ def build_graph() -> Any:
     )
     builder.add_node("draft", RunnableLambda(draft, afunc=adraft, name="draft"))
     builder.add_node("check", check)
-    builder.add_node("judge", RunnableLambda(judge, afunc=ajudge, name="judge"))
     builder.add_node("choose", choose)
     builder.add_node("install", install)
     builder.add_node("invoke", invoke)
@@ -755,8 +635,7 @@ def build_graph() -> Any:
     builder.add_conditional_edges("brief", _after_brief, ["examples", "draft", END])
     builder.add_edge("examples", "draft")
     builder.add_conditional_edges("draft", _after_draft, ["check", "fail"])
-    builder.add_edge("check", "judge")
-    builder.add_edge("judge", "choose")
+    builder.add_edge("check", "choose")
     builder.add_conditional_edges("choose", _after_choose, ["install", "draft", "fail"])
     builder.add_edge("install", "invoke")
     builder.add_conditional_edges("invoke", _after_invoke, [END, "choose"])
@@ -782,7 +661,6 @@ class JitRunner:
         acceptance: Callable[[Any], bool] | None = None,
         drafts: int | None = None,
         examples: bool = True,
-        judge: bool | None = None,
     ) -> None:
         self.model = model
         self.model_factory = model_factory
@@ -790,7 +668,6 @@ class JitRunner:
         self.acceptance = acceptance
         self.drafts = drafts
         self.examples = examples
-        self.judge = judge
 
     def _start(
         self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
@@ -806,7 +683,6 @@ class JitRunner:
             attempts=attempts,
             drafts=drafts,
             examples=self.examples,
-            judge=self.judge if self.judge is not None else settings.get_str("jit_judge") == "on",
             acceptance=self.acceptance,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),

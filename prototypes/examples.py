@@ -439,26 +439,20 @@ class Choice:
         )
 
 
-def ranked(candidates: Sequence[Candidate], examples: Sequence[Example]) -> list[Choice]:
-    """Every group of drafts with identical outputs, best first: by score = drafts agreeing ×
-    the examples' checks passed (each result and each expected slot, ``checks_passed``);
-    ties go to more agreement, then to the earlier draft."""
+def choose(candidates: Sequence[Candidate], examples: Sequence[Example]) -> Choice | None:
+    """The group with the best score = drafts agreeing × the examples' checks passed (each
+    result and each expected slot, ``checks_passed``); ties go to more agreement, then to the
+    earlier draft. None when there is no candidate."""
     groups: dict[str, list[Candidate]] = {}
     for candidate in candidates:
         groups.setdefault(candidate.key(), []).append(candidate)
-    rows: list[tuple[tuple[int, int, int], Choice]] = []
+    best: tuple[tuple[int, int, int], Choice] | None = None
     for members in groups.values():
         first = members[0]
         failed = tuple(first.failures(examples))
         passed = len(examples) - len(failed)
         score = len(members) * first.checks_passed(examples)
         rank = (score, len(members), -first.number)
-        rows.append((rank, Choice(first, len(members), passed, failed, score)))
-    rows.sort(key=lambda row: row[0], reverse=True)
-    return [choice for _, choice in rows]
-
-
-def choose(candidates: Sequence[Candidate], examples: Sequence[Example]) -> Choice | None:
-    """The best group (``ranked``); None when there is no candidate."""
-    groups = ranked(candidates, examples)
-    return groups[0] if groups else None
+        if best is None or rank > best[0]:
+            best = (rank, Choice(first, len(members), passed, failed, score))
+    return None if best is None else best[1]

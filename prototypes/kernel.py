@@ -249,51 +249,6 @@ class AttemptRecord:
         }
 
 
-#: Inputs on which two groups of drafts differ that a judge is shown at most.
-CONTEST_INPUTS = 2
-#: Characters of one value shown to a judge.
-CONTEST_VALUE_CHARS = 300
-
-
-@dataclass(frozen=True)
-class Showing:
-    """One input two groups of drafts treat differently, as a judge sees it: the call, the
-    slots it starts from, and what each group did (result, the slots it changed, or its
-    error), every value bounded."""
-
-    call: str
-    slots: str
-    first: str
-    second: str
-
-
-@dataclass(frozen=True)
-class Contest:
-    """The two best groups of drafts and the inputs on which they differ."""
-
-    leader: examples.Choice
-    challenger: examples.Choice
-    inputs: tuple[Showing, ...]
-
-    @property
-    def pair(self) -> tuple[str, str]:
-        return (self.leader.candidate.key(), self.challenger.candidate.key())
-
-
-def _did(seen: examples.Observation, before: Mapping[str, Any]) -> str:
-    """What a draft did on one input, in words a judge reads: its result and each slot it
-    changed, or the error it raised."""
-    if not seen.ok:
-        return "fails: " + seen.error[:CONTEST_VALUE_CHARS]
-    text = "returns " + json_text(seen.result, CONTEST_VALUE_CHARS)
-    changed = [
-        f"{name} = {json_text(value, CONTEST_VALUE_CHARS)}"
-        for name, value in sorted(seen.slots.items())
-        if not examples.matches(examples.normal(before.get(name)), value)
-    ]
-    return text + (", and sets " + ", ".join(changed) if changed else "")
-
-
 class Mission:
     """One message nobody understood, and the gate each draft of its method must pass."""
 
@@ -333,9 +288,6 @@ class Mission:
         self.repairing: tuple[int, int] | None = None
         #: The draft whose findings the next one is told about.
         self.last_failure: AttemptRecord | None = None
-        #: A judge's verdicts on contests, by (leader's key, challenger's key): the key of
-        #: the group it chose, or "" when it gave none (the two readings disagreed).
-        self.verdicts: dict[tuple[str, str], str] = {}
         self.started = time.time()
         self._brief: MissionBrief | None = None
         self._pending: tuple[_Restore, Method, int | None] | None = None
@@ -423,7 +375,7 @@ class Mission:
         installed anyway: it passed the gate, and the examples it fails are kept with it as
         disputed.
         """
-        choice = self._repair_that_fixes() or self._judged_choice()
+        choice = self._repair_that_fixes() or examples.choose(self.candidates, self.examples)
         self.choice = choice
         if choice is None:
             return ("draft" if rounds_left else "fail"), None, []
@@ -443,57 +395,6 @@ class Mission:
             for i in choice.failed
         ]
         return "repair", choice.candidate, findings
-
-    def _judged_choice(self) -> examples.Choice | None:
-        """The best group, or the runner-up when a judge chose it over the best."""
-        groups = examples.ranked(self.candidates, self.examples)
-        if len(groups) >= 2:
-            leader, challenger = groups[0], groups[1]
-            pair = (leader.candidate.key(), challenger.candidate.key())
-            if self.verdicts.get(pair) == pair[1]:
-                return challenger
-        return groups[0] if groups else None
-
-    def contest(self) -> Contest | None:
-        """The two best groups of drafts and up to ``CONTEST_INPUTS`` inputs on which they
-        differ (the call itself first), for a judge to choose between; None when there are
-        fewer than two groups or this pair was judged already."""
-        groups = examples.ranked(self.candidates, self.examples)
-        if len(groups) < 2:
-            return None
-        leader, challenger = groups[0], groups[1]
-        if (leader.candidate.key(), challenger.candidate.key()) in self.verdicts:
-            return None
-        a, b = leader.candidate, challenger.candidate
-        current = {k: examples.normal(v) for k, v in data_slots(self.receiver).items()}
-        rows: list[tuple[str, dict[str, Any], examples.Observation, examples.Observation]] = []
-        if a.call.key() != b.call.key():
-            shown = ", ".join(
-                [
-                    *(json_text(v, CONTEST_VALUE_CHARS) for v in self.args),
-                    *(f"{k}={json_text(v, CONTEST_VALUE_CHARS)}" for k, v in self.kwargs.items()),
-                ]
-            )
-            rows.append((f"self.{self.selector}({shown})", current, a.call, b.call))
-        for example, seen_a, seen_b in zip(self.examples, a.observed, b.observed, strict=True):
-            if seen_a.key() != seen_b.key():
-                before = {**current, **{k: examples.normal(v) for k, v in example.slots.items()}}
-                call = example.call_text(self.selector).split(" with slots ", 1)[0]
-                rows.append((call, before, seen_a, seen_b))
-        shown_rows: dict[tuple[str, str], Showing] = {}
-        for call, before, seen_a, seen_b in rows:
-            slots = json_text(before, CONTEST_VALUE_CHARS) if before else ""
-            # The first example is usually the call itself: shown once.
-            shown_rows.setdefault(
-                (call, slots), Showing(call, slots, _did(seen_a, before), _did(seen_b, before))
-            )
-        inputs = tuple(shown_rows.values())[:CONTEST_INPUTS]
-        return Contest(leader, challenger, inputs) if inputs else None
-
-    def judged(self, contest: Contest, winner: str) -> None:
-        """Record a judge's verdict: "leader", "challenger", or "" for none."""
-        chosen = {"leader": contest.pair[0], "challenger": contest.pair[1]}.get(winner, "")
-        self.verdicts[contest.pair] = chosen
 
     def _repair_that_fixes(self) -> examples.Choice | None:
         """The repair of the draft last sent back that fails fewer of the examples and none

@@ -58,3 +58,24 @@ def test_only_takes_known_selectors_of_the_chosen_set(monkeypatch, capsys) -> No
         jit.main()
     assert stop.value.code == 2
     assert "no intent named record_lap in --set unseen7" in capsys.readouterr().err
+
+
+def test_the_pool_diagnosis_counts_distinct_drafts_that_pass_both_calls() -> None:
+    """A miss is read by how many of its gated drafts were right: each distinct source runs on
+    a fresh receiver through the sandbox, on both of the case's calls."""
+    from types import SimpleNamespace
+
+    case = {c.selector: c for c in jit.heldout_cases(jit.UNSEEN11)}["push_bounded"]
+    right = (
+        "def push_bounded(self, item):\n    h = list(self.history) + [item]\n"
+        "    dropped = h[: max(0, len(h) - self.limit)]\n    self.history = h[len(dropped):]\n"
+        "    return dropped\n"
+    )
+    first_only = (
+        "def push_bounded(self, item):\n    self.history = self.history + [item]\n    return []\n"
+    )
+    raises = "def push_bounded(self, item):\n    return self.missing\n"
+    drafts = [right, first_only, raises, right]  # the repeated source counts once
+    mission = SimpleNamespace(candidates=[SimpleNamespace(source=s) for s in drafts])
+    assert jit._pool(case, mission) == (3, 1)
+    assert jit._pool(case, None) == (0, 0)

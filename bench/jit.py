@@ -252,6 +252,7 @@ UNSEEN8 = Path(__file__).parent / "data" / "jit_intents_unseen8.json"
 UNSEEN9 = Path(__file__).parent / "data" / "jit_intents_unseen9.json"
 #: Written after the unseen9 set's two runs, before any change that followed them.
 UNSEEN10 = Path(__file__).parent / "data" / "jit_intents_unseen10.json"
+#: Written after the unseen10 set's runs, before the change tried on it (a judge, reverted).
 UNSEEN11 = Path(__file__).parent / "data" / "jit_intents_unseen11.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
@@ -380,7 +381,7 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
             conn.transaction_manager.begin()
             obj = conn.root()["obj"]
             if oracle:  # the old mode: the check is fed back like an error, one draft at a time
-                runner = jit.JitRunner(
+                runner = _Runner(
                     attempts=attempts,
                     acceptance=lambda r: _holds(case.expect, r, obj),
                     drafts=1,
@@ -392,7 +393,7 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                 first = runner.send(obj, case.selector, case.args, {})
             except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
                 seconds = time.perf_counter() - started
-                pool, right = _pool(case, getattr(runner, "mission", None))
+                pool, right = _pool(case, runner.mission)
                 return Outcome(
                     case.selector,
                     None,
@@ -403,7 +404,7 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                     pool_right=right,
                 )
             seconds = time.perf_counter() - started
-            pool, right = _pool(case, getattr(runner, "mission", None))
+            pool, right = _pool(case, runner.mission)
             used = _drafts_used(obj, case.selector)
             method = obj._methods[case.selector]
             stored = list(method.examples)

@@ -335,6 +335,12 @@ class _Runner(jit.JitRunner):
         return jit.JitRunner._finish(state, context)
 
 
+def _receiver(case: Case, **extra: Any) -> UvmObject:
+    """A fresh object with the case's slots (named 'bench' unless they name it)."""
+    slots = {"name": "bench", **case.slots, **extra}
+    return UvmObject(**slots)
+
+
 def _pool(case: Case, mission: Mission | None) -> tuple[int, int]:
     """(distinct candidate sources, how many of them pass the case's two calls), each run on
     a fresh receiver outside any image."""
@@ -343,10 +349,7 @@ def _pool(case: Case, mission: Mission | None) -> tuple[int, int]:
     sources = list(dict.fromkeys(c.source for c in mission.candidates))
     right = 0
     for source in sources:
-        obj = UvmObject(
-            name=case.slots.get("name", "bench"),
-            **{k: v for k, v in case.slots.items() if k != "name"},
-        )
+        obj = _receiver(case)
         try:
             kernel.add_method(obj, case.selector, source)
             method = getattr(obj, case.selector)
@@ -369,11 +372,7 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
     try:
 
         def build(root: Any) -> None:
-            root["obj"] = UvmObject(
-                name=case.slots.get("name", "bench"),
-                intents=PersistentMapping({case.selector: case.intent}),
-                **{k: v for k, v in case.slots.items() if k != "name"},
-            )
+            root["obj"] = _receiver(case, intents=PersistentMapping({case.selector: case.intent}))
 
         image.transact(build)
         started = time.perf_counter()

@@ -347,19 +347,22 @@ def _pool(case: Case, mission: Mission | None) -> tuple[int, int]:
     if mission is None:
         return 0, 0
     sources = list(dict.fromkeys(c.source for c in mission.candidates))
-    right = 0
-    for source in sources:
-        obj = _receiver(case)
-        try:
-            kernel.add_method(obj, case.selector, source)
-            method = getattr(obj, case.selector)
-            ok = _holds(case.expect, method(*case.args), obj)
-            if ok and case.expect_again is not None:
-                ok = _holds(case.expect_again, method(*case.again), obj)
-        except Exception:
-            ok = False
-        right += ok
-    return len(sources), right
+    return len(sources), sum(passes(case, source) for source in sources)
+
+
+def passes(case: Case, source: str) -> bool:
+    """Whether ``source`` passes the case's two calls, installed through the guardian and the
+    sandbox on a fresh receiver outside any image (a rejected or raising draft is wrong)."""
+    obj = _receiver(case)
+    try:
+        kernel.add_method(obj, case.selector, source)
+        method = getattr(obj, case.selector)
+        ok = _holds(case.expect, method(*case.args), obj)
+        if ok and case.expect_again is not None:
+            ok = _holds(case.expect_again, method(*case.again), obj)
+    except Exception:
+        return False
+    return ok
 
 
 def _drafts_used(obj: UvmObject, selector: str) -> int | None:

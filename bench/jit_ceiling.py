@@ -54,18 +54,28 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def sample_case(case: bench_jit.Case, samples: int) -> dict[str, Any]:
-    """``samples`` independent first-round drafts of one intent, each checked."""
+def sample_case(
+    case: bench_jit.Case,
+    samples: int,
+    factory: jit.ModelFactory = jit.default_model_factory,
+    **sampling: Any,
+) -> dict[str, Any]:
+    """``samples`` independent first-round drafts of one intent, each checked; ``factory``
+    makes the author's model as the kernel's runner does (``factory(persona, **options)``),
+    at the kernel's draft temperature unless ``sampling`` says otherwise."""
     receiver = bench_jit._receiver(case, intents=PersistentMapping({case.selector: case.intent}))
     mission = Mission(receiver, case.selector, case.args, {})
     messages = jit.messages_for(mission.brief(), [])
     drafts: list[dict[str, Any]] = []
     for i in range(samples):
-        model = jit.default_model_factory(
+        model = factory(
             mission.author,
-            num_predict=jit.DRAFT_MAX_TOKENS,
-            temperature=jit.SAMPLE_TEMPERATURE,
-            seed=1_000 + i,
+            **{
+                "num_predict": jit.DRAFT_MAX_TOKENS,
+                "temperature": jit.SAMPLE_TEMPERATURE,
+                **sampling,
+                "seed": 1_000 + i,
+            },
         )
         started = time.perf_counter()
         source = jit.extract_code(jit._text(model.invoke(messages)), case.selector)
@@ -103,6 +113,18 @@ def main() -> None:
     )
     parser.add_argument("--samples", type=int, default=6, help="independent drafts per intent")
     parser.add_argument("--limit", type=int, default=0, help="only the first N intents per set")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=jit.SAMPLE_TEMPERATURE,
+        help="sampling temperature (default: the kernel's, for drafts after the first)",
+    )
+    parser.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=None,
+        help="repetition penalty (default: the persona Modelfile's)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     args = parser.parse_args()
     if args.samples < 1:
@@ -115,7 +137,15 @@ def main() -> None:
     chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     out = RESULTS / f"jit-ceiling-{model}{'-' + args.tag if args.tag else ''}.json"
     out.parent.mkdir(exist_ok=True)
-    results: dict[str, Any] = {"model": model, "samples": args.samples, "sets": {}}
+    sampling: dict[str, Any] = {"temperature": args.temperature}
+    if args.repeat_penalty is not None:
+        sampling["repeat_penalty"] = args.repeat_penalty
+    results: dict[str, Any] = {
+        "model": model,
+        "samples": args.samples,
+        "sampling": sampling,
+        "sets": {},
+    }
     for name in chosen:
         cases = (
             bench_jit.CASES
@@ -126,7 +156,7 @@ def main() -> None:
         print(f"{name}:", flush=True)
         rows = []
         for case in cases:
-            row = sample_case(case, args.samples)
+            row = sample_case(case, args.samples, **sampling)
             rows.append(row)
             print(
                 f"  {case.selector:<22} {row['right']}/{row['n']} right, "
@@ -136,7 +166,10 @@ def main() -> None:
         results["sets"][name] = {"summary": summary(rows, ks), "cases": rows}
         out.write_text(json.dumps(results, indent=1), encoding="utf-8")
     header = f"{'set':<12}{'intents':>8}" + "".join(f"{f'pass@{k}':>9}" for k in ks)
-    print(f"\nDrafts' ceiling — model {model!r}, {args.samples} independent drafts per intent")
+    print(
+        f"\nDrafts' ceiling — model {model!r}, {args.samples} independent drafts per intent, "
+        f"sampling {sampling}"
+    )
     print(header + f"{'s/draft':>9}")
     for name, data in results["sets"].items():
         s = data["summary"]

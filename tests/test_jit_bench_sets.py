@@ -13,6 +13,7 @@ import json
 import pytest
 
 from bench import jit
+from graph import jit as graph_jit
 from prototypes.uvm import UvmObject
 
 
@@ -79,3 +80,44 @@ def test_the_pool_diagnosis_counts_distinct_drafts_that_pass_both_calls() -> Non
     mission = SimpleNamespace(candidates=[SimpleNamespace(source=s) for s in drafts])
     assert jit._pool(case, mission) == (3, 1)
     assert jit._pool(case, None) == (0, 0)
+
+
+def test_the_ceiling_estimates_pass_at_k_from_checked_independent_drafts() -> None:
+    """pass@k (the bound on any choice among k drafts) counts a draft right only when it
+    passes both calls after the guardian and the sandbox; each draft is its own model call
+    at the kernel's hot temperature with its own seed, on the kernel's first-round prompt."""
+    from fakes import ScriptedChatModel
+
+    from bench import jit_ceiling
+
+    case = {c.selector: c for c in jit.heldout_cases(jit.UNSEEN11)}["push_bounded"]
+    right = (
+        "```python\ndef push_bounded(self, item):\n    h = list(self.history) + [item]\n"
+        "    dropped = h[: max(0, len(h) - self.limit)]\n    self.history = h[len(dropped):]\n"
+        "    return dropped\n```"
+    )
+    first_only = (
+        "```python\ndef push_bounded(self, item):\n"
+        "    self.history = self.history + [item]\n    return []\n```"
+    )
+    rejected = "```python\ndef push_bounded(self, item):\n    return self.__dict__\n```"
+    model = ScriptedChatModel().enqueue(first_only, right, rejected, right)
+    options: list[dict] = []
+
+    def factory(persona: str, **kw: object) -> ScriptedChatModel:
+        options.append({"persona": persona, **kw})
+        return model
+
+    row = jit_ceiling.sample_case(case, 4, factory)
+    assert (row["n"], row["right"], row["distinct"]) == (4, 2, 3)
+    assert [d["right"] for d in row["drafts"]] == [False, True, False, True]
+    assert [o["seed"] for o in options] == [1000, 1001, 1002, 1003]
+    assert {o["temperature"] for o in options} == {graph_jit.SAMPLE_TEMPERATURE}
+    assert "push_bounded" in model.history[0][-1].content
+    assert all(h == model.history[0] for h in model.history)
+    # 2 of 4 right: one draft is right half the time, two drafts five times in six.
+    assert jit_ceiling.pass_at_k(4, 2, 1) == pytest.approx(0.5)
+    assert jit_ceiling.pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
+    assert jit_ceiling.pass_at_k(4, 0, 4) == 0.0
+    with pytest.raises(ValueError):
+        jit_ceiling.pass_at_k(4, 5, 1)

@@ -254,6 +254,8 @@ UNSEEN9 = Path(__file__).parent / "data" / "jit_intents_unseen9.json"
 UNSEEN10 = Path(__file__).parent / "data" / "jit_intents_unseen10.json"
 #: Written after the unseen10 set's runs, before the change tried on it (a judge, reverted).
 UNSEEN11 = Path(__file__).parent / "data" / "jit_intents_unseen11.json"
+#: Written after the unseen11 set's runs, before any change that followed them.
+UNSEEN12 = Path(__file__).parent / "data" / "jit_intents_unseen12.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -269,6 +271,7 @@ HELDOUT_SETS = {
     "unseen9": UNSEEN9,
     "unseen10": UNSEEN10,
     "unseen11": UNSEEN11,
+    "unseen12": UNSEEN12,
 }
 
 

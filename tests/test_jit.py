@@ -504,3 +504,32 @@ def test_a_model_failing_to_write_examples_stops_nothing(image, caplog) -> None:
     assert any("no examples for 'double'" in r.getMessage() for r in caplog.records)
     with image.read() as root:
         assert list(root["o"]._methods["double"].examples) == []
+
+
+def test_the_first_draft_keeps_the_personas_sampling_and_the_others_are_sampled_apart(
+    image,
+) -> None:
+    """The first draft of a round is the persona's own (its Modelfile's temperature); the
+    others are sampled warmer with a seed each and no repetition penalty, so they differ
+    without the penalty steering them off the names and values code repeats on purpose."""
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5), ([0], 1)),
+        _method("x * 2 + self.bias"),
+        _method("self.bias + x * 2"),
+        _method("x + x + self.bias"),
+    )
+    options: list[dict] = []
+
+    def factory(persona: str, **kw: object) -> ScriptedChatModel:
+        options.append({"persona": persona, **kw})
+        return model
+
+    runner = jit.JitRunner(model_factory=factory, drafts=3)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    examples_call, first, *others = options
+    assert examples_call["temperature"] == jit.EXAMPLES_TEMPERATURE and "format" in examples_call
+    assert first == {"persona": "BRICK", "num_predict": jit.DRAFT_MAX_TOKENS}
+    assert [o["seed"] for o in others] == [1001, 1002]
+    for o in others:
+        assert o["temperature"] == jit.SAMPLE_TEMPERATURE == 0.4
+        assert o["repeat_penalty"] == jit.SAMPLE_REPEAT_PENALTY == 1.0

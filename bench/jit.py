@@ -275,6 +275,11 @@ HELDOUT_SETS = {
 }
 
 
+def cases_of(name: str) -> list[Case]:
+    """A set's cases by its --set name: the bench's own (``bench``) or a held-out one."""
+    return list(CASES) if name == "bench" else heldout_cases(HELDOUT_SETS[name])
+
+
 def _data_check(call: dict[str, Any]) -> Callable[[Any, UvmObject], bool]:
     expected = examples.normal(call.get("returns"))
     after = {k: examples.normal(v) for k, v in (call.get("slots_after") or {}).items()}
@@ -512,8 +517,7 @@ def main() -> None:
     if args.calls_only:
         return
     limit = 2 if args.quick else args.limit or None
-    sets = {"bench": CASES[:limit]}
-    sets.update({name: heldout_cases(path)[:limit] for name, path in HELDOUT_SETS.items()})
+    sets = {name: cases_of(name)[:limit] for name in ("bench", *HELDOUT_SETS)}
     if args.set == "both":
         sets = {name: sets[name] for name in ("bench", "heldout")}
     elif args.set != "all":

@@ -129,6 +129,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.samples < 1:
         parser.error("--samples must be at least 1")
+    if args.limit < 0:
+        parser.error("--limit must be 0 (every intent) or more")
     chosen = args.set or ["unseen11"]
     ks = sorted({k for k in (1, 3, args.samples) if k <= args.samples})
     model = settings.get_str("model")
@@ -147,12 +149,7 @@ def main() -> None:
         "sets": {},
     }
     for name in chosen:
-        cases = (
-            bench_jit.CASES
-            if name == "bench"
-            else bench_jit.heldout_cases(bench_jit.HELDOUT_SETS[name])
-        )
-        cases = cases[: args.limit or None]
+        cases = bench_jit.cases_of(name)[: args.limit or None]
         print(f"{name}:", flush=True)
         rows = []
         for case in cases:

@@ -61,22 +61,25 @@ def test_only_takes_known_selectors_of_the_chosen_set(monkeypatch, capsys) -> No
     assert "no intent named record_lap in --set unseen7" in capsys.readouterr().err
 
 
+#: push_bounded (unseen11) written right, and right only on its first call.
+PUSH_RIGHT = (
+    "def push_bounded(self, item):\n    h = list(self.history) + [item]\n"
+    "    dropped = h[: max(0, len(h) - self.limit)]\n    self.history = h[len(dropped):]\n"
+    "    return dropped\n"
+)
+PUSH_FIRST_ONLY = (
+    "def push_bounded(self, item):\n    self.history = self.history + [item]\n    return []\n"
+)
+
+
 def test_the_pool_diagnosis_counts_distinct_drafts_that_pass_both_calls() -> None:
     """A miss is read by how many of its gated drafts were right: each distinct source runs on
     a fresh receiver through the sandbox, on both of the case's calls."""
     from types import SimpleNamespace
 
     case = {c.selector: c for c in jit.heldout_cases(jit.UNSEEN11)}["push_bounded"]
-    right = (
-        "def push_bounded(self, item):\n    h = list(self.history) + [item]\n"
-        "    dropped = h[: max(0, len(h) - self.limit)]\n    self.history = h[len(dropped):]\n"
-        "    return dropped\n"
-    )
-    first_only = (
-        "def push_bounded(self, item):\n    self.history = self.history + [item]\n    return []\n"
-    )
     raises = "def push_bounded(self, item):\n    return self.missing\n"
-    drafts = [right, first_only, raises, right]  # the repeated source counts once
+    drafts = [PUSH_RIGHT, PUSH_FIRST_ONLY, raises, PUSH_RIGHT]  # the repeated source counts once
     mission = SimpleNamespace(candidates=[SimpleNamespace(source=s) for s in drafts])
     assert jit._pool(case, mission) == (3, 1)
     assert jit._pool(case, None) == (0, 0)
@@ -85,21 +88,13 @@ def test_the_pool_diagnosis_counts_distinct_drafts_that_pass_both_calls() -> Non
 def test_the_ceiling_estimates_pass_at_k_from_checked_independent_drafts() -> None:
     """pass@k (the bound on any choice among k drafts) counts a draft right only when it
     passes both calls after the guardian and the sandbox; each draft is its own model call
-    at the kernel's hot temperature with its own seed, on the kernel's first-round prompt."""
+    at the kernel's draft temperature with its own seed, on the kernel's first-round prompt."""
     from fakes import ScriptedChatModel
 
     from bench import jit_ceiling
 
     case = {c.selector: c for c in jit.heldout_cases(jit.UNSEEN11)}["push_bounded"]
-    right = (
-        "```python\ndef push_bounded(self, item):\n    h = list(self.history) + [item]\n"
-        "    dropped = h[: max(0, len(h) - self.limit)]\n    self.history = h[len(dropped):]\n"
-        "    return dropped\n```"
-    )
-    first_only = (
-        "```python\ndef push_bounded(self, item):\n"
-        "    self.history = self.history + [item]\n    return []\n```"
-    )
+    right, first_only = (f"```python\n{source}```" for source in (PUSH_RIGHT, PUSH_FIRST_ONLY))
     rejected = "```python\ndef push_bounded(self, item):\n    return self.__dict__\n```"
     model = ScriptedChatModel().enqueue(first_only, right, rejected, right)
     options: list[dict] = []

@@ -40,6 +40,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be zero or a positive integer")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -165,6 +172,15 @@ SETTINGS: dict[str, Setting] = {
             lambda: "4",
             "How many persona LoRA adapters the embedded backend keeps loaded in RAM at once.",
             _positive_int,
+        ),
+        Setting(
+            "llm_prefix_cache_mb",
+            "BATOS_LLM_PREFIX_CACHE_MB",
+            lambda: "256",
+            "Megabytes of KV cache the embedded backend keeps per persona across adapter swaps, "
+            "so a persona's system prompt and shared context are not evaluated again after "
+            "another persona spoke; 0 turns it off.",
+            _non_negative_int,
         ),
         Setting(
             "llm_threads",

@@ -202,3 +202,32 @@ def test_chat_model_applies_an_adapter_as_soon_as_its_file_appears(
     monkeypatch.setenv("BATOS_ADAPTERS", "off")  # system prompt only, as bench/voice.py compares
     off = robin.invoke("Name a colour.")
     assert off.response_metadata["adapters"] == [] and off.content == before.content
+
+
+def test_a_persona_s_kv_cache_comes_back_after_another_spoke(
+    lab: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set aside on a swap and put back: the same tokens, the prompt not evaluated again."""
+    eng = Engine(model_path("test"), n_ctx=512)
+    a, b = lab["folder"] / "a.gguf", lab["folder"] / "b.gguf"
+    other = [{"role": "user", "content": "Name three rivers of Europe, briefly."}]
+    first = list(eng.generate(MESSAGES, adapters=[a], sampling=GREEDY))[-1]
+    assert first.cached_tokens == 0
+    list(eng.generate(other, adapters=[b], sampling=GREEDY))
+    list(eng.generate(other, adapters=[], sampling=GREEDY))
+    again = list(eng.generate(MESSAGES, adapters=[a], sampling=GREEDY))[-1]
+    assert again.token_ids == first.token_ids == lab["a"]["llama"]
+    assert again.cached_tokens == len(lab["prompt"])
+    # Under one adapter set, two prompts that share no prefix each keep their own cache.
+    list(eng.generate(other, adapters=[a], sampling=GREEDY))
+    back = list(eng.generate(MESSAGES, adapters=[a], sampling=GREEDY))[-1]
+    assert back.token_ids == first.token_ids and back.cached_tokens == len(lab["prompt"])
+    assert len(eng.prefixes) >= 1
+
+    monkeypatch.setenv("BATOS_LLM_PREFIX_CACHE_MB", "0")
+    off = Engine(model_path("test"), n_ctx=512)
+    list(off.generate(MESSAGES, adapters=[a], sampling=GREEDY))
+    list(off.generate(other, adapters=[b], sampling=GREEDY))
+    cold = list(off.generate(MESSAGES, adapters=[a], sampling=GREEDY))[-1]
+    assert cold.token_ids == first.token_ids and cold.cached_tokens == 0
+    assert len(off.prefixes) == 0

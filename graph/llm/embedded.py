@@ -252,6 +252,7 @@ def _usage_metadata(usage: Usage) -> Any:
         "input_tokens": usage.prompt_tokens,
         "output_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "input_token_details": {"cache_read": usage.cached_tokens},
     }
 
 

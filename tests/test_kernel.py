@@ -194,3 +194,21 @@ def test_a_method_that_calls_itself_passes_its_trial(memory_image) -> None:
     )
     with memory_image.read() as root:
         assert root["calc"].fact(6) == 720
+
+
+def test_dates_format_in_the_sandbox_while_time_stays_out_of_reach() -> None:
+    """``date.strftime`` imports ``time`` from C through the method's ``__import__``."""
+    from batos.errors import AuditRejected
+    from prototypes import sandbox
+
+    source = (
+        "from datetime import date\n\n"
+        "def weekday(self):\n"
+        "    return date(2024, 2, 14).strftime('%A, %d %B %Y')\n"
+    )
+    kernel.add_method(obj := UvmObject(), "weekday", source)
+    assert obj.weekday() == "Wednesday, 14 February 2024"
+    outcome = sandbox.run_isolated(sandbox.compile_sandboxed("weekday", source), UvmObject())
+    assert outcome.ok and outcome.value == "Wednesday, 14 February 2024"
+    with pytest.raises(AuditRejected, match="time"):
+        kernel.add_method(UvmObject(), "clock", "import time\n\ndef clock(self):\n    return 1\n")

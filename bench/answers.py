@@ -8,9 +8,10 @@ right value, or a reply that lists every number of a retrieved passage would pas
 thousands separator only before exactly three digits, so decimal commas are not read), a
 decimal point, a sign, currency symbols and units around them (``$4.80``, ``11.7%``, ``20mg``),
 a scale word (``1.2 million``) and simple number words (``forty``, ``twenty-three``, ``one
-hundred and six``). Digits inside words (``TP1357``) and version strings (``2.5.0``) are not
-numbers. A number that also appears in the question is an operand the reply restates, never its
-answer, so it is left out. Of the rest, the stated answer is, in order:
+hundred and six``). Digits inside words (``TP1357``), version strings (``2.5.0``), list
+items' numbers and citations of passages (``[2]``) are not numbers. A number that also appears
+in the question is an operand the reply restates, never its answer, so it is left out. Of the
+rest, the stated answer is, in order:
 
 1. the first number after the last *conclusion marker* ("answer", "result", "total",
    "therefore", "thus", "so the", "=", "≈", …) that has a number after it in its sentence;
@@ -70,8 +71,11 @@ _DIGITS_RE = re.compile(
     r"(?:\s*(?P<scale>thousand|million|billion)\b)?",
     re.IGNORECASE,
 )
-#: "1." or "2)" opening a line is a list item's number, not a value the reply states.
-_LIST_MARKER_RE = re.compile(r"^[ \t]*(?:[-*][ \t]+)?\d{1,2}[.)][ \t]", re.MULTILINE)
+#: A list item's number ("1." or "2)" opening a line) and a citation of retrieved passages
+#: ("[2]", "[1, 3]", "[1-2]") are not values the reply states.
+_NOT_VALUES_RE = re.compile(
+    r"^[ \t]*(?:[-*][ \t]+)?\d{1,2}[.)][ \t]|\[\d{1,2}(?:\s*[,–-]\s*\d{1,2})*\]", re.MULTILINE
+)
 
 _MONTHS = {
     name: n
@@ -179,7 +183,7 @@ def judge(item: Mapping[str, Any], reply: str) -> Judgement:
 
 def number_mentions(text: str) -> list[Mention]:
     """Every number in ``text``, digits and simple number words, in order of position."""
-    text = _LIST_MARKER_RE.sub(lambda m: " " * len(m.group()), text)
+    text = _NOT_VALUES_RE.sub(lambda m: " " * len(m.group()), text)
     found: list[Mention] = []
     for match in _DIGITS_RE.finditer(text):
         value = float(match["int"].replace(",", "") + (match["frac"] or ""))

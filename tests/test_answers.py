@@ -81,6 +81,11 @@ def test_digits_inside_words_versions_and_list_markers_are_not_numbers() -> None
     assert _values("Room B-214, years 2019-2021") == [214, 2019, 2021]
 
 
+def test_citations_of_passages_are_not_numbers() -> None:
+    assert _values("The answer, from [1], is $18 [2][3, 4].") == [18]
+    assert matches(_item("number", "18"), "The answer, from [1], is $18 [2].")
+
+
 def test_a_number_answer_is_the_one_after_the_last_conclusion_marker() -> None:
     item = _item("number", "74", "A printer prints 23 pages a minute; 46 copies of 37 pages?")
     assert matches(item, "46 x 37 = 1702 pages. 1702 / 23 = 74. So it takes 74 minutes.")

@@ -31,9 +31,9 @@ three rules, dates in the question left out.
 
 **Strings** are compared after normalising both sides (case, accents, apostrophes and other
 punctuation, the articles "a", "an" and "the"): the reply matches when the answer or one of the
-``accept`` alternatives occurs in it as whole words. A closed-class answer — a weekday or a
-month — is the exception, since a reply can hedge by naming them all: the one stated is the one
-after the last conclusion marker, else the only one named, else the first and the last named
+``accept`` alternatives occurs in it as whole words. A weekday is the exception, since a reply
+can hedge by naming them all: the one stated is the one after the last conclusion marker, else
+the only one named, else the first and the last named
 ("1 March is a Wednesday, so 29 February is a Tuesday" states Wednesday and Tuesday; "Monday,
 Tuesday or Wednesday? I think Monday" states Monday).
 """
@@ -109,11 +109,7 @@ _DATE_PATTERNS = (
 )
 
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-MONTH_NAMES = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)  # fmt: skip
-_CLOSED_CLASSES = (WEEKDAYS, MONTH_NAMES)
+_WEEKDAY_RE = re.compile(rf"\b(?:{'|'.join(WEEKDAYS)})\b", re.IGNORECASE)
 
 #: Phrases after which a reply states its conclusion; the last one with a value after it wins.
 _CONCLUSION_RE = re.compile(
@@ -248,7 +244,10 @@ def _judge_values(
 
 
 def _stated(mentions: list[Mention], reply: str, closed: bool) -> tuple[list[Mention], str]:
-    """The mentions a reply states as its answer, and the rule that chose them."""
+    """The mentions a reply states as its answer, and the rule that chose them.
+
+    ``closed``: the values are a closed class (weekdays), where naming several is hedging.
+    """
     for marker in reversed(list(_CONCLUSION_RE.finditer(reply))):
         end = _sentence_end(reply, marker.end())
         after = [m for m in mentions if marker.end() <= m.start < end]
@@ -267,13 +266,12 @@ def _stated(mentions: list[Mention], reply: str, closed: bool) -> tuple[list[Men
 def _judge_string(item: Mapping[str, Any], reply: str) -> Judgement:
     wanted = [item["answer"], *item.get("accept", [])]
     text = f" {normalise(reply)} "
-    closed = _closed_class(normalise(item["answer"]))
-    if closed is not None:
+    if normalise(item["answer"]) in WEEKDAYS:
         accepted = {normalise(w) for w in wanted}
         return _judge_values(
-            "weekday" if closed is WEEKDAYS else "month",
-            _word_mentions(reply, closed),
-            _word_mentions(item.get("question", ""), closed),
+            "weekday",
+            _weekday_mentions(reply),
+            _weekday_mentions(item.get("question", "")),
             lambda value: value in accepted,
             item["answer"],
             reply,
@@ -287,15 +285,11 @@ def _judge_string(item: Mapping[str, Any], reply: str) -> Judgement:
     return Judgement(False, f"none of {shown} in the reply")
 
 
-def _word_mentions(text: str, words: tuple[str, ...]) -> list[Mention]:
-    pattern = re.compile(rf"\b(?:{'|'.join(words)})\b", re.IGNORECASE)
+def _weekday_mentions(text: str) -> list[Mention]:
     return [
-        Mention(frozenset([m.group().lower()]), m.start(), m.end()) for m in pattern.finditer(text)
+        Mention(frozenset([m.group().lower()]), m.start(), m.end())
+        for m in _WEEKDAY_RE.finditer(text)
     ]
-
-
-def _closed_class(answer: str) -> tuple[str, ...] | None:
-    return next((names for names in _CLOSED_CLASSES if answer in names), None)
 
 
 def _sentence_end(text: str, position: int) -> int:

@@ -273,6 +273,25 @@ SETTINGS: dict[str, Setting] = {
             _unit_interval,
         ),
         Setting(
+            "mind_grounding",
+            "BATOS_MIND_GROUNDING",
+            lambda: "0.45",
+            "Least cosine similarity (all-MiniLM-L6-v2) between a request and the knowledge "
+            "catalog's nearest passage for the request to count as about the catalog: its answer "
+            "is then written from the best passages and cites them; -1 grounds every answer, 1 "
+            "none.",
+            _unit_interval,
+        ),
+        Setting(
+            "mind_write_facets",
+            "BATOS_MIND_WRITE_FACETS",
+            lambda: "ahead",
+            "When the mind's facet methods are written: 'ahead' (batos init --prepare or the "
+            "heartbeat; a cycle needing a missing one hands its sub-query to the persona "
+            "directly) or 'inline' (the first cycle that needs one writes it, on its clock).",
+            _choice("ahead", "inline"),
+        ),
+        Setting(
             "cem_weights",
             "BATOS_CEM_WEIGHTS",
             lambda: "0.25,0.25,0.25,0.25",

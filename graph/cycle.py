@@ -242,7 +242,7 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
     for persona in personas:
         counts: dict[str, int] = {}
         for x in partials:
-            if x["persona"] == persona:
+            if x["persona"] == persona and x["facet"].startswith(FACET_PREFIX):
                 counts[x["facet"]] = counts.get(x["facet"], 0) + 1
         found.append(
             {
@@ -298,6 +298,11 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
                 "metrics": metrics,
                 "relevance": cem.get("relevance"),
                 "synthesis_attempts": cycle_state["synthesis_attempts"],
+                "degraded": list(cycle_state.get("degraded") or []),
+                "truncated": bool(cycle_state.get("truncated")),
+                "grounding": cycle_state.get("grounding") or {},
+                "cited": list(cycle_state.get("cited") or []),
+                "plan_quality": cycle_state.get("plan_quality") or {},
                 "request_vector": cem.get("request_vector"),
                 "response_vector": cem.get("response_vector"),
             },

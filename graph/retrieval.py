@@ -62,10 +62,76 @@ def cited_context(
     if not hits:
         return CitedContext(query, "", hits)
     parts = [CONTEXT_HEADER]
-    for n, hit in enumerate(hits, start=1):
-        body = _unfenced(hit.text)
-        parts.append(f"[{n}] {_unfenced(hit.citation)}\n{_FENCE}\n{body}\n{_END}")
+    parts += [fence(n, hit.citation, hit.text) for n, hit in enumerate(hits, start=1)]
     return CitedContext(query, "\n\n".join(parts), hits)
+
+
+def fence(n: int, citation: str, text: str) -> str:
+    """Passage ``n`` of a context block: its citation, then its text inside a fence that no
+    passage can open or close."""
+    return f"[{n}] {_unfenced(citation)}\n{_FENCE}\n{_unfenced(text)}\n{_END}"
+
+
+def passage(hit: Hit) -> dict[str, Any]:
+    """A retrieved chunk as plain data for graph state: what a prompt quotes and a citation
+    names."""
+    return {
+        "chunk_id": hit.chunk_id,
+        "source": hit.source,
+        "start": hit.start,
+        "end": hit.end,
+        "citation": hit.citation,
+        "text": hit.text,
+        "score": round(float(hit.score), 4),
+    }
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """Whether a request is about what the catalog holds: the best passage's cosine similarity
+    to it (dense search), and the threshold it was held to."""
+
+    about_catalog: bool
+    best: float | None
+    threshold: float
+    source: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "about_catalog": self.about_catalog,
+            "best": None if self.best is None else round(self.best, 4),
+            "threshold": self.threshold,
+            "source": self.source,
+        }
+
+
+def probe(catalog: KnowledgeCatalog, request: str, threshold: float) -> Grounding:
+    """How close the catalog's nearest passage is to ``request`` (an empty catalog: not
+    about it). One dense lookup: milliseconds beside a model call."""
+    hits = catalog.search(request, 1, mode="dense", record=False)
+    if not hits:
+        return Grounding(False, None, threshold)
+    best = float(hits[0].score)
+    return Grounding(best >= threshold, best, threshold, hits[0].source)
+
+
+_CITED = re.compile(r"\[(\d{1,2})\]")
+_PLACEHOLDER = re.compile(r"\s?\[n\]")
+
+
+def render_citations(answer: str, citations: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+    """``answer`` with a line naming the sources its ``[n]`` markers refer to, and the numbers
+    it cited. A literal ``[n]`` copied from the instructions is removed; a number with no
+    passage behind it is left out of the sources line (and of the returned list)."""
+    text = _PLACEHOLDER.sub("", answer).rstrip()
+    known = {int(c["n"]): c for c in citations}
+    cited = sorted({int(m) for m in _CITED.findall(text)} & set(known))
+    if not cited:
+        return text, []
+    sources = "; ".join(
+        f"[{n}] {known[n]['source']} ({known[n]['start']}–{known[n]['end']})" for n in cited
+    )
+    return f"{text}\n\nSources: {sources}", cited
 
 
 def retrieval_node(

@@ -180,6 +180,13 @@ def catalog_root(root: Any) -> Any:
         ) from None
 
 
+def holds_chunks(root: Any) -> bool:
+    """Whether the image has a catalog with anything in it (read only: opening a catalog lays
+    one out, which a reader that only looks must not do)."""
+    cat = root.get(CATALOG_KEY)
+    return cat is not None and len(cat["chunks"]) > 0
+
+
 def stored_vector(cat: Any, chunk: Chunk) -> np.ndarray:
     """The vector the image holds for ``chunk`` (a copy of its row in the document's block)."""
     document = cat["documents"][chunk.source]

@@ -196,7 +196,7 @@ class FakeModels:
         return ScriptedChatModel().enqueue(*[reply] * 4)
 
     def of(self, kind: str) -> list[ModelCall]:
-        """Calls by what they were for: 'plan', 'draft', 'facet' or 'answer'."""
+        """Calls by what they were for: 'plan', 'draft', 'program', 'facet' or 'answer'."""
         return [c for c in self.calls if call_kind(c) == kind]
 
 
@@ -205,6 +205,8 @@ def call_kind(call: ModelCall) -> str:
         return "plan"
     if "Write the method" in call.text:
         return "draft"
+    if call.messages and "def solve(self)" in str(call.messages[0].content):
+        return "program"
     if "(This is one part of answering:" in call.text:
         return "facet"
     return "answer"

@@ -1,0 +1,102 @@
+"""What the answering persona reads, and what is done to its reply before anyone sees it.
+
+``answer_prompt`` turns a cycle's partials into the one prompt the lead persona answers from:
+the parts of the plan it took itself become an outline (no model call of their own), notes of
+other personas, passages from memory and a program's result become context. ``cut_at_sentence``
+keeps an answer that ran out of tokens from ending mid-word.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from graph import prompts as prompt_files
+from graph.retrieval import CONTEXT_HEADER, fence
+
+#: Most passages one answer is given (each about 200 tokens: evaluating a prompt costs about a
+#: second per 90 tokens on two cores).
+MAX_PASSAGES = 5
+
+_SENTENCE_END = re.compile(r"[.!?…](?:[\"')\]]*)(?=\s|$)|\n")
+_LIST_MARK = re.compile(r"(?:^|\s)\d{1,3}\.$")
+
+
+def prompts() -> dict[str, Any]:
+    return prompt_files.load("mind")
+
+
+def passages_text(passages: Sequence[Mapping[str, Any]]) -> str:
+    """Numbered, fenced passages (``[n]`` is the position in ``passages``, from 1)."""
+    if not passages:
+        return ""
+    parts = [CONTEXT_HEADER]
+    for n, passage in enumerate(passages, start=1):
+        parts.append(fence(n, str(passage["citation"]), str(passage["text"])))
+    return "\n\n".join(parts)
+
+
+def merged_passages(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Passages of several retrievals, each chunk once, taken round-robin (the best of each
+    retrieval first) up to ``MAX_PASSAGES``."""
+    seen: set[int] = set()
+    merged: list[dict[str, Any]] = []
+    for rank in range(max((len(g) for g in groups), default=0)):
+        for group in groups:
+            if rank < len(group) and group[rank]["chunk_id"] not in seen:
+                seen.add(group[rank]["chunk_id"])
+                merged.append(dict(group[rank]))
+    return merged[:MAX_PASSAGES]
+
+
+def answer_prompt(
+    request: str,
+    partials: Sequence[Mapping[str, Any]],
+    passages: Sequence[Mapping[str, Any]],
+) -> str:
+    """The weave prompt for ``request`` from the cycle's ``partials`` (in plan order)."""
+    p = prompts()
+    context, rules, items = "", "", []
+    if passages:
+        context += p["weave_passages"].format(passages=passages_text(passages))
+        rules += p["rule_passages"]
+    computed = [x for x in partials if x.get("kind") == "computed" and x.get("ok")]
+    for x in computed:
+        context += p["weave_computed"].format(value=x["text"])
+    if computed:
+        rules += p["rule_computed"]
+    notes = [x for x in partials if x.get("kind") == "note" and x.get("ok") and x.get("text")]
+    for x in notes:
+        context += p["weave_note"].format(persona=x["persona"], facet=x["facet"], text=x["text"])
+    if notes:
+        rules += p["rule_notes"]
+    for x in partials:
+        if x.get("kind") == "instruction" and x.get("text"):
+            items.append(f"{len(items) + 1}. {x['text']}")
+    outline = p["outline"].format(items="\n".join(items)) if len(items) > 1 else ""
+    if len(items) == 1:  # one part: its instruction is the task itself
+        outline = "\n" + items[0].split(". ", 1)[1]
+    return p["weave"].format(context=context, request=request, outline=outline, rules=rules)
+
+
+def grounded_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
+    return prompts()["grounded"].format(passages=passages_text(passages), request=request)
+
+
+def cut_at_sentence(text: str) -> str:
+    """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
+
+    A line break counts as a boundary, since a list item or heading before it is complete. An
+    answer with no boundary at all is cut at its last whole word, with an ellipsis.
+    """
+    ends = [
+        m.end()
+        for m in _SENTENCE_END.finditer(text.rstrip())
+        if not _LIST_MARK.search(text, 0, m.end())  # "8." opens a list item, ends nothing
+    ]
+    if ends and ends[-1] > len(text) // 4:
+        return text[: ends[-1]].rstrip()
+    head = text.rstrip()
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head).rstrip(" ,;:-") + "…"

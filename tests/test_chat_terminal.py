@@ -31,21 +31,24 @@ SLOW_WORDS, PACE = 2000, 0.05
 #: How long a stop may take before the prompt is back: a few tokens and one checkpoint.
 STOP_BOUND_S = 10.0
 
-RUNNER = f"""
+
+def runner(model: str, slow_words: int = SLOW_WORDS) -> str:
+    """A script running ``batos`` with ``fakes.<model>`` (paced) answering every persona:
+    requests with 'slowly' in them get ``slow_words`` words."""
+    return f"""
 import sys
-from fakes import PacedPersonaModel
+from fakes import {model}
 from graph.cli import main
 
 
 def reply(messages):
     request = str(messages[-1].content)
     if "slowly" in request:
-        return f"About {{request}}: " + " ".join(f"step{{i}}" for i in range({SLOW_WORDS}))
+        return f"About {{request}}: " + " ".join(f"step{{i}}" for i in range({slow_words}))
     return f"About {{request}}: here is the answer."
 
 
-sys.exit(main(sys.argv[1:], models=lambda persona, **options: PacedPersonaModel(
-    reply=reply, pace={PACE})))
+sys.exit(main(sys.argv[1:], models=lambda persona, **options: {model}(reply=reply, pace={PACE})))
 """
 
 
@@ -121,13 +124,13 @@ def chat(image: str) -> Iterator[list[Terminal]]:
     """Starts ``batos chat`` sessions on ``image`` (call it with the chat's options)."""
     started: list[Terminal] = []
 
-    def start(*options: str) -> Terminal:
+    def start(*options: str, script: str = runner("PacedPersonaModel")) -> Terminal:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
             "TERM": "xterm",  # readline turns bracketed paste off on a dumb terminal
         }
-        argv = [sys.executable, "-c", RUNNER, "--image", image, "chat", *options]
+        argv = [sys.executable, "-c", script, "--image", image, "chat", *options]
         started.append(Terminal(argv, env))
         return started[-1]
 
@@ -211,6 +214,23 @@ def test_the_chat_edits_recalls_stops_and_quits_like_a_terminal_program(
     history = (batos_home / "chat_history").read_bytes()
     assert b"\x1b" not in history and b"half a line" not in history
     assert history.splitlines()[-2:] == [b"tell me slowly", b"third request"]
+
+
+def test_work_that_cannot_be_stopped_is_given_up_on_after_two_more_ctrl_c(chat, image: str) -> None:
+    # PacedChatModel is not behind the persona seam: nothing checks its caller's cancel event
+    term = chat("-t", "stuck", "-p", "robin", script=runner("PacedChatModel", slow_words=80))
+    term.expect(PROMPT)
+    term.send(b"tell me slowly\r")
+    term.expect(b"step3")
+    for _ in range(3):
+        term.send(b"\x03")
+        time.sleep(0.5)  # signals sent closer together may reach the process as one
+    assert b"interrupted: nothing was committed" in term.expect(PROMPT, timeout=STOP_BOUND_S)
+    term.send(b"\x04")
+    assert term.wait() == 0  # once the abandoned call has finished in the background
+    pending, values, committed = thread_and_commits(image, "stuck")
+    assert pending == () and committed == []
+    assert values["messages"][-1].additional_kwargs["batos_interrupted"] is True
 
 
 def test_the_history_outlives_the_session_and_stays_bounded(

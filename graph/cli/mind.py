@@ -85,7 +85,8 @@ class Session:
 
         Ctrl-C stops it: the model calls in progress end at their next token, nothing is
         committed, the thread gets the request's answer marked interrupted and
-        ``CycleInterrupted`` is raised. A second Ctrl-C stops work that is not a model call.
+        ``CycleInterrupted`` is raised. Work that is no model call is given up on after two
+        more (``StopOnInterrupt``).
         """
         answer: list[str] = []
         with StopOnInterrupt() as stop:

@@ -124,8 +124,10 @@ class LineReader:
 
 class StopOnInterrupt:
     """While entered, Ctrl-C sets ``event`` instead of raising: the model calls made in this
-    context stop at their next token (``cancellable``). A second Ctrl-C raises
-    ``KeyboardInterrupt`` as usual, for work no model call is in, unless ``hold()`` is on.
+    context stop at their next token (``cancellable``). For work that is no model call, a
+    second Ctrl-C raises ``KeyboardInterrupt`` as usual (unless ``hold()`` is on); LangGraph
+    still waits for the nodes running then, and a third leaves them to finish in the
+    background, their results dropped.
 
     Outside the main thread (where signals cannot be handled) it only sets up the event.
     """

@@ -2,6 +2,8 @@
 
 ``ask`` and ``chat`` stream a cycle as it runs — the route, the plan, each facet as it finishes,
 the answer token by token — and end with the commit (or the reason it FAILED, exit code 10).
+Ctrl-C stops a cycle without committing anything and marks its request interrupted in the
+thread (exit code 130 for ``ask``; ``chat`` returns to its prompt, ``graph.cli.repl``).
 ``serve`` runs the LangGraph server (what ``langgraph dev`` runs, without the browser) on
 loopback with langgraph.json's graphs, checkpointer and store.
 """
@@ -400,7 +402,8 @@ def chat(
     persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
     depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
 ) -> None:
-    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands.
+    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands and
+    keys: arrows recall earlier lines, Ctrl-C stops an answer, Ctrl-D quits.
 
     Example: batos chat -t kitchen
     """

@@ -261,7 +261,7 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_CHAT_HISTORY",
             lambda: "1000",
             "Lines 'batos chat' keeps in its history file (home/chat_history) for the arrow "
-            "keys, across sessions.",
+            "keys, from one chat to the next.",
             _positive_int,
         ),
         Setting(

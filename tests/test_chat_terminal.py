@@ -121,7 +121,7 @@ def image(tmp_path: Path) -> str:
 
 @pytest.fixture
 def chat(image: str) -> Iterator[list[Terminal]]:
-    """Starts ``batos chat`` sessions on ``image`` (call it with the chat's options)."""
+    """Starts ``batos chat`` processes on ``image`` (call it with the chat's options)."""
     started: list[Terminal] = []
 
     def start(*options: str, script: str = runner("PacedPersonaModel")) -> Terminal:
@@ -233,7 +233,7 @@ def test_work_that_cannot_be_stopped_is_given_up_on_after_two_more_ctrl_c(chat, 
     assert values["messages"][-1].additional_kwargs["batos_interrupted"] is True
 
 
-def test_the_history_outlives_the_session_and_stays_bounded(
+def test_the_history_outlives_the_chat_and_stays_bounded(
     chat, image: str, batos_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BATOS_CHAT_HISTORY", "3")

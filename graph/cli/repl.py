@@ -1,10 +1,11 @@
 """What makes ``batos chat`` a terminal REPL: line editing and history, clean lines, Ctrl-C.
 
 ``LineReader`` reads a line with GNU readline when stdin and stdout are a terminal (arrows,
-Ctrl-A/E, history kept across sessions in a bounded file under BATOS_HOME, Tab completing the
-slash-commands), plainly otherwise. ``clean_line`` keeps only the typed text: a pasted colour
-code or a key readline left unbound must never reach a thread. ``StopOnInterrupt`` turns the
-first Ctrl-C during a cycle into a stop of its model calls (``graph.llm.cancel``).
+Ctrl-A/E, history kept from one chat to the next in a bounded file under BATOS_HOME, Tab
+completing the slash-commands), plainly otherwise. ``clean_line`` keeps only the typed text: a
+pasted colour code or a key readline left unbound must never reach a thread.
+``StopOnInterrupt`` turns the first Ctrl-C during a cycle into a stop of its model calls
+(``graph.llm.cancel``).
 """
 
 from __future__ import annotations

@@ -292,6 +292,14 @@ SETTINGS: dict[str, Setting] = {
             _choice("ahead", "inline"),
         ),
         Setting(
+            "chat_history",
+            "BATOS_CHAT_HISTORY",
+            lambda: "1000",
+            "Lines 'batos chat' keeps in its history file (home/chat_history) for the arrow "
+            "keys, from one chat to the next.",
+            _positive_int,
+        ),
+        Setting(
             "cem_weights",
             "BATOS_CEM_WEIGHTS",
             lambda: "0.25,0.25,0.25,0.25",

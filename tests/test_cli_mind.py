@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from fakes import FakeModels
+from fakes import FakeModels, ModelCall, PacedPersonaModel, call_kind, image_digest
+from langchain_core.messages import BaseMessage, HumanMessage
 from test_mind import plan_of, responder
 
+from batos.errors import CycleInterrupted
+from graph.boot import open_image
 from graph.cli import main
+from graph.cli.mind import Session
+from graph.mind import run_config
 from store.image import LivingImage
+
+#: Words of a slow reply, streamed one every PACE seconds (about a minute unless stopped), and
+#: how soon after Ctrl-C the command must be back.
+SLOW_WORDS, PACE, STOP_BOUND_S = 5000, 0.01, 10.0
 
 
 def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:
@@ -78,7 +93,10 @@ def test_ask_json_and_a_failed_cycle(capsys, image) -> None:
 
 def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeypatch) -> None:
     models = FakeModels(responder())
-    lines = "hello there\nhow are you\n/history\n/undo\n/history\n/thread\n/nope\n/quit\n"
+    # a pasted colour code is no part of the request
+    lines = (
+        "hello there\nhow \x1b[1mare\x1b[0m you\n/history\n/undo\n/history\n/thread\n/nope\n/quit\n"
+    )
     monkeypatch.setattr("sys.stdin", io.StringIO(lines))
     code, out, err = run(
         capsys, "--image", image, "chat", "-t", "kitchen", "-p", "robin", models=models
@@ -105,3 +123,125 @@ def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
 def test_serve_refuses_other_than_loopback(capsys, image) -> None:
     code, _, err = run(capsys, "--image", image, "serve", "--host", "0.0.0.0")
     assert code == 1 and "loopback only" in err
+
+
+class Paced:
+    """A model factory behind the persona seam: ``respond`` answers each call, and the calls
+    ``slow`` picks stream a long reply instead; ``started`` is set when the first of those
+    begins, ``calls`` keeps every call."""
+
+    def __init__(
+        self, respond: Callable[[ModelCall], Any], slow: Callable[[ModelCall], bool]
+    ) -> None:
+        self.respond, self.slow = respond, slow
+        self.started = threading.Event()
+        self.calls: list[ModelCall] = []
+
+    def __call__(self, persona: str, **options: Any) -> PacedPersonaModel:
+        def reply(messages: list[BaseMessage]) -> str:
+            call = ModelCall(persona, dict(options), messages)
+            self.calls.append(call)
+            if self.slow(call):
+                self.started.set()
+                return "About it: " + " ".join(f"step{i}" for i in range(SLOW_WORDS))
+            return str(self.respond(call))
+
+        return PacedPersonaModel(reply=reply, pace=PACE)
+
+
+def interrupt_when(started: threading.Event) -> None:
+    """Ctrl-C (SIGINT to this process) as soon as ``started`` is set."""
+
+    def send() -> None:
+        if started.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_ctrl_c_stops_the_answer_commits_nothing_and_marks_the_request(capsys, image) -> None:
+    models = Paced(responder(), slow=lambda call: "slowly" in call.text)
+    ask = ("--image", image, "ask", "-p", "robin", "-t", "t1")
+    assert run(capsys, *ask, "hello there", models=models)[0] == 0
+    with LivingImage.open(image) as living:
+        before = image_digest(living.db, exclude=("checkpoints",))
+
+    interrupt_when(models.started)
+    started = time.monotonic()
+    code, out, err = run(capsys, *ask, "tell me slowly", models=models)
+    assert time.monotonic() - started < STOP_BOUND_S  # not the minute the answer would take
+    assert code == 130, err
+    assert "interrupted: nothing was committed" in err and "marked interrupted" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C as before
+
+    with LivingImage.open(image) as living:
+        assert image_digest(living.db, exclude=("checkpoints",)) == before
+        session = Session(living, models)
+        try:
+            snapshot = session.graph.get_state(run_config("t1"))
+        finally:
+            session.close()
+    assert snapshot.next == () and snapshot.values["status"] == "FAILED"
+    request, mark = snapshot.values["messages"][-2:]
+    assert request.content == "tell me slowly"
+    assert mark.additional_kwargs["batos_interrupted"] and mark.additional_kwargs["batos_failed"]
+    assert mark.content.endswith("(interrupted)") and mark.name == "robin"
+    code, out, _ = run(capsys, "--image", image, "cycles", "--json")
+    failed = json.loads(out)["failed"]
+    assert [(f["thread_id"], f["reason"]) for f in failed] == [("t1", "interrupted by the user")]
+
+    # the thread answers its next request, and the model is not shown the stopped answer
+    assert run(capsys, *ask, "and now", models=models)[0] == 0
+    shown = [str(m.content) for m in models.calls[-1].messages]
+    assert "About hello there: here is the answer." in shown
+    assert not any("(interrupted)" in text or "step0" in text for text in shown)
+
+
+def test_ctrl_c_during_parallel_facets_stops_every_branch(capsys, file_uri) -> None:
+    plan = plan_of(("BRICK.facet_steps", "which steps"), ("BRICK.facet_design", "what design"))
+    models = Paced(responder(plan=plan), slow=lambda call: call_kind(call) == "facet")
+    assert run(capsys, "--image", file_uri, "init")[0] == 0
+    with open_image(file_uri) as living:
+        session = Session(living, models)
+        try:
+            # a first cycle brings the image's layout up to date, which is no part of the test
+            session.cycle("hello there", run_config("hi"), {"persona": "BRICK"}, show=False)
+            before = image_digest(living.db, exclude=("checkpoints",))
+            interrupt_when(models.started)
+            started = time.monotonic()
+            with pytest.raises(CycleInterrupted, match="marked interrupted"):
+                session.cycle(
+                    "plan the steps to build a shed",
+                    run_config("shed"),
+                    {"persona": "BRICK", "depth": "full"},
+                    show=False,
+                )
+            assert time.monotonic() - started < STOP_BOUND_S
+            snapshot = session.graph.get_state(run_config("shed"))
+        finally:
+            session.close()
+        # the facet methods the cycle wrote are not installed: the image is as it was
+        assert image_digest(living.db, exclude=("checkpoints",)) == before
+    assert snapshot.next == () and snapshot.values["failure"]["node"] == "facet"
+    mark = snapshot.values["messages"][-1]
+    assert mark.content == "(interrupted)" and mark.additional_kwargs["batos_interrupted"]
+
+
+def test_a_stop_before_the_request_reached_the_thread_drops_it(memory_image) -> None:
+    session = Session(memory_image, FakeModels(responder()))
+    config = run_config("early")
+    try:
+        assert session.cycle("hello there", config, {"persona": "ROBIN"}, show=False)
+        # a run stopped right after it stored its input, before the first step took it in
+        session.graph.update_state(config, {"messages": [HumanMessage("again")]}, "__input__")
+        assert session.graph.get_state(config).next == ("__start__",)
+        assert session.mark_interrupted(config, "") is False
+        snapshot = session.graph.get_state(config)
+        assert snapshot.next == ()
+        assert [m.content for m in snapshot.values["messages"]] == [
+            "hello there",
+            "About hello there: here is the answer.",
+        ]
+        assert session.mark_interrupted(config, "") is None  # an idle thread: nothing to mark
+    finally:
+        session.close()

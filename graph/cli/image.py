@@ -94,11 +94,11 @@ def run_main(
             text = request or SAMPLE_REQUEST
             console.print(f"[bold]you>[/] {text}")
             context = session.context(None, "full" if request is None else "auto")
-            state = session.cycle(text, run_config(thread_id), context)
-            console.print()
             try:
+                state = session.cycle(text, run_config(thread_id), context)
+                console.print()
                 _outcome(state, as_json=False)
-            finally:
+            finally:  # a FAILED or stopped first answer still opens the chat
                 if sys.stdin.isatty():
                     chat_loop(session, thread_id, None, "auto")
         finally:

@@ -2,6 +2,8 @@
 
 ``ask`` and ``chat`` stream a cycle as it runs — the route, the plan, each facet as it finishes,
 the answer token by token — and end with the commit (or the reason it FAILED, exit code 10).
+Ctrl-C stops a cycle without committing anything and marks its request interrupted in the
+thread (exit code 130 for ``ask``; ``chat`` returns to its prompt, ``graph.cli.repl``).
 ``serve`` runs the LangGraph server (what ``langgraph dev`` runs, without the browser) on
 loopback with langgraph.json's graphs, checkpointer and store.
 """
@@ -17,14 +19,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import typer
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import END
 from rich.table import Table
 
-from batos.errors import BatosError, CycleFailed, MindError
+from batos.errors import (
+    BatosError,
+    CycleFailed,
+    CycleInterrupted,
+    GenerationCancelled,
+    MindError,
+)
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
-from graph.mind import MindServices, build_graph, run_config
+from graph.cli.repl import LineReader, StopOnInterrupt
+from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import bounded_repr
 from store.checkpointer import ZODBSaver
@@ -36,6 +46,8 @@ SAMPLE_REQUEST = (
     "Plan my first week of learning to program: the steps to take, and why it is worth it."
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: What ends the answer of a cycle the user stopped, in its thread.
+INTERRUPTED = "(interrupted)"
 
 
 class Session:
@@ -71,7 +83,42 @@ class Session:
         *,
         show: bool = True,
     ) -> dict[str, Any]:
-        """Run one cycle, showing it as it goes when ``show``; its final state."""
+        """Run one cycle, showing it as it goes when ``show``; its final state.
+
+        Ctrl-C stops it: the model calls in progress end at their next token, nothing is
+        committed, the thread gets the request's answer marked interrupted and
+        ``CycleInterrupted`` is raised. Work that is no model call is given up on after two
+        more (``StopOnInterrupt``).
+        """
+        answer: list[str] = []
+        with StopOnInterrupt() as stop:
+            try:
+                self._stream(text, config, context, show, answer)
+            except (GenerationCancelled, KeyboardInterrupt):
+                stop.hold()
+                if show:
+                    console.print()
+                kept = self.mark_interrupted(config, "".join(answer))
+                if kept is not None:
+                    raise CycleInterrupted(
+                        "interrupted: nothing was committed; "
+                        + (
+                            "the thread keeps the request, its answer marked interrupted"
+                            if kept
+                            else "the request had not reached the thread"
+                        )
+                    ) from None
+            return self.graph.get_state(config).values
+
+    def _stream(
+        self,
+        text: str,
+        config: dict[str, Any],
+        context: dict[str, Any],
+        show: bool,
+        answer: list[str],
+    ) -> None:
+        """Stream the cycle, printing it when ``show``; ``answer`` gets the answer so far."""
         stream = self.graph.stream(
             {"messages": [HumanMessage(text)]},
             config,
@@ -80,22 +127,72 @@ class Session:
         )
         answering = False
         for mode, payload in stream:
-            if not show:
-                continue
             if mode == "messages":
                 chunk, meta = payload
                 if meta.get("langgraph_node") == "synthesize":
-                    if not answering:
-                        console.print("[bold]answer:[/] ", end="")
+                    if not answering:  # a gate's retry answers again, from the start
+                        answer.clear()
                         answering = True
-                    console.print(content_text(chunk.content), end="", markup=False)
+                        if show:
+                            console.print("[bold]answer:[/] ", end="")
+                    piece = content_text(chunk.content)
+                    answer.append(piece)
+                    if show:
+                        console.print(piece, end="", markup=False)
                 continue
             for node, update in (payload or {}).items():
                 if answering and node != "synthesize":
-                    console.print()
                     answering = False
-                _show_update(node, update or {})
-        return self.graph.get_state(config).values
+                    if show:
+                        console.print()
+                if show:
+                    _show_update(node, update or {})
+
+    def mark_interrupted(self, config: dict[str, Any], answered: str) -> bool | None:
+        """End the thread's stopped cycle as FAILED, in a checkpoint of its own, with an answer
+        marked interrupted (``batos_interrupted``; ``batos_failed``, so later cycles leave it
+        out of the history they show the model) holding what was answered so far: the thread
+        never keeps a request without its answer, and is idle. Its effects are dropped, so
+        nothing is committed.
+
+        True when the request is kept with its mark; False when the stop came before the
+        request reached the thread's messages (the run that was to start is dropped); None when
+        the cycle had ended before the stop took effect.
+        """
+        snapshot = self.graph.get_state(config)
+        if not snapshot.next:
+            return None
+        values = snapshot.values
+        messages = values.get("messages") or []
+        if not messages or not isinstance(messages[-1], HumanMessage):
+            self.graph.update_state(config, None, as_node=END)
+            return False
+        routed = not {"__start__", "route"} & set(snapshot.next)
+        chosen = (values.get("route") or {}).get("chosen") if routed else None
+        cycle_id = (values.get("cycle") or {}).get("id") if routed else None
+        answered = answered[:MAX_ANSWER_CHARS].rstrip()
+        mark = AIMessage(
+            f"{answered} {INTERRUPTED}" if answered else INTERRUPTED,
+            name=chosen[0].lower() if chosen else None,
+            additional_kwargs={
+                "batos_failed": True,
+                "batos_interrupted": True,
+                "batos_cycle": cycle_id,
+            },
+        )
+        failure = {"node": snapshot.next[0], "reason": "interrupted by the user", "hint": ""}
+        self.graph.update_state(
+            config,
+            {
+                "messages": [mark],
+                "status": "FAILED",
+                "failure": failure,
+                "effects": {"replace": []},
+                "commit": None,
+            },
+            as_node="fail",
+        )
+        return True
 
 
 def _show_update(node: str, update: dict[str, Any]) -> None:
@@ -193,21 +290,35 @@ def ask(
     _outcome(state, as_json=as_json)
 
 
+COMMANDS = ("thread", "history", "undo", "persona", "depth", "cycles", "help", "quit")
 CHAT_HELP = (
     "commands: /thread [ID|new]  /history  /undo  /persona NAME|auto  /depth auto|fast|full  "
-    "/cycles  /help  /quit  (anything else is a request)"
+    "/cycles  /help  /quit  (anything else is a request)\n"
+    "keys: ↑/↓ earlier lines  Tab completes a /command  Ctrl-C stops an answer (at the prompt: "
+    "clears the line)  Ctrl-D quits"
 )
 
 
-def chat_loop(session: Session, thread_id: str, persona: str | None, depth: str) -> None:
-    """Read requests until /quit or end of input; each is one cycle on the current thread."""
+def chat_loop(
+    session: Session,
+    thread_id: str,
+    persona: str | None,
+    depth: str,
+    reader: LineReader | None = None,
+) -> None:
+    """Read requests until /quit or end of input (Ctrl-D); each is one cycle on the current
+    thread. Lines come from ``reader`` (by default readline's, on a terminal)."""
+    reader = reader or LineReader(COMMANDS)
     config: dict[str, Any] = run_config(thread_id)
     console.print(f"[dim]thread {thread_id} · {CHAT_HELP}[/]")
     while True:
         try:
-            line = console.input("[bold]you>[/] ").strip()
-        except EOFError:
+            line = reader.read()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: the line is dropped, a new prompt
             console.print()
+            continue
+        if line is None:
+            console.print("\nbye")
             return
         if not line:
             continue
@@ -246,10 +357,14 @@ def chat_loop(session: Session, thread_id: str, persona: str | None, depth: str)
             state = session.cycle(line, config, session.context(persona, depth))
             console.print()
             _outcome(state, as_json=False)
+        except CycleInterrupted as exc:
+            console.print(f"[yellow]{exc.message}[/]")
         except BatosError as exc:
             console.print(f"[red]{exc.message}[/]")
             if exc.hint:
                 console.print(f"[yellow]hint:[/] {exc.hint}")
+        except KeyboardInterrupt:  # Ctrl-C after the cycle ended, while its outcome printed
+            console.print()
         # after a fork (/undo) the next cycle continues from the fork's new head
         config = run_config(config["configurable"]["thread_id"])
 
@@ -287,7 +402,8 @@ def chat(
     persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
     depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
 ) -> None:
-    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands.
+    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands and
+    keys: arrows recall earlier lines, Ctrl-C stops an answer, Ctrl-D quits.
 
     Example: batos chat -t kitchen
     """

@@ -134,7 +134,7 @@ _STOP = frozenset(
 )
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 #: Two sub-queries sharing this share of their content words ask the same thing.
-NEAR_DUPLICATE = 0.6
+NEAR_DUPLICATE = 0.7
 
 
 def content_words(text: str) -> set[str]:

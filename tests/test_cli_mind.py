@@ -41,7 +41,10 @@ def image(capsys, file_uri: str) -> str:
 
 
 def test_ask_streams_the_cycle_and_says_what_it_committed(capsys, image) -> None:
-    plan = plan_of(("ALFRED.facet_audit", "is the image healthy"))
+    plan = plan_of(
+        ("ALFRED.facet_audit", "is the image healthy"),
+        ("ALFRED.facet_assumptions", "what image health assumes"),
+    )
     models = FakeModels(responder(plan=plan))
     code, out, err = run(
         capsys,
@@ -58,14 +61,18 @@ def test_ask_streams_the_cycle_and_says_what_it_committed(capsys, image) -> None
     assert code == 0, err
     assert "route → ALFRED" in out and "depth full: planning cue 'audit'" in out
     assert "plan  ALFRED.facet_audit: is the image healthy" in out
-    assert "✓ facet ALFRED.facet_audit" in out and "(method written)" in out
+    assert "✓ facet ALFRED.facet_audit" in out and "in the answer's outline" in out
+    # not written yet: the part is answered by ALFRED directly, and the stream says so
+    assert "degraded: its method is not written yet" in out
     assert "answer: About audit the image health" in out
     assert "COMPLETE cycle" in out and "on thread t1" in out
+    assert "degraded facet ALFRED.facet_audit: its method is not written yet" in out
 
     code, out, _ = run(capsys, "--image", image, "cycles", "--json")
     rows = json.loads(out)["committed"]
-    assert rows[0]["facets"] == ["ALFRED.facet_audit"]
-    assert rows[0]["methods_written"] == ["ALFRED.facet_audit"]
+    assert rows[0]["facets"] == ["ALFRED.facet_audit", "ALFRED.facet_assumptions"]
+    assert rows[0]["methods_written"] == []
+    assert [d["what"] for d in rows[0]["degraded"]] == rows[0]["facets"]
     code, out, _ = run(capsys, "--image", image, "cycles", rows[0]["id"])
     assert code == 0 and "ALFRED.facet_audit" in out
 
@@ -111,7 +118,10 @@ def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeyp
 
 
 def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
-    plan = plan_of(("BRICK.facet_steps", "which steps"), ("BRICK.facet_design", "what design"))
+    plan = plan_of(
+        ("BRICK.facet_steps", "steps for a first week of learning to program"),
+        ("BRICK.facet_design", "why learning to program is worth it"),
+    )
     models = FakeModels(responder(plan=plan))
     code, out, err = run(capsys, "--image", image, "run", models=models)
     assert code == 0, err
@@ -197,9 +207,13 @@ def test_ctrl_c_stops_the_answer_commits_nothing_and_marks_the_request(capsys, i
     assert not any("(interrupted)" in text or "step0" in text for text in shown)
 
 
-def test_ctrl_c_during_parallel_facets_stops_every_branch(capsys, file_uri) -> None:
-    plan = plan_of(("BRICK.facet_steps", "which steps"), ("BRICK.facet_design", "what design"))
-    models = Paced(responder(plan=plan), slow=lambda call: call_kind(call) == "facet")
+def test_ctrl_c_during_parallel_facets_stops_every_branch(capsys, file_uri, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")  # both branches write their facet
+    plan = plan_of(
+        ("BRICK.facet_steps", "which steps build a shed"),
+        ("BRICK.facet_design", "what design of shed"),
+    )
+    models = Paced(responder(plan=plan), slow=lambda call: call_kind(call) == "draft")
     assert run(capsys, "--image", file_uri, "init")[0] == 0
     with open_image(file_uri) as living:
         session = Session(living, models)

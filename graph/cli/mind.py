@@ -22,6 +22,7 @@ import typer
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END
+from rich.markup import escape
 from rich.table import Table
 
 from batos.errors import (
@@ -141,6 +142,8 @@ class Session:
                         console.print(piece, end="", markup=False)
                 continue
             for node, update in (payload or {}).items():
+                if show and node == "synthesize":
+                    _show_kept(update or {}, "".join(answer))
                 if answering and node != "synthesize":
                     answering = False
                     if show:
@@ -208,14 +211,51 @@ def _show_update(node: str, update: dict[str, Any]) -> None:
             console.print(f"[cyan]plan[/]  {step['persona']}.{step['facet']}: {step['query']}")
     elif node == "facet":
         for partial in update.get("partials") or []:
-            name = f"{partial['persona']}.{partial['facet']}"
-            if partial["ok"]:
-                wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
-                console.print(f"[green]✓[/] facet {name} ({partial['seconds']:.1f}s){wrote}")
-            else:
-                console.print(f"[red]✗[/] facet {name}: {partial['reason']}")
+            _show_partial(partial)
     elif node == "gate" and update.get("status") == "SYNTHESIZING":
         console.print(f"[yellow]gate:[/] {update['cycle']['gate']['reason']}; answering again")
+
+
+#: What each kind of partial answer did, as the stream shows it.
+_PARTIAL_KINDS = {
+    "instruction": "in the answer's outline",
+    "note": "note written",
+    "passages": "passages from memory",
+    "computed": "computed",
+}
+
+
+def _show_partial(partial: dict[str, Any]) -> None:
+    name = escape(f"{partial['persona']}.{partial['facet']}")
+    seconds = f"{partial.get('seconds', 0):.1f}s"
+    if not partial.get("ok"):
+        console.print(f"[yellow]~[/] facet {name} ({seconds}): {escape(partial.get('reason', ''))}")
+        return
+    kind = partial.get("kind") or ""
+    said = _PARTIAL_KINDS.get(kind, kind)
+    if kind == "computed":
+        said += f" = {escape(bounded_repr(partial.get('text'), 120).strip(chr(39)))}"
+    elif kind == "passages":
+        said = f"{len(partial.get('passages') or [])} {said}"
+    wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
+    console.print(f"[green]✓[/] facet {name} ({seconds}): {said}{wrote}")
+    if partial.get("degraded"):
+        console.print(f"  [yellow]degraded:[/] {escape(str(partial['degraded']))}")
+
+
+def _show_kept(update: dict[str, Any], streamed: str) -> None:
+    """What the kept answer adds to, or takes from, the streamed one: its sources line, or
+    the tail cut because the answer ran out of tokens."""
+    final = update.get("response") or ""
+    if not final or final == streamed:
+        return
+    body, _, sources = final.partition("\n\nSources: ")
+    if (update.get("cycle") or {}).get("truncated"):
+        console.print("\n[dim](cut at its last full sentence: the answer ran out of tokens)[/]")
+    if sources:
+        console.print(f"\n[dim]Sources: {escape(sources)}[/]")
+    elif not streamed.startswith(body):
+        console.print(f"\n[dim]kept as:[/] {escape(body)}")
 
 
 def _summary(state: dict[str, Any]) -> dict[str, Any]:
@@ -230,9 +270,24 @@ def _summary(state: dict[str, Any]) -> dict[str, Any]:
         "depth": cycle_state.get("depth"),
         "plan": state.get("plan"),
         "facets": [
-            {k: p.get(k) for k in ("persona", "facet", "ok", "seconds", "wrote", "reason")}
+            {
+                k: p.get(k)
+                for k in (
+                    "persona",
+                    "facet",
+                    "kind",
+                    "ok",
+                    "seconds",
+                    "wrote",
+                    "reason",
+                    "degraded",
+                )
+            }
             for p in state.get("partials") or []
         ],
+        "degraded": cycle_state.get("degraded") or [],
+        "truncated": bool(cycle_state.get("truncated")),
+        "cited": cycle_state.get("cited") or [],
         "failure": state.get("failure"),
         "input_tokens": sum(m["input_tokens"] for m in metrics),
         "output_tokens": sum(m["output_tokens"] for m in metrics),
@@ -253,6 +308,11 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
                 f"· committed with its checkpoint · {seconds:.1f}s · "
                 f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
             )
+            for entry in summary["degraded"]:
+                console.print(
+                    f"  [yellow]degraded[/] {escape(entry['where'])} {escape(entry['what'])}: "
+                    f"{escape(entry['reason'])}"
+                )
         return
     failure = state.get("failure") or {}
     raise CycleFailed(

@@ -372,6 +372,14 @@ SETTINGS: dict[str, Setting] = {
             _positive_float,
         ),
         Setting(
+            "heartbeat_facets_seconds",
+            "BATOS_HEARTBEAT_FACETS_SECONDS",
+            lambda: "900",
+            "Interval of the heartbeat's job that writes the facet methods the image lacks (a "
+            "few per run; one that fails waits longer after each failure).",
+            _positive_float,
+        ),
+        Setting(
             "heartbeat_prune_seconds",
             "BATOS_HEARTBEAT_PRUNE_SECONDS",
             lambda: "86400",

@@ -604,23 +604,16 @@ class Mind:
             partial["degraded"] = f"the program could not be run: {result.reason}"
 
     def _drafter(self, persona: str, selector: str, metrics: list) -> facets.Draft:
-        from graph import jit
+        from graph.facet_writing import drafter
 
-        def draft(brief: Any, attempts: list) -> str:
-            options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
-            if attempts:  # a retry samples hotter so it does not repeat the rejected draft
-                options["temperature"] = jit.SAMPLE_TEMPERATURE
+        def ask(model: BaseChatModel, messages: list[BaseMessage]) -> str:
             reply, metric = self.call(
-                self.models(persona, **options),
-                jit.messages_for(brief, attempts),
-                node="facet:draft",
-                persona=persona,
-                facet=selector,
+                model, messages, node="facet:draft", persona=persona, facet=selector
             )
             metrics.append(metric)
-            return jit.extract_code(reply, selector)
+            return reply
 
-        return draft
+        return drafter(self.models, persona, selector, ask)
 
     def synthesize(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()

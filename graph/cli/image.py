@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -45,18 +46,62 @@ def _persona_table(root: Any) -> Table:
 
 
 @image_app.command()
-def init(ctx: typer.Context) -> None:
+def init(
+    ctx: typer.Context,
+    prepare: bool = typer.Option(
+        False,
+        "--prepare",
+        help="Also write the facet methods the image lacks now (minutes on a CPU), so no "
+        "request waits for one; without it the heartbeat writes them.",
+    ),
+) -> None:
     """Create the image if needed, apply pending upgrades and incarnate the personas.
 
-    Example: batos --image file:///tmp/demo.fs init
+    Examples: batos --image file:///tmp/demo.fs init · batos init --prepare
     """
     uri = image_uri(ctx)
-    with open_image(uri) as image, image.read() as root:
-        console.print(f"image [bold]{uri}[/]")
-        for name, info in schema.applied(root).items():
-            when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
-            console.print(f"  [green]✓[/] {name}  {info['description']}  ({when})")
-        console.print(_persona_table(root))
+    with open_image(uri) as image:
+        with image.read() as root:
+            console.print(f"image [bold]{uri}[/]")
+            for name, info in schema.applied(root).items():
+                when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+                console.print(f"  [green]✓[/] {name}  {info['description']}  ({when})")
+            console.print(_persona_table(root))
+        if prepare:
+            _prepare_facets(ctx, image)
+
+
+def _prepare_facets(ctx: typer.Context, image: Any) -> None:
+    from graph import facet_writing
+    from graph.cli.app import model_factory
+    from graph.cli.progress import ProgressReport
+
+    with image.read() as root:
+        todo = facet_writing.missing(root)
+    if not todo:
+        console.print("[green]✓[/] every facet method is written")
+        return
+    done: list[Any] = []
+    with ProgressReport(console, "writing facets", total=len(todo), unit="facets") as bar:
+
+        def tell(result: Any) -> None:
+            done.append(result)
+            mark = "written" if result.ok else "could not be written"
+            bar.update(len(done), f"{result.key} {mark} ({result.seconds:.0f}s)")
+
+        facet_writing.write_all(image, model_factory(ctx), todo, tell)
+    for result in done:
+        if result.ok:
+            console.print(f"  [green]✓[/] {result.key}  ({result.seconds:.0f}s)")
+        else:
+            reason = escape(result.reason.splitlines()[0][:160])
+            console.print(f"  [yellow]✗[/] {result.key}: {reason}")
+    failed = [r for r in done if not r.ok]
+    if failed:
+        console.print(
+            f"[yellow]{len(failed)} facet(s) could not be written[/]: their personas answer "
+            "those parts directly; the heartbeat tries again later ('batos doctor' shows when)"
+        )
 
 
 @image_app.command("run")

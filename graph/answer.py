@@ -73,7 +73,9 @@ def answer_prompt(
         rules += p["rule_notes"]
     for x in partials:
         if x.get("kind") == "instruction" and x.get("text"):
-            items.append(f"{len(items) + 1}. {x['text']}")
+            # A facet that fell back has no instruction of its own: its part is its query.
+            part = x["query"] if x.get("degraded") and x.get("query") else x["text"]
+            items.append(f"{len(items) + 1}. {part}")
     outline = p["outline"].format(items="\n".join(items)) if len(items) > 1 else ""
     if len(items) == 1:  # one part: its instruction is the task itself
         outline = "\n" + items[0].split(". ", 1)[1]

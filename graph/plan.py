@@ -25,6 +25,8 @@ PLAN_CUES = re.compile(
     r"research|sources?|cite|audit|why and how|how and why|first|then|trade-?offs?)\b",
     re.IGNORECASE,
 )
+#: A list marker a small model puts before its sub-queries ("2. plan the rows").
+_ENUMERATION = re.compile(r"^\s*(?:\d{1,2}[.):]|[-*•]|step \d{1,2}[.:]?)\s+", re.IGNORECASE)
 #: Longest sub-query a plan may give a facet, in characters.
 MAX_QUERY_CHARS = 400
 
@@ -212,7 +214,9 @@ def parse_plan(
             )
         if not isinstance(query, str) or not query.strip():
             raise PlanRejected(f"step {number} has no query text")
-        query = _cut(" ".join(query.split()))
+        query = _cut(_ENUMERATION.sub("", " ".join(query.split())))
+        if not query:
+            raise PlanRejected(f"step {number} has no query text")
         if (facet, query) in seen or any(near_duplicate(query, q) for _, q in seen):
             continue
         seen.add((facet, query))

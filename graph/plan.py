@@ -186,8 +186,9 @@ def parse_plan(
     """The plan's steps as ``{"persona", "facet", "query"}``; ``PlanRejected`` says why not.
 
     A step that repeats an earlier one (the same or nearly the same sub-query) is dropped. With
-    ``request``, a plan whose every step shares no word with it is rejected (a list of generic
-    questions, not a decomposition), and such steps among good ones are dropped.
+    ``request``, a step with no word of substance is dropped, and a plan none of whose steps
+    shares a word with the request is rejected (a list of generic questions, not a
+    decomposition).
     """
     text = reply.strip()
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
@@ -223,11 +224,13 @@ def parse_plan(
         persona, selector = facet.split(".", 1)
         plan.append({"persona": persona, "facet": selector, "query": query})
     if request is not None:
-        specific = [step for step in plan if not off_request(step["query"], request)]
-        if not specific:
+        # A step with no word of substance ("What is the first step?") could belong to any
+        # request: dropped. A specific step in other words ("prepare the soil") is a real
+        # sub-task; a plan none of whose steps touches the request is a list of generic ones.
+        plan = [step for step in plan if content_words(step["query"])]
+        if not any(not off_request(step["query"], request) for step in plan):
             raise PlanRejected(
                 "no step names anything from the request: each query must say which part of "
                 "the request it is about, in the request's own words"
             )
-        plan = specific
     return plan

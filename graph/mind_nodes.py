@@ -65,9 +65,13 @@ GROUNDING_PASSAGES = 5
 FALLBACK_PERSONA = "BRICK"
 #: The step a plan gets for a request that needs a number or date computed.
 COMPUTE_STEP = {"persona": compute.AUTHOR, "facet": "compute"}
-#: Earlier messages of the thread the answering model sees, each cut to HISTORY_CHARS.
-HISTORY_MESSAGES = 6
-HISTORY_CHARS = 1500
+#: Earlier turns of the thread the answering model sees: the user's last HISTORY_TURNS
+#: messages (what a user tells the mind is in them, and they are short), each cut to
+#: USER_CHARS; the last RECENT_ANSWERS answers whole up to ANSWER_CHARS, older ones cut to
+#: OLD_ANSWER_CHARS (every prompt token costs about a hundredth of a second on two cores).
+HISTORY_TURNS = 12
+USER_CHARS = 600
+RECENT_ANSWERS, ANSWER_CHARS, OLD_ANSWER_CHARS = 2, 1500, 240
 #: Longest answer the gate passes, in characters.
 MAX_ANSWER_CHARS = 8000
 #: Openings of a refusal; the gate fails an answer that starts with one.
@@ -112,15 +116,40 @@ def _failure(node: str, exc: BaseException) -> dict[str, Any]:
 
 
 def _history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Earlier turns for the answering model: user and answer messages, not failures."""
-    kept: list[BaseMessage] = []
+    """Earlier turns for the answering model: user and answer messages, not failures.
+
+    A request whose answer failed (or was interrupted) is joined to the user's next message,
+    so turns keep alternating as chat templates expect; one right before the request is left
+    out (the request follows it).
+    """
+    turns: list[list[Any]] = []  # [role, text], consecutive same-role messages joined
     for message in messages[:-1]:
         if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
             continue
-        if isinstance(message, HumanMessage | AIMessage):
-            text = content_text(message.content)[:HISTORY_CHARS]
-            kept.append(type(message)(content=text))
-    return kept[-HISTORY_MESSAGES:]
+        if not isinstance(message, HumanMessage | AIMessage):
+            continue
+        role = "user" if isinstance(message, HumanMessage) else "ai"
+        text = content_text(message.content)
+        if role == "user":
+            text = text[:USER_CHARS]
+        if turns and turns[-1][0] == role:
+            turns[-1][1] += "\n" + text
+        else:
+            turns.append([role, text])
+    if turns and turns[-1][0] == "user":  # the request itself follows: no two user turns
+        turns.pop()
+    users = [i for i, (role, _) in enumerate(turns) if role == "user"]
+    turns = turns[users[-HISTORY_TURNS] :] if len(users) > HISTORY_TURNS else turns
+    answers = [i for i, (role, _) in enumerate(turns) if role == "ai"]
+    recent = set(answers[-RECENT_ANSWERS:])
+    kept: list[BaseMessage] = []
+    for i, (role, text) in enumerate(turns):
+        if role == "user":
+            kept.append(HumanMessage(content=text))
+            continue
+        limit = ANSWER_CHARS if i in recent else OLD_ANSWER_CHARS
+        kept.append(AIMessage(content=text if len(text) <= limit else text[:limit] + "…"))
+    return kept
 
 
 def _bring_up_to_date(image: LivingImage) -> None:

@@ -784,3 +784,22 @@ def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypat
     assert state["cycle"]["grounding"]["about_catalog"] is False
     assert models.of("answer")[0].text == "hello there"
     assert "Sources:" not in state["response"]
+
+
+def test_history_keeps_what_the_user_said_and_alternates() -> None:
+    from graph.mind_nodes import HISTORY_TURNS, OLD_ANSWER_CHARS, _history
+
+    failed = {"batos_failed": True}
+    said = [HumanMessage("My locker code is 4471.")]
+    for n in range(HISTORY_TURNS - 1):
+        said += [AIMessage("noted " + "x" * 2000), HumanMessage(f"filler question {n}")]
+    said += [AIMessage("oops", additional_kwargs=failed), HumanMessage("and one more")]
+    said += [AIMessage("fine"), HumanMessage("lost one"), AIMessage("no", additional_kwargs=failed)]
+    said += [HumanMessage("What is my locker code?")]
+    kept = _history(said)
+    assert kept[0].content == "My locker code is 4471."  # 12 turns back: still there
+    assert [type(m).__name__ for m in kept[:4]] == ["HumanMessage", "AIMessage"] * 2
+    assert all(type(a) is not type(b) for a, b in zip(kept, kept[1:], strict=False))
+    assert kept[-2].content == "filler question 10\nand one more" and kept[-1].content == "fine"
+    assert len(kept[1].content) == OLD_ANSWER_CHARS + 1  # an old answer, cut
+    assert "lost one" not in " ".join(str(m.content) for m in kept)

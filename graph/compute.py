@@ -37,7 +37,8 @@ ATTEMPTS = 2
 MAX_RESULT_CHARS = 300
 SELECTOR = "solve"
 
-_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+#: A figure: not part of a name or code ("DH-20", "A4", "v2.1").
+_NUMBER = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
 _MONTHS = (
     r"jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(t|tember)?|"
     r"oct(ober)?|nov(ember)?|dec(ember)?"
@@ -60,14 +61,27 @@ _ASKS = re.compile(
 )
 
 
-def looks_computational(text: str) -> bool:
-    """Whether ``text`` asks for a quantity, date or time computed from what it gives.
+#: Words of a question whose answer is worked out from figures given elsewhere (in memory).
+_DERIVED = re.compile(
+    r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|higher)|"
+    r"difference between|in total|altogether|combined|how many (years|days|weeks|months) "
+    r"(passed|elapsed|between|after|before|separate)|(more|less|fewer) than)\b",
+    re.IGNORECASE,
+)
 
-    Two numbers (or a date) and a word that asks for a computed answer; a bare number ("my
-    locker code is 4471") or a question with no figure in it is not one.
+
+def looks_computational(text: str, *, grounded: bool = False) -> bool:
+    """Whether ``text`` asks for a quantity, date or time computed from what it gives — or,
+    when it is about the catalog (``grounded``), from figures its passages give.
+
+    Two figures (or a date) and a word that asks for a computed answer; a bare number ("my
+    locker code is 4471"), a model name ("DH-20") or a question with no figure is not one,
+    unless a grounded question asks how many more, in total, the difference…
     """
     figures = len(_NUMBER.findall(text)) + 2 * len(_DATE.findall(text))
-    return figures >= 2 and ("%" in text or bool(_ASKS.search(text)))
+    if figures >= 2 and ("%" in text or bool(_ASKS.search(text))):
+        return True
+    return grounded and bool(_DERIVED.search(text))
 
 
 @dataclass(frozen=True)
@@ -90,13 +104,20 @@ class Computed:
         }
 
 
-def messages_for(question: str, failed: list[tuple[str, str]]) -> list[BaseMessage]:
+def messages_for(
+    question: str, failed: list[tuple[str, str]], facts: str = ""
+) -> list[BaseMessage]:
+    """The conversation the author sees: rules, worked examples, the question (after the
+    ``facts`` it is to take its figures from, when given), the last failure."""
     p = prompt_files.load("compute")
     identity = load_codex().persona(AUTHOR).identity
     messages: list[BaseMessage] = [SystemMessage(identity + "\n\n" + p["system"])]
     for example in p.get("examples", []):
         messages += [HumanMessage(example["task"]), AIMessage(example["answer"])]
-    messages.append(HumanMessage(p["task"].format(question=question)))
+    task = p["task"].format(question=question)
+    if facts:
+        task = p["facts"].format(facts=facts) + "\n\n" + task
+    messages.append(HumanMessage(task))
     for source, reason in failed[-1:]:
         messages += [
             AIMessage(f"```python\n{source}```"),
@@ -145,14 +166,15 @@ def run_program(source: str) -> str:
     return shown(outcome.value)
 
 
-def compute(question: str, write: Callable[[list[BaseMessage]], str]) -> Computed:
+def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str = "") -> Computed:
     """Have ``write`` (one model call: messages in, reply out) write a program for
-    ``question`` and run it; a repair round is given the error."""
+    ``question`` (taking figures from ``facts`` too) and run it; a repair round is given the
+    error."""
     from graph.jit import extract_code
 
     failed: list[tuple[str, str]] = []
     for attempt in range(1, ATTEMPTS + 1):
-        source = extract_code(write(messages_for(question, failed)), SELECTOR)
+        source = extract_code(write(messages_for(question, failed, facts)), SELECTOR)
         try:
             return Computed(True, run_program(source), source, attempts=attempt)
         except ValueError as exc:

@@ -379,7 +379,9 @@ class Mind:
         depth = depth_for(
             request, chosen, settings.get_int("mind_fast_words"), context.get("depth")
         )
-        cycle_state["compute"] = compute.looks_computational(request)
+        self._ground(image, cycle_state, request)
+        grounded = bool(cycle_state["grounding"].get("about_catalog"))
+        cycle_state["compute"] = compute.looks_computational(request, grounded=grounded)
         unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
         forced_depth = context.get("depth") in ("fast", "full")
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
@@ -388,7 +390,6 @@ class Mind:
         if depth.mode == "fast":
             chosen = chosen[:1]
         cycle_state["depth"] = depth.as_dict()
-        self._ground(image, cycle_state, request)
         return {
             "route": {"ranked": ranked, "chosen": chosen, "forced": forced is not None},
             "cem": {
@@ -513,10 +514,13 @@ class Mind:
             return "synthesize"
         task_cycle = {k: cycle_state[k] for k in ("id", "request", "thread_id")}
         lead = state["route"]["chosen"][0]
-        return [
-            Send("facet", {"cycle": task_cycle, "index": i, "step": step, "lead": lead})
-            for i, step in enumerate(steps)
-        ]
+        sends = []
+        for i, step in enumerate(steps):
+            task = {"cycle": task_cycle, "index": i, "step": step, "lead": lead}
+            if step["facet"] == "compute":  # a program takes its figures from memory too
+                task["passages"] = cycle_state.get("passages") or []
+            sends.append(Send("facet", task))
+        return sends
 
     def facet(self, task: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
@@ -533,7 +537,7 @@ class Mind:
         }
         try:
             if selector == "compute":
-                self._compute(partial, metrics)
+                self._compute(partial, metrics, task.get("passages") or [])
             else:
                 found = self._facet(task, partial, metrics, config)
         except Exception as exc:
@@ -615,8 +619,9 @@ class Mind:
         partial.update(ok=True, kind="note", text=text)
         return found
 
-    def _compute(self, partial: dict[str, Any], metrics: list) -> None:
-        """A program for the request, written by BRICK's model and run in the sandbox."""
+    def _compute(self, partial: dict[str, Any], metrics: list, passages: list) -> None:
+        """A program for the request, written by BRICK's model and run in the sandbox, with
+        the cycle's passages to take figures from."""
         persona, query = partial["persona"], partial["query"]
 
         def write(messages: list[BaseMessage]) -> str:
@@ -627,7 +632,7 @@ class Mind:
             metrics.append(metric)
             return reply
 
-        result = compute.compute(query, write)
+        result = compute.compute(query, write, answer.passages_text(passages))
         partial.update(kind="computed", ok=result.ok, text=result.value, program=result.source)
         if not result.ok:
             partial["degraded"] = f"the program could not be run: {result.reason}"

@@ -130,10 +130,18 @@ def test_passages_of_several_retrievals_are_merged_best_first_each_once() -> Non
         ("how do I plan a vegetable garden?", False),
         ("hello there", False),
         ("What's my gym locker code?", False),
+        ("How much water does the DH-20 Pro extract than the DH-20?", False),
     ],
 )
 def test_computations_are_recognised(text: str, expected: bool) -> None:
     assert looks_computational(text) is expected
+
+
+def test_a_question_about_memory_may_need_figures_from_its_passages() -> None:
+    question = "How many more litres a day does the DH-20 Pro extract than the plain DH-20?"
+    assert not looks_computational(question)
+    assert looks_computational(question, grounded=True)
+    assert not looks_computational("Who founded Calder Bay?", grounded=True)
 
 
 def test_a_program_s_result_is_stated_plainly() -> None:

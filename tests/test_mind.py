@@ -803,3 +803,21 @@ def test_history_keeps_what_the_user_said_and_alternates() -> None:
     assert kept[-2].content == "filler question 10\nand one more" and kept[-1].content == "fine"
     assert len(kept[1].content) == OLD_ANSWER_CHARS + 1  # an old answer, cut
     assert "lost one" not in " ".join(str(m.content) for m in kept)
+
+
+def test_a_computation_about_memory_takes_its_figures_from_the_passages(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    source = "    single = 4.80\n    return single * 3\n"
+    models = FakeModels(
+        lambda call: program(source)(call) if call_kind(call) == "program" else responder()(call)
+    )
+    question = "How much more do three adult single tickets on the Ondine ferry cost than one?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["grounding"]["about_catalog"] and state["cycle"]["compute"]
+    program_call = models.of("program")[0].text
+    assert program_call.startswith("Facts (quoted from documents")
+    assert "adult single ticket costs 4.80 dollars" in program_call
+    assert "A program computed this for the request: 14.4" in models.of("answer")[0].text

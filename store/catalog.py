@@ -624,6 +624,13 @@ class KnowledgeCatalog:
             self._record_retrievals(hit.chunk_id for hit in hits)
         return hits
 
+    def known_terms(self, terms: Iterable[str]) -> set[str]:
+        """Which of ``terms`` occur in the catalog's text (as its full-text index splits and
+        normalises them): a name the catalog knows says a request is about it."""
+        with self.image.read() as root:
+            lexicon = catalog_root(root)["text"].lexicon
+            return {t for t in terms if any(lexicon.termToWordIds(t))}
+
     def _lexical(
         self, cat: Any, query: str, k: int, allowed: np.ndarray | None
     ) -> list[tuple[int, float]]:

@@ -177,3 +177,39 @@ def test_a_failed_program_is_repaired_once_with_its_error() -> None:
     result = compute("What is 2 plus 2, in total?", write)
     assert result == Computed(True, "4", "def solve(self):\n    return 2 + 2\n", attempts=2)
     assert "undefined_name" in str(seen[1][-1].content)
+
+
+def test_names_and_codes_in_a_request() -> None:
+    from graph.retrieval import names_in
+
+    assert names_in("What does Tidewater 2.5 accept for the DH-20 Pro?") == [
+        "Tidewater",
+        "DH-20",
+        "Pro",
+    ]
+    assert names_in("How much? What is it. I've been on Thursday") == []
+
+
+class _Catalog:
+    """Just what ``probe`` reads of a catalog: the nearest passage and the known words."""
+
+    def __init__(self, score: float, known: set[str]) -> None:
+        self.score, self.known = score, known
+
+    def search(self, query: str, k: int, **_: object) -> list:
+        from store.catalog import Hit
+
+        return [Hit(1, "ferry.md", 0, 10, "text", self.score)]
+
+    def known_terms(self, terms) -> set[str]:
+        return set(terms) & self.known
+
+
+def test_a_request_naming_what_the_catalog_knows_is_held_to_a_lower_bar() -> None:
+    from graph.retrieval import NAMED_MARGIN, probe
+
+    question = "When does the Ondine leave?"
+    assert not probe(_Catalog(0.35, set()), question, 0.4).about_catalog
+    named = probe(_Catalog(0.35, {"Ondine"}), question, 0.4)
+    assert named.about_catalog and named.threshold == 0.4 - NAMED_MARGIN
+    assert not probe(_Catalog(0.25, {"Ondine"}), question, 0.4).about_catalog

@@ -1,9 +1,11 @@
 """What the answering persona reads, and what is done to its reply before anyone sees it.
 
-``answer_prompt`` turns a cycle's partials into the one prompt the lead persona answers from:
-the parts of the plan it took itself become an outline (no model call of their own), notes of
-other personas, passages from memory and a program's result become context. ``cut_at_sentence``
-keeps an answer that ran out of tokens from ending mid-word.
+``history`` picks the thread's earlier turns the answering model sees. ``answer_prompt`` turns
+a cycle's partials into the one prompt the lead persona answers from: the parts of the plan it
+took itself become an outline (no model call of their own), notes of other personas, passages
+from memory and a program's result become context. ``cut_at_sentence`` keeps an answer that
+ran out of tokens from ending mid-word; ``repetition`` and ``REFUSAL`` are what the quality
+gate holds an answer to.
 """
 
 from __future__ import annotations
@@ -12,12 +14,50 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
 from graph import prompts as prompt_files
+from graph.request import content_text
 from graph.retrieval import CONTEXT_HEADER, fence
 
 #: Most passages one answer is given (each about 200 tokens: evaluating a prompt costs about a
 #: second per 90 tokens on two cores).
 MAX_PASSAGES = 5
+
+#: Earlier turns of the thread the answering model sees: the user's last HISTORY_TURNS
+#: messages (what a user tells the mind is in them, and they are short), each cut to
+#: USER_CHARS; the last RECENT_ANSWERS answers whole up to ANSWER_CHARS, older ones cut to
+#: OLD_ANSWER_CHARS (every prompt token costs about a hundredth of a second on two cores).
+HISTORY_TURNS = 12
+USER_CHARS = 600
+RECENT_ANSWERS, ANSWER_CHARS, OLD_ANSWER_CHARS = 2, 1500, 240
+#: Longest answer the gate passes, in characters.
+MAX_ANSWER_CHARS = 8000
+#: Openings of a refusal; the gate fails an answer that starts with one.
+REFUSAL = re.compile(
+    r"^\s*(i'?m sorry,?\s+(but\s+)?i\s+(can(no|')t|am unable)|i\s+(can(no|')t|am unable to)"
+    r"\s+(help|assist|answer|comply)|as an ai\b)",
+    re.IGNORECASE,
+)
+#: Repetition is measured on runs of this many words, and only in answers this long: shorter
+#: answers and phrases repeat by chance.
+REPEAT_NGRAM, REPEAT_MIN_WORDS = 4, 24
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+
+
+def repetition(text: str) -> float:
+    """Share of the answer's word 4-grams that repeat an earlier one (0: none, near 1: a loop).
+
+    A small model that loses the thread says the same thing over and over ("X is easy to learn
+    because it has fewer keywords" for every X); its answer stays on topic, so relevance alone
+    passes it.
+    """
+    words = [w.lower() for w in _WORD.findall(text)]
+    if len(words) < REPEAT_MIN_WORDS:
+        return 0.0
+    grams = [tuple(words[i : i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
+
 
 _SENTENCE_END = re.compile(r"[.!?…](?:[\"')\]]*)(?=\s|$)|\n")
 _LIST_MARK = re.compile(r"(?:^|\s)\d{1,3}\.$")
@@ -102,3 +142,40 @@ def cut_at_sentence(text: str) -> str:
     head = text.rstrip()
     space = head.rfind(" ")
     return (head[:space] if space > 0 else head).rstrip(" ,;:-") + "…"
+
+
+def history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Earlier turns for the answering model: user and answer messages, not failures.
+
+    A request whose answer failed (or was interrupted) is joined to the user's next message,
+    so turns keep alternating as chat templates expect; one right before the request is left
+    out (the request follows it).
+    """
+    turns: list[list[Any]] = []  # [role, text], consecutive same-role messages joined
+    for message in messages[:-1]:
+        if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
+            continue
+        if not isinstance(message, HumanMessage | AIMessage):
+            continue
+        role = "user" if isinstance(message, HumanMessage) else "ai"
+        text = content_text(message.content)
+        if role == "user":
+            text = text[:USER_CHARS]
+        if turns and turns[-1][0] == role:
+            turns[-1][1] += "\n" + text
+        else:
+            turns.append([role, text])
+    if turns and turns[-1][0] == "user":  # the request itself follows: no two user turns
+        turns.pop()
+    users = [i for i, (role, _) in enumerate(turns) if role == "user"]
+    turns = turns[users[-HISTORY_TURNS] :] if len(users) > HISTORY_TURNS else turns
+    answers = [i for i, (role, _) in enumerate(turns) if role == "ai"]
+    recent = set(answers[-RECENT_ANSWERS:])
+    kept: list[BaseMessage] = []
+    for i, (role, text) in enumerate(turns):
+        if role == "user":
+            kept.append(HumanMessage(content=text))
+            continue
+        limit = ANSWER_CHARS if i in recent else OLD_ANSWER_CHARS
+        kept.append(AIMessage(content=text if len(text) <= limit else text[:limit] + "…"))
+    return kept

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from batos import settings
 from batos.errors import BatosError, MindError
 from graph import answer, compute, cycle, facets
 from graph import prompts as prompt_files
+from graph.answer import MAX_ANSWER_CHARS, REFUSAL, history, repetition
 from graph.mind_state import MindServices, MindState
 from graph.plan import (
     Depth,
@@ -65,39 +65,6 @@ GROUNDING_PASSAGES = 5
 FALLBACK_PERSONA = "BRICK"
 #: The step a plan gets for a request that needs a number or date computed.
 COMPUTE_STEP = {"persona": compute.AUTHOR, "facet": "compute"}
-#: Earlier turns of the thread the answering model sees: the user's last HISTORY_TURNS
-#: messages (what a user tells the mind is in them, and they are short), each cut to
-#: USER_CHARS; the last RECENT_ANSWERS answers whole up to ANSWER_CHARS, older ones cut to
-#: OLD_ANSWER_CHARS (every prompt token costs about a hundredth of a second on two cores).
-HISTORY_TURNS = 12
-USER_CHARS = 600
-RECENT_ANSWERS, ANSWER_CHARS, OLD_ANSWER_CHARS = 2, 1500, 240
-#: Longest answer the gate passes, in characters.
-MAX_ANSWER_CHARS = 8000
-#: Openings of a refusal; the gate fails an answer that starts with one.
-REFUSAL = re.compile(
-    r"^\s*(i'?m sorry,?\s+(but\s+)?i\s+(can(no|')t|am unable)|i\s+(can(no|')t|am unable to)"
-    r"\s+(help|assist|answer|comply)|as an ai\b)",
-    re.IGNORECASE,
-)
-#: Repetition is measured on runs of this many words, and only in answers this long: shorter
-#: answers and phrases repeat by chance.
-REPEAT_NGRAM, REPEAT_MIN_WORDS = 4, 24
-_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
-
-
-def repetition(text: str) -> float:
-    """Share of the answer's word 4-grams that repeat an earlier one (0: none, near 1: a loop).
-
-    A small model that loses the thread says the same thing over and over ("X is easy to learn
-    because it has fewer keywords" for every X); its answer stays on topic, so relevance alone
-    passes it.
-    """
-    words = [w.lower() for w in _WORD.findall(text)]
-    if len(words) < REPEAT_MIN_WORDS:
-        return 0.0
-    grams = [tuple(words[i : i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
-    return 1.0 - len(set(grams)) / len(grams)
 
 
 def prompts() -> dict[str, Any]:
@@ -113,43 +80,6 @@ def _failure(node: str, exc: BaseException) -> dict[str, Any]:
         return {"node": node, "reason": exc.message, "hint": exc.hint or ""}
     log.exception("mind node %s failed", node)
     return {"node": node, "reason": f"{type(exc).__name__}: {exc}", "hint": "see the log"}
-
-
-def _history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Earlier turns for the answering model: user and answer messages, not failures.
-
-    A request whose answer failed (or was interrupted) is joined to the user's next message,
-    so turns keep alternating as chat templates expect; one right before the request is left
-    out (the request follows it).
-    """
-    turns: list[list[Any]] = []  # [role, text], consecutive same-role messages joined
-    for message in messages[:-1]:
-        if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
-            continue
-        if not isinstance(message, HumanMessage | AIMessage):
-            continue
-        role = "user" if isinstance(message, HumanMessage) else "ai"
-        text = content_text(message.content)
-        if role == "user":
-            text = text[:USER_CHARS]
-        if turns and turns[-1][0] == role:
-            turns[-1][1] += "\n" + text
-        else:
-            turns.append([role, text])
-    if turns and turns[-1][0] == "user":  # the request itself follows: no two user turns
-        turns.pop()
-    users = [i for i, (role, _) in enumerate(turns) if role == "user"]
-    turns = turns[users[-HISTORY_TURNS] :] if len(users) > HISTORY_TURNS else turns
-    answers = [i for i, (role, _) in enumerate(turns) if role == "ai"]
-    recent = set(answers[-RECENT_ANSWERS:])
-    kept: list[BaseMessage] = []
-    for i, (role, text) in enumerate(turns):
-        if role == "user":
-            kept.append(HumanMessage(content=text))
-            continue
-        limit = ANSWER_CHARS if i in recent else OLD_ANSWER_CHARS
-        kept.append(AIMessage(content=text if len(text) <= limit else text[:limit] + "…"))
-    return kept
 
 
 def _bring_up_to_date(image: LivingImage) -> None:
@@ -684,7 +614,7 @@ class Mind:
         p = prompts()
         request, chosen = cycle_state["request"], state["route"]["chosen"]
         lead = chosen[0]
-        messages = _history(state.get("messages") or [])
+        messages = history(state.get("messages") or [])
         partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
         passages = cycle_state.get("passages") or []
         if partials:

@@ -15,9 +15,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.errors import CheckpointError, MindError, ModelError
 from graph import cycle
+from graph.answer import repetition
 from graph.boot import open_image
 from graph.mind import MAX_ANSWER_CHARS, MindServices, ask, build_graph, run_config
-from graph.mind_nodes import repetition
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store import effects
@@ -787,7 +787,8 @@ def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypat
 
 
 def test_history_keeps_what_the_user_said_and_alternates() -> None:
-    from graph.mind_nodes import HISTORY_TURNS, OLD_ANSWER_CHARS, _history
+    from graph.answer import HISTORY_TURNS, OLD_ANSWER_CHARS
+    from graph.answer import history as _history
 
     failed = {"batos_failed": True}
     said = [HumanMessage("My locker code is 4471.")]

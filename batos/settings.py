@@ -286,6 +286,14 @@ SETTINGS: dict[str, Setting] = {
             _unit_interval,
         ),
         Setting(
+            "mind_passage_words",
+            "BATOS_MIND_PASSAGE_WORDS",
+            lambda: "0",
+            "Words of each passage from memory an answer is shown: its sentences that share "
+            "most words with the request, up to about this many; 0 shows whole passages.",
+            _non_negative_int,
+        ),
+        Setting(
             "mind_write_facets",
             "BATOS_MIND_WRITE_FACETS",
             lambda: "ahead",

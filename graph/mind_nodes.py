@@ -617,10 +617,11 @@ class Mind:
         messages = history(state.get("messages") or [])
         partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
         passages = cycle_state.get("passages") or []
+        shown = answer.focus(passages, request, settings.get_int("mind_passage_words"))
         if partials:
-            messages.append(HumanMessage(answer.answer_prompt(request, partials, passages)))
+            messages.append(HumanMessage(answer.answer_prompt(request, partials, shown)))
         elif passages:
-            messages.append(HumanMessage(answer.grounded_prompt(request, passages)))
+            messages.append(HumanMessage(answer.grounded_prompt(request, shown)))
         else:
             messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}

@@ -213,3 +213,19 @@ def test_a_request_naming_what_the_catalog_knows_is_held_to_a_lower_bar() -> Non
     named = probe(_Catalog(0.35, {"Ondine"}), question, 0.4)
     assert named.about_catalog and named.threshold == 0.4 - NAMED_MARGIN
     assert not probe(_Catalog(0.25, {"Ondine"}), question, 0.4).about_catalog
+
+
+def test_a_passage_is_focused_on_the_sentences_the_question_points_at() -> None:
+    from graph.answer import focus
+
+    text = (
+        "The museum opened in 1921. Its curator is Mara Quill, who joined in 2010. "
+        "The café sells soup. Tickets cost four pounds. The shop sells maps and books."
+    )
+    [kept] = focus([{"text": text, "chunk_id": 1}], "Who is the museum's curator?", 12)
+    assert (
+        kept["text"]
+        == "The museum opened in 1921. Its curator is Mara Quill, who joined in 2010. …"
+    )
+    [whole] = focus([{"text": text, "chunk_id": 1}], "Who is the curator?", 0)
+    assert whole["text"] == text

@@ -59,8 +59,10 @@ log = logging.getLogger("batos.mind")
 PLAN_TOKENS = 200
 FACET_TOKENS = 160
 ANSWER_TOKENS = 480
-#: Passages a grounded answer is given.
+#: Passages a grounded answer is given; a request about memory of at most this many words,
+#: routed to one persona, is answered from them in one call, with no plan.
 GROUNDING_PASSAGES = 5
+GROUNDED_FAST_WORDS = 30
 #: Who answers when the router cannot say (the one ``batos`` names with no router installed).
 FALLBACK_PERSONA = "BRICK"
 #: The step a plan gets for a request that needs a number or date computed.
@@ -317,6 +319,10 @@ class Mind:
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
             # A word problem is long but needs no plan: a program, then the answer.
             depth = Depth("fast", "a computation: a program, then the answer")
+        elif grounded and depth.mode == "full" and len(chosen) == 1 and not forced_depth:
+            # What memory holds answers it: a plan would only split the same passages.
+            if len(request.split()) <= GROUNDED_FAST_WORDS:
+                depth = Depth("fast", "about memory: one answer from its passages")
         if depth.mode == "fast":
             chosen = chosen[:1]
         cycle_state["depth"] = depth.as_dict()

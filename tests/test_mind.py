@@ -822,3 +822,13 @@ def test_a_computation_about_memory_takes_its_figures_from_the_passages(
     assert program_call.startswith("Facts (quoted from documents")
     assert "adult single ticket costs 4.80 dollars" in program_call
     assert "A program computed this for the request: 14.4" in models.of("answer")[0].text
+
+
+def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
+    question = "explain when the Ondine ferry leaves Harbour Pier"  # a planning cue
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"]["rule"] == "about memory: one answer from its passages"
+    assert [call_kind(c) for c in models.calls] == ["answer"]

@@ -169,29 +169,37 @@ def _wait_for_the_host_to_look(receiver: UvmObject) -> None:
         time.sleep(0.005)
 
 
-def _confined_child() -> int:
-    """The pid of this process's child that runs under a seccomp filter (not a zombie)."""
+def _children(confined: bool = False) -> set[int]:
+    """This process's living children (those under a seccomp filter only, if ``confined``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        mine = f"\nPPid:\t{os.getpid()}\n" in status and "\nState:\tZ" not in status
+        if mine and (not confined or "\nSeccomp:\t2\n" in status):
+            found.add(int(entry.name))
+    return found
+
+
+def _new_confined_child(earlier: set[int]) -> int:
+    """The pid of the confined child forked after ``earlier`` were (those may be dying)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            mine = f"\nPPid:\t{os.getpid()}\n" in status and "\nState:\tZ" not in status
-            if mine and "\nSeccomp:\t2\n" in status:
-                return int(entry.name)
+        new = _children(confined=True) - earlier
+        if new:
+            return new.pop()
         time.sleep(0.005)
     raise AssertionError("no confined child appeared")
 
 
 def test_the_child_is_never_root_and_holds_nothing_but_its_channel() -> None:
     seen: dict[str, Any] = {}
+    earlier = _children()
 
     def look() -> None:
-        pid = _confined_child()
+        pid = _new_confined_child(earlier)
         try:
             status = Path(f"/proc/{pid}/status").read_text()
             seen.update(re.findall(r"^(\w+):\t(.*)$", status, re.MULTILINE))

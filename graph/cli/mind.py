@@ -9,7 +9,6 @@ loopback with langgraph.json's graphs, checkpointer and store.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from rich.table import Table
 from batos.errors import BatosError, CycleFailed, MindError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
+from graph.cli.terminal import shown
 from graph.mind import MindServices, build_graph, run_config
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import bounded_repr
@@ -103,22 +103,24 @@ def _show_update(node: str, update: dict[str, Any]) -> None:
         route, depth = update["route"], update["cycle"]["depth"]
         ranked = ", ".join(f"{p} {s:.2f}" for p, s in route["ranked"][:4])
         console.print(
-            f"[cyan]route[/] → {' + '.join(route['chosen'])}  ({ranked})  "
-            f"[dim]depth {depth['mode']}: {depth['rule']}[/]"
+            f"[cyan]route[/] → {shown(' + '.join(route['chosen']))}  ({shown(ranked)})  "
+            f"[dim]depth {shown(depth['mode'])}: {shown(depth['rule'])}[/]"
         )
     elif node == "decompose" and update.get("plan"):
         for step in update["plan"]:
-            console.print(f"[cyan]plan[/]  {step['persona']}.{step['facet']}: {step['query']}")
+            step_name = shown(f"{step['persona']}.{step['facet']}")
+            console.print(f"[cyan]plan[/]  {step_name}: {shown(step['query'])}")
     elif node == "facet":
         for partial in update.get("partials") or []:
-            name = f"{partial['persona']}.{partial['facet']}"
+            name = shown(f"{partial['persona']}.{partial['facet']}")
             if partial["ok"]:
                 wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
                 console.print(f"[green]✓[/] facet {name} ({partial['seconds']:.1f}s){wrote}")
             else:
-                console.print(f"[red]✗[/] facet {name}: {partial['reason']}")
+                console.print(f"[red]✗[/] facet {name}: {shown(partial['reason'])}")
     elif node == "gate" and update.get("status") == "SYNTHESIZING":
-        console.print(f"[yellow]gate:[/] {update['cycle']['gate']['reason']}; answering again")
+        reason = shown(update["cycle"]["gate"]["reason"])
+        console.print(f"[yellow]gate:[/] {reason}; answering again")
 
 
 def _summary(state: dict[str, Any]) -> dict[str, Any]:
@@ -147,12 +149,13 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
     """Print how the cycle ended; a FAILED one raises ``CycleFailed`` (exit code 10)."""
     summary = _summary(state)
     if as_json:
-        console.print_json(json.dumps(summary, default=str))
+        console.print_value_json(summary, "the cycle")
     if state.get("status") == "COMPLETE":
         if not as_json:
             seconds = dt.datetime.now().timestamp() - state["cycle"]["started"]
             console.print(
-                f"[green]COMPLETE[/] cycle {summary['cycle']} on thread {summary['thread_id']} "
+                f"[green]COMPLETE[/] cycle {shown(summary['cycle'])} on thread "
+                f"{shown(summary['thread_id'])} "
                 f"· committed with its checkpoint · {seconds:.1f}s · "
                 f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
             )
@@ -260,7 +263,7 @@ def _show_history(session: Session, config: dict[str, Any]) -> None:
         console.print("[dim](no messages yet)[/]")
     for message in messages:
         who = "you" if message.type == "human" else (message.name or "batos")
-        console.print(f"[bold]{who}:[/] {content_text(message.content)}", markup=True)
+        console.print(f"[bold]{shown(who)}:[/] {shown(content_text(message.content))}")
 
 
 def _undo(session: Session, config: dict[str, Any]) -> dict[str, Any]:
@@ -317,11 +320,11 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     for row in rows:
         when = dt.datetime.fromtimestamp(row["started"]).isoformat(sep=" ", timespec="seconds")
         table.add_row(
-            row["id"],
+            shown(row["id"]),
             when,
-            row["thread_id"],
-            ", ".join(row["personas"]),
-            ", ".join(row["facets"]) or f"({row['depth']['mode']} path)",
+            shown(row["thread_id"]),
+            shown(", ".join(row["personas"])),
+            shown(", ".join(row["facets"]) or f"({row['depth']['mode']} path)"),
             f"{row['seconds']:.2f}",
             f"{row['model_seconds']:.2f}",
             f"{row['tokens']['input']} in / {row['tokens']['output']} out",
@@ -367,16 +370,17 @@ def cycles(
             with image.read() as root:
                 rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
             failed = [] if cycle_id else _failed_threads(image, limit)
-            console.print_json(json.dumps({"committed": rows, "failed": failed}, default=str))
+            console.print_value_json({"committed": rows, "failed": failed}, "the cycles")
             return
         rows = _cycles_table(image, cycle_id, limit)
         if cycle_id:
-            console.print_json(json.dumps(rows[0], default=str))
+            console.print_value_json(rows[0], "the cycle")
             return
         for failed in _failed_threads(image, limit):
             console.print(
-                f"[red]FAILED[/] thread {failed['thread_id']} cycle {failed['cycle']} at "
-                f"{failed['node']}: {failed['reason']}"
+                f"[red]FAILED[/] thread {shown(failed['thread_id'])} "
+                f"cycle {shown(failed['cycle'])} at {shown(failed['node'])}: "
+                f"{shown(failed['reason'])}"
             )
 
 
@@ -425,7 +429,9 @@ def serve(
         if path.is_dir() and str(path) not in sys.path:
             sys.path.append(str(path))
     os.chdir(folder)
-    console.print(f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}")
+    console.print(
+        f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}", markup=False
+    )
     uri = image_uri(ctx)
     run_server(
         host,

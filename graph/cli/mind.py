@@ -318,19 +318,30 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     for column in ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        when = dt.datetime.fromtimestamp(row["started"]).isoformat(sep=" ", timespec="seconds")
+        # A record from an older version may lack fields: each is read with a default.
+        started, tokens = row.get("started"), row.get("tokens") or {}
+        when = "-" if started is None else dt.datetime.fromtimestamp(started)
         table.add_row(
             shown(row["id"]),
-            when,
-            shown(row["thread_id"]),
-            shown(", ".join(row["personas"])),
-            shown(", ".join(row["facets"]) or f"({row['depth']['mode']} path)"),
-            f"{row['seconds']:.2f}",
-            f"{row['model_seconds']:.2f}",
-            f"{row['tokens']['input']} in / {row['tokens']['output']} out",
+            when if isinstance(when, str) else when.isoformat(sep=" ", timespec="seconds"),
+            shown(row.get("thread_id", "-")),
+            shown(", ".join(row.get("personas") or [])),
+            shown(", ".join(row.get("facets") or []) or _path(row)),
+            _number(row.get("seconds")),
+            _number(row.get("model_seconds")),
+            f"{tokens.get('input', '?')} in / {tokens.get('output', '?')} out",
         )
     console.print(table)
     return rows
+
+
+def _path(row: dict[str, Any]) -> str:
+    mode = (row.get("depth") or {}).get("mode")
+    return f"({mode} path)" if mode else "-"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
@@ -379,7 +390,7 @@ def cycles(
         for failed in _failed_threads(image, limit):
             console.print(
                 f"[red]FAILED[/] thread {shown(failed['thread_id'])} "
-                f"cycle {shown(failed['cycle'])} at {shown(failed['node'])}: "
+                f"cycle {shown(failed['cycle'])} at {shown(failed.get('node'))}: "
                 f"{shown(failed['reason'])}"
             )
 

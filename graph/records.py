@@ -167,6 +167,12 @@ class Failure(_Open):
     hint: str | None = None
 
 
+class PersonaTerms(_Open):
+    share: Finite
+    H_cog_term: Finite
+    H_sol_mean: Finite | None
+
+
 class CemReading(_Open):
     H_rel: Finite | None
     H_cog: Finite | None
@@ -175,7 +181,7 @@ class CemReading(_Open):
     cem: Finite | None
     cycles: Natural
     weights: dict[str, Finite]
-    by_persona: dict[str, dict[str, Finite | None]] = {}
+    by_persona: dict[str, PersonaTerms] = {}
 
 
 class AuditReport(_Open):

@@ -98,10 +98,12 @@ def check(commit: Any) -> dict[str, Any]:
 
 
 def problems(exc: ValidationError) -> str:
-    """What validation found, without the values it found it in (they may be huge)."""
+    """What validation found, without the values it found it in (they may be huge); a key
+    from the data is cut and its control characters escaped, as it may reach a terminal."""
     found = exc.errors(include_url=False, include_input=False, include_context=False)
     lines = [
-        f"{'.'.join(str(part)[:40] for part in e['loc']) or '(the whole)'}: {e['msg'][:200]}"
+        f"{'.'.join(repr(str(part))[1:-1][:40] for part in e['loc']) or '(the whole)'}: "
+        f"{e['msg'][:200]}"
         for e in found
     ]
     more = len(lines) - SHOWN_ERRORS

@@ -11,7 +11,6 @@ loopback with langgraph.json's graphs, checkpointer and store.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,6 @@ import typer
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END
-from rich.markup import escape
 from rich.table import Table
 
 from batos.errors import (
@@ -35,6 +33,7 @@ from batos.errors import (
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
 from graph.cli.repl import LineReader, StopOnInterrupt
+from graph.cli.terminal import shown
 from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import bounded_repr
@@ -203,17 +202,19 @@ def _show_update(node: str, update: dict[str, Any]) -> None:
         route, depth = update["route"], update["cycle"]["depth"]
         ranked = ", ".join(f"{p} {s:.2f}" for p, s in route["ranked"][:4])
         console.print(
-            f"[cyan]route[/] → {' + '.join(route['chosen'])}  ({ranked})  "
-            f"[dim]depth {depth['mode']}: {depth['rule']}[/]"
+            f"[cyan]route[/] → {shown(' + '.join(route['chosen']))}  ({shown(ranked)})  "
+            f"[dim]depth {shown(depth['mode'])}: {shown(depth['rule'])}[/]"
         )
     elif node == "decompose" and update.get("plan"):
         for step in update["plan"]:
-            console.print(f"[cyan]plan[/]  {step['persona']}.{step['facet']}: {step['query']}")
+            step_name = shown(f"{step['persona']}.{step['facet']}")
+            console.print(f"[cyan]plan[/]  {step_name}: {shown(step['query'])}")
     elif node == "facet":
         for partial in update.get("partials") or []:
             _show_partial(partial)
     elif node == "gate" and update.get("status") == "SYNTHESIZING":
-        console.print(f"[yellow]gate:[/] {update['cycle']['gate']['reason']}; answering again")
+        reason = shown(update["cycle"]["gate"]["reason"])
+        console.print(f"[yellow]gate:[/] {reason}; answering again")
 
 
 #: What each kind of partial answer did, as the stream shows it.
@@ -226,21 +227,21 @@ _PARTIAL_KINDS = {
 
 
 def _show_partial(partial: dict[str, Any]) -> None:
-    name = escape(f"{partial['persona']}.{partial['facet']}")
+    name = shown(f"{partial['persona']}.{partial['facet']}")
     seconds = f"{partial.get('seconds', 0):.1f}s"
     if not partial.get("ok"):
-        console.print(f"[yellow]~[/] facet {name} ({seconds}): {escape(partial.get('reason', ''))}")
+        console.print(f"[yellow]~[/] facet {name} ({seconds}): {shown(partial.get('reason', ''))}")
         return
     kind = partial.get("kind") or ""
     said = _PARTIAL_KINDS.get(kind, kind)
     if kind == "computed":
-        said += f" = {escape(bounded_repr(partial.get('text'), 120).strip(chr(39)))}"
+        said += f" = {shown(bounded_repr(partial.get('text'), 120).strip(chr(39)))}"
     elif kind == "passages":
         said = f"{len(partial.get('passages') or [])} {said}"
     wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
     console.print(f"[green]✓[/] facet {name} ({seconds}): {said}{wrote}")
     if partial.get("degraded"):
-        console.print(f"  [yellow]degraded:[/] {escape(str(partial['degraded']))}")
+        console.print(f"  [yellow]degraded:[/] {shown(str(partial['degraded']))}")
 
 
 def _show_kept(update: dict[str, Any], streamed: str) -> None:
@@ -253,9 +254,9 @@ def _show_kept(update: dict[str, Any], streamed: str) -> None:
     if (update.get("cycle") or {}).get("truncated"):
         console.print("\n[dim](cut at its last full sentence: the answer ran out of tokens)[/]")
     if sources:
-        console.print(f"\n[dim]Sources: {escape(sources)}[/]")
+        console.print(f"\n[dim]Sources: {shown(sources)}[/]")
     elif not streamed.startswith(body):
-        console.print(f"\n[dim]kept as:[/] {escape(body)}")
+        console.print(f"\n[dim]kept as:[/] {shown(body)}")
 
 
 def _summary(state: dict[str, Any]) -> dict[str, Any]:
@@ -299,19 +300,20 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
     """Print how the cycle ended; a FAILED one raises ``CycleFailed`` (exit code 10)."""
     summary = _summary(state)
     if as_json:
-        console.print_json(json.dumps(summary, default=str))
+        console.print_value_json(summary, "the cycle")
     if state.get("status") == "COMPLETE":
         if not as_json:
             seconds = dt.datetime.now().timestamp() - state["cycle"]["started"]
             console.print(
-                f"[green]COMPLETE[/] cycle {summary['cycle']} on thread {summary['thread_id']} "
+                f"[green]COMPLETE[/] cycle {shown(summary['cycle'])} on thread "
+                f"{shown(summary['thread_id'])} "
                 f"· committed with its checkpoint · {seconds:.1f}s · "
                 f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
             )
             for entry in summary["degraded"]:
                 console.print(
-                    f"  [yellow]degraded[/] {escape(entry['where'])} {escape(entry['what'])}: "
-                    f"{escape(entry['reason'])}"
+                    f"  [yellow]degraded[/] {shown(entry['where'])} {shown(entry['what'])}: "
+                    f"{shown(entry['reason'])}"
                 )
         return
     failure = state.get("failure") or {}
@@ -395,34 +397,34 @@ def chat_loop(
                     try:
                         config = run_config(new)
                     except MindError as exc:
-                        console.print(f"[red]{exc.message}[/] ({exc.hint})")
+                        console.print(f"[red]{shown(exc.message)}[/] ({shown(exc.hint or '')})")
                         continue
-                console.print(f"thread {config['configurable']['thread_id']}")
+                console.print(f"thread {shown(config['configurable']['thread_id'])}")
             elif command == "history":
                 _show_history(session, config)
             elif command == "undo":
                 config = _undo(session, config)
             elif command == "persona":
                 persona = None if argument in ("", "auto") else argument.upper()
-                console.print(f"persona {persona or 'routed'}")
+                console.print(f"persona {shown(persona or 'routed')}")
             elif command == "depth":
                 depth = argument or "auto"
-                console.print(f"depth {depth}")
+                console.print(f"depth {shown(depth)}")
             elif command == "cycles":
                 _cycles_table(session.image, None, 10)
             else:
-                console.print(f"[red]unknown command /{command}[/]\n{CHAT_HELP}")
+                console.print(f"[red]unknown command /{shown(command)}[/]\n{CHAT_HELP}")
             continue
         try:
             state = session.cycle(line, config, session.context(persona, depth))
             console.print()
             _outcome(state, as_json=False)
         except CycleInterrupted as exc:
-            console.print(f"[yellow]{exc.message}[/]")
+            console.print(f"[yellow]{shown(exc.message)}[/]")
         except BatosError as exc:
-            console.print(f"[red]{exc.message}[/]")
+            console.print(f"[red]{shown(exc.message)}[/]")
             if exc.hint:
-                console.print(f"[yellow]hint:[/] {exc.hint}")
+                console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
         except KeyboardInterrupt:  # Ctrl-C after the cycle ended, while its outcome printed
             console.print()
         # after a fork (/undo) the next cycle continues from the fork's new head
@@ -435,7 +437,7 @@ def _show_history(session: Session, config: dict[str, Any]) -> None:
         console.print("[dim](no messages yet)[/]")
     for message in messages:
         who = "you" if message.type == "human" else (message.name or "batos")
-        console.print(f"[bold]{who}:[/] {content_text(message.content)}", markup=True)
+        console.print(f"[bold]{shown(who)}:[/] {shown(content_text(message.content))}")
 
 
 def _undo(session: Session, config: dict[str, Any]) -> dict[str, Any]:
@@ -491,19 +493,30 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     for column in ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        when = dt.datetime.fromtimestamp(row["started"]).isoformat(sep=" ", timespec="seconds")
+        # A record from an older version may lack fields: each is read with a default.
+        started, tokens = row.get("started"), row.get("tokens") or {}
+        when = "-" if started is None else dt.datetime.fromtimestamp(started)
         table.add_row(
-            row["id"],
-            when,
-            row["thread_id"],
-            ", ".join(row["personas"]),
-            ", ".join(row["facets"]) or f"({row['depth']['mode']} path)",
-            f"{row['seconds']:.2f}",
-            f"{row['model_seconds']:.2f}",
-            f"{row['tokens']['input']} in / {row['tokens']['output']} out",
+            shown(row["id"]),
+            when if isinstance(when, str) else when.isoformat(sep=" ", timespec="seconds"),
+            shown(row.get("thread_id", "-")),
+            shown(", ".join(row.get("personas") or [])),
+            shown(", ".join(row.get("facets") or []) or _path(row)),
+            _number(row.get("seconds")),
+            _number(row.get("model_seconds")),
+            f"{tokens.get('input', '?')} in / {tokens.get('output', '?')} out",
         )
     console.print(table)
     return rows
+
+
+def _path(row: dict[str, Any]) -> str:
+    mode = (row.get("depth") or {}).get("mode")
+    return f"({mode} path)" if mode else "-"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
@@ -543,16 +556,17 @@ def cycles(
             with image.read() as root:
                 rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
             failed = [] if cycle_id else _failed_threads(image, limit)
-            console.print_json(json.dumps({"committed": rows, "failed": failed}, default=str))
+            console.print_value_json({"committed": rows, "failed": failed}, "the cycles")
             return
         rows = _cycles_table(image, cycle_id, limit)
         if cycle_id:
-            console.print_json(json.dumps(rows[0], default=str))
+            console.print_value_json(rows[0], "the cycle")
             return
         for failed in _failed_threads(image, limit):
             console.print(
-                f"[red]FAILED[/] thread {failed['thread_id']} cycle {failed['cycle']} at "
-                f"{failed['node']}: {failed['reason']}"
+                f"[red]FAILED[/] thread {shown(failed['thread_id'])} "
+                f"cycle {shown(failed['cycle'])} at {shown(failed.get('node'))}: "
+                f"{shown(failed['reason'])}"
             )
 
 
@@ -601,7 +615,9 @@ def serve(
         if path.is_dir() and str(path) not in sys.path:
             sys.path.append(str(path))
     os.chdir(folder)
-    console.print(f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}")
+    console.print(
+        f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}", markup=False
+    )
     uri = image_uri(ctx)
     run_server(
         host,

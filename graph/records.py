@@ -103,8 +103,36 @@ class Tokens(_Open):
     output: Natural
 
 
+class Degradation(_Closed):
+    """A part of a cycle that did not serve as planned (the answer went on without it)."""
+
+    where: Annotated[str, Field(max_length=32)]
+    what: Annotated[str, Field(max_length=200)]
+    reason: Annotated[str, Field(max_length=500)]
+
+
+class Grounding(_Open):
+    about_catalog: bool = False
+    best: Finite | None = None
+    threshold: Finite | None = None
+
+
+class PlanCounts(_Closed):
+    steps: Natural
+    duplicates: Natural
+    off_request: Natural
+
+
+class PlanQuality(_Closed):
+    raw: PlanCounts
+    final: PlanCounts
+    kept: Natural
+    parsed: Natural
+
+
 class _CycleFields(_Open):
-    """What every cycle record holds, as written and as stored."""
+    """What every cycle record holds, as written and as stored (records written before a
+    field existed read it as its default)."""
 
     status: str
     thread_id: str
@@ -123,6 +151,11 @@ class _CycleFields(_Open):
     metrics: list[dict[str, Any]]
     relevance: Finite | None = None
     synthesis_attempts: Natural = 0
+    degraded: Annotated[list[Degradation], Field(max_length=64)] = []
+    truncated: bool = False
+    grounding: Grounding = Grounding()
+    cited: Annotated[list[Annotated[str, Field(max_length=2000)]], Field(max_length=16)] = []
+    plan_quality: PlanQuality | dict[str, Any] = {}
 
 
 class CycleRecordIn(_CycleFields):

@@ -107,7 +107,7 @@ def test_a_record_may_carry_new_fields_within_the_size_bound(image) -> None:
     huge = with_record(commit, citations=["x" * cycle.MAX_RECORD_BYTES])
     with pytest.raises(CheckpointError, match="the record is over"):
         image.transact(lambda root: effects.apply_commit(root, effects.check(huge), ("t", "", "")))
-    not_json = with_record(commit, degraded={"when": object()})
+    not_json = with_record(commit, later_field={"when": object()})
     with pytest.raises(CheckpointError, match="not plain JSON data"):
         image.transact(
             lambda root: effects.apply_commit(root, effects.check(not_json), ("t", "", ""))
@@ -194,3 +194,22 @@ def test_the_audit_goes_on_past_malformed_records(image, capsys, caplog) -> None
     code = main(["--image", uri, "audit", "show", "99"])
     out, err = capsys.readouterr()
     assert code != 0 and "audit report 99 is malformed" in " ".join(err.split())
+
+
+def test_what_a_cycle_degraded_is_typed_in_its_record(image) -> None:
+    commit = a_commit(image)
+    good = with_record(
+        commit,
+        degraded=[{"where": "facet", "what": "BRICK.facet_steps", "reason": "not written"}],
+        truncated=True,
+        cited=["a.md:0-10"],
+    )
+    assert effects.check(good)["id"] == "another-commit"
+    for bad in (
+        {"degraded": [{"where": "facet"}]},
+        {"degraded": "everything"},
+        {"truncated": "yes"},
+        {"cited": [3]},
+    ):
+        with pytest.raises(CheckpointError, match="record"):
+            effects.check(with_record(commit, **bad))

@@ -175,6 +175,27 @@ def grounded_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
     return prompts()["grounded"].format(passages=passages_text(passages), request=request)
 
 
+_NOT_FOUND = re.compile(
+    r"\b(do(es)? not (contain|say|mention|include|specify|state|provide|give)|"
+    r"(is|are) not (mentioned|given|stated|specified|found|provided|included)|"
+    r"no (information|mention|details?)|not (in|found in) the (passages|documents|text)|"
+    r"(can ?not|unable to) (find|determine|answer))\b",
+    re.IGNORECASE,
+)
+_CITATION = re.compile(r"\[[^\]]{0,80}\]")
+
+
+def found_nothing(text: str) -> bool:
+    """Whether a grounded answer says the passages do not hold the answer, or says nothing
+    beyond its citations ("Found in [2]." names a place, not an answer)."""
+    from graph.plan import content_words
+
+    body = _CITATION.sub(" ", text.split("\n\nSources: ")[0])
+    substance = content_words(body) - {"found", "passa", "refer", "memor", "sourc"}
+    figure = any(c.isdigit() for c in body)
+    return bool(_NOT_FOUND.search(body)) or (not figure and not substance)
+
+
 def cut_at_sentence(text: str) -> str:
     """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
 

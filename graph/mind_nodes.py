@@ -363,8 +363,10 @@ class Mind:
             grounding = probe(catalog, request, settings.get_float("mind_grounding"))
             cycle_state["grounding"] = grounding.as_dict()
             if grounding.about_catalog:
-                hits = catalog.search(request, GROUNDING_PASSAGES, record=False)
-                cycle_state["passages"] = [passage(h) for h in hits]
+                hits = catalog.search(request, 2 * GROUNDING_PASSAGES, record=False)
+                cycle_state["passages"] = [passage(h) for h in hits[:GROUNDING_PASSAGES]]
+                # The next best, for a second look when the first answer finds nothing.
+                cycle_state["more_passages"] = [passage(h) for h in hits[GROUNDING_PASSAGES:]]
         except Exception as exc:
             _degrade(cycle_state, "retrieval", "the knowledge catalog", _failure("route", exc))
 
@@ -623,6 +625,9 @@ class Mind:
         messages = history(state.get("messages") or [])
         partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
         passages = cycle_state.get("passages") or []
+        second_look = attempt > 1 and cycle_state.get("gate_second_look")
+        if second_look:  # the first passages did not hold it: the next best ones, afresh
+            passages = cycle_state["passages"] = cycle_state.get("more_passages") or passages
         shown = answer.focus(passages, request, settings.get_int("mind_passage_words"))
         if partials:
             messages.append(HumanMessage(answer.answer_prompt(request, partials, shown)))
@@ -631,7 +636,7 @@ class Mind:
         else:
             messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
-        if attempt > 1:
+        if attempt > 1 and not second_look:
             messages += [
                 AIMessage(state.get("response") or ""),
                 HumanMessage(p["retry"].format(reason=cycle_state.get("gate_reason", ""))),
@@ -671,6 +676,11 @@ class Mind:
                     f"the answer repeats itself ({repeats:.0%} of its 4-word phrases occur "
                     f"earlier in it, over {most:.0%}): say each thing once"
                 )
+            elif cycle_state.get("more_passages") and answer.found_nothing(response):
+                # Worth a second look, in the next best passages: an answer ranked sixth to
+                # tenth is still in memory.
+                reason = "the answer found nothing in the passages"
+                cycle_state["gate_second_look"] = True
             elif threshold > -1 and relevance is not None and relevance < threshold:
                 reason = f"the answer's relevance {relevance:.3f} is under {threshold}"
             cem.update(

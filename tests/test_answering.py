@@ -229,3 +229,21 @@ def test_a_passage_is_focused_on_the_sentences_the_question_points_at() -> None:
     )
     [whole] = focus([{"text": text, "chunk_id": 1}], "Who is the curator?", 0)
     assert whole["text"] == text
+
+
+@pytest.mark.parametrize(
+    ("text", "nothing"),
+    [
+        ("Found in [2].", True),
+        ("Found in the reference: [1].", True),
+        ("The passages do not contain the answer.", True),
+        ("It is not mentioned in the documents [3].", True),
+        ("Found: £350 [1].", False),
+        ("Tuesday [2]", False),
+        ("The lighthouse is 31 metres tall [2].\n\nSources: [2] a.md (0–9)", False),
+    ],
+)
+def test_an_answer_that_found_nothing_is_told_apart(text: str, nothing: bool) -> None:
+    from graph.answer import found_nothing
+
+    assert found_nothing(text) is nothing

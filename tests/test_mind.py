@@ -832,3 +832,31 @@ def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -
     assert state["status"] == "COMPLETE", state.get("failure")
     assert state["cycle"]["depth"]["rule"] == "about memory: one answer from its passages"
     assert [call_kind(c) for c in models.calls] == ["answer"]
+
+
+def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    from store.catalog import KnowledgeCatalog
+    from store.ingest import ingest_paths
+
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "-1")
+    for n in range(8):
+        (tmp_path / f"ferry{n}.md").write_text(f"# Ferry {n}\n\nFerry number {n} runs daily.")
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, sorted(tmp_path.glob("*.md")))
+    replies = iter(["Found in [2].", "Ferry 7 runs daily [1]."])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    state = run(
+        image, mind(models, FakeRouter(("BABS",)), catalog=catalog), "which ferry runs daily"
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    first, second = models.of("answer")
+    assert second.text.startswith("Retrieved passages follow") and "Found in" not in second.text
+
+    def cited(call: ModelCall) -> set[str]:  # the passages a prompt shows, by citation
+        return {x.split(" ", 1)[1] for x in call.text.splitlines() if x[:1] == "["}
+
+    assert len(cited(second)) == 3 and not cited(first) & cited(second)
+    assert state["response"].startswith("Ferry 7 runs daily [1].")
+    assert state["cycle"]["synthesis_attempts"] == 2 and state["cycle"]["degraded"] == []

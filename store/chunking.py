@@ -29,6 +29,10 @@ import numpy as np
 
 #: Default chunk budget in model tokens (all-MiniLM-L6-v2 reads 256 at most).
 MAX_TOKENS = 200
+#: Smallest budget accepted. semchunk cannot cut below one character, and one character can
+#: be several tokens (a Hangul syllable is three word pieces, a byte-level BPE spends up to
+#: four); below that, it recurses until Python's recursion limit.
+MIN_TOKENS = 8
 #: Units on each side of a candidate boundary whose mean vectors are compared; single
 #: sentences are too noisy (two sentences on one topic often share few words).
 WINDOW = 3
@@ -47,10 +51,22 @@ ABBREVIATIONS = frozenset(
     "dr mr mrs ms prof sr jr st vs etc e.g i.e cf fig no vol al approx dept est".split()
 )
 
-_PARAGRAPH = re.compile(r"\n[ \t]*\n+")
+#: A word before a full stop that is longer than this is no abbreviation.
+_LONGEST_ABBREVIATION = max(map(len, ABBREVIATIONS))
+_CLOSERS = "\"')]"
+_OPENERS = "(\"'"
+
+# _split cuts at the ``gap`` group of each match, whitespace only: what a match holds before
+# its gap (a full stop, a closing quote) stays in the sentence it ends, so the spans cover
+# every character that is not whitespace.
+#
+# A paragraph ends at a blank line, whatever the line endings (LF, CRLF or CR).
+_PARAGRAPH = re.compile(r"(?P<gap>(?:\r\n?|\n)(?:[^\S\r\n]*(?:\r\n?|\n))+)")
 # A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by whitespace; a
 # line that starts a heading or a list item starts a new sentence too.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n(?=[ \t]*(?:#{1,6}\s|[-*+]\s|\d+[.)]\s))")
+_SENTENCE_END = re.compile(
+    r"(?:[.!?][\"')\]]*|(?=[\r\n][ \t]*(?:#{1,6}\s|[-*+]\s|\d+[.)]\s)))(?P<gap>\s+)"
+)
 
 
 class Encoder(Protocol):
@@ -120,10 +136,24 @@ def sentences(text: str) -> list[tuple[int, int]]:
 
 
 def _abbreviated(text: str, start: int, end: int) -> bool:
-    """Whether the span ends in an abbreviation or an initial rather than a full stop."""
-    if text[end - 1] != ".":
+    """Whether the span ends in an abbreviation or an initial rather than a full stop.
+
+    Only the span's last word is read (scanning the whole of a span that has grown by many
+    merges would make a text of initials quadratic), and no further than an abbreviation's
+    length: a longer word is not one.
+    """
+    stop = end
+    while stop > start and text[stop - 1] in _CLOSERS:
+        stop -= 1
+    stop -= 1  # the full stop
+    if stop < start or text[stop] != ".":
         return False
-    word = text[start : end - 1].rsplit(None, 1)[-1].lower().lstrip("(\"'")
+    first = stop
+    while first > start and not text[first - 1].isspace():
+        first -= 1
+        if stop - first > _LONGEST_ABBREVIATION + len(_OPENERS):
+            return False
+    word = text[first:stop].lower().lstrip(_OPENERS)
     return word in ABBREVIATIONS or (len(word) == 1 and word.isalpha())
 
 
@@ -131,8 +161,8 @@ def _split(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tu
     spans = []
     cursor = start
     for match in pattern.finditer(text, start, end):
-        spans.append((cursor, match.start()))
-        cursor = match.end()
+        spans.append((cursor, match.start("gap")))
+        cursor = match.end("gap")
     spans.append((cursor, end))
     return [s for s in (_strip(text, a, b) for a, b in spans) if s[1] > s[0]]
 
@@ -147,6 +177,8 @@ def _strip(text: str, start: int, end: int) -> tuple[int, int]:
 
 def plan(text: str, encoder: Encoder, max_tokens: int = MAX_TOKENS) -> Plan:
     """Units of ``text`` packed greedily into chunks within ``max_tokens`` (cheap: no model)."""
+    if max_tokens < MIN_TOKENS:
+        raise ValueError(f"a chunk budget of {max_tokens} tokens is below {MIN_TOKENS}")
     units: list[tuple[int, int]] = []
     tokens: list[int] = []
     spans = sentences(text)

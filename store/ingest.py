@@ -6,8 +6,9 @@ little), and prepared documents are written one commit every ``catalog_commit_se
 or ``catalog_commit_chunks`` chunks, whichever comes first — so a kill loses a few seconds —
 each document inside its own savepoint so a failing one leaves no trace and the rest of its
 batch still commits. An unchanged file (same content hash) is skipped; a changed one replaces
-its chunks and drops the curator's summaries of its old text. A file that cannot be read gets
-a ``DocumentError`` in the report and the batch goes on.
+its chunks and drops the curator's summaries of its old text. A file that cannot be read
+(missing, unreadable, no regular file, not UTF-8, a PDF the parser fails on, too large) or
+cut into chunks gets a ``DocumentError`` naming it in the report, and the batch goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from __future__ import annotations
 import codecs
 import hashlib
 import logging
+import os
+import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +29,9 @@ import numpy as np
 from transaction.interfaces import TransientError
 
 from batos import settings
-from batos.errors import DocumentError
+from batos.errors import BatosError, ConfigurationError, DocumentError
 from store.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
-from store.chunking import Plan, finish, plan
+from store.chunking import MIN_TOKENS, Plan, finish, plan
 from store.curator import unfold
 
 log = logging.getLogger("batos.ingest")
@@ -43,6 +47,9 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16"),
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Characters of an exception's text kept in a file's error (the rest is cut off).
+_REASON_CHARS = 300
 
 
 @dataclass
@@ -78,18 +85,7 @@ FIRST_ROUND = 16
 def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str, str]:
     """(text, format, content hash) of one file, or a ``DocumentError`` saying what is wrong."""
     limit = max_bytes if max_bytes is not None else settings.get_int("catalog_max_bytes")
-    try:
-        size = path.stat().st_size
-        if size > limit:
-            raise DocumentError(
-                f"{path} is {size:,} bytes, over the {limit:,}-byte limit",
-                hint="split it, or raise BATOS_CATALOG_MAX_BYTES",
-            )
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DocumentError(f"no such file: {path}", hint="check the path") from None
-    except OSError as exc:
-        raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    data = _read_bytes(path, limit)
     if not data.strip():
         raise DocumentError(f"{path} is empty", hint="nothing to ingest; remove it from the list")
     suffix = path.suffix.lower()
@@ -100,12 +96,74 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     else:
         text = _decode(path, data)
         fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
+    text = _well_formed(text)
     if not text.strip():
         raise DocumentError(
             f"{path} has no text to index",
             hint="a scanned PDF needs OCR first; an HTML page may carry only scripts",
         )
     return text, fmt, hashlib.sha256(data).hexdigest()
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file, at most ``limit`` of them however the file grows meanwhile.
+
+    Opened without blocking and checked on the open descriptor: a pipe or a device named
+    among the files would otherwise hang the run, or read without end.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DocumentError(f"no such file: {path}", hint="check the path") from None
+    except PermissionError as exc:
+        raise DocumentError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            hint="check its permissions (ls -l), or run as a user who may read it",
+        ) from None
+    except OSError as exc:
+        raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise DocumentError(
+                    f"{path} is not a regular file (a folder, pipe, socket or device)",
+                    hint="ingest files, or folders to walk for them",
+                )
+            if info.st_size > limit:
+                raise _too_large(path, info.st_size, limit)
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise _too_large(path, len(data), limit)
+    return data
+
+
+def _too_large(path: Path, size: int, limit: int) -> DocumentError:
+    return DocumentError(
+        f"{path} is {size:,} bytes, over the {limit:,}-byte limit",
+        hint="split it, or raise BATOS_CATALOG_MAX_BYTES",
+    )
+
+
+def _well_formed(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (pairs joined into their character).
+
+    pypdf decodes a PDF's character maps with "surrogatepass": a broken map leaves halves of
+    UTF-16 pairs in the text, which neither the tokenizer nor UTF-8 accepts.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc`` as one bounded line for a file's error."""
+    said = " ".join(str(exc).split())
+    if len(said) > _REASON_CHARS:
+        said = said[: _REASON_CHARS - 1] + "…"
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -143,7 +201,7 @@ def _html_text(path: Path, markup: str) -> str:
             tag.decompose()
         lines = soup.get_text("\n").splitlines()
     except Exception as exc:  # a parser bug on one odd page must not end the batch
-        raise DocumentError(f"{path} is not readable HTML: {type(exc).__name__}: {exc}") from exc
+        raise DocumentError(f"{path} is not readable HTML: {_reason(exc)}") from exc
     blocks = (line.strip() for line in lines)
     # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
     return "\n\n".join(line for line in blocks if line)
@@ -165,22 +223,50 @@ def _pdf_text(path: Path, data: bytes) -> str:
         # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
         # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.
         raise DocumentError(
-            f"{path} is not a readable PDF: {type(exc).__name__}: {exc}",
+            f"{path} is not a readable PDF: {_reason(exc)}",
             hint="open and re-save it with a PDF tool, or extract its text another way",
         ) from exc
     return "\n\n".join(page.strip() for page in pages if page.strip())
 
 
 def expand(paths: Iterable[Path]) -> Iterator[Path]:
-    """Files named, and supported files under folders named (sorted, hidden ones skipped)."""
+    """Files named, and supported files under folders named (sorted, hidden ones skipped).
+
+    A folder that cannot be listed is yielded itself, so that reading it reports it by name
+    rather than its files going missing without a word.
+    """
     for path in paths:
-        if path.is_dir():
-            for child in sorted(path.rglob("*")):
-                hidden = any(part.startswith(".") for part in child.relative_to(path).parts)
-                if child.is_file() and not hidden and child.suffix.lower() in SUPPORTED:
-                    yield child
-        else:
+        if not _is_folder(path):
             yield path
+            continue
+        found: list[Path] = []
+        unlisted: list[OSError] = []
+        for folder, subfolders, names in os.walk(path, onerror=unlisted.append):
+            subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+            found.extend(
+                Path(folder, name)
+                for name in names
+                if not name.startswith(".")
+                and Path(name).suffix.lower() in SUPPORTED
+                and _is_file(Path(folder, name))
+            )
+        found.extend(Path(error.filename or path) for error in unlisted)
+        yield from sorted(found)
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # no permission to look: reading it will say so
+        return False
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a folder's entry is a file to read (not a pipe, socket or dangling link)."""
+    try:
+        return path.is_file()
+    except OSError:  # no permission to look: reading it will say so
+        return True
 
 
 # -- preparing and writing -----------------------------------------------------------------
@@ -208,7 +294,25 @@ def _plan(
     # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
     # budget would make chunks whose tail is never embedded.
     max_tokens = min(settings.get_int("catalog_chunk_tokens"), catalog.embedder.max_tokens - 2)
-    packed = plan(text, catalog.embedder, max_tokens)
+    if max_tokens < MIN_TOKENS:
+        raise ConfigurationError(
+            f"BATOS_CATALOG_CHUNK_TOKENS={max_tokens} is below the {MIN_TOKENS} tokens a chunk "
+            "needs at least",
+            hint=f"set it between {MIN_TOKENS} and {catalog.embedder.max_tokens - 2}, or unset it",
+        )
+    try:
+        packed = plan(text, catalog.embedder, max_tokens)
+    except BatosError:
+        raise
+    except Exception as exc:
+        # The chunker is meant to take any text; if one still breaks it, that is this
+        # file's failure to report (with the traceback under -v), not the end of the run.
+        log.warning("could not chunk %s", source, exc_info=True)
+        raise DocumentError(
+            f"{source} could not be cut into chunks: {_reason(exc)}",
+            hint="a bug in BAT OS's chunker: please report it with this file; "
+            "the other files were ingested",
+        ) from exc
     if not packed.chunks:
         raise DocumentError(f"{source} produced no chunks")
     return _Pending(source, content_hash, fmt, dict(metadata or {}), packed)
@@ -379,12 +483,16 @@ def ingest_paths(
 
     try:
         for path in expand(paths):
-            source = str(path.resolve())
             try:
                 text, fmt, content_hash = read_document(path)
+                source = _source(path)
                 report.bytes += len(text.encode("utf-8", "surrogatepass"))
                 known = catalog.document(source)
-                if known is not None and known["content_hash"] == content_hash:
+                # A file reached again under another name (a linked folder) is the same
+                # document: once in a run, or its outcomes would be told under one name.
+                if source in paths_of or (
+                    known is not None and known["content_hash"] == content_hash
+                ):
                     report.unchanged.append(str(path))
                     tell(path, "unchanged")
                     continue
@@ -413,6 +521,14 @@ def ingest_paths(
     return report
 
 
+def _source(path: Path) -> str:
+    """The name a file's document is kept under: its absolute path, links resolved."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise DocumentError(f"cannot resolve {path}: {_reason(exc)}") from None
+
+
 def ingest_text(
     catalog: KnowledgeCatalog,
     source: str,
@@ -422,6 +538,7 @@ def ingest_text(
     metadata: dict[str, Any] | None = None,
 ) -> str:
     """Ingest a text held in memory under the name ``source``; returns the outcome."""
+    text = _well_formed(text)
     content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
     known = catalog.document(source)
     if known is not None and known["content_hash"] == content_hash:

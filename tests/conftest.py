@@ -11,10 +11,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from pgcluster import PostgresCluster, PostgresUnavailable
 
 from store.image import LivingImage
 from store.zeo import ZeoServer
+
+# Property-based tests: the same examples on every run (a failure in CI replays anywhere),
+# and no example database written into the tree. `pytest --hypothesis-profile=deep` explores
+# many more, at random.
+settings.register_profile(
+    "batos",
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,  # a loaded machine slows examples down; the test timeout still applies
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile(
+    "deep", settings.get_profile("batos"), max_examples=5000, derandomize=False
+)
+settings.load_profile("batos")
 
 #: Every kind of image, and those that outlive the process that wrote them.
 IMAGE_KINDS = ("memory", "file", "zeo", "postgres")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
 from rich.console import Console
 
 from graph.cli import main
@@ -214,3 +215,50 @@ def test_progress_lines_are_spaced_by_the_setting(monkeypatch: pytest.MonkeyPatc
         "curate: 1/4 clusters, 1 folded [0s]",
         "curate: 4/4 clusters, 4 folded [0s]",
     ]
+
+
+def test_ingest_reports_each_bad_file_by_name_and_commits_the_rest(file_uri, tmp_path) -> None:
+    """Through the command, as a user runs it: files the chunker once crashed on, a PDF
+    whose text holds lone surrogates, bad files, a pipe and a link loop named on the
+    command line. Each bad one is named with its reason, the rest is searchable."""
+    folder = tmp_path / "docs"
+    (folder / "purrd").mkdir(parents=True)
+    (folder / "purrd" / "copyright").write_text(DEBIAN_COPYRIGHT)
+    (folder / "a-sentence.txt").write_text("Hello.\n\n. Next. A sentence. . Another one.")
+    (folder / "penguins.pdf").write_bytes(make_pdf("Penguins swim. A map.", BROKEN_TO_UNICODE))
+    (folder / "latin1.txt").write_bytes("café crème".encode("latin-1"))
+    (folder / "broken.pdf").write_bytes(b"%PDF-1.4\nthis is not a pdf at all")
+    pipe = tmp_path / "pipe.txt"
+    os.mkfifo(pipe)
+    loop = tmp_path / "loop.txt"
+    loop.symlink_to(tmp_path / "loop2.txt")
+    (tmp_path / "loop2.txt").symlink_to(loop)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "graph.cli", "--image", file_uri]
+    done = subprocess.run(
+        [*command, "ingest", str(pipe), str(loop), str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # reading the pipe would block for ever
+        check=False,
+    )
+    assert done.returncode == 9, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "added 3, replaced 0, unchanged 0, failed 4;" in done.stdout
+    err = flat(done.stderr)
+    assert flat(f"{pipe} is not a regular file") in err
+    assert flat(f"cannot read {loop}: Too many levels of symbolic links") in err
+    assert flat(f"{folder / 'latin1.txt'} is not UTF-8") in err
+    assert flat(f"{folder / 'broken.pdf'} is not a readable PDF") in err
+    assert flat("4 of 7 file(s) were not ingested") in err
+    done = subprocess.run(
+        [*command, "search", "complete text of the GNU General Public License", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    [line] = [json.loads(x) for x in done.stdout.splitlines()]
+    assert line["results"][0]["source"] == str(folder / "purrd" / "copyright")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
 
-from batos.errors import CatalogError, DocumentError
+from batos.errors import CatalogError, ConfigurationError, DocumentError
 from store.catalog import KnowledgeCatalog
-from store.chunking import chunk_and_embed
+from store.chunking import MIN_TOKENS, chunk_and_embed
 from store.embeddings import FLOAT32, INT8, Embedder
 from store.image import LivingImage
 from store.ingest import ingest_paths, ingest_text, read_document
@@ -29,39 +32,13 @@ def catalog(memory_image: LivingImage, embedder: Embedder) -> KnowledgeCatalog:
     return KnowledgeCatalog.open(memory_image, embedder)
 
 
-def _pdf(text: str) -> bytes:
-    """A minimal one-page PDF showing ``text`` in Helvetica, with a correct xref table."""
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode("latin-1")
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
-
-
 def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Cats\n\n" + CATS)
     (tmp_path / "b.html").write_text(
         "<html><head><script>steal()</script><style>p{}</style></head>"
         f"<body><h1>Dogs</h1><p>{DOGS}</p></body></html>"
     )
-    (tmp_path / "c.pdf").write_bytes(_pdf("Penguins cannot fly but swim very well."))
+    (tmp_path / "c.pdf").write_bytes(make_pdf("Penguins cannot fly but swim very well."))
     (tmp_path / "d.txt").write_bytes(b"\xef\xbb\xbf" + BIRDS.encode())
     md, fmt, _ = read_document(tmp_path / "a.md")
     assert fmt == "markdown" and md.startswith("# Cats")
@@ -208,9 +185,9 @@ def test_any_pdf_parser_failure_is_that_files_error(
     tmp_path: Path, catalog: KnowledgeCatalog
 ) -> None:
     # A mangled trailer makes pypdf raise AttributeError, outside its own exception tree.
-    mangled = _pdf("Penguins cannot fly.").replace(b"trailer\n<<", b"trailer\n<>><")
+    mangled = make_pdf("Penguins cannot fly.").replace(b"trailer\n<<", b"trailer\n<>><")
     (tmp_path / "a_mangled.pdf").write_bytes(mangled)
-    (tmp_path / "b_good.pdf").write_bytes(_pdf("Penguins cannot fly but swim very well."))
+    (tmp_path / "b_good.pdf").write_bytes(make_pdf("Penguins cannot fly but swim very well."))
     (tmp_path / "c_good.txt").write_text(CATS)
     report = ingest_paths(catalog, [tmp_path])
     assert sorted(Path(p).name for p in report.added) == ["b_good.pdf", "c_good.txt"]
@@ -229,6 +206,125 @@ def test_a_missing_path_is_reported_like_any_bad_file(
     [(path, error)] = report.failed
     assert path == str(tmp_path / "nowhere.txt")
     assert error.message.startswith("no such file") and error.hint == "check the path"
+
+
+def test_a_file_the_chunker_fails_on_is_reported_and_the_rest_committed(
+    tmp_path: Path, memory_image: LivingImage
+) -> None:
+    """However the chunker breaks on one file's text, that file fails by name, with the
+    reason; the others are ingested and committed."""
+
+    class BrittleTokenizer(Embedder):
+        def token_starts(self, text: str) -> np.ndarray:
+            if "poison" in text:
+                raise IndexError("list index out of range")
+            return super().token_starts(text)
+
+    for name, text in (("a.txt", CATS), ("b.txt", "A poison pill. " * 3), ("c.txt", DOGS)):
+        (tmp_path / name).write_text(text)
+    catalog = KnowledgeCatalog.open(memory_image, BrittleTokenizer(INT8))
+    report = ingest_paths(catalog, [tmp_path])
+    assert sorted(Path(p).name for p in report.added) == ["a.txt", "c.txt"]
+    [(path, error)] = report.failed
+    assert path == str(tmp_path / "b.txt") and isinstance(error, DocumentError)
+    assert "b.txt could not be cut into chunks: IndexError: list index out of range" in (
+        error.message
+    )
+    assert "report it" in error.hint
+    assert report.commits == 1 and catalog.stats()["documents"] == 2
+
+
+def test_a_debian_copyright_file_is_ingested(tmp_path: Path, catalog: KnowledgeCatalog) -> None:
+    (tmp_path / "copyright").write_text(DEBIAN_COPYRIGHT)
+    report = ingest_paths(catalog, [tmp_path])
+    assert report.added == [str(tmp_path / "copyright")] and not report.failed
+    [hit] = catalog.search("where is the complete text of the GPL on Debian", 1)
+    assert hit.source == str(tmp_path / "copyright")
+    assert DEBIAN_COPYRIGHT[hit.start : hit.end] == hit.text
+
+
+def test_a_pdf_whose_character_map_yields_lone_surrogates_is_ingested(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    """The tokenizer refuses lone surrogates: they become U+FFFD, the rest of the text stays."""
+    path = tmp_path / "broken-map.pdf"
+    path.write_bytes(make_pdf("Penguins swim. A broken map.", BROKEN_TO_UNICODE))
+    text, fmt, _ = read_document(path)
+    assert text == "Penguins swim. \ufffd broken map." and fmt == "pdf"
+    report = ingest_paths(catalog, [path])
+    assert report.added == [str(path)] and not report.failed
+    assert catalog.search("penguins", 1)[0].source == str(path)
+    assert ingest_text(catalog, "memo", "half a pair \ud83d here") == "added"
+    assert catalog.chunk_texts("memo")[0][2] == "half a pair \ufffd here"
+
+
+def test_pipes_links_in_a_loop_and_vanished_files_fail_alone(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    """Named files that are no regular file are refused without reading (a pipe would block
+    the run for ever); a link loop and a file deleted after the listing are reported."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for name, text in (("a.txt", CATS), ("b.txt", DOGS), ("c.txt", BIRDS)):
+        (folder / name).write_text(text)
+    pipe = tmp_path / "pipe.txt"
+    os.mkfifo(pipe)
+    loop = tmp_path / "loop.txt"
+    loop.symlink_to(tmp_path / "loop2.txt")
+    (tmp_path / "loop2.txt").symlink_to(loop)
+
+    listed = sorted(folder.iterdir())
+
+    def files_deleting_b_once_a_is_read() -> Iterator[Path]:
+        yield from (pipe, loop, listed[0])
+        listed[1].unlink()  # after the listing, while the batch runs
+        yield from listed[1:]
+
+    report = ingest_paths(catalog, files_deleting_b_once_a_is_read())
+    assert sorted(Path(p).name for p in report.added) == ["a.txt", "c.txt"]
+    failed = {Path(p).name: e for p, e in report.failed}
+    assert set(failed) == {"pipe.txt", "loop.txt", "b.txt"}
+    assert "not a regular file" in failed["pipe.txt"].message
+    assert "symbolic links" in failed["loop.txt"].message
+    assert failed["b.txt"].message == f"no such file: {folder / 'b.txt'}"
+    assert catalog.stats()["documents"] == 2
+
+
+def test_an_unreadable_file_and_an_unlistable_folder_are_reported_by_name(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "a.txt").write_text(CATS)
+    (tmp_path / "locked.txt").write_text(DOGS)
+    (tmp_path / "locked.txt").chmod(0)
+    try:
+        (tmp_path / "locked.txt").read_bytes()
+    except PermissionError:
+        pass
+    else:
+        pytest.skip("this process reads files whatever their permissions (root)")
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "closed" / "inside.txt").write_text(BIRDS)
+    (tmp_path / "closed").chmod(0)
+    try:
+        report = ingest_paths(catalog, [tmp_path])
+    finally:
+        (tmp_path / "closed").chmod(0o755)
+    assert report.added == [str(tmp_path / "a.txt")]
+    failed = {Path(p).name: e for p, e in report.failed}
+    assert set(failed) == {"locked.txt", "closed"}
+    assert all(
+        "Permission denied" in e.message and "permissions" in e.hint for e in failed.values()
+    )
+
+
+def test_a_chunk_budget_below_the_minimum_is_refused_before_any_file(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_CATALOG_CHUNK_TOKENS", str(MIN_TOKENS - 1))
+    (tmp_path / "a.txt").write_text(CATS)
+    with pytest.raises(ConfigurationError, match="BATOS_CATALOG_CHUNK_TOKENS=7 is below"):
+        ingest_paths(catalog, [tmp_path])
+    assert catalog.stats()["documents"] == 0
 
 
 # -- commits by time, encoders ---------------------------------------------------------

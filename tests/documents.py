@@ -1,0 +1,69 @@
+"""Documents for ingest tests, made in memory: a minimal PDF, a Debian copyright file."""
+
+from __future__ import annotations
+
+#: A ToUnicode map sending the letter A to half of a UTF-16 surrogate pair: pypdf, which
+#: decodes these maps with "surrogatepass", hands back a lone surrogate for every A shown.
+BROKEN_TO_UNICODE = b"""/CIDInit /ProcSet findresource begin
+12 dict begin
+begincmap
+1 begincodespacerange
+<00> <FF>
+endcodespacerange
+1 beginbfchar
+<41> <D800>
+endbfchar
+endcmap
+CMapName currentdict /CMap defineresource pop
+end
+end"""
+
+#: The shape of the copyright file Debian installs with each package (DEP-5): a lone "."
+#: stands for an empty line in a continued field, and ended the old sentence splitter.
+DEBIAN_COPYRIGHT = """\
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: purrd
+Source: https://example.org/purrd
+
+Files: *
+Copyright: 2019-2024 Felix Catus <felix@example.org>
+License: GPL-2+
+ This program is free software; you can redistribute it and/or modify it under the
+ terms of the GNU General Public License as published by the Free Software Foundation.
+ .
+ This program is distributed in the hope that it will be useful, but WITHOUT ANY
+ WARRANTY.
+ .
+ On Debian systems, the complete text of the GNU General Public License version 2 can
+ be found in "/usr/share/common-licenses/GPL-2".
+"""
+
+
+def make_pdf(text: str, to_unicode: bytes | None = None) -> bytes:
+    """A one-page PDF showing ``text`` in Helvetica, with a correct xref table, and with
+    ``to_unicode`` as the font's ToUnicode map if given."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode("latin-1")
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        font + (b" /ToUnicode 6 0 R >>" if to_unicode else b" >>"),
+    ]
+    if to_unicode:
+        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(to_unicode), to_unicode))
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)

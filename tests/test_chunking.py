@@ -1,0 +1,225 @@
+"""The sentence splitter and the chunker take any text.
+
+Properties over arbitrary text (hypothesis, with the "batos" profile of conftest.py): no
+exception; spans in order, disjoint, inside the text, without surrounding whitespace, and
+covering every character that is not whitespace; chunks within the token budget; topic cuts
+that only split chunks. Then the texts that broke them once, as plain examples.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store.chunking import MIN_TOKENS, finish, plan, sentences
+from store.embeddings import Embedder
+
+#: Every whitespace character of the Basic Multilingual Plane (str.isspace, as the splitter).
+WHITESPACE = [chr(c) for c in range(0x10000) if chr(c).isspace()]
+#: Pieces that trip sentence splitters: lone and repeated punctuation, closing quotes,
+#: abbreviations and initials, every kind of line break and blank line, heading and list
+#: markers, a word far longer than any token, and characters a tokenizer cuts into several
+#: word pieces (Hangul), changes in length (İ), or drops (zero-width space, NUL, BOM).
+PIECES = [
+    ".",
+    " .",
+    ". ",
+    " .\n",
+    "..",
+    "...",
+    ". .",
+    "!",
+    "?",
+    "?!",
+    "?) ",
+    '"',
+    "'",
+    ")",
+    "]",
+    "(",
+    ".)",
+    '."',
+    "Dr.",
+    "e.g.",
+    "J.",
+    "(cf.",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\r\n\r\n",
+    "\r",
+    "\n \t\n",
+    "\u00a0",
+    "\u2028",
+    "\u2029",
+    "\u3000",
+    "\x0c",
+    "# ",
+    "### ",
+    "- ",
+    "* ",
+    "1. ",
+    "2) ",
+    "word",
+    "Sentence",
+    "x" * 300,
+    "가각힝",
+    "İstanbul",
+    "e\u0301",
+    "\u0301",
+    "\u200b",
+    "\x00",
+    "\ufeff",
+    "🙂",
+    "日本語。",
+]
+TEXTS = st.one_of(
+    st.lists(st.sampled_from(PIECES), max_size=150).map("".join),
+    st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=8)), max_size=60).map("".join),
+    st.lists(st.sampled_from(PIECES), min_size=1, max_size=6).map(lambda p: "".join(p) * 40),
+    st.text(),  # any code points but lone surrogates (no file decodes to those)
+    st.text(st.sampled_from(WHITESPACE)),
+)
+BUDGETS = st.sampled_from([MIN_TOKENS, MIN_TOKENS + 1, 13, 40, 200])
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Embedder:
+    """The catalog's encoder; the chunker only uses its tokenizer (no model is loaded)."""
+    return Embedder()
+
+
+def _assert_spans_hold(text: str, spans: list[tuple[int, int]]) -> None:
+    """Spans in order, disjoint, inside ``text``, trimmed, and only whitespace between."""
+    cursor = 0
+    for start, end in spans:
+        assert cursor <= start < end <= len(text), (spans, len(text))
+        assert not text[start].isspace() and not text[end - 1].isspace(), (start, end)
+        assert text[cursor:start].isspace() or cursor == start, (cursor, start)
+        cursor = end
+    assert not text[cursor:].strip(), "text after the last span"
+
+
+# The splitter alone is cheap: ten times the profile's examples (so ten times "deep" too).
+@settings(max_examples=10 * settings.default.max_examples)
+@given(TEXTS)
+def test_sentences_hold_any_text(text: str) -> None:
+    _assert_spans_hold(text, sentences(text))
+
+
+@given(TEXTS, BUDGETS)
+def test_chunks_hold_any_text_within_the_budget(encoder: Embedder, text: str, budget: int) -> None:
+    packed = plan(text, encoder, budget)
+    _assert_spans_hold(text, packed.units)
+    assert len(packed.tokens) == len(packed.units)
+    # A unit is a sentence or a piece of one: never across a sentence boundary.
+    bounds = sentences(text)
+    for start, end in packed.units:
+        assert any(a <= start and end <= b for a, b in bounds), (start, end)
+    # Chunks are runs of units, in order, each unit in exactly one.
+    flat = [i for first, last in packed.chunks for i in range(first, last)]
+    assert flat == list(range(len(packed.units)))
+    assert all(last > first for first, last in packed.chunks)
+    assert all(encoder.count_tokens(t) <= budget for t in packed.texts())
+
+
+@given(TEXTS, BUDGETS, st.data())
+def test_topic_cuts_only_split_chunks(
+    encoder: Embedder, text: str, budget: int, data: st.DataObject
+) -> None:
+    """Whatever the units' vectors say, the pieces are parts of chunks, cover every unit
+    once, and a piece keeps its chunk's vector only when the chunk was not cut."""
+    packed = plan(text, encoder, budget)
+    topics = data.draw(st.lists(st.integers(0, 3), min_size=len(packed.units)))
+    basis = np.eye(4, dtype=np.float32)
+    sums = [
+        basis[topics[first:last]] * np.asarray(packed.tokens[first:last], np.float32)[:, None]
+        for first, last in packed.chunks
+    ]
+    counts = [np.asarray(packed.tokens[first:last]) for first, last in packed.chunks]
+    vectors = np.arange(4 * len(packed.chunks), dtype=np.float32).reshape(-1, 4)
+    pieces, found = finish(packed, vectors, sums, counts)
+    _assert_spans_hold(text, [(p.start, p.end) for p in pieces])
+    assert all(p.text == text[p.start : p.end] for p in pieces)
+    starts = [a for a, _ in packed.units]
+    for (first, last), chunk_vector in zip(packed.chunks, vectors, strict=True):
+        low, high = packed.units[first][0], packed.units[last - 1][1]
+        inside = [i for i, p in enumerate(pieces) if low <= p.start < high]
+        assert pieces[inside[0]].start == low and pieces[inside[-1]].end == high
+        assert all(pieces[i].end <= high and pieces[i].start in starts for i in inside)
+        if len(inside) == 1:
+            assert np.array_equal(found[inside[0]], chunk_vector)
+        else:
+            assert all(found[i] is None for i in inside)
+    assert all(encoder.count_tokens(p.text) <= budget for p in pieces)
+
+
+# -- the texts that broke it ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Hello.\n\n. Next.", ["Hello.", ".", "Next."]),
+        ("A sentence. . Another one.", ["A sentence.", ".", "Another one."]),
+        # Debian copyright files mark empty lines with a lone "." in continuation lines.
+        (
+            "License: X\n .\n This is free.\n .\n On Debian systems.",
+            ["License: X\n .", "This is free.", ".", "On Debian systems."],
+        ),
+    ],
+)
+def test_a_lone_full_stop_is_a_sentence_not_a_crash(text: str, expected: list[str]) -> None:
+    assert [text[a:b] for a, b in sentences(text)] == expected
+
+
+def test_closing_quotes_and_brackets_stay_with_their_sentence() -> None:
+    text = 'He said "Hi." Then (see Dr.) Smith left. Why?) Fine.'
+    assert [text[a:b] for a, b in sentences(text)] == [
+        'He said "Hi."',
+        "Then (see Dr.) Smith left.",
+        "Why?)",
+        "Fine.",
+    ]
+
+
+def test_blank_lines_end_paragraphs_whatever_the_line_endings() -> None:
+    for newline in ("\n", "\r\n", "\r"):
+        text = newline.join(["Intro", "", "Body one. Body two", "- item", "  ", "End"])
+        assert [text[a:b] for a, b in sentences(text)] == [
+            "Intro",
+            "Body one.",
+            "Body two",
+            "- item",
+            "End",
+        ], repr(newline)
+
+
+def test_a_text_of_initials_splits_in_linear_time() -> None:
+    """Each merge of an abbreviation with the next sentence used to copy the whole merged
+    span again: two megabytes of initials took twenty seconds, plain sentences one."""
+    count = 500_000
+    began = time.perf_counter()
+    sentences("Jo. " * count)
+    plain = time.perf_counter() - began
+    began = time.perf_counter()
+    assert len(sentences("J. " * count + "end")) == 1
+    initials = time.perf_counter() - began
+    assert initials < 4 * plain + 1.0, (initials, plain)
+
+
+def test_a_budget_below_a_characters_tokens_is_refused(encoder: Embedder) -> None:
+    """semchunk cannot cut inside a character: with a budget under one Hangul syllable's
+    three word pieces it recursed until Python's limit."""
+    assert encoder.count_tokens("힝") == 3
+    with pytest.raises(ValueError, match=f"below {MIN_TOKENS}"):
+        plan("힝", encoder, 2)
+    packed = plan("힝" * 50, encoder, MIN_TOKENS)
+    assert all(encoder.count_tokens(t) <= MIN_TOKENS for t in packed.texts())

@@ -192,6 +192,14 @@ def _decode(path: Path, data: bytes) -> str:
         ) from None
 
 
+_HTML_BLOCKS = (
+    "p div section article header footer main nav aside h1 h2 h3 h4 h5 h6 ul ol li dl dt dd "
+    "table thead tbody tfoot tr caption blockquote pre figure figcaption address hr title "
+    "details summary form fieldset legend"
+).split()
+_HTML_CELLS = ["td", "th"]
+
+
 def _html_text(path: Path, markup: str) -> str:
     from bs4 import BeautifulSoup
 
@@ -199,12 +207,22 @@ def _html_text(path: Path, markup: str) -> str:
         soup = BeautifulSoup(markup, "html.parser")
         for tag in soup(["script", "style", "noscript", "template"]):
             tag.decompose()
-        lines = soup.get_text("\n").splitlines()
+        # Block elements become paragraphs, table cells are set apart on their row, and inline
+        # elements (<b>, <a>, <span>…) stay inside their sentence: "built in <b>1931</b>." is
+        # one sentence, not three paragraphs.
+        for tag in soup.find_all("br"):
+            tag.replace_with("\n")
+        for tag in soup.find_all(_HTML_CELLS):
+            tag.insert_after(" | ")
+        for tag in soup.find_all(_HTML_BLOCKS):
+            tag.insert_before("\n\n")
+            tag.insert_after("\n\n")
+        text = soup.get_text()
     except Exception as exc:  # a parser bug on one odd page must not end the batch
         raise DocumentError(f"{path} is not readable HTML: {_reason(exc)}") from exc
-    blocks = (line.strip() for line in lines)
+    lines = (" ".join(line.split()).strip(" |") for line in text.splitlines())
     # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
-    return "\n\n".join(line for line in blocks if line)
+    return "\n\n".join(line for line in lines if line)
 
 
 def _pdf_text(path: Path, data: bytes) -> str:

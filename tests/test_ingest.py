@@ -32,6 +32,23 @@ def catalog(memory_image: LivingImage, embedder: Embedder) -> KnowledgeCatalog:
     return KnowledgeCatalog.open(memory_image, embedder)
 
 
+def test_html_inline_tags_stay_in_their_sentence_and_cells_on_their_row(tmp_path: Path) -> None:
+    (tmp_path / "museum.html").write_text(
+        "<html><body><h1>The lens</h1><p>It was installed in <b>1931</b>. Visit us "
+        "at <a href='/map'>4 Quay Street</a>, opposite the pier.</p>"
+        "<table><tr><th>Ticket</th><th>Price</th></tr><tr><td>Adult</td><td>£9.00</td></tr>"
+        "</table></body></html>"
+    )
+    text, fmt, _ = read_document(tmp_path / "museum.html")
+    assert fmt == "html"
+    assert text.split("\n\n") == [
+        "The lens",
+        "It was installed in 1931. Visit us at 4 Quay Street, opposite the pier.",
+        "Ticket | Price",
+        "Adult | £9.00",
+    ]
+
+
 def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Cats\n\n" + CATS)
     (tmp_path / "b.html").write_text(

@@ -240,9 +240,9 @@ def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path
     image = tmp_path / "image" / "live_image.fs"
     _install_facets(image)
     command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
-    # One facet: the tiny model writes its plan under a grammar at about a second a token on
-    # a loaded machine; parallel facets are tested with scripted models (test_mind.py).
-    with _serve(command, tmp_path, image, BATOS_MIND_MAX_FACETS="1") as base:
+    # Two facets at most: the tiny model writes its plan under a grammar at about a second a
+    # token on a loaded machine; parallel facets are tested with scripted models (test_mind.py).
+    with _serve(command, tmp_path, image, BATOS_MIND_MAX_FACETS="2") as base:
         client = get_sync_client(url=base)
         thread = client.threads.create()["thread_id"]
         request = "write a python function that sorts a list of numbers"
@@ -270,17 +270,27 @@ def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path
             "complete",
         ]
         steps = values["plan"]
-        assert len(steps) == 1 and updates.count("facet") == 1
-        assert {"decompose", "facet", "synthesize"} <= set(tokens)  # every model call streamed
+        depth = values["cycle"]["depth"]
+        # Whatever plan the tiny model writes, the cycle completes: one of two steps or more
+        # is delegated; one step, or a plan failing twice, is the fast path.
+        if depth["mode"] == "full":
+            assert len(steps) == 2 and updates.count("facet") == 2
+        else:
+            assert depth["rule"] in ("the plan has one step", "the plan failed twice")
+            assert updates.count("facet") == 0
+        assert {"decompose", "synthesize"} <= set(tokens)  # every model call streamed
         assert len(tokens["synthesize"]) > 1
-        assert "".join(tokens["synthesize"]).strip() == values["response"].strip()
+        streamed = "".join(tokens["synthesize"]).strip()
+        kept = values["response"].strip()
+        assert kept == streamed or (values["cycle"]["truncated"] and streamed.startswith(kept))
         route = values["route"]
         assert route["chosen"][0] == "BRICK" and len(route["ranked"]) == 4
         partials = sorted(values["partials"], key=lambda p: p["index"])
-        assert [(p["persona"], p["facet"]) for p in partials] == [
-            (s["persona"], s["facet"]) for s in steps
-        ]
-        assert all(p["ok"] and p["text"] for p in partials)
+        if depth["mode"] == "full":
+            assert [(p["persona"], p["facet"]) for p in partials] == [
+                (s["persona"], s["facet"]) for s in steps
+            ]
+            assert all(p["ok"] for p in partials)
         assert len(values["cem"]["request_vector"]) == 384
         assert [m["type"] for m in values["messages"]] == ["human", "ai"]
         cycle_id = values["cycle"]["id"]
@@ -291,6 +301,7 @@ def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path
             assert status in statuses
         assert statuses.index("DECOMPOSING") < statuses.index("DELEGATING")
         assert statuses.index("DELEGATING") < statuses.index("COMPLETE")
+        assert values["cycle"]["degraded"] == [] or depth["mode"] == "fast"
         assert history[0]["next"] == [] and history[0]["values"]["commit"]["note"]
 
     with LivingImage.open(f"file://{image}") as living, living.read() as root:

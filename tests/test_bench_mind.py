@@ -1,0 +1,141 @@
+"""bench/mind.py's request set on scripted models: what each cycle records and the summary.
+
+Three requests through the real mind graph on a file image with a one-document corpus: a
+greeting (fast path), a plan (full: a plan with a near-duplicate step and a step off the
+request, two facets written) and a README example that forces its persona and depth and whose
+answer the gate refuses (FAILED). Checked: the rows, the COMPLETE rate and its interval, the
+failed list, the percentiles, the plan counts, the levers and the printed table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall, call_kind
+
+from bench import mind as bench_mind
+from graph.mind import MindServices
+
+SELECTOR_LINE = "Write the method `"
+PLAN = json.dumps(
+    {
+        "steps": [
+            {"facet": "BRICK.facet_steps", "query": "which steps build a garden shed"},
+            {"facet": "BRICK.facet_design", "query": "which steps build the garden shed"},
+            {"facet": "BRICK.facet_design", "query": "weather in Paris tomorrow"},
+        ]
+    }
+)
+REQUESTS = [
+    {"id": "r-hello", "family": "greeting", "text": "hello there"},
+    {"id": "r-plan", "family": "plan", "text": "plan the steps to build a garden shed"},
+    {
+        "id": "r-readme",
+        "family": "feeling",
+        "text": "cheer me up",
+        "origin": "README, an example",
+        "persona": "robin",
+        "depth": "fast",
+    },
+]
+
+
+def respond(call: ModelCall) -> str:
+    kind = call_kind(call)
+    if kind == "plan":
+        return PLAN
+    if kind == "draft":
+        selector = call.text.split(SELECTOR_LINE, 1)[1].split("`", 1)[0]
+        return (
+            f"```python\ndef {selector}(self, query):\n"
+            f"    return {{'instruction': 'Work on this: ' + query, 'temperature': 0.2}}\n```"
+        )
+    if kind == "facet":
+        return "Notes on building a garden shed: measure, frame, roof."
+    text = "\n".join(str(m.content) for m in call.messages)
+    if "cheer me up" in text:
+        return "I'm sorry, but I cannot help with that."
+    if "garden shed" in text:
+        return "To build a garden shed: plan the steps, measure, frame and roof it."
+    return "Hello there, hello to you too!"
+
+
+@pytest.fixture
+def request_set(tmp_path: Path) -> tuple[Path, Path]:
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "sheds.txt").write_text("A garden shed needs a level base and a sloped roof.")
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in REQUESTS))
+    return path, corpus
+
+
+def test_the_request_set_records_each_cycle_and_summarises_them(request_set, capsys) -> None:
+    path, corpus = request_set
+    models = FakeModels(respond)
+    services = MindServices(models=models, router=FakeRouter(("BRICK",)), embedder=FakeEmbedder())
+    report = bench_mind.run_requests(path, corpus, services=services, progress=lambda line: None)
+    report.update(levers={"prefix_cache": "off"})
+
+    assert report["ingest"]["files"] == 1
+    rows = {row["id"]: row for row in report["rows"]}
+    assert list(rows) == ["r-hello", "r-plan", "r-readme"]
+    hello, plan, readme = rows.values()
+    assert (hello["status"], hello["depth"], hello["model_calls"]) == ("COMPLETE", "fast", 1)
+    assert hello["first_answer_token_s"] is not None
+    assert hello["first_answer_token_s"] <= hello["seconds"]
+    assert [node for node, _ in hello["nodes"]] == ["route", "synthesize", "gate", "complete"]
+    assert plan["status"] == "COMPLETE" and plan["depth"] == "full"
+    assert plan["wrote_facets"] == 2 and len(plan["plan"]) == 3
+    quality = plan["plan_quality"]["final"]
+    assert quality["steps"] == 3
+    assert readme["context"] == {"persona": "robin", "depth": "fast"}
+    assert readme["status"] == "FAILED" and readme["failure"]["node"] == "gate"
+
+    summary = report["summary"]
+    assert (summary["n"], summary["complete"]) == (3, 2)
+    assert summary["complete_interval"] == pytest.approx((0.2077, 0.9385), abs=1e-4)
+    assert [f["id"] for f in summary["failed"]] == ["r-readme"]
+    assert summary["readme_complete"] == (0, 1)
+    seconds = summary["seconds"]
+    assert seconds["fast"]["n"] == 1 and seconds["fast"]["p50"] == hello["seconds"]
+    assert seconds["full"]["n"] == 1 and seconds["full_no_facet_written"]["n"] == 0
+    assert seconds["first_token_full"]["n"] == 1
+    final = summary["plan_quality"]["final"]
+    assert final["plans"] == 1 and final["steps"] == 3
+    assert final["duplicate_rate"] == quality["duplicates"] / 3
+    assert final["off_request_rate"] == quality["off_request"] / 3
+
+    print(bench_mind.requests_table(report))
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "levers: prefix_cache=off" in flat
+    assert "COMPLETE 2/3 = 0.67 [0.21, 0.94] target >= 0.98 MISS" in flat
+    assert "FAILED r-readme at gate: the answer failed the quality gate twice" in flat
+    assert "README examples COMPLETE: 0/1 MISS" in flat
+    assert f"fast path 1 {hello['seconds']:.1f} {hello['seconds']:.1f} <= 3" in flat
+
+
+def test_the_bench_counts_near_duplicate_and_off_request_steps() -> None:
+    steps = json.loads(PLAN)["steps"]
+    counted = bench_mind._bench_plan_quality(steps, "plan the steps to build a garden shed")
+    assert counted == {"steps": 3, "duplicates": 1, "off_request": 1}
+    assert bench_mind._bench_plan_quality([], "anything") == {
+        "steps": 0,
+        "duplicates": 0,
+        "off_request": 0,
+    }
+
+
+def test_levers_set_the_environment_and_unknown_ones_are_refused(monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_LLM_PREFIX_CACHE_MB", "64")
+    applied = bench_mind.apply_levers(bench_mind.parse_levers(["prefix_cache=off"]))
+    assert applied == {"BATOS_LLM_PREFIX_CACHE_MB": "0"}
+    assert os.environ["BATOS_LLM_PREFIX_CACHE_MB"] == "0"
+    bench_mind.apply_levers(bench_mind.parse_levers(["prefix_cache=on"]))
+    assert "BATOS_LLM_PREFIX_CACHE_MB" not in os.environ  # the default applies
+    for wrong in ("warp=on", "prefix_cache=maybe", "prefix_cache"):
+        with pytest.raises(SystemExit, match="unknown lever"):
+            bench_mind.parse_levers([wrong])

@@ -475,7 +475,12 @@ def summarise_requests(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "degradation_unknown": sum(1 for r in rows if r.get("degraded") is None),
         "truncated": (sum(1 for r in known if r["truncated"]), len(known)),
         "model_calls_mean": statistics.fmean(r["model_calls"] for r in rows) if rows else None,
-        "cached_tokens": sum(r["cached_tokens"] or 0 for r in rows),
+        # None while the mind's metrics do not report cached prompt tokens
+        "cached_tokens": (
+            sum(r["cached_tokens"] or 0 for r in rows)
+            if any(r.get("cached_tokens") is not None for r in rows)
+            else None
+        ),
         "input_tokens": sum(r["input_tokens"] for r in rows),
     }
 
@@ -537,10 +542,10 @@ def requests_table(report: dict[str, Any]) -> str:
     lines.append(
         f"truncated answers: {cut}/{known}" if known else "truncated answers: not recorded"
     )
-    calls = s["model_calls_mean"]
+    calls, cached = s["model_calls_mean"], s["cached_tokens"]
     lines.append(
-        f"model calls per request: {'-' if calls is None else f'{calls:.1f}'}; "
-        f"cached/input tokens: {s['cached_tokens']}/{s['input_tokens']}"
+        f"model calls per request: {'-' if calls is None else f'{calls:.1f}'}; input tokens "
+        f"{s['input_tokens']}, of them cached: {'not recorded' if cached is None else cached}"
     )
     return "\n".join(lines)
 

@@ -116,6 +116,8 @@ def test_the_request_set_records_each_cycle_and_summarises_them(request_set, cap
     assert "FAILED r-readme at gate: the answer failed the quality gate twice" in flat
     assert "README examples COMPLETE: 0/1 MISS" in flat
     assert f"fast path 1 {hello['seconds']:.1f} {hello['seconds']:.1f} <= 3" in flat
+    # the scripted models report no cached tokens: unknown, not zero
+    assert summary["cached_tokens"] is None and "of them cached: not recorded" in flat
 
 
 def test_the_bench_counts_near_duplicate_and_off_request_steps() -> None:

@@ -29,11 +29,14 @@
      │    └── ArchiveError            a curator archive is missing or unreadable
      ├── MindError                    a request to the mind cannot be answered
      │    ├── RoutingError            a request the router cannot route (empty, too large)
-     │    └── CycleFailed             a cycle ended FAILED; the image is unchanged
+     │    ├── CycleFailed             a cycle ended FAILED; the image is unchanged
+     │    └── CycleInterrupted        the user stopped a cycle (Ctrl-C); the image is unchanged
      └── GraphRequestError            a graph's input or context is malformed (a ValueError,
                                       so the LangGraph server shows its message to clients)
 
 Each class carries an ``exit_code`` the CLI uses, so scripts can tell failures apart.
+``GenerationCancelled`` stands outside the tree on purpose: it is a stop the caller asked for,
+not an error (see its docstring).
 """
 
 from __future__ import annotations
@@ -228,6 +231,16 @@ class CycleFailed(MindError):
         self.state = dict(state or {})
 
 
+class CycleInterrupted(MindError):
+    """The user stopped a mind cycle before it ended (Ctrl-C): nothing it computed reached the
+    image, and its thread holds the request with an answer marked interrupted.
+
+    Exit code 130, as for any command a SIGINT ends.
+    """
+
+    exit_code = 130
+
+
 class GraphRequestError(BatosError, ValueError):
     """A graph's input or run context is malformed; nothing ran.
 
@@ -235,3 +248,13 @@ class GraphRequestError(BatosError, ValueError):
     """
 
     exit_code = 2
+
+
+class GenerationCancelled(BaseException):
+    """The caller stopped a model call in progress (``graph.llm.cancel``; the chat's Ctrl-C).
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, not a ``BatosError``: the mind turns the
+    ``Exception``s of its model calls into fallbacks (a facet that fails is answered directly,
+    a rejected plan is retried) or a FAILED cycle; a stop the user asked for must pass through
+    all of them and end the run, leaving what to record to the caller that asked for it.
+    """

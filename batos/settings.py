@@ -273,6 +273,44 @@ SETTINGS: dict[str, Setting] = {
             _unit_interval,
         ),
         Setting(
+            "mind_grounding",
+            "BATOS_MIND_GROUNDING",
+            # On the development questions: 0.4 grounds 97% of those about the documents and 4%
+            # of other requests (0.35: 97% and 15%; 0.45: 94% and 4%), a request naming
+            # something the catalog knows being held to 0.1 less (graph.retrieval.probe).
+            lambda: "0.4",
+            "Least cosine similarity (all-MiniLM-L6-v2) between a request and the knowledge "
+            "catalog's nearest passage for the request to count as about the catalog: its answer "
+            "is then written from the best passages and cites them; -1 grounds every answer, 1 "
+            "none.",
+            _unit_interval,
+        ),
+        Setting(
+            "mind_passage_words",
+            "BATOS_MIND_PASSAGE_WORDS",
+            lambda: "0",
+            "Words of each passage from memory an answer is shown: its sentences that share "
+            "most words with the request, up to about this many; 0 shows whole passages.",
+            _non_negative_int,
+        ),
+        Setting(
+            "mind_write_facets",
+            "BATOS_MIND_WRITE_FACETS",
+            lambda: "ahead",
+            "When the mind's facet methods are written: 'ahead' (batos init --prepare or the "
+            "heartbeat; a cycle needing a missing one hands its sub-query to the persona "
+            "directly) or 'inline' (the first cycle that needs one writes it, on its clock).",
+            _choice("ahead", "inline"),
+        ),
+        Setting(
+            "chat_history",
+            "BATOS_CHAT_HISTORY",
+            lambda: "1000",
+            "Lines 'batos chat' keeps in its history file (home/chat_history) for the arrow "
+            "keys, from one chat to the next.",
+            _positive_int,
+        ),
+        Setting(
             "cem_weights",
             "BATOS_CEM_WEIGHTS",
             lambda: "0.25,0.25,0.25,0.25",
@@ -342,6 +380,14 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_HEARTBEAT_CURATE_SECONDS",
             lambda: "86400",
             "Interval of the heartbeat's memory-curation job ('batos curate').",
+            _positive_float,
+        ),
+        Setting(
+            "heartbeat_facets_seconds",
+            "BATOS_HEARTBEAT_FACETS_SECONDS",
+            lambda: "900",
+            "Interval of the heartbeat's job that writes the facet methods the image lacks (a "
+            "few per run; one that fails waits longer after each failure).",
             _positive_float,
         ),
         Setting(

@@ -33,7 +33,7 @@ from langgraph.graph import END, START, StateGraph
 
 from batos import settings
 from batos.errors import BatosError
-from graph import cem, missions, prompts
+from graph import cem, missions, prompts, records
 from store.image import LivingImage
 
 log = logging.getLogger("batos.audit")
@@ -81,14 +81,36 @@ def reports(root: Any) -> Any:
     return root.get(AUDIT_KEY) or IOBTree()
 
 
+def _checked(number: Any, report: Any) -> dict[str, Any] | None:
+    return records.readable(records.AuditReport, "audit report", number, report)
+
+
+def valid_reports(root: Any, newest: int | None = None) -> list[dict[str, Any]]:
+    """The audit reports, oldest first (of the ``newest`` only, when given); a malformed one
+    is skipped with a warning, and the audit goes on without it."""
+    found = reports(root)
+    keys = list(found.keys())
+    chosen = keys if newest is None else keys[-newest:] if newest > 0 else []
+    checked = (_checked(k, found[k]) for k in chosen)
+    return [r for r in checked if r is not None]
+
+
+def newest_report(root: Any) -> dict[str, Any] | None:
+    """The newest audit report that is well formed, or None."""
+    found = reports(root)
+    for number in reversed(list(found.keys())):
+        report = _checked(number, found[number])
+        if report is not None:
+            return report
+    return None
+
+
 def current_weights(root: Any) -> dict[str, float]:
     """The weights the next audit uses: the newest report's ``weights_next``, else the
     ``cem_weights`` setting (normalised)."""
-    found = reports(root)
-    if len(found):
-        learnt = found[found.maxKey()].get("weights_next")
-        if learnt:
-            return dict(learnt)
+    newest = newest_report(root)
+    if newest is not None and newest["weights_next"]:
+        return dict(newest["weights_next"])
     return cem.normalised(cem.parse_weights(settings.get_str("cem_weights")))
 
 
@@ -126,9 +148,8 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             metrics = cem.compute(
                 records, facet_space=declared, methods=methods, weights=weights
             ).as_dict()
-            found = reports(root)
-            previous = dict(found[found.maxKey()]) if len(found) else None
-            recent = [found[k]["metrics"] for k in list(found.keys())[-STAGNANT_REPORTS:]]
+            previous = newest_report(root)
+            recent = [r["metrics"] for r in valid_reports(root, STAGNANT_REPORTS)]
             judgements = missions.assess(root, metrics, weights, image)
             # One mission at a time, each from a reading no other mission's change is in.
             busy = bool(judgements)
@@ -262,8 +283,9 @@ def run(image: LivingImage, models: Callable[..., Any] | None = None) -> dict[st
 
 
 def history(image: LivingImage) -> list[dict[str, Any]]:
+    """Every well-formed audit report, oldest first (malformed ones skipped, with a warning)."""
     with image.read() as root:
-        return [dict(r) for r in reports(root).values()]
+        return valid_reports(root)
 
 
 def show(image: LivingImage, report_id: int) -> dict[str, Any]:
@@ -274,7 +296,13 @@ def show(image: LivingImage, report_id: int) -> dict[str, Any]:
                 f"no audit report {report_id} in the image",
                 hint="list them with 'batos audit report'",
             )
-        return dict(found)
+        report = _checked(report_id, found)
+        if report is None:
+            raise AuditError(
+                f"audit report {report_id} is malformed (the warning above says how)",
+                hint="the next audit writes a new one; 'batos audit report' lists the others",
+            )
+        return report
 
 
 def graph() -> Any:

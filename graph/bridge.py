@@ -22,6 +22,16 @@ FAILED, reported in ``result``), thread ids follow ``graph.request.check_thread_
 frame is bounded before it is parsed. Requests run on a bounded pool of threads; one socket
 thread owns the ROUTER socket (ZeroMQ sockets are not thread-safe) and forwards the workers'
 replies, which reach it over an in-process PULL socket.
+
+Bounds, each answered with an ``error`` that says which: a message is read one frame at a time,
+without copying, and one with more than ``MAX_FRAMES`` frames or ``MAX_MESSAGE_BYTES`` in all is
+dropped as it is read — its frames released one by one, never gathered; a client (one
+connection's identity) has at most ``MAX_PER_CLIENT`` requests in flight, the bridge
+``MAX_WAITING``. What the bridge cannot bound: libzmq hands a multipart message over only once
+its last frame has arrived, and until then holds every frame itself (``MAXMSGSIZE`` bounds each
+frame, nothing in libzmq their number), so one message over the bounds still costs its size in
+memory while it arrives; ``RECEIVE_QUEUE`` bounds how many whole messages libzmq queues for one
+connection before it stops reading from it.
 """
 
 from __future__ import annotations
@@ -51,8 +61,14 @@ MAX_ID_BYTES = 64
 #: Requests running at once; more wait, up to MAX_WAITING, and past that are refused.
 WORKERS = 4
 MAX_WAITING = 64
-#: Largest message the socket accepts at all (ZeroMQ drops a peer that sends more).
+#: Requests one client (one connection's identity) may have in flight; more are refused.
+MAX_PER_CLIENT = 8
+#: Largest message in all, and largest frame (libzmq drops a peer that sends a larger frame).
 MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 4096
+#: Frames of a request: the identity, a REQ client's empty delimiter, protocol, id and body.
+MAX_FRAMES = 5
+#: Whole messages libzmq queues for one connection before it stops reading from it.
+RECEIVE_QUEUE = 16
 LOOPBACK_PREFIXES = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "ipc://", "inproc://")
 _REQUEST_HINT = (
     'send [b"BATOS/1", request_id, body] with body {"input": {"messages": [{"role": "user", '
@@ -124,6 +140,31 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
     return request_id, payload
 
 
+def receive(socket: zmq.Socket) -> tuple[list[bytes], str | None]:
+    """One message from ``socket``, read frame by frame without copying: ``(frames, None)``,
+    or, past ``MAX_FRAMES`` or ``MAX_MESSAGE_BYTES``, the frames within the bounds and why the
+    message was dropped. The rest of a dropped message is still read to its end — the next
+    message starts after it — but each frame is released as soon as it is counted."""
+    kept: list[bytes] = []
+    frames = size = 0
+    over = None
+    more = True
+    while more:
+        frame = socket.recv(copy=False)
+        more = frame.more
+        frames += 1
+        size += len(frame)
+        if over is None and frames > MAX_FRAMES:
+            over = f"it has more than {MAX_FRAMES} frames"
+        elif over is None and size > MAX_MESSAGE_BYTES:
+            over = f"it is over {MAX_MESSAGE_BYTES:,} bytes"
+        if over is None:
+            kept.append(frame.bytes)
+    if over is None:
+        return kept, None
+    return kept, f"{over} ({frames:,} frames, {size:,} bytes)"
+
+
 class Bridge:
     """The ROUTER endpoint over one image; ``serve()`` runs until ``stop()``."""
 
@@ -147,6 +188,8 @@ class Bridge:
         self._outbox = f"inproc://batos-bridge-{uuid.uuid4().hex}"
         self._local = threading.local()
         self._pending = 0
+        #: Requests in flight per client identity; a client leaves it with its last request.
+        self._in_flight: dict[bytes, int] = {}
         self._pushers: list[zmq.Socket] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -159,6 +202,7 @@ class Bridge:
         """Answer requests until ``stop()``; ``ready(endpoint)`` is called once bound."""
         router = self.zmq.socket(zmq.ROUTER)
         router.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        router.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         router.setsockopt(zmq.LINGER, 1000)
         inbox = self.zmq.socket(zmq.PULL)
         try:
@@ -183,7 +227,7 @@ class Bridge:
                     if sock is inbox:
                         router.send_multipart(inbox.recv_multipart())
                     else:
-                        self._accept(router, router.recv_multipart())
+                        self._accept(router, *receive(router))
             # Running requests finish and their replies go out; forwarding goes on meanwhile,
             # or a worker blocked on a full in-process queue would never finish.
             while True:
@@ -208,21 +252,31 @@ class Bridge:
     def stop(self) -> None:
         self._stopping.set()
 
-    def _accept(self, router: zmq.Socket, frames: list[bytes]) -> None:
+    def _accept(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
+        client = frames[0]
         rest = frames[1:]
-        envelope = [frames[0]]
+        envelope = [client]
         if rest and rest[0] == b"":  # a REQ client puts an empty delimiter first
-            rest, envelope = rest[1:], [frames[0], b""]
+            rest, envelope = rest[1:], [client, b""]
         request_id = rest[1] if len(rest) > 1 and len(rest[1]) <= MAX_ID_BYTES else b"?"
         try:
+            if dropped is not None:
+                log.warning("bridge dropped a message from client %s: %s", client.hex(), dropped)
+                raise GraphRequestError(f"the message was dropped: {dropped}", hint=_REQUEST_HINT)
             request_id, payload = parse_request(rest)
             with self._lock:
                 if self._pending >= MAX_WAITING:
                     raise GraphRequestError(
-                        f"the bridge has {MAX_WAITING} requests waiting",
+                        f"the bridge is busy: {MAX_WAITING} requests are waiting",
                         hint="retry later, or run another bridge on a ZEO-served image",
                     )
+                if self._in_flight.get(client, 0) >= MAX_PER_CLIENT:
+                    raise GraphRequestError(
+                        f"the bridge is busy: this client has {MAX_PER_CLIENT} requests in flight",
+                        hint="wait for a result or error before sending more",
+                    )
                 self._pending += 1
+                self._in_flight[client] = self._in_flight.get(client, 0) + 1
         except BatosError as exc:
             router.send_multipart([*envelope, request_id, b"error", _json(_error(exc))])
             return
@@ -255,6 +309,9 @@ class Bridge:
         finally:
             with self._lock:
                 self._pending -= 1
+                left = self._in_flight.pop(envelope[0]) - 1
+                if left:
+                    self._in_flight[envelope[0]] = left
 
     def _answer(self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any]) -> None:
         thread_id = payload.get("thread_id")

@@ -276,17 +276,13 @@ def step_weights(
 
 
 def window(root: Any, size: int) -> list[dict[str, Any]]:
-    """The ``size`` newest cycle records of the image, oldest first, with their embeddings."""
-    from graph.cycle import CYCLES_KEY
+    """The ``size`` newest cycle records of the image, oldest first, with their embeddings;
+    malformed ones are left out (``graph.cycle.stored``)."""
+    from graph.cycle import stored
     from store.embeddings import from_bytes
 
-    cycles = root.get(CYCLES_KEY)
-    if cycles is None or size <= 0:
-        return []
-    keys = cycles.keys()
     found = []
-    for key in (keys[i] for i in range(max(0, len(keys) - size), len(keys))):
-        record = dict(cycles[key])
+    for key, record in stored(root, size):  # a malformed record is skipped, with a warning
         for name in ("request_vector", "response_vector"):
             raw = record.get(name)
             record[name] = from_bytes(raw)[0] if raw else None

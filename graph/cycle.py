@@ -12,10 +12,12 @@ A FAILED cycle writes no commit, so the image is as it was. The kinds registered
     cycle_record       what ``batos cycles`` (and later the CEM) reads: route, plan, timings,
                        tokens, the request and response embeddings
 
-Appliers check every effect in full (a server client can write state too): facet methods pass
-the PersistenceGuardian and the sandbox compiler again, sizes are bounded, and counters only
-ever add, so a put retried after a write conflict re-applies them to the fresh state and no
-concurrent cycle's update is lost.
+Every effect is checked in full before anything is written (a server client can write state
+too): its kind's schema in ``graph.records`` (types and bounds), then the applier's checks of
+what the image must hold; facet methods pass the PersistenceGuardian and the sandbox compiler
+again. Counters only ever add, so a put retried after a write conflict re-applies them to the
+fresh state and no concurrent cycle's update is lost. The readers below check each stored record
+against ``records.CycleRecord`` and skip, with a warning, one that does not fit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
 from batos.errors import CheckpointError
+from graph import records
 from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
@@ -43,16 +46,13 @@ log = logging.getLogger("batos.mind")
 
 #: Root key of the cycle records: cycle id (uuid6, so in time order) → record dict.
 CYCLES_KEY = "cycles"
-#: Bounds on what one effect may carry.
-MAX_SOURCE_CHARS = 20_000
-MAX_RECORD_BYTES = 256 * 1024
-MAX_COUNT = 1_000
-MAX_NAMESPACE_PARTS = 4
-MAX_VECTORS = 4
+#: Bounds on what one effect may carry (the schemas in ``graph.records`` hold them).
+MAX_RECORD_BYTES = records.MAX_RECORD_BYTES
+MAX_COUNT = records.MAX_COUNT
 #: Where each exchange goes in LangGraph's long-term memory (``store.memory_store``).
 MEMORY_NAMESPACE = ["mind", "exchanges"]
 #: Characters of the answer a cycle record keeps.
-MAX_RESPONSE_CHARS = 8000
+MAX_RESPONSE_CHARS = records.MAX_RESPONSE_CHARS
 
 
 def _bad(effect: Mapping[str, Any], why: str) -> CheckpointError:
@@ -62,8 +62,11 @@ def _bad(effect: Mapping[str, Any], why: str) -> CheckpointError:
     )
 
 
-def _json_size(value: Any) -> int:
-    return len(json.dumps(value, default=str))
+def _json_size(effect: Mapping[str, Any], value: Any) -> int:
+    try:
+        return records.json_size(value)
+    except ValueError as exc:
+        raise _bad(effect, str(exc)) from None
 
 
 def _persona(root: Any, effect: Mapping[str, Any]) -> Any:
@@ -80,12 +83,10 @@ def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, A
     persona = _persona(root, effect)
     selector, source = effect.get("selector"), effect.get("source")
     intents = persona._slots().get(INTENTS_SLOT) or {}
-    if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
+    if not selector.startswith(FACET_PREFIX):
         raise _bad(effect, f"{selector!r} is not a facet selector")
     if selector not in intents:
         raise _bad(effect, f"{effect['persona']} declares no facet {selector!r}")
-    if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
-        raise _bad(effect, "the source is missing or too long")
     found = persona._lookup(selector)
     if found is not None and isinstance(found[1], Method):
         log.info("facet %s.%s was installed meanwhile; kept", effect["persona"], selector)
@@ -93,9 +94,8 @@ def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, A
     # The same gate a hand-written method passes: what arrives here is data from state.
     report = guardian.check(selector, source)
     sandbox.compile_sandboxed(selector, source)
-    audit = effect.get("audit") if isinstance(effect.get("audit"), Mapping) else {}
-    audit = {**audit, **report.as_dict(), "cycle": commit["id"]}
-    if _json_size(audit) > MAX_RECORD_BYTES:
+    audit = {**(effect.get("audit") or {}), **report.as_dict(), "cycle": commit["id"]}
+    if _json_size(effect, audit) > MAX_RECORD_BYTES:
         raise _bad(effect, "the audit record is too large")
     persona._add_method(
         Method(
@@ -109,18 +109,10 @@ def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, A
     )
 
 
-def _count(effect: Mapping[str, Any], value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        raise _bad(effect, f"{what} must be a count from 0 to {MAX_COUNT}")
-    return value
-
-
 def _persona_stats(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
     persona = _persona(root, effect)
-    calls = _count(effect, effect.get("model_calls", 0), "model_calls")
+    calls = effect.get("model_calls", 0)
     facet_calls = effect.get("facets") or {}
-    if not isinstance(facet_calls, Mapping) or len(facet_calls) > 64:
-        raise _bad(effect, "facets must map selectors to counts")
     stats = persona._slots().get("stats")
     if not isinstance(stats, PersistentMapping):
         stats = PersistentMapping(invocations=0)
@@ -129,21 +121,20 @@ def _persona_stats(root: Any, effect: Mapping[str, Any], commit: Mapping[str, An
     stats["cycles"] = int(stats.get("cycles", 0)) + 1
     used = dict(stats.get("facets") or {})
     for selector, count in facet_calls.items():
-        if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
+        if not selector.startswith(FACET_PREFIX):
             raise _bad(effect, f"{selector!r} is not a facet selector")
-        used[selector] = int(used.get(selector, 0)) + _count(effect, count, selector)
+        used[selector] = int(used.get(selector, 0)) + count
     stats["facets"] = used  # a plain dict in a slot: assigned again, never changed in place
     stats["last_cycle"] = commit["id"]
 
 
-def _vectors(effect: Mapping[str, Any], rows: Any) -> list[np.ndarray]:
-    if not isinstance(rows, list) or len(rows) > MAX_VECTORS:
-        raise _bad(effect, f"vectors must be a list of at most {MAX_VECTORS}")
+def _vectors(effect: Mapping[str, Any], rows: list[list[float]]) -> list[np.ndarray]:
     out = []
     for row in rows:
         vector = np.asarray(row, dtype=np.float32)
+        # The schema checked finite float64 values; some overflow float32.
         if vector.shape != (DIMS,) or not np.isfinite(vector).all():
-            raise _bad(effect, f"each vector must hold {DIMS} finite numbers")
+            raise _bad(effect, f"each vector must hold {DIMS} numbers finite as float32")
         out.append(vector)
     return out
 
@@ -151,40 +142,29 @@ def _vectors(effect: Mapping[str, Any], rows: Any) -> list[np.ndarray]:
 def _memory(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
     from store.memory_store import put_item
 
-    namespace, key, value = effect.get("namespace"), effect.get("key"), effect.get("value")
-    if (
-        not isinstance(namespace, list)
-        or not 0 < len(namespace) <= MAX_NAMESPACE_PARTS
-        or not all(isinstance(p, str) and 0 < len(p) <= 64 for p in namespace)
-    ):
-        raise _bad(effect, "the namespace must be 1 to 4 short strings")
-    if not isinstance(key, str) or not 0 < len(key) <= 128:
-        raise _bad(effect, "the key must be a short string")
-    if not isinstance(value, dict) or _json_size(value) > MAX_RECORD_BYTES:
-        raise _bad(effect, "the value must be a JSON object of bounded size")
+    namespace, key, value = effect["namespace"], effect["key"], effect["value"]
+    if _json_size(effect, value) > MAX_RECORD_BYTES:
+        raise _bad(effect, f"the value is over {MAX_RECORD_BYTES:,} characters as JSON")
     put_item(root, namespace, key, value, _vectors(effect, effect.get("vectors") or []))
 
 
 def _catalog_retrieved(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
-    chunks = effect.get("chunks")
-    if not isinstance(chunks, list) or len(chunks) > MAX_COUNT:
-        raise _bad(effect, "chunks must be a list of chunk ids")
+    chunks = effect["chunks"]
     cat = root.get("catalog")
     if cat is None:
         return
     now = int(time.time())
     retrieved = cat["retrieved"]
     for chunk_id in chunks:
-        if isinstance(chunk_id, bool) or not isinstance(chunk_id, int):
-            raise _bad(effect, "chunk ids are integers")
         if chunk_id in cat["chunks"] and retrieved.get(chunk_id, 0) < now:
             retrieved[chunk_id] = now
 
 
 def _cycle_record(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
-    record = effect.get("record")
-    if not isinstance(record, dict) or _json_size(record) > MAX_RECORD_BYTES:
-        raise _bad(effect, "the record must be a JSON object of bounded size")
+    record = effect["record"]
+    # The fields the schema knows are typed; the others, a newer writer's, are bounded here.
+    if _json_size(effect, record) > MAX_RECORD_BYTES:
+        raise _bad(effect, f"the record is over {MAX_RECORD_BYTES:,} characters as JSON")
     stored = dict(record)
     for name in ("request_vector", "response_vector"):
         if stored.get(name) is not None:
@@ -228,7 +208,7 @@ for _kind, _applier in {
     "catalog_retrieved": _catalog_retrieved,
     "cycle_record": _cycle_record,
 }.items():
-    effects.register(_kind, _applier)
+    effects.register(_kind, _applier, records.EFFECTS[_kind])
 
 
 def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -242,7 +222,7 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
     for persona in personas:
         counts: dict[str, int] = {}
         for x in partials:
-            if x["persona"] == persona:
+            if x["persona"] == persona and x["facet"].startswith(FACET_PREFIX):
                 counts[x["facet"]] = counts.get(x["facet"], 0) + 1
         found.append(
             {
@@ -298,6 +278,11 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
                 "metrics": metrics,
                 "relevance": cem.get("relevance"),
                 "synthesis_attempts": cycle_state["synthesis_attempts"],
+                "degraded": list(cycle_state.get("degraded") or []),
+                "truncated": bool(cycle_state.get("truncated")),
+                "grounding": cycle_state.get("grounding") or {},
+                "cited": list(cycle_state.get("cited") or []),
+                "plan_quality": cycle_state.get("plan_quality") or {},
                 "request_vector": cem.get("request_vector"),
                 "response_vector": cem.get("response_vector"),
             },
@@ -313,34 +298,54 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
 # -- reading ----------------------------------------------------------------------------------
 
 
-def recent(root: Any, limit: int = 20) -> list[dict[str, Any]]:
-    """The newest committed cycle records, newest first (vectors left out)."""
+def stored(root: Any, newest: int) -> list[tuple[str, dict[str, Any]]]:
+    """(cycle id, record) of the ``newest`` committed cycles, oldest first, embeddings as
+    stored; a record with a field of the wrong type for ``records.CycleRecord`` is skipped
+    with a warning (one lacking fields, from an older version, is kept)."""
     cycles = root.get(CYCLES_KEY)
-    if cycles is None or limit <= 0:
+    if cycles is None or newest <= 0:
         return []
     keys = cycles.keys()
     found = []
-    for position in range(len(keys) - 1, max(len(keys) - 1 - limit, -1), -1):
-        found.append(_readable(keys[position], cycles[keys[position]]))
+    for position in range(max(0, len(keys) - newest), len(keys)):
+        key = keys[position]
+        record = records.readable(
+            records.CycleRecord, "cycle record", key, cycles[key], partial=True
+        )
+        if record is not None:
+            found.append((key, record))
     return found
 
 
+def recent(root: Any, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest committed cycle records, newest first (vectors left out); malformed ones
+    are skipped with a warning."""
+    return [_readable(key, record) for key, record in reversed(stored(root, limit))]
+
+
 def get(root: Any, cycle_id: str) -> dict[str, Any] | None:
-    cycles = root.get(CYCLES_KEY)
-    record = cycles.get(cycle_id) if cycles is not None else None
+    """One committed cycle's record; None when there is none, or it is malformed (warned)."""
+    record = _checked(root, cycle_id)
     return _readable(cycle_id, record) if record is not None else None
 
 
 def vectors(root: Any, cycle_id: str) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The request and response embeddings a committed cycle recorded."""
-    cycles = root.get(CYCLES_KEY)
-    record = cycles.get(cycle_id) if cycles is not None else None
+    record = _checked(root, cycle_id)
     if record is None:
         return None, None
     return tuple(  # type: ignore[return-value]
         from_bytes(record[name])[0] if record.get(name) else None
         for name in ("request_vector", "response_vector")
     )
+
+
+def _checked(root: Any, cycle_id: str) -> dict[str, Any] | None:
+    cycles = root.get(CYCLES_KEY)
+    record = cycles.get(cycle_id) if cycles is not None else None
+    if record is None:
+        return None
+    return records.readable(records.CycleRecord, "cycle record", cycle_id, record, partial=True)
 
 
 def _readable(cycle_id: str, record: Mapping[str, Any]) -> dict[str, Any]:

@@ -372,11 +372,51 @@ def check_scheduler(uri: str) -> list[Check]:
     return found
 
 
+def check_facets(uri: str) -> list[Check]:
+    """The codex's facet methods: written, missing (the heartbeat writes them), or failed
+    with their reason and when they are tried again."""
+    from graph import facet_writing
+
+    try:
+        image = LivingImage.open(uri, create=False)
+    except BatosError:
+        return []  # the image check already said why
+    with image, image.read() as root:
+        rows = facet_writing.status(root)
+    written = [r for r in rows if r["state"] == "written"]
+    found = [
+        Check(
+            "facets",
+            OK if len(written) == len(rows) else WARN,
+            f"{len(written)} of {len(rows)} facet methods written",
+            ""
+            if len(written) == len(rows)
+            else "run 'batos init --prepare' (or let the heartbeat write them); until then "
+            "their personas answer those parts directly",
+        )
+    ]
+    for row in rows:
+        if row["state"] == "failed":
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["next_try"] or 0))
+            reason = (row["reason"] or "").splitlines()[0][:200]
+            found.append(
+                Check(
+                    "facets",
+                    WARN,
+                    f"{row['facet']} could not be written ({row['failures']} tries): {reason}",
+                    f"tried again after {when}; or write it by hand: 'batos methods add "
+                    f"{row['facet'].split('.')[0].lower()} {row['facet'].split('.')[1]} FILE'",
+                )
+            )
+    return found
+
+
 CHECKS: tuple[tuple[str, Callable[..., list[Check]]], ...] = (
     ("image", check_image),
     ("model", check_model),
     ("adapters", check_adapters),
     ("backends", check_backends),
+    ("facets", check_facets),
     ("scheduler", check_scheduler),
     ("server", check_server),
 )
@@ -386,6 +426,7 @@ def diagnose(uri: str, *, server_port: int = 2024) -> Iterator[Check]:
     """Every check, in order; a check that raises is reported as failed, never hidden."""
     arguments: dict[str, tuple[Any, ...]] = {
         "image": (uri,),
+        "facets": (uri,),
         "scheduler": (uri,),
         "server": (server_port,),
     }

@@ -1,15 +1,19 @@
 """Facets: small generated methods through which a persona takes on one sub-query.
 
 A facet is a method of a persona prototype (``facet_*``), declared by an intent in the codex and
-written by doesNotUnderstand the first time a plan needs it. It runs in the sandbox like every
-generated method and turns the sub-query into an *instruction* for the persona's model, with
-sampling options; the mind's DELEGATING node then runs the model on it, so every model call
-happens in a graph node while facets stay small, audited, persisted code.
+written by doesNotUnderstand ahead of use — ``batos init --prepare`` or the heartbeat's
+``facets`` job (``graph.facet_writing``), never on the user's clock unless asked. It runs in the
+sandbox like every generated method and turns the sub-query into an *instruction* for the
+persona's model, with sampling options; the mind's DELEGATING node then uses it, so every model
+call happens in a graph node while facets stay small, audited, persisted code.
+
+A facet degrades, it does not fail: one whose method is missing, cannot be written, raises or
+returns something unusable hands its sub-query to the persona directly (``fallback``), and the
+reason travels with the partial answer.
 
 Nothing here commits. A facet method is written and tried on a connection whose transaction
-is always aborted: the approved source comes back as data (``WrittenMethod``), which the cycle
-installs at COMPLETE in the checkpoint's transaction. Parallel branches of one cycle that need
-the same missing facet wait for the first to write it (``FacetWriters``) and use its source.
+is always aborted: the approved source comes back as data (``WrittenMethod``), installed by the
+caller (the cycle at COMPLETE, in the checkpoint's transaction; the writer in its own).
 """
 
 from __future__ import annotations
@@ -95,14 +99,6 @@ def instruction_from(result: Any) -> Instruction:
     return Instruction(text.strip(), options)
 
 
-def _acceptable(result: Any) -> bool:
-    try:
-        instruction_from(result)
-    except ValueError:
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class WrittenMethod:
     """A facet method approved during a cycle, as the effect that installs it at COMPLETE."""
@@ -129,13 +125,19 @@ class WrittenMethod:
 
 
 class FacetWriters:
-    """Facet methods written by each running cycle, so parallel branches write each once."""
+    """Facet methods written by each running cycle, so parallel branches write each once.
+
+    The first branch that needs a missing facet writes it while the others wait; they then use
+    its method, or — when it could not be written — fall back at once with its reason rather
+    than each trying again on the user's clock.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, str], tuple[threading.Lock, list[WrittenMethod]]] = {}
+        self._entries: dict[tuple[str, str, str], tuple[threading.Lock, list]] = {}
 
     def slot(self, cycle_id: str, persona: str, selector: str) -> tuple[threading.Lock, list]:
+        """The lock and outcome list (a ``WrittenMethod`` or the ``FacetError`` it raised)."""
         with self._lock:
             key = (cycle_id, persona, selector)
             if key not in self._entries:
@@ -150,10 +152,47 @@ class FacetWriters:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A facet's instruction, and the method written for it in this cycle (if one was)."""
+    """A facet's instruction; the method written for it in this cycle (if one was); and, when
+    the facet's own method could not serve, why (the instruction is then the fallback)."""
 
     instruction: Instruction
-    written: WrittenMethod | None
+    written: WrittenMethod | None = None
+    degraded: str = ""
+
+
+#: What a facet method is tried on before it is installed: two unrelated questions, so that a
+#: method must use its argument, and no user's request is ever shown to the author (a method
+#: written from one embedded it).
+SAMPLE_QUERIES = (
+    "how do I keep a small vegetable patch watered through a dry summer?",
+    "what should I check before I buy a second-hand bicycle?",
+)
+NOT_WRITTEN = "its method is not written yet"
+
+
+def fallback(query: str) -> Instruction:
+    """The persona takes the sub-query directly: what a facet degrades to."""
+    from graph.answer import prompts
+
+    return Instruction(prompts()["facet_fallback"] + query)
+
+
+def facet_key(persona: str, selector: str) -> str:
+    return f"{persona}.{selector}"
+
+
+def _receiver(root: Any, persona: str, selector: str) -> UvmObject:
+    receiver = personas(root).get(persona)
+    if receiver is None:
+        raise FacetError(f"the image has no persona {persona}", hint="run 'batos init'")
+    intents = receiver._slots().get(INTENTS_SLOT) or {}
+    if not selector.startswith(FACET_PREFIX) or selector not in intents:
+        raise FacetError(
+            f"{persona} has no facet {selector!r}",
+            hint=f"facets of {persona}: "
+            + ", ".join(s for s in intents if s.startswith(FACET_PREFIX)),
+        )
+    return receiver
 
 
 def prepare(
@@ -166,50 +205,90 @@ def prepare(
     attempts: int,
     cycle_id: str,
     writers: FacetWriters,
+    write: bool = False,
 ) -> Prepared:
-    """Run facet ``selector`` of ``persona`` on ``query`` in the sandbox; write it first if
-    the persona has no such method yet. ``root`` is from a connection the caller aborts."""
-    receiver = personas(root).get(persona)
-    if receiver is None:
-        raise FacetError(f"the image has no persona {persona}", hint="run 'batos init'")
-    intents = receiver._slots().get(INTENTS_SLOT) or {}
-    if not selector.startswith(FACET_PREFIX) or selector not in intents:
-        raise FacetError(
-            f"{persona} has no facet {selector!r}",
-            hint=f"facets of {persona}: "
-            + ", ".join(s for s in intents if s.startswith(FACET_PREFIX)),
-        )
+    """Facet ``selector`` of ``persona`` on ``query``, run in the sandbox. A facet whose method
+    is missing is written here only when ``write`` (otherwise it waits for ``batos init
+    --prepare`` or the heartbeat); one that is missing, cannot be written or fails degrades to
+    ``fallback``. ``root`` is from a connection the caller aborts."""
+    receiver = _receiver(root, persona, selector)
     found = receiver._lookup(selector)
     if found is not None and isinstance(found[1], Method):
-        return Prepared(_call(found[1], receiver, query, persona, selector), None)
-    lock, written = writers.slot(cycle_id, persona, selector)
+        return _run_or_fall_back(found[1], receiver, query, persona, selector)
+    if not write:
+        return Prepared(fallback(query), None, NOT_WRITTEN)
+    lock, outcome = writers.slot(cycle_id, persona, selector)
     with lock:
-        if written:  # a parallel branch of this cycle wrote it: use its approved source
-            method = _install_here(receiver, written[0])
-            return Prepared(_call(method, receiver, query, persona, selector), None)
-        try:
-            result = kernel.run_mission(
-                receiver, selector, (query,), {}, draft, attempts, acceptance=_acceptable
-            )
-        except MissionFailed as exc:
-            raise FacetError(
-                f"the method for facet {persona}.{selector} could not be written",
-                exc.findings,
-                hint="give the facet a clearer intent in prototypes/codex.toml, or add the "
-                f"method by hand: 'batos methods add {persona.lower()} {selector} FILE'",
-            ) from exc
-        method = receiver._slots()[selector]
-        made = WrittenMethod(
-            persona=persona,
-            selector=selector,
-            source=method.source,
-            intent=method.intent,
-            author=method.author,
-            audit=_plain(method.audit),
-            attempts=int(method.audit.get("attempt") or 1),
+        if not outcome:
+            try:
+                outcome.append(write_facet(root, persona, selector, draft, attempts))
+            except FacetError as exc:
+                outcome.append(exc)
+        made = outcome[0]
+        if isinstance(made, FacetError):
+            return Prepared(fallback(query), None, made.message)
+        method = _install_here(receiver, made)
+        prepared = _run_or_fall_back(method, receiver, query, persona, selector)
+        first = not any(isinstance(x, str) for x in outcome)
+        outcome.append("claimed")  # the first branch carries the effect that installs it
+        return Prepared(prepared.instruction, made if first else None, prepared.degraded)
+
+
+def _run_or_fall_back(
+    method: Method, receiver: UvmObject, query: str, persona: str, selector: str
+) -> Prepared:
+    try:
+        return Prepared(_call(method, receiver, query, persona, selector))
+    except FacetError as exc:
+        return Prepared(fallback(query), None, exc.message)
+
+
+def write_facet(
+    root: Any, persona: str, selector: str, draft: Draft, attempts: int
+) -> WrittenMethod:
+    """Write facet ``selector`` of ``persona`` and try it on ``SAMPLE_QUERIES`` (an approved
+    method must return an instruction that carries each); nothing is installed: the approved
+    source comes back as data. ``FacetError`` with the findings when no draft passes."""
+    receiver = _receiver(root, persona, selector)
+    acceptance = _carries(SAMPLE_QUERIES[0])
+    try:
+        kernel.run_mission(
+            receiver, selector, (SAMPLE_QUERIES[0],), {}, draft, attempts, acceptance=acceptance
         )
-        written.append(made)
-        return Prepared(instruction_from(result), made)
+    except MissionFailed as exc:
+        raise FacetError(
+            f"the method for facet {persona}.{selector} could not be written",
+            exc.findings,
+            hint="give the facet a clearer intent in prototypes/codex.toml, or add the "
+            f"method by hand: 'batos methods add {persona.lower()} {selector} FILE'",
+        ) from exc
+    method = receiver._slots()[selector]
+    for sample in SAMPLE_QUERIES[1:]:
+        result = _call(method, receiver, sample, persona, selector)
+        if sample not in result.text:
+            raise FacetError(
+                f"the method for facet {persona}.{selector} ignores its question",
+                [f"called with {sample!r} it returned {result.text[:200]!r}"],
+            )
+    return WrittenMethod(
+        persona=persona,
+        selector=selector,
+        source=method.source,
+        intent=method.intent,
+        author=method.author,
+        audit=_plain(method.audit),
+        attempts=int(method.audit.get("attempt") or 1),
+    )
+
+
+def _carries(query: str) -> Callable[[Any], bool]:
+    def accept(result: Any) -> bool:
+        try:
+            return query in instruction_from(result).text
+        except ValueError:
+            return False
+
+    return accept
 
 
 def _install_here(receiver: UvmObject, written: WrittenMethod) -> Method:

@@ -1,10 +1,11 @@
 """The heartbeat: APScheduler runs the image's upkeep unattended.
 
-Three jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
-``graph.audit``), ``curate`` (memory curation, what ``batos curate`` does) and ``prune`` (the
-checkpoints of every thread trimmed to ``heartbeat_prune_keep``). They live in the image
-(``store.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced into
-one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
+Four jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
+``graph.audit``), ``facets`` (the codex's facet methods the image lacks, written off the user's
+clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does) and
+``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``). They live in
+the image (``store.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
+into one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
 for it (or, with ``once``, says who holds it and stops).
 
@@ -80,9 +81,26 @@ def _prune(image: LivingImage, models: Callable[..., Any] | None) -> str:
     return f"pruned {deleted} checkpoint(s), kept {keep} per namespace"
 
 
+def _facets(image: LivingImage, models: Callable[..., Any] | None) -> str:
+    from graph import facet_writing
+
+    todo = facet_writing.due(image)
+    if not todo:
+        return "facets: none due"
+    done = facet_writing.write_all(image, models, todo[: facet_writing.PER_RUN])
+    wrote = [w.key for w in done if w.ok]
+    failed = [w.key for w in done if not w.ok]
+    said = f"facets: wrote {len(wrote)}" + (f" ({', '.join(wrote)})" if wrote else "")
+    if failed:
+        said += f"; {len(failed)} could not be written ({', '.join(failed)}): tried again later"
+    left = len(todo) - len(done)
+    return said + (f"; {left} still due" if left else "")
+
+
 #: job id → (what it does, the setting holding its interval in seconds).
 JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], str], str]] = {
     "audit": (_audit, "heartbeat_audit_seconds"),
+    "facets": (_facets, "heartbeat_facets_seconds"),
     "curate": (_curate, "heartbeat_curate_seconds"),
     "prune": (_prune, "heartbeat_prune_seconds"),
 }

@@ -93,7 +93,7 @@ def build_graph(
     builder.add_node("fail", mind.fail)
     builder.add_edge(START, "route")
     builder.add_conditional_edges("route", mind.after_route, ["decompose", "synthesize", "fail"])
-    builder.add_conditional_edges("decompose", mind.delegate, ["facet", "fail"])
+    builder.add_conditional_edges("decompose", mind.delegate, ["facet", "synthesize", "fail"])
     builder.add_edge("facet", "synthesize")
     builder.add_conditional_edges("synthesize", mind.after_synthesize, ["gate", "fail"])
     builder.add_conditional_edges("gate", mind.after_gate, ["complete", "synthesize", "fail"])

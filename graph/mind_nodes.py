@@ -4,16 +4,21 @@ ROUTE, DECOMPOSING, DELEGATING (one facet per branch), SYNTHESIZING, the quality
 COMPLETE and FAILED; ``graph.mind`` wires them into the graph. No node commits: changes travel
 as effects and COMPLETE hands them to the checkpointer (``graph.cycle``). Every model call
 streams and is measured; each transition logs one JSON line on ``batos.mind``.
+
+The mind degrades, it does not fail: a facet that cannot serve hands its sub-query to its
+persona, a plan that fails twice becomes the fast path, a program that cannot be written leaves
+the answer without its result, an answer the gate refuses twice is still given (marked so).
+Each degradation is recorded (``cycle.degraded``). A cycle is FAILED only when no answer can be
+given: the request is invalid or the answering model itself cannot be reached.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,10 +32,19 @@ from langgraph.types import Send
 
 from batos import settings
 from batos.errors import BatosError, MindError
-from graph import cycle, facets
+from graph import answer, compute, cycle, facets
 from graph import prompts as prompt_files
+from graph.answer import MAX_ANSWER_CHARS, REFUSAL, history, repetition
 from graph.mind_state import MindServices, MindState
-from graph.plan import PlanRejected, depth_for, facets_of, parse_plan, plan_schema
+from graph.plan import (
+    Depth,
+    PlanRejected,
+    depth_for,
+    facets_of,
+    parse_plan,
+    plan_quality,
+    plan_schema,
+)
 from graph.request import check_context, content_text, request_text
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
@@ -39,40 +53,20 @@ from store.image import LivingImage
 
 log = logging.getLogger("batos.mind")
 
-#: Tokens a plan, a facet's answer and the final answer may take (a facet may ask for fewer or
-#: more within ``facets.NUM_PREDICT_RANGE``).
-PLAN_TOKENS = 300
-FACET_TOKENS = 256
-ANSWER_TOKENS = 400
-#: Earlier messages of the thread the answering model sees, each cut to HISTORY_CHARS.
-HISTORY_MESSAGES = 6
-HISTORY_CHARS = 1500
-#: Longest answer the gate passes, in characters.
-MAX_ANSWER_CHARS = 8000
-#: Openings of a refusal; the gate fails an answer that starts with one.
-REFUSAL = re.compile(
-    r"^\s*(i'?m sorry,?\s+(but\s+)?i\s+(can(no|')t|am unable)|i\s+(can(no|')t|am unable to)"
-    r"\s+(help|assist|answer|comply)|as an ai\b)",
-    re.IGNORECASE,
-)
-#: Repetition is measured on runs of this many words, and only in answers this long: shorter
-#: answers and phrases repeat by chance.
-REPEAT_NGRAM, REPEAT_MIN_WORDS = 4, 24
-_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
-
-
-def repetition(text: str) -> float:
-    """Share of the answer's word 4-grams that repeat an earlier one (0: none, near 1: a loop).
-
-    A small model that loses the thread says the same thing over and over ("X is easy to learn
-    because it has fewer keywords" for every X); its answer stays on topic, so relevance alone
-    passes it.
-    """
-    words = [w.lower() for w in _WORD.findall(text)]
-    if len(words) < REPEAT_MIN_WORDS:
-        return 0.0
-    grams = [tuple(words[i : i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
-    return 1.0 - len(set(grams)) / len(grams)
+#: Tokens a plan, another persona's note and the final answer may take (a facet may ask for
+#: fewer or more within ``facets.NUM_PREDICT_RANGE``). Generation runs at about 30 tokens a
+#: second on two cores: the answer's budget is most of a cycle's time.
+PLAN_TOKENS = 200
+FACET_TOKENS = 160
+ANSWER_TOKENS = 480
+#: Passages a grounded answer is given; a request about memory of at most this many words,
+#: routed to one persona, is answered from them in one call, with no plan.
+GROUNDING_PASSAGES = 5
+GROUNDED_FAST_WORDS = 30
+#: Who answers when the router cannot say (the one ``batos`` names with no router installed).
+FALLBACK_PERSONA = "BRICK"
+#: The step a plan gets for a request that needs a number or date computed.
+COMPUTE_STEP = {"persona": compute.AUTHOR, "facet": "compute"}
 
 
 def prompts() -> dict[str, Any]:
@@ -88,18 +82,6 @@ def _failure(node: str, exc: BaseException) -> dict[str, Any]:
         return {"node": node, "reason": exc.message, "hint": exc.hint or ""}
     log.exception("mind node %s failed", node)
     return {"node": node, "reason": f"{type(exc).__name__}: {exc}", "hint": "see the log"}
-
-
-def _history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Earlier turns for the answering model: user and answer messages, not failures."""
-    kept: list[BaseMessage] = []
-    for message in messages[:-1]:
-        if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
-            continue
-        if isinstance(message, HumanMessage | AIMessage):
-            text = content_text(message.content)[:HISTORY_CHARS]
-            kept.append(type(message)(content=text))
-    return kept[-HISTORY_MESSAGES:]
 
 
 def _bring_up_to_date(image: LivingImage) -> None:
@@ -220,12 +202,24 @@ class Mind:
         given = self._services().embedder
         return self._once("catalog", image, lambda: KnowledgeCatalog.open(image, given))
 
+    def searchable_catalog(self, image: LivingImage) -> Any:
+        """The catalog, or None when the image's holds nothing (then neither its encoder is
+        loaded nor its layout written: opening a catalog lays one out)."""
+        if self._services().catalog is None:
+            from store.catalog import holds_chunks
+
+            with image.read() as root:
+                if not holds_chunks(root):
+                    return None
+        return self.catalog(image)
+
     # -- measured model calls -------------------------------------------------------------
 
     def call(
         self, model: BaseChatModel, messages: list[BaseMessage], **where: Any
     ) -> tuple[str, dict[str, Any]]:
-        """Stream one model call; its text and what it cost (seconds, first token, tokens).
+        """Stream one model call; its text and what it cost (seconds, first token, tokens,
+        prompt tokens served from the KV cache, why it stopped).
 
         ``at`` is when it started (epoch seconds): parallel facets' calls overlap, so the time
         a cycle spent in the model is the union of the calls' intervals, not their sum.
@@ -239,6 +233,8 @@ class Mind:
                 first = time.perf_counter() - started
             full = chunk if full is None else full + chunk
         usage = (getattr(full, "usage_metadata", None) or {}) if full is not None else {}
+        details = usage.get("input_token_details") or {}
+        finish = (getattr(full, "response_metadata", None) or {}) if full is not None else {}
         metric = {
             **where,
             "at": round(at, 4),
@@ -246,6 +242,8 @@ class Mind:
             "first_token_s": None if first is None else round(first, 4),
             "input_tokens": int(usage.get("input_tokens") or 0),
             "output_tokens": int(usage.get("output_tokens") or 0),
+            "cached_tokens": int(details.get("cache_read") or 0),
+            "finish_reason": str(finish.get("finish_reason") or finish.get("done_reason") or ""),
         }
         return content_text(full.content if full is not None else ""), metric
 
@@ -258,6 +256,8 @@ class Mind:
             "thread_id": str((config.get("configurable") or {}).get("thread_id") or ""),
             "started": time.time(),
             "synthesis_attempts": 0,
+            "degraded": [],
+            "truncated": False,
         }
         update: dict[str, Any] = {
             "cycle": cycle_state,
@@ -298,50 +298,109 @@ class Mind:
                 )
             ranked, chosen = [[name, 1.0]], [name]
         else:
-            router, default = self.router(image)
-            found = router.route(request)
-            ranked = [[str(p), round(float(s), 4)] for p, s in found.ranked]
-            chosen = [str(p) for p in found.chosen]
-            vector = found.vector
-            if not chosen or any(p not in PERSONAS for p in chosen):
-                raise MindError(f"the router chose {chosen!r}, not personas of the codex")
-            if default:
-                from graph.router import prefetch_runner_up
-
-                prefetch_runner_up(found)
+            try:
+                ranked, chosen, vector = self._routed(image, request)
+            except Exception as exc:  # a router that fails: the default persona answers
+                _degrade(cycle_state, "route", "the router", _failure("route", exc))
+                ranked, chosen = [[FALLBACK_PERSONA, 1.0]], [FALLBACK_PERSONA]
         if vector is None:
-            vector = self.embed(request)
+            try:
+                vector = self.embed(request)
+            except Exception as exc:  # no vector: the gate cannot weigh relevance
+                _degrade(cycle_state, "route", "the request's embedding", _failure("route", exc))
         depth = depth_for(
             request, chosen, settings.get_int("mind_fast_words"), context.get("depth")
         )
+        self._ground(image, cycle_state, request)
+        grounded = bool(cycle_state["grounding"].get("about_catalog"))
+        cycle_state["compute"] = compute.looks_computational(request, grounded=grounded)
+        unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
+        forced_depth = context.get("depth") in ("fast", "full")
+        if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
+            # A word problem is long but needs no plan: a program, then the answer.
+            depth = Depth("fast", "a computation: a program, then the answer")
+        elif grounded and depth.mode == "full" and len(chosen) == 1 and not forced_depth:
+            # What memory holds answers it: a plan would only split the same passages.
+            if len(request.split()) <= GROUNDED_FAST_WORDS:
+                depth = Depth("fast", "about memory: one answer from its passages")
         if depth.mode == "fast":
             chosen = chosen[:1]
         cycle_state["depth"] = depth.as_dict()
         return {
             "route": {"ranked": ranked, "chosen": chosen, "forced": forced is not None},
-            "cem": {"request_vector": np.asarray(vector, dtype=np.float32).tolist()},
-            "status": "SYNTHESIZING" if depth.mode == "fast" else "DECOMPOSING",
+            "cem": {
+                "request_vector": None
+                if vector is None
+                else np.asarray(vector, dtype=np.float32).tolist()
+            },
+            "status": "SYNTHESIZING" if self._fast_only(cycle_state) else "DECOMPOSING",
         }
+
+    def _routed(self, image: LivingImage, request: str) -> tuple[list, list[str], Any]:
+        router, default = self.router(image)
+        found = router.route(request)
+        ranked = [[str(p), round(float(s), 4)] for p, s in found.ranked]
+        chosen = [str(p) for p in found.chosen]
+        if not chosen or any(p not in PERSONAS for p in chosen):
+            raise MindError(f"the router chose {chosen!r}, not personas of the codex")
+        if default:
+            from graph.router import prefetch_runner_up
+
+            prefetch_runner_up(found)
+        return ranked, chosen, found.vector
+
+    def _ground(self, image: LivingImage, cycle_state: dict[str, Any], request: str) -> None:
+        """Whether the request is about what the catalog holds, and if so its best passages.
+        A catalog that cannot be searched degrades the answer to one without passages."""
+        from graph.retrieval import passage, probe
+
+        cycle_state["passages"] = []
+        cycle_state["grounding"] = {"about_catalog": False, "best": None}
+        try:
+            catalog = self.searchable_catalog(image)
+            if catalog is None:
+                return
+            grounding = probe(catalog, request, settings.get_float("mind_grounding"))
+            cycle_state["grounding"] = grounding.as_dict()
+            if grounding.about_catalog:
+                hits = catalog.search(request, GROUNDING_PASSAGES, record=False)
+                cycle_state["passages"] = [passage(h) for h in hits]
+        except Exception as exc:
+            _degrade(cycle_state, "retrieval", "the knowledge catalog", _failure("route", exc))
+
+    @staticmethod
+    def _fast_only(cycle_state: dict[str, Any]) -> bool:
+        return cycle_state["depth"]["mode"] == "fast" and not cycle_state.get("compute")
 
     def decompose(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
         chosen = state["route"]["chosen"]
         metrics: list[dict[str, Any]] = []
-        try:
-            plan, attempts = self._plan(cycle_state["request"], chosen, metrics, cycle_state["id"])
-            cycle_state["plan_attempts"] = attempts
-            update: dict[str, Any] = {"plan": plan, "status": "DELEGATING"}
-        except Exception as exc:
-            update = {"failure": _failure("decompose", exc), "status": "FAILED"}
+        computing = [dict(COMPUTE_STEP, query=cycle_state["request"])]
+        plan: list[dict[str, Any]] = []
+        if cycle_state["depth"]["mode"] == "full":
+            try:
+                plan, attempts = self._plan(cycle_state, chosen, metrics)
+                cycle_state["plan_attempts"] = attempts
+            except Exception as exc:
+                reason = _failure("decompose", exc)
+                _degrade(cycle_state, "plan", "the plan", reason)
+                cycle_state["depth"] = Depth("fast", "the plan failed twice").as_dict()
+            if len(plan) == 1:
+                cycle_state["depth"] = Depth("fast", "the plan has one step").as_dict()
+        if cycle_state.get("compute") and not any(s["facet"] == "compute" for s in plan):
+            plan = computing + plan
+        update: dict[str, Any] = {"plan": plan, "status": "DELEGATING"}
         update.update(cycle=cycle_state, metrics=metrics)
         self._transition("decompose", cycle_state["id"], update, started)
         return update
 
     def _plan(
-        self, request: str, chosen: list[str], metrics: list, cycle_id: str
+        self, cycle_state: dict[str, Any], chosen: list[str], metrics: list
     ) -> tuple[list[dict[str, str]], int]:
         p = prompts()
+        request, cycle_id = cycle_state["request"], cycle_state["id"]
         lead, most = chosen[0], settings.get_int("mind_max_facets")
         available = facets_of(chosen)
         codex = load_codex()
@@ -364,25 +423,40 @@ class Mind:
             reply, metric = self.call(model, messages, node="decompose", persona=lead)
             metrics.append(metric)
             try:
-                return parse_plan(reply, available, most), attempt
+                raw = parse_plan(reply, available, most)
+                plan = parse_plan(reply, available, most, request)
             except PlanRejected as exc:
                 reason = str(exc)
                 _emit("retry", cycle=cycle_id, node="decompose", attempt=attempt, reason=reason)
                 messages += [AIMessage(reply), HumanMessage(p["plan_retry"].format(reason=reason))]
-        raise MindError(
-            f"{lead}'s plan was rejected twice: {reason}",
-            hint="ask for a fast answer (depth 'fast'), or use a backend with constrained "
-            "decoding (the embedded model and Ollama have it)",
-        )
+                continue
+            cycle_state["plan_quality"] = {
+                "raw": plan_quality(_raw_steps(reply), request).as_dict(),
+                "final": plan_quality(plan, request).as_dict(),
+                "kept": len(plan),
+                "parsed": len(raw),
+            }
+            return plan, attempt
+        raise MindError(f"{lead}'s plan was rejected twice: {reason}")
 
     def delegate(self, state: MindState) -> list[Send] | str:
         if state.get("failure"):
             return "fail"
-        cycle_state = {k: state["cycle"][k] for k in ("id", "request", "thread_id")}
-        return [
-            Send("facet", {"cycle": cycle_state, "index": i, "step": step})
-            for i, step in enumerate(state["plan"])
-        ]
+        cycle_state = state["cycle"]
+        steps = state["plan"]
+        if cycle_state["depth"]["mode"] == "fast":
+            steps = [s for s in steps if s["facet"] == "compute"]
+        if not steps:
+            return "synthesize"
+        task_cycle = {k: cycle_state[k] for k in ("id", "request", "thread_id")}
+        lead = state["route"]["chosen"][0]
+        sends = []
+        for i, step in enumerate(steps):
+            task = {"cycle": task_cycle, "index": i, "step": step, "lead": lead}
+            if step["facet"] == "compute":  # a program takes its figures from memory too
+                task["passages"] = cycle_state.get("passages") or []
+            sends.append(Send("facet", task))
+        return sends
 
     def facet(self, task: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
@@ -395,53 +469,17 @@ class Mind:
             "persona": persona,
             "facet": selector,
             "query": query,
+            "degraded": "",
         }
         try:
-            image = self.image(config)
-            with image.connection() as conn:  # never committed: closing it aborts
-                prepared = facets.prepare(
-                    conn.root(),
-                    persona,
-                    selector,
-                    query,
-                    draft=self._drafter(persona, selector, metrics),
-                    attempts=settings.get_int("jit_attempts"),
-                    cycle_id=cycle_state["id"],
-                    writers=self.writers,
-                )
-            parts = [
-                prepared.instruction.text,
-                prompts()["facet_request"].format(request=cycle_state["request"]),
-            ]
-            citations: list[dict[str, Any]] = []
-            if persona == "BABS":  # BABS's facets answer from the catalog, citing it
-                from graph.retrieval import cited_context
-
-                cited = cited_context(self.catalog(image), query, record=False)
-                parts.append(cited.text or "(Memory holds no passages on this.)")
-                citations = cited.citations
-                if cited.hits:
-                    found.append(
-                        {"kind": "catalog_retrieved", "chunks": [h.chunk_id for h in cited.hits]}
-                    )
-            options = {"num_predict": FACET_TOKENS, **prepared.instruction.options}
-            model = self.models(persona, **options)
-            text, metric = self.call(
-                model,
-                [HumanMessage("\n\n".join(parts))],
-                node="facet",
-                persona=persona,
-                facet=selector,
-            )
-            metrics.append(metric)
-            if prepared.written is not None:
-                found.append(prepared.written.effect())
-            partial.update(
-                ok=True, text=text, citations=citations, wrote=prepared.written is not None
-            )
+            if selector == "compute":
+                self._compute(partial, metrics, task.get("passages") or [])
+            else:
+                found = self._facet(task, partial, metrics, config)
         except Exception as exc:
             failure = _failure("facet", exc)
             partial.update(ok=False, reason=failure["reason"], hint=failure["hint"])
+            partial["degraded"] = "; ".join(filter(None, (partial["degraded"], failure["reason"])))
             found = []
         partial["seconds"] = round(time.perf_counter() - started, 4)
         update = {"partials": [partial], "effects": found, "metrics": metrics}
@@ -450,35 +488,109 @@ class Mind:
             cycle=cycle_state["id"],
             persona=persona,
             facet=selector,
-            ok=partial["ok"],
+            kind=partial.get("kind"),
+            ok=partial.get("ok"),
+            degraded=partial["degraded"] or None,
             seconds=partial["seconds"],
             tokens=sum(m["output_tokens"] for m in metrics),
         )
         return update
 
-    def _drafter(self, persona: str, selector: str, metrics: list) -> facets.Draft:
-        from graph import jit
+    def _facet(
+        self, task: dict[str, Any], partial: dict[str, Any], metrics: list, config: RunnableConfig
+    ) -> list[dict[str, Any]]:
+        """One plan step: the facet's instruction (its method, or the fallback), then by who
+        takes it: the lead's own steps become its answer's outline (no call of their own),
+        BABS's bring passages from memory, another persona's are answered as a short note."""
+        step, cycle_state, lead = task["step"], task["cycle"], task["lead"]
+        persona, selector, query = step["persona"], step["facet"], step["query"]
+        image = self.image(config)
+        with image.connection() as conn:  # never committed: closing it aborts
+            prepared = facets.prepare(
+                conn.root(),
+                persona,
+                selector,
+                query,
+                draft=self._drafter(persona, selector, metrics),
+                attempts=settings.get_int("jit_attempts"),
+                cycle_id=cycle_state["id"],
+                writers=self.writers,
+                write=settings.get_str("mind_write_facets") == "inline",
+            )
+        partial.update(degraded=prepared.degraded, wrote=prepared.written is not None)
+        found = [prepared.written.effect()] if prepared.written is not None else []
+        if persona == "BABS":  # BABS's facets answer from the catalog
+            from graph.retrieval import passage
 
-        def draft(brief: Any, attempts: list) -> str:
-            options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
-            if attempts:  # a retry samples hotter so it does not repeat the rejected draft
-                options["temperature"] = jit.SAMPLE_TEMPERATURE
+            catalog = self.searchable_catalog(image)
+            hits = (
+                [] if catalog is None else catalog.search(query, GROUNDING_PASSAGES, record=False)
+            )
+            partial["passages"] = [passage(h) for h in hits]
+            if hits:
+                found.append({"kind": "catalog_retrieved", "chunks": [h.chunk_id for h in hits]})
+        if persona == lead:
+            partial.update(ok=True, kind="instruction", text=prepared.instruction.text)
+            return found
+        if persona == "BABS":
+            partial.update(ok=True, kind="passages", text="")
+            return found
+        options = {"num_predict": FACET_TOKENS, **prepared.instruction.options}
+        text, metric = self.call(
+            self.models(persona, **options),
+            [
+                HumanMessage(
+                    prepared.instruction.text
+                    + "\n\n"
+                    + prompts()["facet_request"].format(request=cycle_state["request"])
+                )
+            ],
+            node="facet",
+            persona=persona,
+            facet=selector,
+        )
+        metrics.append(metric)
+        if metric["finish_reason"] == "length":
+            text = answer.cut_at_sentence(text)
+        partial.update(ok=True, kind="note", text=text)
+        return found
+
+    def _compute(self, partial: dict[str, Any], metrics: list, passages: list) -> None:
+        """A program for the request, written by BRICK's model and run in the sandbox, with
+        the cycle's passages to take figures from."""
+        persona, query = partial["persona"], partial["query"]
+
+        def write(messages: list[BaseMessage]) -> str:
+            model = self.models(persona, temperature=0.0, num_predict=compute.PROGRAM_TOKENS)
             reply, metric = self.call(
-                self.models(persona, **options),
-                jit.messages_for(brief, attempts),
-                node="facet:draft",
-                persona=persona,
-                facet=selector,
+                model, messages, node="facet:program", persona=persona, facet="compute"
             )
             metrics.append(metric)
-            return jit.extract_code(reply, selector)
+            return reply
 
-        return draft
+        result = compute.compute(query, write, answer.passages_text(passages))
+        partial.update(kind="computed", ok=result.ok, text=result.value, program=result.source)
+        if not result.ok:
+            partial["degraded"] = f"the program could not be run: {result.reason}"
+
+    def _drafter(self, persona: str, selector: str, metrics: list) -> facets.Draft:
+        from graph.facet_writing import drafter
+
+        def ask(model: BaseChatModel, messages: list[BaseMessage]) -> str:
+            reply, metric = self.call(
+                model, messages, node="facet:draft", persona=persona, facet=selector
+            )
+            metrics.append(metric)
+            return reply
+
+        return drafter(self.models, persona, selector, ask)
 
     def synthesize(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
         cycle_state["synthesis_attempts"] = attempt = cycle_state.get("synthesis_attempts", 0) + 1
+        if attempt == 1:
+            self._record_partials(state, cycle_state)
         update: dict[str, Any] = {"cycle": cycle_state}
         try:
             text, metric = self._synthesize(state, cycle_state, attempt)
@@ -488,34 +600,36 @@ class Mind:
         self._transition("synthesize", cycle_state["id"], update, started)
         return update
 
+    @staticmethod
+    def _record_partials(state: MindState, cycle_state: dict[str, Any]) -> None:
+        """Each partial that did not serve as planned, in the cycle's record; and the
+        passages of BABS's steps joined to the answer's."""
+        partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
+        for x in partials:
+            if x.get("degraded"):
+                what = f"{x['persona']}.{x['facet']}"
+                where = "compute" if x["facet"] == "compute" else "facet"
+                _degrade(cycle_state, where, what, {"reason": x["degraded"]})
+        groups = [cycle_state.get("passages") or []]
+        groups += [x.get("passages") or [] for x in partials]
+        cycle_state["passages"] = answer.merged_passages([g for g in groups if g])
+
     def _synthesize(
         self, state: MindState, cycle_state: dict[str, Any], attempt: int
     ) -> tuple[str, dict[str, Any]]:
         p = prompts()
         request, chosen = cycle_state["request"], state["route"]["chosen"]
         lead = chosen[0]
-        failed = [x for x in state.get("partials") or [] if not x.get("ok")]
-        if failed:
-            first = failed[0]
-            raise MindError(
-                f"facet {first['persona']}.{first['facet']} failed: {first['reason']}",
-                hint=first.get("hint") or None,
-            )
-        messages = _history(state.get("messages") or [])
+        messages = history(state.get("messages") or [])
         partials = sorted(state.get("partials") or [], key=lambda x: x["index"])
-        if cycle_state["depth"]["mode"] == "fast" or not partials:
-            messages.append(HumanMessage(request))
+        passages = cycle_state.get("passages") or []
+        shown = answer.focus(passages, request, settings.get_int("mind_passage_words"))
+        if partials:
+            messages.append(HumanMessage(answer.answer_prompt(request, partials, shown)))
+        elif passages:
+            messages.append(HumanMessage(answer.grounded_prompt(request, shown)))
         else:
-            voices = sorted({x["persona"] for x in partials}, key=chosen.index)
-            notes = "\n\n".join(
-                p["weave_voice"].format(persona=x["persona"], facet=x["facet"], text=x["text"])
-                for x in partials
-            )
-            messages.append(
-                HumanMessage(
-                    p["weave"].format(voices=" and ".join(voices), request=request, notes=notes)
-                )
-            )
+            messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
         if attempt > 1:
             messages += [
@@ -523,7 +637,18 @@ class Mind:
                 HumanMessage(p["retry"].format(reason=cycle_state.get("gate_reason", ""))),
             ]
             options["temperature"] = 0.3
-        return self.call(self.models(lead, **options), messages, node="synthesize", persona=lead)
+        text, metric = self.call(
+            self.models(lead, **options), messages, node="synthesize", persona=lead
+        )
+        if metric["finish_reason"] == "length":
+            text = answer.cut_at_sentence(text)
+            cycle_state["truncated"] = True
+        from graph.retrieval import render_citations
+
+        numbered = [{"n": n, **x} for n, x in enumerate(passages, start=1)]
+        text, cited = render_citations(text, numbered)
+        cycle_state["cited"] = [passages[n - 1]["citation"] for n in cited]
+        return text, metric
 
     def gate(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
@@ -532,13 +657,7 @@ class Mind:
         cem = dict(state.get("cem") or {})
         reason = ""
         try:
-            request_vector = np.asarray(cem["request_vector"], dtype=np.float32)
-            response_vector = self.embed(response) if response else None
-            relevance = (
-                float(np.dot(request_vector, response_vector))
-                if response_vector is not None
-                else None
-            )
+            response_vector, relevance = self._relevance(cycle_state, cem, response)
             threshold = settings.get_float("mind_relevance")
             repeats, most = repetition(response), settings.get_float("mind_repetition")
             if not response:
@@ -569,6 +688,12 @@ class Mind:
                 cycle_state["gate_reason"] = reason
                 update["status"] = "SYNTHESIZING"
                 _emit("retry", cycle=cycle_state["id"], node="gate", reason=reason)
+            elif reason and response:
+                # An answer that failed twice is still the best this cycle can give: it is
+                # given, and marked, rather than none at all.
+                _degrade(cycle_state, "gate", "the answer", {"reason": reason})
+                if len(response) > MAX_ANSWER_CHARS:
+                    update["response"] = answer.cut_at_sentence(response[:MAX_ANSWER_CHARS])
             elif reason:
                 update.update(
                     status="FAILED",
@@ -582,6 +707,23 @@ class Mind:
             update = {"cycle": cycle_state, "failure": _failure("gate", exc), "status": "FAILED"}
         self._transition("gate", cycle_state["id"], update, started)
         return update
+
+    def _relevance(
+        self, cycle_state: dict[str, Any], cem: dict[str, Any], response: str
+    ) -> tuple[Any, float | None]:
+        """The answer's vector and its cosine with the request's; (None, None) when either
+        cannot be had (the check is then skipped, and that is recorded)."""
+        if not response:
+            return None, None
+        try:
+            response_vector = self.embed(response)
+        except Exception as exc:
+            _degrade(cycle_state, "gate", "the relevance check", _failure("gate", exc))
+            return None, None
+        if cem.get("request_vector") is None:
+            return response_vector, None
+        request_vector = np.asarray(cem["request_vector"], dtype=np.float32)
+        return response_vector, float(np.dot(request_vector, response_vector))
 
     def complete(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
@@ -635,11 +777,10 @@ class Mind:
 
     # -- edges ------------------------------------------------------------------------------
 
-    @staticmethod
-    def after_route(state: MindState) -> str:
+    def after_route(self, state: MindState) -> str:
         if state.get("failure"):
             return "fail"
-        return "synthesize" if state["cycle"]["depth"]["mode"] == "fast" else "decompose"
+        return "synthesize" if self._fast_only(state["cycle"]) else "decompose"
 
     @staticmethod
     def after_synthesize(state: MindState) -> str:
@@ -667,3 +808,20 @@ class Mind:
             output_tokens=sum(m["output_tokens"] for m in metrics),
             failure=(update.get("failure") or {}).get("reason"),
         )
+
+
+def _degrade(cycle_state: dict[str, Any], where: str, what: str, failure: dict[str, Any]) -> None:
+    """Record that ``what`` did not serve as planned (the cycle goes on without it)."""
+    entry = {"where": where, "what": what, "reason": str(failure.get("reason") or "")[:500]}
+    cycle_state["degraded"] = [*(cycle_state.get("degraded") or []), entry]
+    _emit("degraded", cycle=cycle_state.get("id"), **entry)
+
+
+def _raw_steps(reply: str) -> list[dict[str, str]]:
+    """The steps of a plan reply as the model wrote them (for measuring plans), or none."""
+    try:
+        data = json.loads(reply.strip())
+    except ValueError:
+        return []
+    steps = data.get("steps") if isinstance(data, dict) else None
+    return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []

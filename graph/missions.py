@@ -51,7 +51,7 @@ from persistent.mapping import PersistentMapping
 
 from batos import settings
 from batos.errors import BatosError, ImageError
-from graph import cem
+from graph import cem, records
 from graph.cycle import CYCLES_KEY
 from graph.router import MAX_PRIOR, PRIORS_KEY
 from prototypes import guardian, sandbox
@@ -118,8 +118,7 @@ def _least_used(metrics: Mapping[str, Any], among: Sequence[str]) -> list[str]:
 
 
 def _undone(root: Any) -> set[tuple[str, str, str | None]]:
-    found = missions(root)
-    recent = [found[k] for k in list(found.keys())[-AVOID_UNDONE:]]
+    recent = valid_missions(root, AVOID_UNDONE)
     return {(m["kind"], m["persona"], m.get("selector")) for m in recent if m["status"] == "undone"}
 
 
@@ -197,6 +196,16 @@ def plan(
 
 def missions(root: Any) -> Any:
     return root.get(MISSIONS_KEY) or IOBTree()
+
+
+def valid_missions(root: Any, newest: int | None = None) -> list[dict[str, Any]]:
+    """The mission records, oldest first (of the ``newest`` only, when given); a malformed one
+    is skipped with a warning, and the audit goes on without it."""
+    found = missions(root)
+    keys = list(found.keys())
+    chosen = keys if newest is None else keys[-newest:] if newest > 0 else []
+    checked = (records.readable(records.Mission, "mission", k, found[k]) for k in chosen)
+    return [m for m in checked if m is not None]
 
 
 def prepare(root: Any) -> None:
@@ -383,7 +392,7 @@ class Judgement:
 
 
 def open_missions(root: Any) -> list[dict[str, Any]]:
-    return [dict(m) for m in missions(root).values() if m.get("status") in OPEN]
+    return [m for m in valid_missions(root) if m["status"] in OPEN]
 
 
 def assess(
@@ -466,5 +475,6 @@ def evidence(judgements: Sequence[Judgement]) -> list[tuple[float, dict[str, flo
 
 
 def history(image: LivingImage) -> list[dict[str, Any]]:
+    """Every well-formed mission record, oldest first (malformed ones skipped, with a warning)."""
     with image.read() as root:
-        return [dict(m) for m in missions(root).values()]
+        return valid_missions(root)

@@ -25,6 +25,8 @@ PLAN_CUES = re.compile(
     r"research|sources?|cite|audit|why and how|how and why|first|then|trade-?offs?)\b",
     re.IGNORECASE,
 )
+#: A list marker a small model puts before its sub-queries ("2. plan the rows").
+_ENUMERATION = re.compile(r"^\s*(?:\d{1,2}[.):]|[-*•]|step \d{1,2}[.:]?)\s+", re.IGNORECASE)
 #: Longest sub-query a plan may give a facet, in characters.
 MAX_QUERY_CHARS = 400
 
@@ -120,10 +122,73 @@ class PlanRejected(ValueError):
     """A plan reply that breaks the rules; the message is fed back to the model."""
 
 
-def parse_plan(reply: str, facets: Mapping[str, str], most: int) -> list[dict[str, str]]:
+#: Words that say nothing of what a request is about.
+_STOP = frozenset(
+    """a about above after again all also am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further
+    had has have having he her here hers him his how i if in into is it its itself just me
+    more most my myself no nor not now of off on once only or other our ours out over own same
+    she should so some such than that the their theirs them then there these they this those
+    through to too under until up very was we were what when where which while who whom why
+    will with would you your yours yourself please tell give want need know make get way ways
+    thing things step steps first next part parts one two three best good help question
+    answer""".split()
+)
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+#: Two sub-queries sharing this share of their content words ask the same thing.
+NEAR_DUPLICATE = 0.7
+
+
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` that carry its subject, lower-cased and cut to five letters (so
+    'gardens' and 'gardening' meet)."""
+    return {w[:5] for w in (t.lower() for t in _TOKEN.findall(text)) if w not in _STOP}
+
+
+def near_duplicate(a: str, b: str) -> bool:
+    wa, wb = content_words(a), content_words(b)
+    if not wa or not wb:  # nothing to weigh: the same words in the same order, or not
+        return [t.lower() for t in _TOKEN.findall(a)] == [t.lower() for t in _TOKEN.findall(b)]
+    return len(wa & wb) / len(wa | wb) >= NEAR_DUPLICATE
+
+
+def off_request(query: str, request: str) -> bool:
+    """Whether ``query`` shares no content word with ``request``: a generic question such as
+    "What is the first step?" that could belong to any request."""
+    return not content_words(query) & content_words(request)
+
+
+@dataclass(frozen=True)
+class PlanQuality:
+    """How well a plan decomposes its request: steps that repeat an earlier one (same or
+    nearly the same sub-query), and steps with no word of the request."""
+
+    steps: int
+    duplicates: int
+    off_request: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"steps": self.steps, "duplicates": self.duplicates, "off_request": self.off_request}
+
+
+def plan_quality(steps: Sequence[Mapping[str, str]], request: str) -> PlanQuality:
+    queries = [str(s.get("query") or "") for s in steps]
+    duplicates = sum(
+        any(near_duplicate(q, earlier) for earlier in queries[:i]) for i, q in enumerate(queries)
+    )
+    generic = sum(off_request(q, request) for q in queries)
+    return PlanQuality(len(queries), duplicates, generic)
+
+
+def parse_plan(
+    reply: str, facets: Mapping[str, str], most: int, request: str | None = None
+) -> list[dict[str, str]]:
     """The plan's steps as ``{"persona", "facet", "query"}``; ``PlanRejected`` says why not.
 
-    Repeated steps (same facet, same query) are dropped.
+    A step that repeats an earlier one (the same or nearly the same sub-query) is dropped. With
+    ``request``, a step with no word of substance is dropped, and a plan none of whose steps
+    shares a word with the request is rejected (a list of generic questions, not a
+    decomposition).
     """
     text = reply.strip()
     fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
@@ -150,10 +215,22 @@ def parse_plan(reply: str, facets: Mapping[str, str], most: int) -> list[dict[st
             )
         if not isinstance(query, str) or not query.strip():
             raise PlanRejected(f"step {number} has no query text")
-        query = _cut(" ".join(query.split()))
-        if (facet, query) in seen:
+        query = _cut(_ENUMERATION.sub("", " ".join(query.split())))
+        if not query:
+            raise PlanRejected(f"step {number} has no query text")
+        if (facet, query) in seen or any(near_duplicate(query, q) for _, q in seen):
             continue
         seen.add((facet, query))
         persona, selector = facet.split(".", 1)
         plan.append({"persona": persona, "facet": selector, "query": query})
+    if request is not None:
+        # A step with no word of substance ("What is the first step?") could belong to any
+        # request: dropped. A specific step in other words ("prepare the soil") is a real
+        # sub-task; a plan none of whose steps touches the request is a list of generic ones.
+        plan = [step for step in plan if content_words(step["query"])]
+        if not any(not off_request(step["query"], request) for step in plan):
+            raise PlanRejected(
+                "no step names anything from the request: each query must say which part of "
+                "the request it is about, in the request's own words"
+            )
     return plan

@@ -62,10 +62,109 @@ def cited_context(
     if not hits:
         return CitedContext(query, "", hits)
     parts = [CONTEXT_HEADER]
-    for n, hit in enumerate(hits, start=1):
-        body = _unfenced(hit.text)
-        parts.append(f"[{n}] {_unfenced(hit.citation)}\n{_FENCE}\n{body}\n{_END}")
+    parts += [fence(n, hit.citation, hit.text) for n, hit in enumerate(hits, start=1)]
     return CitedContext(query, "\n\n".join(parts), hits)
+
+
+def fence(n: int, citation: str, text: str) -> str:
+    """Passage ``n`` of a context block: its citation, then its text inside a fence that no
+    passage can open or close."""
+    return f"[{n}] {_unfenced(citation)}\n{_FENCE}\n{_unfenced(text)}\n{_END}"
+
+
+def passage(hit: Hit) -> dict[str, Any]:
+    """A retrieved chunk as plain data for graph state: what a prompt quotes and a citation
+    names."""
+    return {
+        "chunk_id": hit.chunk_id,
+        "source": hit.source,
+        "start": hit.start,
+        "end": hit.end,
+        "citation": hit.citation,
+        "text": hit.text,
+        "score": round(float(hit.score), 4),
+    }
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """Whether a request is about what the catalog holds: the best passage's cosine similarity
+    to it (dense search), and the threshold it was held to."""
+
+    about_catalog: bool
+    best: float | None
+    threshold: float
+    source: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "about_catalog": self.about_catalog,
+            "best": None if self.best is None else round(self.best, 4),
+            "threshold": self.threshold,
+            "source": self.source,
+        }
+
+
+#: How much closer than the threshold a passage may be when the request names something the
+#: catalog knows (a capitalised word past the first, a code such as "DH-20").
+NAMED_MARGIN = 0.1
+_NAME = re.compile(r"\b(?:[A-Z][\w'-]{2,}|[\w-]*\d[\w-]*[A-Za-z][\w-]*|[A-Za-z][\w-]*\d[\w-]*)")
+
+
+#: Capitalised words that name nothing in particular.
+_COMMON = frozenset(
+    """i i'm i've i'd i'll monday tuesday wednesday thursday friday saturday sunday january
+    february march april may june july august september october november december""".split()
+)
+
+
+def names_in(request: str) -> list[str]:
+    """Words of ``request`` that look like names or codes: capitalised where a sentence does
+    not start, or letters and digits together."""
+    found = []
+    for match in _NAME.finditer(request):
+        word = match.group(0)
+        before = request[: match.start()].rstrip()
+        starts_sentence = not before or before[-1] in ".!?:;\"'(\n"
+        if word.lower() in _COMMON or (starts_sentence and not any(c.isdigit() for c in word)):
+            continue
+        found.append(word)
+    return found
+
+
+def probe(catalog: KnowledgeCatalog, request: str, threshold: float) -> Grounding:
+    """How close the catalog's nearest passage is to ``request`` (an empty catalog: not
+    about it). One dense lookup and one look in the full-text lexicon: milliseconds beside a
+    model call. A request naming something the catalog knows is held to a lower bar: a short
+    question about a named thing ("What does Tidewater accept?") embeds far from the long
+    passage that answers it."""
+    hits = catalog.search(request, 1, mode="dense", record=False)
+    if not hits:
+        return Grounding(False, None, threshold)
+    best = float(hits[0].score)
+    bar = threshold
+    if best < threshold and catalog.known_terms(names_in(request)):
+        bar = threshold - NAMED_MARGIN
+    return Grounding(best >= bar, best, bar, hits[0].source)
+
+
+_CITED = re.compile(r"\[(\d{1,2})\]")
+_PLACEHOLDER = re.compile(r"\s?\[n\]")
+
+
+def render_citations(answer: str, citations: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+    """``answer`` with a line naming the sources its ``[n]`` markers refer to, and the numbers
+    it cited. A literal ``[n]`` copied from the instructions is removed; a number with no
+    passage behind it is left out of the sources line (and of the returned list)."""
+    text = _PLACEHOLDER.sub("", answer).rstrip()
+    known = {int(c["n"]): c for c in citations}
+    cited = sorted({int(m) for m in _CITED.findall(text)} & set(known))
+    if not cited:
+        return text, []
+    sources = "; ".join(
+        f"[{n}] {known[n]['source']} ({known[n]['start']}–{known[n]['end']})" for n in cited
+    )
+    return f"{text}\n\nSources: {sources}", cited
 
 
 def retrieval_node(

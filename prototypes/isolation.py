@@ -1,7 +1,7 @@
 """Process isolation: a generated method runs in a forked child, never in the host process.
 
 Each outermost call of a sandboxed method forks. The child gives up what it inherited
-(``confine``: descriptors, environment, limits, no new privileges, a seccomp filter), runs the
+(``confine``: descriptors, environment, limits, never root, a system-call allow list), runs the
 method under the in-process guards, and reports back over a pipe: its result and the new
 state of every object it changed, as data only (``prototypes.report``). The host decodes the
 report with limits, checks every reference and every state in full, and only then applies
@@ -481,6 +481,7 @@ def run(
     ``SandboxViolation`` for a policy breach, a crash or a report the host refuses, and
     ``SandboxLimitExceeded`` when the child ran out of time or memory.
     """
+    confine.require_supported()
     receiver = args[0] if args and isinstance(args[0], UvmObject) else None
     roots: list[Any] = []
     if receiver is not None:

@@ -180,6 +180,13 @@ def catalog_root(root: Any) -> Any:
         ) from None
 
 
+def holds_chunks(root: Any) -> bool:
+    """Whether the image has a catalog with anything in it (read only: opening a catalog lays
+    one out, which a reader that only looks must not do)."""
+    cat = root.get(CATALOG_KEY)
+    return cat is not None and len(cat["chunks"]) > 0
+
+
 def stored_vector(cat: Any, chunk: Chunk) -> np.ndarray:
     """The vector the image holds for ``chunk`` (a copy of its row in the document's block)."""
     document = cat["documents"][chunk.source]
@@ -616,6 +623,13 @@ class KnowledgeCatalog:
         if record:
             self._record_retrievals(hit.chunk_id for hit in hits)
         return hits
+
+    def known_terms(self, terms: Iterable[str]) -> set[str]:
+        """Which of ``terms`` occur in the catalog's text (as its full-text index splits and
+        normalises them): a name the catalog knows says a request is about it."""
+        with self.image.read() as root:
+            lexicon = catalog_root(root)["text"].lexicon
+            return {t for t in terms if any(lexicon.termToWordIds(t))}
 
     def _lexical(
         self, cat: Any, query: str, k: int, allowed: np.ndarray | None

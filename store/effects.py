@@ -10,9 +10,11 @@ again, or a copy of it, changes nothing twice. A write conflict re-runs the whol
 state, appliers included, so appliers must compute from what they find (add to a counter, never
 store a total computed earlier).
 
-This module knows no graph: graphs register appliers for their kinds (``register``). Effects
-are data from graph state, which a server client can also write (``update_state``): appliers
-check them in full as they would any untrusted input.
+This module knows no graph: graphs register an applier and a schema (a pydantic model) for each
+of their kinds (``register``). Effects are data from graph state, which a server client can also
+write (``update_state``): ``check`` validates every effect against its kind's schema before
+anything is written, and appliers check what a schema cannot (names the image must hold) as
+they would any untrusted input.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from BTrees.OOBTree import OOBTree
+from pydantic import BaseModel, ValidationError
 
 from batos.errors import CheckpointError
 
@@ -41,11 +44,16 @@ MAX_NOTE_CHARS = 500
 Applier = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], None]
 
 _APPLIERS: dict[str, Applier] = {}
+_SCHEMAS: dict[str, type[BaseModel]] = {}
+#: Validation errors a refusal lists.
+SHOWN_ERRORS = 5
 
 
-def register(kind: str, applier: Applier) -> None:
-    """Make effects of ``kind`` applicable; a graph module registers its kinds on import."""
+def register(kind: str, applier: Applier, schema: type[BaseModel]) -> None:
+    """Make effects of ``kind`` applicable once they fit ``schema``; a graph module registers
+    its kinds on import."""
     _APPLIERS[kind] = applier
+    _SCHEMAS[kind] = schema
 
 
 def registered() -> list[str]:
@@ -65,20 +73,41 @@ def check(commit: Any) -> dict[str, Any]:
         raise CheckpointError(f"a commit needs an id of 1 to {MAX_ID_CHARS} characters")
     if not isinstance(effects, list) or len(effects) > MAX_EFFECTS:
         raise CheckpointError(f"commit {commit_id!r}: effects must be a list of <= {MAX_EFFECTS}")
-    for effect in effects:
+    for number, effect in enumerate(effects):
         kind = effect.get("kind") if isinstance(effect, Mapping) else None
-        if kind not in _APPLIERS:
+        if not isinstance(kind, str) or kind not in _APPLIERS:
             raise CheckpointError(
-                f"commit {commit_id!r} holds an effect of kind {kind!r}, which nothing applies; "
-                "nothing was written",
+                f"commit {commit_id!r} holds an effect of kind {str(kind)[:80]!r}, which nothing "
+                "applies; nothing was written",
                 hint=f"known kinds: {', '.join(registered()) or '(none: import the graph module)'}",
             )
+        try:
+            _SCHEMAS[kind].model_validate(effect)
+        except ValidationError as exc:
+            raise CheckpointError(
+                f"commit {commit_id!r}: effect {number} ({kind}) is malformed: {problems(exc)}; "
+                "nothing was written",
+                hint="effects are written by the graphs; do not set the 'commit' channel by hand",
+            ) from None
     note = commit.get("note")
     return {
         "id": commit_id,
         "note": str(note)[:MAX_NOTE_CHARS] if note else "",
         "effects": list(effects),
     }
+
+
+def problems(exc: ValidationError) -> str:
+    """What validation found, without the values it found it in (they may be huge); a key
+    from the data is cut and its control characters escaped, as it may reach a terminal."""
+    found = exc.errors(include_url=False, include_input=False, include_context=False)
+    lines = [
+        f"{'.'.join(repr(str(part))[1:-1][:40] for part in e['loc']) or '(the whole)'}: "
+        f"{e['msg'][:200]}"
+        for e in found
+    ]
+    more = len(lines) - SHOWN_ERRORS
+    return "; ".join(lines[:SHOWN_ERRORS]) + (f"; and {more} more" if more > 0 else "")
 
 
 def applied(root: Any, commit_id: str) -> bool:

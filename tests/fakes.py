@@ -1,20 +1,24 @@
 """Fakes for tests: a scripted chat model that answers from a queue and records every prompt;
-a model factory answering by rule; a router and an embedder that need no model."""
+a paced one that streams word by word; a model factory answering by rule; a router and an
+embedder that need no model."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import Field
+
+from graph.llm.base import PersonaChatModel
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -61,6 +65,46 @@ class ScriptedChatModel(BaseChatModel):
             raise reply
         message = reply if isinstance(reply, AIMessage) else AIMessage(str(reply))
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+class PacedChatModel(BaseChatModel):
+    """Streams ``reply(messages)`` word by word, waiting ``pace`` seconds before each word: a
+    model slow enough for a test to stop it mid-answer."""
+
+    reply: Callable[[list[BaseMessage]], str]
+    pace: float = 0.0
+
+    @property
+    def _llm_type(self) -> str:
+        return "paced"
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        for i, word in enumerate(self.reply(list(messages)).split(" ")):
+            time.sleep(self.pace)
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(content=word if i == 0 else f" {word}")
+            )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        text = "".join(str(c.message.content) for c in self._stream(messages))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
+
+
+class PacedPersonaModel(PersonaChatModel, PacedChatModel):
+    """The paced model behind the seam every backend's model goes through, which stops a call
+    whose caller cancels it (``graph.llm.cancel``)."""
 
 
 def image_digest(db: Any, exclude: Sequence[str] = ()) -> str:
@@ -196,7 +240,7 @@ class FakeModels:
         return ScriptedChatModel().enqueue(*[reply] * 4)
 
     def of(self, kind: str) -> list[ModelCall]:
-        """Calls by what they were for: 'plan', 'draft', 'facet' or 'answer'."""
+        """Calls by what they were for: 'plan', 'draft', 'program', 'facet' or 'answer'."""
         return [c for c in self.calls if call_kind(c) == kind]
 
 
@@ -205,6 +249,8 @@ def call_kind(call: ModelCall) -> str:
         return "plan"
     if "Write the method" in call.text:
         return "draft"
+    if call.messages and "def solve(self)" in str(call.messages[0].content):
+        return "program"
     if "(This is one part of answering:" in call.text:
         return "facet"
     return "answer"

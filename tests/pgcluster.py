@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-#: The unprivileged account the cluster runs as when the tests run as root.
+#: The unprivileged account the cluster (and the sandbox probe) runs as when the tests run as root.
 CLUSTER_USER = "batos-pg"
 #: Where Debian and other distributions put the server programs, newest first.
 _BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
@@ -50,8 +50,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _cluster_account() -> pwd.struct_passwd:
-    """The account to run the server as: this one, or the dedicated one when this is root."""
+def unprivileged_account() -> pwd.struct_passwd:
+    """The account to run what must not run as root: this one, or (as root) the dedicated
+    unprivileged one, created when missing."""
     if os.geteuid() != 0:
         return pwd.getpwuid(os.geteuid())
     try:
@@ -77,7 +78,7 @@ class PostgresCluster:
 
     def __init__(self) -> None:
         self.bin = server_bin()
-        self.account = _cluster_account()
+        self.account = unprivileged_account()
         self.port = _free_port()
         self.root = Path(tempfile.mkdtemp(prefix="batos-pg-"))
         self.data = self.root / "data"

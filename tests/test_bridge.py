@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from test_mind import responder
 
 from graph import cycle
 from graph.boot import open_image
-from graph.bridge import MAX_BODY_BYTES, PROTOCOL, Bridge
+from graph.bridge import MAX_BODY_BYTES, MAX_MESSAGE_BYTES, MAX_PER_CLIENT, PROTOCOL, Bridge
 from graph.cli import main
 from graph.mind import MindServices
 from store.image import LivingImage
@@ -33,16 +37,29 @@ def image() -> Iterator[LivingImage]:
     living.close()
 
 
+#: Answers wait until the test opens it (it is open unless a test closes it).
+GATE = threading.Event()
+
+
+def gated_answer(call: Any) -> str:
+    assert GATE.wait(30), "the test never opened the gate"
+    return f"About {call.text.split('Request: ')[-1].splitlines()[0]}: here is the answer."
+
+
 @pytest.fixture
 def bridge(image: LivingImage) -> Iterator[Bridge]:
+    GATE.set()
     services = MindServices(
-        models=FakeModels(responder()), router=FakeRouter(("ROBIN",)), embedder=FakeEmbedder()
+        models=FakeModels(responder(answer=gated_answer)),
+        router=FakeRouter(("ROBIN",)),
+        embedder=FakeEmbedder(),
     )
     server = Bridge(image, "tcp://127.0.0.1:*", services)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     assert server.bound.wait(10) and server.endpoint.startswith("tcp://127.0.0.1:")
     yield server
+    GATE.set()
     server.stop()
     thread.join(10)
     assert not thread.is_alive()
@@ -191,3 +208,109 @@ def test_the_bridge_binds_to_loopback_only(capsys) -> None:
     assert main(["--image", "memory://", "bridge", "--bind", "tcp://0.0.0.0:5555"]) == 1
     err = capsys.readouterr().err
     assert "loopback only" in err and "ssh -L" in err
+
+
+def test_an_800_frame_message_is_dropped_frame_by_frame_never_gathered(bridge, client) -> None:
+    """The bridge once gathered every frame of a message into one list before looking at it:
+    800 frames of a client's one reused buffer became 800 copies. Now it counts frames as it
+    reads them, without copying, and releases each one past the bounds at once."""
+    frame = b"x" * (64 * 1024)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        client.send_multipart([PROTOCOL, b"wide", *[frame] * 798], copy=False)
+        kind, payload = replies(client, {b"wide"})[b"wide"][-1]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # What the bridge itself held: at most the bounds, not the 52 MB the client sent.
+    assert peak < 4 * MAX_MESSAGE_BYTES, f"{peak:,} bytes"
+    assert kind == "error" and payload["error"] == "GraphRequestError"
+    assert "it has more than 5 frames (801 frames, 52,297," in payload["message"]
+    send(client, b"after", request("still there?"))
+    assert replies(client, {b"after"})[b"after"][-1][1]["status"] == "COMPLETE"
+
+
+def test_a_message_over_the_byte_bound_is_dropped(bridge, client) -> None:
+    body = json.dumps(request("x" * (MAX_BODY_BYTES - 200))).encode()
+    client.send_multipart([PROTOCOL, b"fat", body, b"y" * 8192])
+    kind, payload = replies(client, {b"fat"})[b"fat"][-1]
+    assert kind == "error"
+    assert f"it is over {MAX_MESSAGE_BYTES:,} bytes (5 frames" in payload["message"]
+    assert payload["hint"]
+
+
+def test_one_client_has_at_most_a_bounded_number_of_requests_in_flight(bridge, client) -> None:
+    GATE.clear()  # every answer waits: the requests stay in flight
+    wanted = {f"q{n:02d}".encode() for n in range(MAX_PER_CLIENT + 12)}
+    for rid in sorted(wanted):
+        send(client, rid, request(f"question {rid.decode()}"))
+    other = zmq.Context.instance().socket(zmq.DEALER)
+    other.setsockopt(zmq.LINGER, 0)
+    other.connect(bridge.endpoint)
+    try:
+        # Refusals come at once, from the socket thread; the accepted requests wait on the gate.
+        busy: set[bytes] = set()
+        while len(busy) < 12:
+            assert client.poll(10_000), busy
+            rid, kind, data = client.recv_multipart()
+            if kind == b"error":
+                assert "this client has 8 requests in flight" in json.loads(data)["message"]
+                busy.add(rid)
+        accepted = wanted - busy
+        assert len(accepted) == MAX_PER_CLIENT and busy == set(sorted(wanted)[MAX_PER_CLIENT:])
+        # Another client is not refused (a refusal comes at once, from the socket thread): its
+        # request waits for a worker.
+        send(other, b"mine", request("another client"))
+        assert not other.poll(300)
+        GATE.set()
+        done = replies(client, accepted)
+        assert all(frames[-1][1]["status"] == "COMPLETE" for frames in done.values())
+        assert replies(other, {b"mine"})[b"mine"][-1][1]["status"] == "COMPLETE"
+        send(client, b"later", request("and now?"))  # its slots are free again
+        assert replies(client, {b"later"})[b"later"][-1][1]["status"] == "COMPLETE"
+    finally:
+        other.close()
+
+
+#: A bridge in a process of its own, answering one client that pipelines 1 MiB messages; it
+#: prints how much its peak resident memory grew, in MiB.
+FLOOD = """
+import resource, sys, threading, zmq
+from fakes import FakeEmbedder, FakeModels, FakeRouter
+from graph.boot import open_image
+from graph.bridge import Bridge
+from graph.mind import MindServices
+
+services = MindServices(models=FakeModels(lambda call: "x"), router=FakeRouter(("ROBIN",)),
+                        embedder=FakeEmbedder())
+server = Bridge(open_image("memory://"), "tcp://127.0.0.1:*", services)
+threading.Thread(target=server.serve, daemon=True).start()
+assert server.bound.wait(10)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+client = zmq.Context.instance().socket(zmq.DEALER)
+client.connect(server.endpoint)
+body = b" " * (1 << 20)  # no JSON: each is answered with an error at once
+count = int(sys.argv[1])
+for n in range(count):
+    client.send_multipart([b"BATOS/1", b"r%d" % n, body], copy=False)
+for n in range(count):
+    assert client.recv_multipart()[1] == b"error"
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_a_client_pipelining_messages_cannot_fill_the_bridges_memory() -> None:
+    """libzmq queued up to 1,000 whole messages per connection (1 GB of bodies) while the
+    socket thread worked through them; now RECEIVE_QUEUE of them, then it stops reading."""
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOD, "400"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown = int(done.stdout.split()[-1])
+    assert grown < 120, f"the bridge grew by {grown} MiB for 400 MiB sent"

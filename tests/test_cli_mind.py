@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from fakes import FakeModels
+from fakes import FakeModels, ModelCall, PacedPersonaModel, call_kind, image_digest
+from langchain_core.messages import BaseMessage, HumanMessage
 from test_mind import plan_of, responder
 
+from batos.errors import CycleInterrupted
+from graph.boot import open_image
 from graph.cli import main
+from graph.cli.mind import Session
+from graph.mind import run_config
 from store.image import LivingImage
+
+#: Words of a slow reply, streamed one every PACE seconds (about a minute unless stopped), and
+#: how soon after Ctrl-C the command must be back.
+SLOW_WORDS, PACE, STOP_BOUND_S = 5000, 0.01, 10.0
 
 
 def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:
@@ -26,7 +41,10 @@ def image(capsys, file_uri: str) -> str:
 
 
 def test_ask_streams_the_cycle_and_says_what_it_committed(capsys, image) -> None:
-    plan = plan_of(("ALFRED.facet_audit", "is the image healthy"))
+    plan = plan_of(
+        ("ALFRED.facet_audit", "is the image healthy"),
+        ("ALFRED.facet_assumptions", "what image health assumes"),
+    )
     models = FakeModels(responder(plan=plan))
     code, out, err = run(
         capsys,
@@ -43,14 +61,18 @@ def test_ask_streams_the_cycle_and_says_what_it_committed(capsys, image) -> None
     assert code == 0, err
     assert "route → ALFRED" in out and "depth full: planning cue 'audit'" in out
     assert "plan  ALFRED.facet_audit: is the image healthy" in out
-    assert "✓ facet ALFRED.facet_audit" in out and "(method written)" in out
+    assert "✓ facet ALFRED.facet_audit" in out and "in the answer's outline" in out
+    # not written yet: the part is answered by ALFRED directly, and the stream says so
+    assert "degraded: its method is not written yet" in out
     assert "answer: About audit the image health" in out
     assert "COMPLETE cycle" in out and "on thread t1" in out
+    assert "degraded facet ALFRED.facet_audit: its method is not written yet" in out
 
     code, out, _ = run(capsys, "--image", image, "cycles", "--json")
     rows = json.loads(out)["committed"]
-    assert rows[0]["facets"] == ["ALFRED.facet_audit"]
-    assert rows[0]["methods_written"] == ["ALFRED.facet_audit"]
+    assert rows[0]["facets"] == ["ALFRED.facet_audit", "ALFRED.facet_assumptions"]
+    assert rows[0]["methods_written"] == []
+    assert [d["what"] for d in rows[0]["degraded"]] == rows[0]["facets"]
     code, out, _ = run(capsys, "--image", image, "cycles", rows[0]["id"])
     assert code == 0 and "ALFRED.facet_audit" in out
 
@@ -78,7 +100,10 @@ def test_ask_json_and_a_failed_cycle(capsys, image) -> None:
 
 def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeypatch) -> None:
     models = FakeModels(responder())
-    lines = "hello there\nhow are you\n/history\n/undo\n/history\n/thread\n/nope\n/quit\n"
+    # a pasted colour code is no part of the request
+    lines = (
+        "hello there\nhow \x1b[1mare\x1b[0m you\n/history\n/undo\n/history\n/thread\n/nope\n/quit\n"
+    )
     monkeypatch.setattr("sys.stdin", io.StringIO(lines))
     code, out, err = run(
         capsys, "--image", image, "chat", "-t", "kitchen", "-p", "robin", models=models
@@ -93,7 +118,10 @@ def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeyp
 
 
 def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
-    plan = plan_of(("BRICK.facet_steps", "which steps"), ("BRICK.facet_design", "what design"))
+    plan = plan_of(
+        ("BRICK.facet_steps", "steps for a first week of learning to program"),
+        ("BRICK.facet_design", "why learning to program is worth it"),
+    )
     models = FakeModels(responder(plan=plan))
     code, out, err = run(capsys, "--image", image, "run", models=models)
     assert code == 0, err
@@ -105,3 +133,129 @@ def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
 def test_serve_refuses_other_than_loopback(capsys, image) -> None:
     code, _, err = run(capsys, "--image", image, "serve", "--host", "0.0.0.0")
     assert code == 1 and "loopback only" in err
+
+
+class Paced:
+    """A model factory behind the persona seam: ``respond`` answers each call, and the calls
+    ``slow`` picks stream a long reply instead; ``started`` is set when the first of those
+    begins, ``calls`` keeps every call."""
+
+    def __init__(
+        self, respond: Callable[[ModelCall], Any], slow: Callable[[ModelCall], bool]
+    ) -> None:
+        self.respond, self.slow = respond, slow
+        self.started = threading.Event()
+        self.calls: list[ModelCall] = []
+
+    def __call__(self, persona: str, **options: Any) -> PacedPersonaModel:
+        def reply(messages: list[BaseMessage]) -> str:
+            call = ModelCall(persona, dict(options), messages)
+            self.calls.append(call)
+            if self.slow(call):
+                self.started.set()
+                return "About it: " + " ".join(f"step{i}" for i in range(SLOW_WORDS))
+            return str(self.respond(call))
+
+        return PacedPersonaModel(reply=reply, pace=PACE)
+
+
+def interrupt_when(started: threading.Event) -> None:
+    """Ctrl-C (SIGINT to this process) as soon as ``started`` is set."""
+
+    def send() -> None:
+        if started.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_ctrl_c_stops_the_answer_commits_nothing_and_marks_the_request(capsys, image) -> None:
+    models = Paced(responder(), slow=lambda call: "slowly" in call.text)
+    ask = ("--image", image, "ask", "-p", "robin", "-t", "t1")
+    assert run(capsys, *ask, "hello there", models=models)[0] == 0
+    with LivingImage.open(image) as living:
+        before = image_digest(living.db, exclude=("checkpoints",))
+
+    interrupt_when(models.started)
+    started = time.monotonic()
+    code, out, err = run(capsys, *ask, "tell me slowly", models=models)
+    assert time.monotonic() - started < STOP_BOUND_S  # not the minute the answer would take
+    assert code == 130, err
+    assert "interrupted: nothing was committed" in err and "marked interrupted" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C as before
+
+    with LivingImage.open(image) as living:
+        assert image_digest(living.db, exclude=("checkpoints",)) == before
+        session = Session(living, models)
+        try:
+            snapshot = session.graph.get_state(run_config("t1"))
+        finally:
+            session.close()
+    assert snapshot.next == () and snapshot.values["status"] == "FAILED"
+    request, mark = snapshot.values["messages"][-2:]
+    assert request.content == "tell me slowly"
+    assert mark.additional_kwargs["batos_interrupted"] and mark.additional_kwargs["batos_failed"]
+    assert mark.content.endswith("(interrupted)") and mark.name == "robin"
+    code, out, _ = run(capsys, "--image", image, "cycles", "--json")
+    failed = json.loads(out)["failed"]
+    assert [(f["thread_id"], f["reason"]) for f in failed] == [("t1", "interrupted by the user")]
+
+    # the thread answers its next request, and the model is not shown the stopped answer
+    assert run(capsys, *ask, "and now", models=models)[0] == 0
+    shown = [str(m.content) for m in models.calls[-1].messages]
+    assert "About hello there: here is the answer." in shown
+    assert not any("(interrupted)" in text or "step0" in text for text in shown)
+
+
+def test_ctrl_c_during_parallel_facets_stops_every_branch(capsys, file_uri, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")  # both branches write their facet
+    plan = plan_of(
+        ("BRICK.facet_steps", "which steps build a shed"),
+        ("BRICK.facet_design", "what design of shed"),
+    )
+    models = Paced(responder(plan=plan), slow=lambda call: call_kind(call) == "draft")
+    assert run(capsys, "--image", file_uri, "init")[0] == 0
+    with open_image(file_uri) as living:
+        session = Session(living, models)
+        try:
+            # a first cycle brings the image's layout up to date, which is no part of the test
+            session.cycle("hello there", run_config("hi"), {"persona": "BRICK"}, show=False)
+            before = image_digest(living.db, exclude=("checkpoints",))
+            interrupt_when(models.started)
+            started = time.monotonic()
+            with pytest.raises(CycleInterrupted, match="marked interrupted"):
+                session.cycle(
+                    "plan the steps to build a shed",
+                    run_config("shed"),
+                    {"persona": "BRICK", "depth": "full"},
+                    show=False,
+                )
+            assert time.monotonic() - started < STOP_BOUND_S
+            snapshot = session.graph.get_state(run_config("shed"))
+        finally:
+            session.close()
+        # the facet methods the cycle wrote are not installed: the image is as it was
+        assert image_digest(living.db, exclude=("checkpoints",)) == before
+    assert snapshot.next == () and snapshot.values["failure"]["node"] == "facet"
+    mark = snapshot.values["messages"][-1]
+    assert mark.content == "(interrupted)" and mark.additional_kwargs["batos_interrupted"]
+
+
+def test_a_stop_before_the_request_reached_the_thread_drops_it(memory_image) -> None:
+    session = Session(memory_image, FakeModels(responder()))
+    config = run_config("early")
+    try:
+        assert session.cycle("hello there", config, {"persona": "ROBIN"}, show=False)
+        # a run stopped right after it stored its input, before the first step took it in
+        session.graph.update_state(config, {"messages": [HumanMessage("again")]}, "__input__")
+        assert session.graph.get_state(config).next == ("__start__",)
+        assert session.mark_interrupted(config, "") is False
+        snapshot = session.graph.get_state(config)
+        assert snapshot.next == ()
+        assert [m.content for m in snapshot.values["messages"]] == [
+            "hello there",
+            "About hello there: here is the answer.",
+        ]
+        assert session.mark_interrupted(config, "") is None  # an idle thread: nothing to mark
+    finally:
+        session.close()

@@ -4,25 +4,32 @@ and leaves the image as it was.
 Surfaces: ``cli`` (``graph.cli.main``: exit code, message and hint, no traceback, output
 bounded whatever the input's size), ``mind`` and ``jit`` (the graphs as the LangGraph server
 runs them: input and run context from JSON), ``retrieval`` (document text handed to a model
-stays inside its fence). Before and after each case the image's reachable records are
-digested; a case passes only when the digests are equal.
+stays inside its fence), ``bridge`` (messages on the Synaptic Bridge's ZeroMQ socket),
+``effects`` (a commit a server client writes into a thread's state), ``output`` (what the CLI
+prints of hostile text in the image: shown, never obeyed). Before and after each case but the
+``output`` ones, which set a slot on purpose, the image's reachable records are digested; a
+case passes only when the digests are equal.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import threading
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
 from test_mind import responder
 
 import batos.errors
 from graph.boot import open_image
+from graph.bridge import PROTOCOL, Bridge
 from graph.cli import main
 from graph.mind import MindServices, build_graph
 from graph.retrieval import cited_context
@@ -94,7 +101,7 @@ def test_the_corpus_is_large_and_ids_are_unique() -> None:
     assert len(ids) >= 100
     assert len(set(ids)) == len(ids)
     surfaces = {p.values[0]["surface"] for p in CASES}
-    assert surfaces == {"cli", "mind", "jit", "retrieval"}
+    assert surfaces == {"cli", "mind", "jit", "retrieval", "bridge", "effects", "output"}
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +243,118 @@ def _run_retrieval(case: dict[str, Any], tmp: Path) -> None:
     assert context.rstrip().endswith(">>>")
 
 
+@pytest.fixture(scope="module")
+def bridge() -> Iterator[tuple[Bridge, LivingImage]]:
+    image = open_image("memory://")
+    server = Bridge(image, "tcp://127.0.0.1:*", _mind_services())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    assert server.bound.wait(10)
+    yield server, image
+    server.stop()
+    thread.join(10)
+    image.close()
+
+
+def _frame(text: str) -> bytes:
+    return bytes.fromhex(text[4:]) if text.startswith("hex:") else text.encode("utf-8")
+
+
+def _last_reply(socket: zmq.Socket, request_id: bytes) -> tuple[bytes, dict[str, Any]]:
+    while True:
+        assert socket.poll(30_000), f"no reply to {request_id!r}"
+        rid, kind, data = socket.recv_multipart()
+        if rid == request_id and kind in (b"result", b"error"):
+            return kind, json.loads(data)
+
+
+def _run_bridge(case: dict[str, Any], server: Bridge, image: LivingImage, tmp: Path) -> None:
+    frames = [_frame(expand(f, case, tmp)) for f in case["frames"]]
+    frames += frames[-1:] * (case.get("repeat", 1) - 1)
+    before = image_digest(image.db, exclude=["checkpoints"])
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(server.endpoint)
+    try:
+        client.send_multipart(frames, copy=False)
+        rid = frames[1] if len(frames) > 1 and len(frames[1]) <= 64 else b"?"
+        kind, payload = _last_reply(client, rid)
+        assert kind == b"error", payload
+        assert case["message"] in payload["message"], payload
+        assert payload["hint"] and len(json.dumps(payload)) <= MAX_OUTPUT, payload
+        assert image_digest(image.db, exclude=["checkpoints"]) == before, "the image changed"
+        # The bridge goes on: a well-formed request is answered (and commits its cycle).
+        ok = {"input": {"messages": [{"role": "user", "content": "hello"}]}}
+        client.send_multipart([PROTOCOL, b"after", json.dumps(ok).encode()])
+        kind, payload = _last_reply(client, b"after")
+        assert (kind, payload["status"]) == (b"result", "COMPLETE"), payload
+    finally:
+        client.close()
+
+
+def _run_effects(case: dict[str, Any], image: LivingImage, tmp: Path) -> None:
+    from batos.errors import CheckpointError
+
+    config = {"configurable": {"thread_id": "warm"}}
+    with ZODBSaver(image) as saver:
+        graph = build_graph(_mind_services(), checkpointer=saver)
+        if "record" in case:
+            commit = copy.deepcopy(graph.get_state(config).values["commit"])
+            commit["id"] = case["id"]
+            (effect,) = [e for e in commit["effects"] if e["kind"] == "cycle_record"]
+            effect["record"].update(json.loads(expand(case["record"], case, tmp)))
+        else:
+            commit = json.loads(expand(case["commit"], case, tmp))
+        before = image_digest(image.db, exclude=["checkpoints"])
+        with pytest.raises(CheckpointError) as refused:
+            graph.update_state(config, {"commit": commit}, as_node="complete")
+    assert case["message"] in refused.value.message, refused.value.message
+    assert "nothing was written" in refused.value.message and refused.value.hint
+    assert len(str(refused.value)) <= MAX_OUTPUT
+    assert image_digest(image.db, exclude=["checkpoints"]) == before, "the image changed"
+
+
+#: Characters a terminal acts on: none may be printed raw.
+TERMINAL_CONTROLS = {chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} - {"\n", "\t"}
+TERMINAL_CONTROLS |= {"\u202e", "\u2066", "\u200f"}
+
+
+def _run_output(case: dict[str, Any], uri: str, tmp: Path, capsys: Any) -> None:
+    from prototypes import kernel
+
+    with LivingImage.open(uri) as image:
+
+        def put(root: Any) -> None:
+            brick = root["objects"]["brick"]
+            if "method" in case:
+                name = case["method"].split("(")[0].removeprefix("def ")
+                kernel.add_method(brick, name, case["method"])
+            else:
+                brick.hostile = 2 ** case["value_bits"] if "value_bits" in case else case["value"]
+
+        image.transact(put, note=f"hostile corpus: {case['id']}")
+    capsys.readouterr()
+    code = main(["--image", uri, *case["argv"]])
+    out, err = capsys.readouterr()
+    shown = out + err
+    assert "Traceback" not in shown, shown[-3000:]
+    assert code == case["exit"], shown[-3000:]
+    assert not set(shown) & TERMINAL_CONTROLS, sorted(set(shown) & TERMINAL_CONTROLS)
+    if "shows" in case:
+        assert case["shows"] in shown, shown[-3000:]
+    else:
+        assert flat(case["message"]) in flat(shown) and "hint:" in shown, shown[-3000:]
+        assert flat(case["hint"]) in flat(shown), shown[-3000:]
+        assert len(shown) <= MAX_OUTPUT
+
+
+@pytest.fixture(scope="module")
+def output_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    uri = f"file://{tmp_path_factory.mktemp('hostile-output') / 'live_image.fs'}"
+    assert main(["--image", uri, "init"]) == 0
+    return uri
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_hostile_input(case, request, tmp_path, capsys, monkeypatch) -> None:
     for name, value in case.get("env", {}).items():
@@ -250,5 +369,11 @@ def test_hostile_input(case, request, tmp_path, capsys, monkeypatch) -> None:
         _run_jit(case, request.getfixturevalue("jit_image"), tmp_path, monkeypatch)
     elif surface == "retrieval":
         _run_retrieval(case, tmp_path)
+    elif surface == "bridge":
+        _run_bridge(case, *request.getfixturevalue("bridge"), tmp_path)
+    elif surface == "effects":
+        _run_effects(case, request.getfixturevalue("mind_image"), tmp_path)
+    elif surface == "output":
+        _run_output(case, request.getfixturevalue("output_image"), tmp_path, capsys)
     else:
         raise AssertionError(f"unknown surface {surface!r}")

@@ -15,9 +15,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.errors import CheckpointError, MindError, ModelError
 from graph import cycle
+from graph.answer import repetition
 from graph.boot import open_image
-from graph.mind import MindServices, ask, build_graph, run_config
-from graph.mind_nodes import repetition
+from graph.mind import MAX_ANSWER_CHARS, MindServices, ask, build_graph, run_config
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store import effects
@@ -123,12 +123,18 @@ def test_a_greeting_takes_the_fast_path_and_commits_with_its_checkpoint(image) -
         assert effects.applied(root, state["cycle"]["id"])
 
 
-def test_a_full_cycle_writes_its_facets_once_and_installs_them_at_complete(image) -> None:
-    plan = plan_of(
+def steps_plan() -> str:
+    return plan_of(
         ("BRICK.facet_steps", "which steps build a shed"),
         ("BRICK.facet_design", "what design suits a small shed"),
     )
-    models = FakeModels(responder(plan=plan))
+
+
+def test_a_full_cycle_folds_the_lead_s_own_steps_into_one_answer(image) -> None:
+    """Facets written ahead of time serve the plan; the lead's steps become its answer's
+    outline, so a one-persona plan costs the plan and the answer, no call per step."""
+    install_facets(image, "BRICK", "facet_steps", "facet_design")
+    models = FakeModels(responder(plan=steps_plan()))
     router = FakeRouter(("BRICK",))
     state = run(image, mind(models, router), "plan the steps to build a garden shed")
     assert state["status"] == "COMPLETE", state.get("failure")
@@ -137,68 +143,160 @@ def test_a_full_cycle_writes_its_facets_once_and_installs_them_at_complete(image
         ("BRICK", "facet_steps"),
         ("BRICK", "facet_design"),
     ]
-    assert sorted(p["facet"] for p in state["partials"]) == ["facet_design", "facet_steps"]
-    assert all(p["ok"] and p["wrote"] for p in state["partials"])
+    assert [call_kind(c) for c in models.calls] == ["plan", "answer"]
+    assert all(p["ok"] and p["kind"] == "instruction" for p in state["partials"])
+    assert state["cycle"]["degraded"] == []
     plan_call = models.of("plan")[0]
     assert plan_call.options["format"]["properties"]["steps"]["maxItems"] == 4
-    assert (
-        "BRICK.facet_steps"
-        in plan_call.options["format"]["properties"]["steps"]["items"]["properties"]["facet"][
-            "enum"
-        ]
-    )
-    # the facet's instruction (from the generated method) is what the persona model reads
-    facet_texts = sorted(c.text for c in models.of("facet"))
-    assert facet_texts[0].startswith("Work on this: what design suits a small shed")
-    assert models.made.count(("BRICK", {"num_predict": 256, "temperature": 0.2})) == 2
     weave = models.of("answer")[0].text
-    assert "BRICK notes on" in weave and "[BRICK · facet_steps]" in weave
+    assert "(not only its heading):\n1. Work on this: which steps build a shed\n2. Work on" in weave
+    assert state["cycle"]["plan_quality"]["final"] == {
+        "steps": 2,
+        "duplicates": 0,
+        "off_request": 0,
+    }
+    with image.read() as root:
+        record = cycle.get(root, state["cycle"]["id"])
+        assert record["degraded"] == [] and record["truncated"] is False
+        assert personas(root)["BRICK"].stats["facets"] == {"facet_steps": 1, "facet_design": 1}
+
+
+def install_facets(image: LivingImage, persona: str, *selectors: str) -> None:
+    from prototypes import kernel
+
+    def install(root: Any) -> None:
+        for selector in selectors:
+            kernel.add_method(personas(root)[persona], selector, facet_source(selector))
+
+    image.transact(install)
+
+
+def test_a_facet_not_written_yet_hands_its_part_to_the_persona(image) -> None:
+    """No user request pays for writing a facet: a missing one falls back at once, and the
+    reason is recorded; nothing is drafted and nothing is installed."""
+    models = FakeModels(responder(plan=steps_plan()))
+    state = run(image, mind(models, FakeRouter(("BRICK",))), "plan the steps to build a shed")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert models.of("draft") == []
+    weave = models.of("answer")[0].text
+    assert "1. which steps build a shed\n2. what design suits a small shed" in weave
+    degraded = state["cycle"]["degraded"]
+    assert [(d["where"], d["what"]) for d in degraded] == [
+        ("facet", "BRICK.facet_steps"),
+        ("facet", "BRICK.facet_design"),
+    ]
+    assert all(d["reason"] == "its method is not written yet" for d in degraded)
+    with image.read() as root:
+        assert "facet_steps" not in personas(root)["BRICK"]._slots()
+        assert cycle.get(root, state["cycle"]["id"])["degraded"] == degraded
+
+
+def test_inline_writing_writes_each_facet_once_on_sample_questions(image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")
+    request = "plan the steps to build a garden shed"
+    models = FakeModels(responder(plan=steps_plan()))
+    state = run(image, mind(models, FakeRouter(("BRICK",))), request)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    drafts = models.of("draft")
+    assert len(drafts) == 2
+    # The author never sees the user's request or sub-queries, only a neutral sample.
+    assert all("shed" not in d.text and "vegetable patch" in d.text for d in drafts)
+    assert all(p["wrote"] for p in state["partials"])
     with image.read() as root:
         brick = personas(root)["BRICK"]
         assert isinstance(brick._slots()["facet_steps"], Method)
         assert brick.facet_steps("x") == {"instruction": "Work on this: x", "temperature": 0.2}
-        assert brick.stats["facets"] == {"facet_steps": 1, "facet_design": 1}
-        assert cycle.get(root, state["cycle"]["id"])["methods_written"] == [
-            "BRICK.facet_steps",
-            "BRICK.facet_design",
-        ] or sorted(cycle.get(root, state["cycle"]["id"])["methods_written"]) == [
+        assert sorted(cycle.get(root, state["cycle"]["id"])["methods_written"]) == [
             "BRICK.facet_design",
             "BRICK.facet_steps",
         ]
-
-    # The next cycle finds the methods in the image: no drafts.
-    again = FakeModels(responder(plan=plan))
-    state = run(image, mind(again, router), "plan the steps to build a bigger shed", thread="t2")
+    again = FakeModels(responder(plan=steps_plan()))
+    state = run(image, mind(again, FakeRouter(("BRICK",))), "plan a bigger shed", thread="t2")
     assert state["status"] == "COMPLETE"
     assert again.of("draft") == [] and not any(p["wrote"] for p in state["partials"])
 
 
-def test_facets_run_in_parallel_branches(image) -> None:
-    barrier = threading.Barrier(2, timeout=20)
-
-    def facet(call: ModelCall) -> str:
-        barrier.wait()  # both branches must be in their model call at once
-        return f"{call.persona} was here"
-
-    plan = plan_of(("ROBIN.facet_feelings", "what hurts"), ("ROBIN.facet_meaning", "why"))
-    models = FakeModels(responder(plan=plan, facet=facet))
-    state = run(image, mind(models), "explain why losing a game hurts so much")
-    assert state["status"] == "COMPLETE", state.get("failure")
-    assert [p["text"] for p in state["partials"]] == ["ROBIN was here"] * 2
-
-
-def test_the_same_missing_facet_twice_in_a_plan_is_written_once(image) -> None:
-    plan = plan_of(("BRICK.facet_steps", "first part"), ("BRICK.facet_steps", "second part"))
+def test_two_branches_wanting_one_missing_facet_write_it_once(image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")
+    plan = plan_of(
+        ("BRICK.facet_steps", "painting the fence"), ("BRICK.facet_steps", "fixing the gate")
+    )
     models = FakeModels(responder(plan=plan))
-    state = run(image, mind(models, FakeRouter(("BRICK",))), "list the steps to do two parts")
+    state = run(
+        image,
+        mind(models, FakeRouter(("BRICK",))),
+        "list the steps to paint the fence and fix the gate",
+    )
     assert state["status"] == "COMPLETE", state.get("failure")
     assert len(models.of("draft")) == 1
     installs = [e for e in state["commit"]["effects"] if e["kind"] == "install_method"]
     assert [e["selector"] for e in installs] == ["facet_steps"]
 
 
+def test_a_facet_that_cannot_be_written_falls_back_once_for_every_branch(
+    image, monkeypatch
+) -> None:
+    """The first branch's failure is the others' answer: no second attempt on the user's
+    clock, each part answered by the persona directly, the image unchanged but for the cycle."""
+    monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")
+    bad = "def facet_steps(self, query):\n    import os\n    return os.getcwd()\n"
+    plan = plan_of(
+        ("BRICK.facet_steps", "painting the fence"), ("BRICK.facet_steps", "fixing the gate")
+    )
+    models = FakeModels(responder(plan=plan, draft=lambda selector: bad))
+    state = run(
+        image,
+        mind(models, FakeRouter(("BRICK",))),
+        "list the steps to paint the fence and fix the gate",
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("draft")) == 3  # one mission: the attempts of one branch
+    assert all("could not be written" in p["degraded"] for p in state["partials"])
+    assert "1. painting the fence\n2. fixing the gate" in models.of("answer")[0].text
+    with image.read() as root:
+        assert "facet_steps" not in personas(root)["BRICK"]._slots()
+
+
+def test_a_facet_that_raises_falls_back_to_its_persona(image) -> None:
+    from prototypes import kernel
+
+    def install(root: Any) -> None:
+        source = "def facet_steps(self, query):\n    return 1 / 0\n"
+        kernel.add_method(personas(root)["BRICK"], "facet_steps", source)
+
+    image.transact(install)
+    models = FakeModels(responder(plan=steps_plan()))
+    state = run(image, mind(models, FakeRouter(("BRICK",))), "plan the steps to build a shed")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    [steps] = [p for p in state["partials"] if p["facet"] == "facet_steps"]
+    assert "facet BRICK.facet_steps failed" in steps["degraded"]
+    assert "ZeroDivisionError" in state["cycle"]["degraded"][0]["reason"] or steps["degraded"]
+
+
+def test_other_personas_notes_run_in_parallel_branches(image) -> None:
+    barrier = threading.Barrier(2, timeout=20)
+
+    def facet(call: ModelCall) -> str:
+        barrier.wait()  # both branches must be in their model call at once
+        return f"{call.persona} was here"
+
+    plan = plan_of(
+        ("ROBIN.facet_feelings", "what hurts in losing"), ("ROBIN.facet_meaning", "why losing")
+    )
+    models = FakeModels(responder(plan=plan, facet=facet))
+    router = FakeRouter(("BRICK", "ROBIN"))
+    state = run(image, mind(models, router), "explain why losing a game hurts so much")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert [p["text"] for p in state["partials"]] == ["ROBIN was here"] * 2
+    assert all(p["kind"] == "note" for p in state["partials"])
+    assert models.made.count(("ROBIN", {"num_predict": 160})) == 2
+
+
 def test_several_personas_are_woven_by_the_lead(image) -> None:
-    plan = plan_of(("BRICK.facet_steps", "how to move"), ("ROBIN.facet_feelings", "the sadness"))
+    plan = plan_of(
+        ("BRICK.facet_steps", "how to move house"),
+        ("ROBIN.facet_feelings", "the sadness of moving"),
+    )
     models = FakeModels(responder(plan=plan))
     router = FakeRouter(("BRICK", "ROBIN"))
     state = run(image, mind(models, router), "I am sad about moving house, help me do it")
@@ -206,8 +304,13 @@ def test_several_personas_are_woven_by_the_lead(image) -> None:
     assert state["cycle"]["depth"]["rule"] == "2 personas routed: their answers are woven"
     assert state["route"]["chosen"] == ["BRICK", "ROBIN"]
     weave = models.of("answer")[0]
-    assert weave.persona == "BRICK" and "BRICK and ROBIN" in weave.text
-    assert {p["persona"] for p in state["partials"]} == {"BRICK", "ROBIN"}
+    assert weave.persona == "BRICK"
+    assert "Notes from ROBIN (facet_feelings):\nROBIN notes on" in weave.text
+    assert "how to move house" in weave.text  # BRICK's own step, in its outline
+    assert [p["kind"] for p in sorted(state["partials"], key=lambda p: p["index"])] == [
+        "instruction",
+        "note",
+    ]
     assert state["messages"][-1].name == "brick"
     with image.read() as root:
         record = cycle.get(root, state["cycle"]["id"])
@@ -216,13 +319,49 @@ def test_several_personas_are_woven_by_the_lead(image) -> None:
 
 
 def test_an_unparseable_plan_is_retried_once(image) -> None:
-    replies = iter(["not json at all", plan_of(("ROBIN.facet_meaning", "why it matters"))])
+    good = plan_of(
+        ("ROBIN.facet_meaning", "why my garden matters"), ("ROBIN.facet_feelings", "garden joy")
+    )
+    replies = iter(["not json at all", good])
     models = FakeModels(responder(plan=lambda call: next(replies)))
     state = run(image, mind(models), "explain why my garden matters to me")
     assert state["status"] == "COMPLETE", state.get("failure")
     assert state["cycle"]["plan_attempts"] == 2
     retry = models.of("plan")[1]
     assert "rejected: the reply is not JSON" in retry.text
+
+
+def test_a_plan_of_one_step_is_the_fast_path(image) -> None:
+    models = FakeModels(responder(plan=plan_of(("ROBIN.facet_meaning", "why my garden matters"))))
+    state = run(image, mind(models), "explain why my garden matters to me")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"] == {"mode": "fast", "rule": "the plan has one step"}
+    assert state["partials"] == [] and [call_kind(c) for c in models.calls] == ["plan", "answer"]
+    assert models.of("answer")[0].text == "explain why my garden matters to me"
+
+
+def test_generic_and_repeated_sub_queries_do_not_make_a_plan(image) -> None:
+    generic = plan_of(
+        ("ROBIN.facet_meaning", "What is the first step?"),
+        ("ROBIN.facet_feelings", "Why do you need to know this?"),
+    )
+    good = plan_of(
+        ("ROBIN.facet_meaning", "why gardens calm people"),
+        ("ROBIN.facet_feelings", "why gardens calm people down"),  # a near-duplicate
+        ("ROBIN.facet_feelings", "the worry about my garden failing"),
+    )
+    replies = iter([generic, good])
+    models = FakeModels(responder(plan=lambda call: next(replies)))
+    state = run(image, mind(models), "explain why my garden calms me and why I worry about it")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert "no step names anything from the request" in models.of("plan")[1].text
+    assert [p["query"] for p in state["plan"]] == [
+        "why gardens calm people",
+        "the worry about my garden failing",
+    ]
+    quality = state["cycle"]["plan_quality"]
+    assert quality["raw"] == {"steps": 3, "duplicates": 1, "off_request": 0}
+    assert quality["final"] == {"steps": 2, "duplicates": 0, "off_request": 0}
 
 
 @pytest.mark.parametrize(
@@ -235,17 +374,15 @@ def test_an_unparseable_plan_is_retried_once(image) -> None:
         plan_of(("ROBIN.facet_nonexistent", "q")),
     ],
 )
-def test_a_plan_rejected_twice_fails_and_changes_nothing(image, bad: str) -> None:
-    run(image, mind(FakeModels(responder())), "hi")  # layouts and first records in place
-    before = stable_digest(image)
+def test_a_plan_rejected_twice_becomes_the_fast_path(image, bad: str) -> None:
     models = FakeModels(responder(plan=bad))
-    state = run(image, mind(models), "explain why the sky is blue", thread="t2")
-    assert state["status"] == "FAILED"
-    assert state["failure"]["node"] == "decompose"
-    assert "plan was rejected twice" in state["failure"]["reason"]
-    assert len(models.of("plan")) == 2
-    assert state["messages"][-1].additional_kwargs["batos_failed"] is True
-    assert stable_digest(image) == before
+    state = run(image, mind(models), "explain why the sky is blue")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"] == {"mode": "fast", "rule": "the plan failed twice"}
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["where"] == "plan" and "rejected twice" in degraded["reason"]
+    assert len(models.of("plan")) == 2 and len(models.of("answer")) == 1
+    assert models.of("answer")[0].text == "explain why the sky is blue"
 
 
 _LOOP = " ".join(
@@ -289,21 +426,53 @@ def test_the_gate_retries_synthesis_once(image) -> None:
     ("answers", "reason"),
     [
         (["Bananas are yellow.", "Bananas are yellow."], "relevance"),
-        (["", "   "], "empty"),
         (["I'm sorry, but I can't help with kites."] * 2, "refusal"),
-        (["kite " * 2000] * 2, "characters"),
         ([_LOOP] * 2, "repeats itself"),
     ],
 )
-def test_an_answer_failing_the_gate_twice_fails_the_cycle(image, answers, reason) -> None:
+def test_an_answer_failing_the_gate_twice_is_given_and_marked(image, answers, reason) -> None:
+    replies = iter(answers)
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    state = run(image, mind(models), "how do I fly my kite", depth="fast")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["response"] == answers[1].strip()
+    assert state["cycle"]["gate"]["passed"] is False and reason in state["cycle"]["gate"]["reason"]
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["where"] == "gate" and reason in degraded["reason"]
+
+
+def test_an_over_long_answer_failing_twice_is_cut_at_a_sentence(image) -> None:
+    long = "Fly the kite upwind and let the line out slowly. " * 400
+    models = FakeModels(responder(answer=lambda call: long))
+    state = run(image, mind(models), "how do I fly my kite", depth="fast")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(state["response"]) <= MAX_ANSWER_CHARS
+    assert state["response"].endswith("slowly.")
+
+
+def test_an_empty_answer_twice_fails_the_cycle_and_changes_nothing(image) -> None:
     run(image, mind(FakeModels(responder())), "hi")
     before = stable_digest(image)
-    replies = iter(answers)
+    replies = iter(["", "   "])
     models = FakeModels(responder(answer=lambda call: next(replies)))
     state = run(image, mind(models), "how do I fly my kite", thread="t2", depth="fast")
     assert state["status"] == "FAILED"
-    assert state["failure"]["node"] == "gate" and reason in state["failure"]["reason"]
+    assert state["failure"]["node"] == "gate" and "empty" in state["failure"]["reason"]
     assert stable_digest(image) == before
+
+
+def test_an_answer_that_ran_out_of_tokens_ends_at_its_last_sentence(image) -> None:
+    cut = AIMessage(
+        "Fly the kite upwind. Let the line out slowly. 8. Stop when you have lear",
+        response_metadata={"finish_reason": "length"},
+    )
+    models = FakeModels(responder(answer=lambda call: cut))
+    state = run(image, mind(models), "how do I fly my kite", depth="fast")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["response"] == "Fly the kite upwind. Let the line out slowly."
+    assert state["cycle"]["truncated"] is True
+    with image.read() as root:
+        assert cycle.get(root, state["cycle"]["id"])["truncated"] is True
 
 
 @pytest.mark.parametrize(
@@ -350,42 +519,23 @@ def test_a_malformed_thread_id_is_refused(image) -> None:
         ask("hi", thread_id="", image=image, services=mind(FakeModels(responder())))
 
 
-def test_a_facet_whose_method_cannot_be_written_fails_the_cycle(image) -> None:
-    run(image, mind(FakeModels(responder())), "hi")
-    before = stable_digest(image)
-    plan = plan_of(("ROBIN.facet_meaning", "why"))
-    bad = "def facet_meaning(self, query):\n    import os\n    return os.getcwd()\n"
-    models = FakeModels(responder(plan=plan, draft=lambda selector: bad))
-    state = run(image, mind(models), "explain why the moon matters", thread="t2")
-    assert state["status"] == "FAILED"
-    assert "could not be written" in state["failure"]["reason"]
-    assert len(models.of("draft")) == 3
-    assert stable_digest(image) == before
-
-
 def _boom(call: ModelCall) -> Any:
     return ModelError("the backend died mid-cycle", hint="restart it")
 
 
-@pytest.mark.parametrize(
-    ("where", "node"),
-    [
-        ("router", "route"),
-        ("plan", "decompose"),
-        ("draft", "synthesize"),  # a facet's failure is reported when the partials are joined
-        ("facet", "synthesize"),
-        ("answer", "synthesize"),
-        ("embed", "gate"),
-    ],
-)
-def test_a_failure_at_every_node_leaves_the_image_unchanged(image, where, node) -> None:
-    run(image, mind(FakeModels(responder())), "hi")
-    before = stable_digest(image)
+@pytest.mark.parametrize("where", ["router", "plan", "facet", "embed"])
+def test_a_part_that_fails_degrades_the_answer_not_the_request(image, where) -> None:
+    """The router, the plan, another persona's note and the gate's embedding may each fail:
+    the answer is still given, and what failed is recorded."""
 
     def respond(call: ModelCall) -> Any:
         if call_kind(call) == where:
             return _boom(call)
-        return responder(plan=plan_of(("ROBIN.facet_meaning", "why")))(call)
+        return responder(
+            plan=plan_of(
+                ("ROBIN.facet_meaning", "why the tide turns"), ("BRICK.facet_steps", "tide tables")
+            )
+        )(call)
 
     class Failing(FakeEmbedder):  # the request's vector is the router's: this embeds answers
         def encode(self, texts):
@@ -397,12 +547,29 @@ def test_a_failure_at_every_node_leaves_the_image_unchanged(image, where, node) 
         def route(self, text):
             raise ModelError("the router died")
 
-    router = BrokenRouter() if where == "router" else FakeRouter()
+    router = BrokenRouter() if where == "router" else FakeRouter(("ROBIN", "BRICK"))
     services = MindServices(models=FakeModels(respond), router=router, embedder=Failing())
     state = run(image, services, "explain why the tide turns", thread="t2")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["response"].startswith("About explain why the tide turns")
+    assert any("died" in d["reason"] for d in state["cycle"]["degraded"]), state["cycle"]
+
+
+@pytest.mark.parametrize(("where", "node"), [("answer", "synthesize")])
+def test_without_a_model_to_answer_the_cycle_fails_and_changes_nothing(image, where, node) -> None:
+    run(image, mind(FakeModels(responder())), "hi")
+    before = stable_digest(image)
+
+    def respond(call: ModelCall) -> Any:
+        if call_kind(call) == where:
+            return _boom(call)
+        return responder(plan=plan_of(("ROBIN.facet_meaning", "why the tide turns")))(call)
+
+    state = run(image, mind(FakeModels(respond)), "explain why the tide turns", thread="t2")
     assert state["status"] == "FAILED"
     assert state["failure"]["node"] == node, state["failure"]
     assert "died" in state["failure"]["reason"]
+    assert state["messages"][-1].additional_kwargs["batos_failed"] is True
     assert stable_digest(image) == before
 
 
@@ -514,3 +681,154 @@ def test_an_over_long_plan_query_is_cut_at_a_word_not_rejected() -> None:
     [step] = parse_plan(reply, {"BRICK.facet_steps": "steps"}, 3)
     assert len(step["query"]) <= MAX_QUERY_CHARS and step["query"].endswith("word")
     assert long.startswith(step["query"])
+
+
+# -- computations and memory ---------------------------------------------------------------
+
+MUFFINS = "A bakery sells 36 muffins a day at $2.75 each. How much does it take in over 2 weeks?"
+
+
+def program(body: str) -> Callable[[ModelCall], str]:
+    return lambda call: f"```python\ndef solve(self):\n{body}```"
+
+
+def test_a_computation_is_written_as_a_program_run_and_quoted(image) -> None:
+    source = "    muffins = 36\n    price = 2.75\n    return muffins * price * 14\n"
+    models = FakeModels(
+        lambda call: program(source)(call) if call_kind(call) == "program" else responder()(call)
+    )
+    state = run(image, mind(models, FakeRouter(("BRICK",))), MUFFINS)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["compute"] is True
+    assert [call_kind(c) for c in models.calls] == ["program", "answer"]  # no plan for it
+    [partial] = state["partials"]
+    assert partial["kind"] == "computed" and partial["ok"] and partial["text"] == "1386"
+    assert "A program computed this for the request: 1386" in models.of("answer")[0].text
+    program_call = models.of("program")[0]
+    assert program_call.persona == "BRICK" and program_call.options["temperature"] == 0.0
+    assert MUFFINS in program_call.text
+
+
+def test_a_program_that_fails_twice_leaves_the_answer_without_a_result(image) -> None:
+    models = FakeModels(
+        lambda call: (
+            program("    return 1 / 0\n")(call)
+            if call_kind(call) == "program"
+            else responder()(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BRICK",))), MUFFINS)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    programs = models.of("program")
+    assert len(programs) == 2 and "ZeroDivisionError" in programs[1].text  # the repair
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["where"] == "compute" and "could not be run" in degraded["reason"]
+    assert "A program computed" not in models.of("answer")[0].text
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Any:
+    from store.embeddings import Embedder
+
+    return Embedder()
+
+
+@pytest.fixture
+def remembered(image, encoder, tmp_path) -> Any:
+    """The image's catalog holding two small documents."""
+    from store.catalog import KnowledgeCatalog
+    from store.ingest import ingest_paths
+
+    (tmp_path / "ferry.md").write_text(
+        "# Ferry timetable\n\nThe Ondine ferry leaves Harbour Pier at 7:40 every morning. "
+        "An adult single ticket costs 4.80 dollars."
+    )
+    (tmp_path / "bread.md").write_text("# Rye bread\n\nKnead the rye dough for ten minutes.")
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / "ferry.md", tmp_path / "bread.md"])
+    return catalog
+
+
+def test_a_request_about_memory_is_answered_from_its_passages_with_citations(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    answer = "The ferry leaves at 7:40 [1]; see also [7] and [n]."
+    models = FakeModels(responder(answer=lambda call: answer))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    state = run(image, services, "when does the Ondine ferry leave Harbour Pier")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    grounding = state["cycle"]["grounding"]
+    assert grounding["about_catalog"] and grounding["best"] >= 0.3
+    prompt = models.of("answer")[0].text
+    assert "[1] " in prompt and "ferry leaves Harbour Pier at 7:40" in prompt
+    assert "cite the passage it comes from by its number" in prompt
+    source = state["cycle"]["passages"][0]["source"]
+    assert source.endswith("ferry.md")
+    # [7] has no passage and [n] was copied from the instructions: neither is kept as a source
+    assert state["response"].startswith("The ferry leaves at 7:40 [1]; see also [7] and.")
+    assert state["response"].endswith(
+        f"Sources: [1] {source} (0–{state['cycle']['passages'][0]['end']})"
+    )
+    with image.read() as root:
+        assert cycle.get(root, state["cycle"]["id"])["cited"] == [
+            state["cycle"]["passages"][0]["citation"]
+        ]
+
+
+def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder())
+    state = run(image, mind(models, catalog=remembered), "hello there")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["grounding"]["about_catalog"] is False
+    assert models.of("answer")[0].text == "hello there"
+    assert "Sources:" not in state["response"]
+
+
+def test_history_keeps_what_the_user_said_and_alternates() -> None:
+    from graph.answer import HISTORY_TURNS, OLD_ANSWER_CHARS
+    from graph.answer import history as _history
+
+    failed = {"batos_failed": True}
+    said = [HumanMessage("My locker code is 4471.")]
+    for n in range(HISTORY_TURNS - 1):
+        said += [AIMessage("noted " + "x" * 2000), HumanMessage(f"filler question {n}")]
+    said += [AIMessage("oops", additional_kwargs=failed), HumanMessage("and one more")]
+    said += [AIMessage("fine"), HumanMessage("lost one"), AIMessage("no", additional_kwargs=failed)]
+    said += [HumanMessage("What is my locker code?")]
+    kept = _history(said)
+    assert kept[0].content == "My locker code is 4471."  # 12 turns back: still there
+    assert [type(m).__name__ for m in kept[:4]] == ["HumanMessage", "AIMessage"] * 2
+    assert all(type(a) is not type(b) for a, b in zip(kept, kept[1:], strict=False))
+    assert kept[-2].content == "filler question 10\nand one more" and kept[-1].content == "fine"
+    assert len(kept[1].content) == OLD_ANSWER_CHARS + 1  # an old answer, cut
+    assert "lost one" not in " ".join(str(m.content) for m in kept)
+
+
+def test_a_computation_about_memory_takes_its_figures_from_the_passages(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    source = "    single = 4.80\n    return single * 3\n"
+    models = FakeModels(
+        lambda call: program(source)(call) if call_kind(call) == "program" else responder()(call)
+    )
+    question = "How much more do three adult single tickets on the Ondine ferry cost than one?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["grounding"]["about_catalog"] and state["cycle"]["compute"]
+    program_call = models.of("program")[0].text
+    assert program_call.startswith("Facts (quoted from documents")
+    assert "adult single ticket costs 4.80 dollars" in program_call
+    assert "A program computed this for the request: 14.4" in models.of("answer")[0].text
+
+
+def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
+    question = "explain when the Ondine ferry leaves Harbour Pier"  # a planning cue
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"]["rule"] == "about memory: one answer from its passages"
+    assert [call_kind(c) for c in models.calls] == ["answer"]

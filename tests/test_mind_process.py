@@ -24,7 +24,7 @@ from store.zeo import ZeoServer
 REPO = Path(__file__).resolve().parents[1]
 
 RUNNER = """
-import json, logging, os, signal, sys, time
+import json, logging, os, re, signal, sys, time
 from pathlib import Path
 from fakes import FakeEmbedder, FakeModels, FakeRouter, call_kind
 from langchain_core.messages import HumanMessage
@@ -33,7 +33,10 @@ from graph.mind import MindServices, build_graph, run_config
 from store.checkpointer import ZODBSaver
 
 uri, mode, threads = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-PLAN = json.dumps({"steps": [{"facet": "BRICK.facet_steps", "query": "which steps"}]})
+PLAN = json.dumps({"steps": [
+    {"facet": "BRICK.facet_steps", "query": "which steps build a shed"},
+    {"facet": "BRICK.facet_design", "query": "what shed design"},
+]})
 
 
 def respond(call):
@@ -41,8 +44,9 @@ def respond(call):
     if kind == "plan":
         return PLAN
     if kind == "draft":
-        return ("```python\\ndef facet_steps(self, query):\\n"
-                "    return {'instruction': 'Steps for: ' + query}\\n```")
+        selector = re.search(r"Write the method `(\\w+)`", call.text).group(1)
+        return (f"```python\\ndef {selector}(self, query):\\n"
+                "    return {'instruction': 'Work on: ' + query}\\n```")
     if kind == "facet":
         return "1. measure 2. cut 3. build"
     if mode == "hang" and os.environ.get("SIGNAL_FILE"):
@@ -75,7 +79,9 @@ with open_image(uri) as image, ZODBSaver(image) as saver:
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     paths = [str(REPO / "tests"), str(REPO)]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}
+    # Facets written by the cycle itself: the kill lands between their checkpoint and COMPLETE.
+    inline = {"BATOS_MIND_WRITE_FACETS": "inline"}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **inline, **extra}
 
 
 def _runner(tmp_path: Path) -> str:
@@ -121,7 +127,7 @@ def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_
         with ZODBSaver(image) as saver:
             latest = saver.get_tuple({"configurable": {"thread_id": "k9"}})
             values = latest.checkpoint["channel_values"]
-            assert [e["kind"] for e in values["effects"]] == ["install_method"]
+            assert [e["kind"] for e in values["effects"]] == ["install_method"] * 2
             assert values["status"] == "DELEGATING" and not values["response"]
 
     resumed = _run(tmp_path, file_uri, "resume", "k9")
@@ -130,10 +136,11 @@ def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_
     result = json.loads(out.splitlines()[-1])
     assert result["status"] == "COMPLETE"
     stats = _stats(file_uri)
-    assert stats["cycles"] == 1 and stats["facets"] == {"facet_steps": 1}
+    assert stats["cycles"] == 1 and stats["facets"] == {"facet_steps": 1, "facet_design": 1}
     with LivingImage.open(file_uri) as image:
         with image.read() as root:
-            assert cycle.get(root, result["cycle"])["methods_written"] == ["BRICK.facet_steps"]
+            written = cycle.get(root, result["cycle"])["methods_written"]
+            assert sorted(written) == ["BRICK.facet_design", "BRICK.facet_steps"]
             assert "facet_steps" in personas(root)["BRICK"]._slots()
         commits = [r for r in image.history(50) if r.description.startswith("mind cycle")]
         assert len(commits) == 1

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from batos import settings
 from batos.errors import BatosError
+from graph.cli.terminal import TerminalConsole, shown
 from store.image import LOAD_ERRORS, acting_for, creating, load_error
 
 app = typer.Typer(
@@ -30,8 +30,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-console = Console()
-err_console = Console(stderr=True)
+console = TerminalConsole()
+err_console = TerminalConsole(stderr=True)
 
 #: ``persona, attempt -> chat model``: what generated-code missions and summaries use.
 ModelFactory = Callable[..., Any]
@@ -115,9 +115,9 @@ _register_features()
 
 
 def _report(exc: BatosError) -> int:
-    err_console.print(f"[bold red]error:[/] {exc.message}")
+    err_console.print(f"[bold red]error:[/] {shown(exc.message)}")
     if exc.hint:
-        err_console.print(f"[yellow]hint:[/] {exc.hint}")
+        err_console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
     return exc.exit_code
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None, *, models: ModelFactory | None = None) -
         if show is not None:
             show()
         else:
-            err_console.print(f"[bold red]error:[/] {exc.format_message()}")
+            err_console.print(f"[bold red]error:[/] {shown(exc.format_message())}")
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

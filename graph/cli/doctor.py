@@ -7,6 +7,7 @@ import json
 import typer
 
 from graph.cli.app import console, image_uri
+from graph.cli.terminal import shown
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -33,12 +34,12 @@ def doctor(
             continue
         style = _STYLE[check.status]
         console.print(
-            f"[{style}]{check.status:<4}[/] {check.area:<9} {check.detail}",
+            f"[{style}]{check.status:<4}[/] {check.area:<9} {shown(check.detail)}",
             markup=True,
             highlight=False,
         )
         if check.fix:
-            console.print(f"               fix: {check.fix}", highlight=False)
+            console.print(f"               fix: {check.fix}", markup=False, highlight=False)
     if not as_json:
         console.print(f"{failed} check(s) failed" if failed else "no check failed")
     return 1 if failed else 0

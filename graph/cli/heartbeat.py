@@ -9,7 +9,6 @@ chart); ``audit show ID`` one report.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import signal
 import threading
 from pathlib import Path
@@ -23,6 +22,7 @@ from graph import audit as audits
 from graph import cem, missions
 from graph.boot import open_image
 from graph.cli.app import console, image_uri, model_factory
+from graph.cli.terminal import shown
 from graph.heartbeat import Heartbeat
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
@@ -52,22 +52,22 @@ def heartbeat(
             for column in ("job", "trigger", "next run", "note"):
                 table.add_column(column)
             for job_id, trigger, after, corrupt in beat.jobs():
-                note = f"[red]corrupt, skipped: {corrupt}[/]" if corrupt else ""
-                table.add_row(job_id, trigger, _when(after), note)
+                note = f"[red]corrupt, skipped: {shown(corrupt)}[/]" if corrupt else ""
+                table.add_row(shown(job_id), shown(trigger), _when(after), note)
             console.print(table)
             return 0
         if once:
             outcomes = beat.once()
             for o in outcomes:
                 mark = "[green]✓[/]" if o.ok else "[red]✗[/]"
-                console.print(f"{mark} {o.job} ({o.seconds:.1f}s): {o.said}", markup=True)
+                console.print(f"{mark} {shown(o.job)} ({o.seconds:.1f}s): {shown(o.said)}")
             if not outcomes:
                 console.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        console.print(f"heartbeat on {image.uri}; Ctrl-C stops it")
+        console.print(f"heartbeat on {image.uri}; Ctrl-C stops it", markup=False)
         beat.forever(stop)
         console.print("heartbeat stopped")
     return 0
@@ -99,9 +99,11 @@ def _mission_rows(found: list[dict[str, Any]]) -> Table:
         table.add_row(
             str(m["id"]),
             str(m["report"]),
-            f"{m['kind']} {what}",
-            f"{h['component']} ≥ {_num(h['baseline'])}{h['gain']:+g} after {h['cycles']} cycles",
-            f"{m['status']}: {why}" if why else m["status"],
+            shown(f"{m['kind']} {what}"),
+            shown(
+                f"{h['component']} ≥ {_num(h['baseline'])}{h['gain']:+g} after {h['cycles']} cycles"
+            ),
+            shown(f"{m['status']}: {why}" if why else m["status"]),
         )
     return table
 
@@ -118,7 +120,7 @@ def report(
         rows = _rows(image)
         found = missions.history(image)
     if as_json:
-        console.print_json(json.dumps({"audits": rows, "missions": found}, default=str))
+        console.print_value_json({"audits": rows, "missions": found}, "the audit reports")
     else:
         table = Table(title="Audits")
         weights = "weights (" + " ".join(cem.COMPONENTS) + ")"
@@ -131,7 +133,7 @@ def report(
                 _when(r["time"]),
                 str(m["cycles"]),
                 *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
-                r["verdict"] + (f" → mission {r['mission']}" if r.get("mission") else ""),
+                shown(r["verdict"] + (f" → mission {r['mission']}" if r.get("mission") else "")),
                 _weights(m.get("weights")),
             )
         console.print(table)
@@ -145,7 +147,7 @@ def report(
     if png is not None:
         _chart(rows, found, png)
         if not as_json:
-            console.print(f"chart written to {png}")
+            console.print(f"chart written to {png}", markup=False)
 
 
 def _num(value: float | None) -> str:
@@ -209,10 +211,10 @@ def show(ctx: typer.Context, report_id: int = typer.Argument(..., help="Audit re
             f"  {persona:8} share {terms['share']:.2f} · H_cog term {terms['H_cog_term']:.3f}"
             f" · novelty {_num(terms['H_sol_mean'])}"
         )
-    console.print(f"verdict: {r['verdict']}")
+    console.print(f"verdict: {r['verdict']}", markup=False)
     console.print(f"weights: {_weights(m.get('weights'))} → next {_weights(r.get('weights_next'))}")
     for number, status in (r.get("judged") or {}).items():
-        console.print(f"mission {number} judged: {status}")
+        console.print(f"mission {number} judged: {status}", markup=False)
     if r.get("mission"):
         console.print(f"mission {r['mission']} started (see 'batos audit report')")
     console.print("[bold]ALFRED:[/] ", end="")

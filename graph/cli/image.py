@@ -13,6 +13,7 @@ from batos import settings
 from batos.errors import BatosError, ImageURIError
 from graph.boot import open_image
 from graph.cli.app import console, image_uri
+from graph.cli.terminal import shown, visible
 from prototypes.bounded import bounded_repr
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
@@ -25,7 +26,7 @@ zeo_app = typer.Typer(help="Share one image between processes through a ZEO serv
 
 
 def _short(value: Any, width: int = 70) -> str:
-    return bounded_repr(value, width)
+    return shown(bounded_repr(value, width))
 
 
 def _persona_table(root: Any) -> Table:
@@ -35,28 +36,74 @@ def _persona_table(root: Any) -> Table:
     for name, obj in personas(root).items():
         methods = [k for k, v in obj._slots().items() if isinstance(v, Method)]
         table.add_row(
-            name,
-            obj.role.split(":")[0],
-            obj.model,
-            ", ".join(obj.intents),
-            ", ".join(methods) or "-",
+            shown(name),
+            shown(str(obj.role).split(":")[0]),
+            shown(obj.model),
+            shown(", ".join(map(str, obj.intents))),
+            shown(", ".join(methods) or "-"),
         )
     return table
 
 
 @image_app.command()
-def init(ctx: typer.Context) -> None:
+def init(
+    ctx: typer.Context,
+    prepare: bool = typer.Option(
+        False,
+        "--prepare",
+        help="Also write the facet methods the image lacks now (minutes on a CPU), so no "
+        "request waits for one; without it the heartbeat writes them.",
+    ),
+) -> None:
     """Create the image if needed, apply pending upgrades and incarnate the personas.
 
-    Example: batos --image file:///tmp/demo.fs init
+    Examples: batos --image file:///tmp/demo.fs init · batos init --prepare
     """
     uri = image_uri(ctx)
-    with open_image(uri) as image, image.read() as root:
-        console.print(f"image [bold]{uri}[/]")
-        for name, info in schema.applied(root).items():
-            when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
-            console.print(f"  [green]✓[/] {name}  {info['description']}  ({when})")
-        console.print(_persona_table(root))
+    with open_image(uri) as image:
+        with image.read() as root:
+            console.print(f"image [bold]{shown(uri)}[/]")
+            for name, info in schema.applied(root).items():
+                when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+                console.print(
+                    f"  [green]✓[/] {shown(name)}  {shown(info['description'])}  ({when})"
+                )
+            console.print(_persona_table(root))
+        if prepare:
+            _prepare_facets(ctx, image)
+
+
+def _prepare_facets(ctx: typer.Context, image: Any) -> None:
+    from graph import facet_writing
+    from graph.cli.app import model_factory
+    from graph.cli.progress import ProgressReport
+
+    with image.read() as root:
+        todo = facet_writing.missing(root)
+    if not todo:
+        console.print("[green]✓[/] every facet method is written")
+        return
+    done: list[Any] = []
+    with ProgressReport(console, "writing facets", total=len(todo), unit="facets") as bar:
+
+        def tell(result: Any) -> None:
+            done.append(result)
+            mark = "written" if result.ok else "could not be written"
+            bar.update(len(done), f"{result.key} {mark} ({result.seconds:.0f}s)")
+
+        facet_writing.write_all(image, model_factory(ctx), todo, tell)
+    for result in done:
+        if result.ok:
+            console.print(f"  [green]✓[/] {result.key}  ({result.seconds:.0f}s)")
+        else:
+            reason = shown(result.reason.splitlines()[0][:160])
+            console.print(f"  [yellow]✗[/] {result.key}: {reason}")
+    failed = [r for r in done if not r.ok]
+    if failed:
+        console.print(
+            f"[yellow]{len(failed)} facet(s) could not be written[/]: their personas answer "
+            "those parts directly; the heartbeat tries again later ('batos doctor' shows when)"
+        )
 
 
 @image_app.command("run")
@@ -84,21 +131,21 @@ def run_main(
             path = model_path()
     with open_image(uri) as image:
         with image.read() as root:
-            console.print(f"image [bold]{uri}[/]")
+            console.print(f"image [bold]{shown(uri)}[/]")
             if model_factory(ctx) is None:
-                console.print(f"model [bold]{settings.get_str('model')}[/] → {path}")
+                console.print(f"model [bold]{shown(settings.get_str('model'))}[/] → {shown(path)}")
             console.print(_persona_table(root))
         session = Session(image, model_factory(ctx))
         thread_id = f"run-{uuid6()}"
         try:
             text = request or SAMPLE_REQUEST
-            console.print(f"[bold]you>[/] {text}")
+            console.print(f"[bold]you>[/] {shown(text)}")
             context = session.context(None, "full" if request is None else "auto")
-            state = session.cycle(text, run_config(thread_id), context)
-            console.print()
             try:
+                state = session.cycle(text, run_config(thread_id), context)
+                console.print()
                 _outcome(state, as_json=False)
-            finally:
+            finally:  # a FAILED or stopped first answer still opens the chat
                 if sys.stdin.isatty():
                     chat_loop(session, thread_id, None, "auto")
         finally:
@@ -120,18 +167,18 @@ def inspect(
         if isinstance(target, UvmObject):
             _show_object(label, target)
         elif hasattr(target, "items"):
-            table = Table(title=label)
+            table = Table(title=shown(label))
             table.add_column("key")
             table.add_column("value")
             for key, value in target.items():
-                table.add_row(str(key), _short(value))
+                table.add_row(_short(key), _short(value))
             console.print(table)
         else:
-            console.print(f"{label} = {bounded_repr(target, 10_000)}")
+            console.print(f"{label} = {bounded_repr(target, 10_000)}", markup=False)
 
 
 def _show_object(label: str, obj: UvmObject) -> None:
-    table = Table(title=f"{label}  {obj!r}")
+    table = Table(title=shown(f"{label}  {bounded_repr(obj)}"))
     table.add_column("slot")
     table.add_column("kind")
     table.add_column("value")
@@ -139,15 +186,18 @@ def _show_object(label: str, obj: UvmObject) -> None:
     for name, value in sorted(obj._slots().items()):
         if isinstance(value, Method):
             methods.append(value)
-            table.add_row(name, "method", f"by {value.author}: {value.intent or '-'}")
+            table.add_row(shown(name), "method", shown(f"by {value.author}: {value.intent or '-'}"))
         elif name.endswith("*"):
-            table.add_row(name, "parent", _short(value))
+            table.add_row(shown(name), "parent", _short(value))
         else:
-            table.add_row(name, "data", _short(value))
+            table.add_row(shown(name), "data", _short(value))
     console.print(table)
     for method in methods:
-        console.print(f"[bold]{method.selector}[/]  author={method.author}  audit={method.audit}")
-        console.print(Syntax(method.source, "python", line_numbers=False))
+        console.print(
+            f"[bold]{shown(method.selector)}[/]  author={shown(method.author)}  "
+            f"audit={_short(method.audit, 2_000)}"
+        )
+        console.print(Syntax(visible(method.source), "python", line_numbers=False))
 
 
 @image_app.command()
@@ -165,7 +215,7 @@ def history(
             table.add_column(column)
         for record in image.history(limit):
             when = dt.datetime.fromtimestamp(record.time).isoformat(sep=" ", timespec="seconds")
-            table.add_row(record.tid, when, record.user, record.description)
+            table.add_row(shown(record.tid), when, shown(record.user), shown(record.description))
         console.print(table)
 
 
@@ -179,7 +229,7 @@ def undo(
     """
     with LivingImage.open(image_uri(ctx)) as image:
         image.undo(tid)
-    console.print(f"undid transaction {tid}")
+    console.print(f"undid transaction {tid}", markup=False)
 
 
 @image_app.command("schema")
@@ -191,7 +241,7 @@ def schema_cmd(ctx: typer.Context) -> None:
             table.add_column(column)
         for name, info in schema.applied(root).items():
             when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
-            table.add_row(name, info["description"], when)
+            table.add_row(shown(name), shown(info["description"]), when)
         console.print(table)
 
 
@@ -221,21 +271,23 @@ def repair(ctx: typer.Context) -> None:
             console.print(
                 f"{path}: {found.transactions:,} sound transactions, then one that never "
                 "committed (a process stopped mid-commit); the next open drops it and nothing "
-                "committed is lost. Nothing to repair."
+                "committed is lost. Nothing to repair.",
+                markup=False,
             )
         else:
             console.print(
-                f"{path}: {found.transactions:,} transactions, all sound. Nothing to repair."
+                f"{path}: {found.transactions:,} transactions, all sound. Nothing to repair.",
+                markup=False,
             )
         return
-    console.print(f"[bold]damage:[/] {found.damage}")
+    console.print(f"[bold]damage:[/] {shown(found.damage)}")
     for message in report.messages:
-        console.print(f"  recovery: {message}")
+        console.print(f"  recovery: {message}", markup=False)
     console.print(
         f"kept {report.transactions:,} transactions ({found.transactions:,} before the damage); "
         f"dropped {report.bytes_dropped:,} bytes"
     )
-    console.print(f"the damaged original is kept as {report.damaged_copy}")
+    console.print(f"the damaged original is kept as {report.damaged_copy}", markup=False)
 
 
 @image_app.command("config")
@@ -248,7 +300,7 @@ def config_cmd() -> None:
         value = str(settings.get(name))
         if "key" in name and value:
             value = "***"
-        table.add_row(name, setting.env, value, setting.help)
+        table.add_row(name, setting.env, shown(value), shown(setting.help))
     console.print(table)
 
 
@@ -273,10 +325,10 @@ def zeo_start(
     server = ZeoServer(path, address or settings.get_str("zeo_address"))
     server.serve(
         on_ready=lambda: console.print(
-            f"serving {path} at [bold]{server.uri}[/] (Ctrl-C or SIGTERM stops)"
+            f"serving {shown(path)} at [bold]{shown(server.uri)}[/] (Ctrl-C or SIGTERM stops)"
         )
     )
-    console.print(f"stopped serving {path}")
+    console.print(f"stopped serving {path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from batos.errors import BatosError, GeneratedCodeError, ObjectPathError
 from graph.boot import open_image
 from graph.cli.app import console, err_console, image_uri, model_factory
+from graph.cli.terminal import json_text, shown, visible
 from prototypes import bounded, guardian, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.incarnation import OBJECTS_KEY
@@ -104,7 +105,7 @@ def methods(
                 }
                 for where, m in found
             ]
-            console.print_json(json.dumps(rows))
+            console.print_value_json(rows, "the methods")
             return
         table = Table(title="Methods written through the gate")
         columns = ("object", "selector", "author", "verdict", "created", "s", "examples", "intent")
@@ -113,20 +114,20 @@ def methods(
         for where, m in found:
             seconds = m.audit.get("mission_seconds")
             table.add_row(
-                where,
-                m.selector,
-                m.author,
-                str(m.audit.get("verdict", "-")),
+                shown(where),
+                shown(m.selector),
+                shown(m.author),
+                shown(m.audit.get("verdict", "-")),
                 _when(m.created),
                 f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
                 _examples_cell(m),
-                m.intent or "-",
+                shown(m.intent or "-"),
             )
         console.print(table)
         if source:
             for where, m in found:
-                console.print(f"[bold]{where}.{m.selector}[/]  by {m.author}")
-                console.print(Syntax(m.source, "python"))
+                console.print(f"[bold]{shown(where)}.{shown(m.selector)}[/]  by {shown(m.author)}")
+                console.print(Syntax(visible(m.source), "python"))
                 for line in _example_lines(m):
                     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -144,16 +145,25 @@ def _example_lines(method: Method) -> list[str]:
     """Each example as 'self.sel(args) → expected', the disputed ones and failures marked."""
     lines = []
     for stored in method.examples:
-        args = ", ".join(json.dumps(a) for a in stored.get("args", []))
-        slots = f" with {json.dumps(stored['slots'])}" if stored.get("slots") else ""
-        after = f", slots {json.dumps(stored['slots_after'])}" if stored.get("slots_after") else ""
+        args = ", ".join(_literal(a) for a in stored.get("args", []))
+        slots = f" with {_literal(stored['slots'])}" if stored.get("slots") else ""
+        after = f", slots {_literal(stored['slots_after'])}" if stored.get("slots_after") else ""
         mark = "  (disputed: no draft chosen agreed)" if stored.get("status") == "disputed" else ""
-        line = f"  self.{method.selector}({args}){slots} → {json.dumps(stored.get('returns'))}"
+        line = f"  self.{method.selector}({args}){slots} → {_literal(stored.get('returns'))}"
         lines.append(_cut(line + after + mark))
     check = method.audit.get("examples_check")
     for failure in (check or {}).get("failed", []) if isinstance(check, dict) else []:
         lines.append(_cut(f"  FAILS: {failure}"))
     return lines
+
+
+def _literal(value: Any) -> str:
+    """A stored example's value as JSON, or its bounded repr where JSON cannot say it (an
+    integer past Python's digit limit, a type JSON lacks): a listing never fails on one."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return bounded_repr(value, 200)
 
 
 def _cut(text: str, limit: int = 2_000) -> str:
@@ -212,7 +222,7 @@ def methods_add(
 
     with open_image(image_uri(ctx)) as image:
         name, failed = image.transact(install, note=f"methods add {path}.{selector}")
-        console.print(f"installed [bold]{path}.{name}[/] (audit: approved)")
+        console.print(f"installed [bold]{shown(path)}.{shown(name)}[/] (audit: approved)")
         for failure in failed:  # the examples the method it replaced kept
             err_console.print(f"fails a stored example: {failure}", markup=False)
 
@@ -242,7 +252,7 @@ def methods_remove(
 
     with open_image(image_uri(ctx)) as image:
         image.transact(remove, note=f"methods remove {path}.{selector}")
-    console.print(f"removed {path}.{selector}")
+    console.print(f"removed {path}.{selector}", markup=False)
 
 
 def _argument(text: str) -> Any:
@@ -312,7 +322,9 @@ def send(
                     f"{path}' shows the method's source)",
                 ) from exc
         runner = jit.JitRunner(model_factory=model_factory(ctx))
-        with err_console.status(f"{path} does not understand {selector!r}: writing it…"):
+        with err_console.status(
+            f"{shown(path)} does not understand {shown(repr(selector))}: writing it…"
+        ):
             result = _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
         written.append(receiver._lookup(selector)[1])
         return result
@@ -323,9 +335,9 @@ def send(
         if written:
             err_console.print(_written_line(f"{path}.{selector}", written[0]), markup=False)
     if as_json:
-        typer.echo(json.dumps(result, default=lambda v: bounded_repr(v, 1_000)))
+        typer.echo(json_text(result, f"the result of {path}.{selector}"))
     else:
-        console.print(bounded_repr(result, 100_000, nodes=PLAIN_NODES))
+        console.print(bounded_repr(result, 100_000, nodes=PLAIN_NODES), markup=False)
 
 
 def _written_line(name: str, method: Method) -> str:

@@ -6,7 +6,6 @@ and spans, curate folds cold or redundant chunks into summaries written by BABS.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from rich.table import Table
 from batos.errors import BatosError, CatalogError, DocumentError
 from graph.cli.app import console, err_console, image_uri, model_factory
 from graph.cli.progress import ProgressReport
+from graph.cli.terminal import json_text, shown
 from graph.curation import babs_summarizer
 from store.catalog import KnowledgeCatalog
 
@@ -84,9 +84,9 @@ def ingest(
         soft_wrap=True,  # one line in a log, however narrow the (absent) terminal
     )
     for _path, error in report.failed:
-        err_console.print(f"[red]✗[/] {error.message}")
+        err_console.print(f"[red]✗[/] {shown(error.message)}")
         if error.hint:
-            err_console.print(f"  [yellow]hint:[/] {error.hint}")
+            err_console.print(f"  [yellow]hint:[/] {shown(error.hint)}")
     if report.failed:
         raise DocumentError(
             f"{len(report.failed)} of {len(files)} file(s) were not ingested",
@@ -129,9 +129,9 @@ def search(
             hits = catalog.search(query, k, filters=filters, mode=mode)
             if as_json:
                 line = {"query": query, "results": [h.to_json() for h in hits]}
-                sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+                sys.stdout.write(json_text(line, "the search results") + "\n")
                 continue
-            table = Table(title=f"{query}")
+            table = Table(title=shown(query))
             for column in ("#", "score", "source", "span", "text"):
                 table.add_column(column)
             for n, hit in enumerate(hits, start=1):
@@ -139,9 +139,9 @@ def search(
                 table.add_row(
                     str(n),
                     f"{hit.score:.4f}",
-                    hit.source,
+                    shown(hit.source),
                     f"{hit.start}-{hit.end}",
-                    snippet if len(snippet) <= 100 else snippet[:99] + "…",
+                    shown(snippet if len(snippet) <= 100 else snippet[:99] + "…"),
                 )
             console.print(table)
 
@@ -175,8 +175,9 @@ def curate(
             return
         if show is not None:
             for record in curator.originals(catalog, show):
-                console.print(f"[bold]{record['source']}:{record['start']}-{record['end']}[/]")
-                console.print(record["text"])
+                where = f"{record['source']}:{record['start']}-{record['end']}"
+                console.print(f"[bold]{shown(where)}[/]")
+                console.print(record["text"], markup=False)
             return
         if restore is not None:
             restored = curator.Curator(catalog, _no_summaries).restore(restore)
@@ -186,7 +187,8 @@ def curate(
             plan = curator.Curator(catalog, _no_summaries, max_chunks=max_chunks).plan()
             for cluster in plan[:clusters]:
                 console.print(
-                    f"{cluster.reason}: {len(cluster.chunk_ids)} chunks {list(cluster.chunk_ids)}"
+                    f"{cluster.reason}: {len(cluster.chunk_ids)} chunks {list(cluster.chunk_ids)}",
+                    markup=False,
                 )
             console.print(f"{len(plan)} cluster(s) would be folded")
             return

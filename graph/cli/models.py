@@ -11,6 +11,7 @@ from batos import settings
 from batos.errors import ModelError
 from graph.cli.app import console, err_console
 from graph.cli.progress import ProgressReport
+from graph.cli.terminal import shown, visible
 
 models_app = typer.Typer(
     help="Persona models: Modelfiles, adapters, Ollama and embedded backends.", no_args_is_help=True
@@ -42,9 +43,9 @@ def list_models() -> None:
                 trained = adapter_path(which, name).is_file()
                 cells.append("✓" if trained else "not trained")
         table.add_row(
-            name,
-            model.name,
-            model.modelfile.from_,
+            shown(name),
+            shown(model.name),
+            shown(model.modelfile.from_),
             str(model.parameters.get("temperature", "-")),
             *cells,
         )
@@ -93,12 +94,13 @@ def build(
             progress.update(progress.done + 1, text)
 
         report = provision(host_url(host), force=force, progress=step)
-    console.print(f"present: {', '.join(report.present) or '-'}")
-    console.print(f"pulled:  {', '.join(report.pulled) or '-'}")
-    console.print(f"created: {', '.join(report.created) or '-'}")
+    console.print(f"present: {', '.join(report.present) or '-'}", markup=False)
+    console.print(f"pulled:  {', '.join(report.pulled) or '-'}", markup=False)
+    console.print(f"created: {', '.join(report.created) or '-'}", markup=False)
     if report.without_adapter:
         console.print(
-            f"[yellow]without adapter (not trained yet):[/] {', '.join(report.without_adapter)}"
+            "[yellow]without adapter (not trained yet):[/] "
+            + shown(", ".join(report.without_adapter))
         )
 
 
@@ -129,7 +131,8 @@ def status() -> None:
             ready = f"{spec.model}:latest" in present or spec.model in present
             console.print(
                 f"  {name:7} {spec.model:14} "
-                f"{'ready' if ready else 'missing: run batos models build'}"
+                f"{'ready' if ready else 'missing: run batos models build'}",
+                markup=False,
             )
         return
     from store.model_files import model_path
@@ -162,7 +165,7 @@ def say(
     model = chat_model(persona, **options)
     usage = None
     for chunk in model.stream(text):
-        sys.stdout.write(str(chunk.content))
+        sys.stdout.write(visible(str(chunk.content)))
         sys.stdout.flush()
         usage = chunk.usage_metadata or usage
     sys.stdout.write("\n")

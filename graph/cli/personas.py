@@ -10,6 +10,7 @@ from rich.table import Table
 from batos import settings
 from graph.cli.app import console, err_console
 from graph.cli.progress import ProgressReport
+from graph.cli.terminal import shown
 from prototypes.codex import PERSONAS
 
 personas_app = typer.Typer(
@@ -119,9 +120,9 @@ def train(
         for result in results:
             system = training.system_prompt(result.persona)
             plain, adapted = lora_gguf.verify_adapter(gguf, result.adapter, system, VERIFY_PROMPT)
-            console.print(f"[bold]{result.persona}[/] {VERIFY_PROMPT!r}")
-            console.print(f"  base:    {plain!r}")
-            console.print(f"  adapter: {adapted!r}")
+            console.print(f"[bold]{result.persona}[/] {shown(repr(VERIFY_PROMPT))}")
+            console.print(f"  base:    {plain!r}", markup=False)
+            console.print(f"  adapter: {adapted!r}", markup=False)
 
 
 @personas_app.command("fuse")

@@ -21,6 +21,7 @@ from rich.progress import (
 )
 
 from batos import settings
+from graph.cli.terminal import visible
 
 
 class ProgressReport:
@@ -49,7 +50,8 @@ class ProgressReport:
             columns += [TextColumn(f"[bold]{self.title}[/]")]
             if self.total is not None:
                 columns += [BarColumn(), MofNCompleteColumn()]
-            columns += [TimeElapsedColumn(), TextColumn("{task.description}")]
+            # The note names files and says what servers answered: shown, not read as markup.
+            columns += [TimeElapsedColumn(), TextColumn("{task.description}", markup=False)]
             self._bar = Progress(*columns, console=self.console)
             self._bar.__enter__()
             self._task = self._bar.add_task("", total=self.total)
@@ -62,7 +64,7 @@ class ProgressReport:
         if note is not None:
             self.note = note
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, description=self.note)
+            self._bar.update(self._task, completed=self.done, description=visible(self.note))
             return
         now = time.monotonic()
         every = settings.get_float("progress_seconds")
@@ -85,7 +87,7 @@ class ProgressReport:
         self._printed = (self.done, self.note)
         count = f"{self.done}" if self.total is None else f"{self.done}/{self.total}"
         elapsed = now - self._started
-        note = f", {self.note}" if self.note else ""
+        note = f", {visible(self.note)}" if self.note else ""
         # Straight to the stream and flushed: a log must get the line now, unwrapped.
         self.console.file.write(f"{self.title}: {count} {self.unit}{note} [{elapsed:.0f}s]\n")
         self.console.file.flush()

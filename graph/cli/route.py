@@ -6,7 +6,6 @@ examples change), so the first call after such a change takes a few seconds long
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from batos.errors import RoutingError
 from graph.cli.app import console, image_uri
+from graph.cli.terminal import json_text, shown
 
 #: Largest request file read (bytes; characters for stdin).
 MAX_FILE_BYTES = 1_000_000
@@ -94,11 +94,11 @@ def route(
         for found in router.route_many(batch):
             prefetch_runner_up(found)  # only where a model is already loaded in this process
             if as_json:
-                sys.stdout.write(json.dumps(found.to_json(), ensure_ascii=False) + "\n")
+                sys.stdout.write(json_text(found.to_json(), "the route") + "\n")
                 continue
             scores = dict(found.ranked)
             table.add_row(
-                found.text if len(found.text) <= 60 else found.text[:59] + "…",
+                shown(found.text if len(found.text) <= 60 else found.text[:59] + "…"),
                 *(f"{scores[p]:.2f}" for p in router.personas),
                 ", ".join(found.chosen),
             )

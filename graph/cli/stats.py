@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from graph.cli.app import console
+from graph.cli.terminal import shown
 
 
 def stats(
@@ -35,18 +36,21 @@ def stats(
     for column in ("metric", "labels", "value"):
         table.add_column(column)
     for name, labels, value in snapshot["counters"]:
-        shown = ", ".join(f"{k}={v}" for k, v in labels.items())
-        table.add_row(name, shown, f"{value:,.0f}")
+        table.add_row(shown(name), _labels(labels), f"{value:,.0f}")
     for name, labels, row in snapshot["timings"]:
         count, total = row[0], row[1]
-        shown = ", ".join(f"{k}={v}" for k, v in labels.items())
         p95 = _quantile(row[2:], count, 0.95, BUCKETS_S)
         mean = total / count if count else 0.0
-        table.add_row(name, shown, f"{count:,.0f} calls, mean {mean:.3f} s, p95 ≤ {p95}")
+        summary = f"{count:,.0f} calls, mean {mean:.3f} s, p95 ≤ {p95}"
+        table.add_row(shown(name), _labels(labels), summary)
     if not snapshot["counters"] and not snapshot["timings"]:
         console.print("nothing counted yet")
         return
     console.print(table)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return shown(", ".join(f"{k}={v}" for k, v in labels.items()))
 
 
 def _quantile(buckets: list[float], count: float, q: float, bounds: tuple[float, ...]) -> str:

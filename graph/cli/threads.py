@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from graph.cli.app import console, image_uri
+from graph.cli.terminal import shown
 from store import packing
 from store.checkpointer import ZODBSaver
 from store.image import LivingImage
@@ -48,12 +49,12 @@ def threads(
     """
     with _saver(ctx) as saver:
         if thread_id is None:
-            table = Table(title=f"Threads in {saver.image.uri}")
+            table = Table(title=f"Threads in {shown(saver.image.uri)}")
             for column in ("thread", "namespaces", "checkpoints", "writes", "size", "created"):
                 table.add_column(column)
             for s in saver.threads():
                 table.add_row(
-                    s.thread_id,
+                    shown(s.thread_id),
                     str(s.namespaces),
                     str(s.checkpoints),
                     str(s.writes),
@@ -64,21 +65,23 @@ def threads(
             return
         summary = saver.thread_summary(thread_id)
         table = Table(
-            title=f"Thread {thread_id}: {summary.checkpoints} checkpoints, {_size(summary.bytes)}"
+            title=f"Thread {shown(thread_id)}: {summary.checkpoints} checkpoints, "
+            f"{_size(summary.bytes)}"
         )
         for column in ("namespace", "checkpoint", "step", "source", "run", "writes", "parent"):
             table.add_column(column)
         config = {"configurable": {"thread_id": thread_id}}
         for item in saver.list(config, limit=limit):
             conf = item.config["configurable"]
+            parent = item.parent_config and item.parent_config["configurable"]["checkpoint_id"]
             table.add_row(
-                conf["checkpoint_ns"] or "(root)",
-                conf["checkpoint_id"],
-                str(item.metadata.get("step", "")),
-                str(item.metadata.get("source", "")),
-                str(item.metadata.get("run_id", "") or "-"),
+                shown(conf["checkpoint_ns"] or "(root)"),
+                shown(conf["checkpoint_id"]),
+                shown(item.metadata.get("step", "")),
+                shown(item.metadata.get("source", "")),
+                shown(item.metadata.get("run_id", "") or "-"),
                 str(len(item.pending_writes or [])),
-                item.parent_config["configurable"]["checkpoint_id"] if item.parent_config else "-",
+                shown(parent or "-"),
             )
         console.print(table)
 
@@ -118,17 +121,19 @@ def pack(
     before, after = report.before, report.after
     if before.revisions is None:
         console.print(
-            f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → {_size(after.bytes)}"
+            f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → {_size(after.bytes)}",
+            markup=False,
         )
     else:
         console.print(
             f"packed {image.uri} ({report.storage}): object revisions "
             f"{before.revisions:,} → {after.revisions:,}, their state "
             f"{_size(before.bytes)} → {_size(after.bytes)}, blob chunks "
-            f"{before.blob_chunks:,} → {after.blob_chunks:,}"
+            f"{before.blob_chunks:,} → {after.blob_chunks:,}",
+            markup=False,
         )
     for note in report.notes:
-        console.print(f"  {note}")
+        console.print(f"  {note}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,9 +5,12 @@
 the same way: the persona's SYSTEM prompt goes first unless the call brings its own system
 message (as Ollama does), and the backend's own exceptions leave as ``ModelError``s, translated
 at this boundary by one table per backend (``exception_table``, applied by ``map_exceptions`` as
-httpx maps its transports' errors). Errors::
+httpx maps its transports' errors). It also stops a streamed call at its next chunk once the
+caller's cancel event is set (``graph.llm.cancel``), closing the backend's stream (for the
+HTTP backends, the response: the server sees the client go). Errors::
 
     ModelError (BatosError, exit code 5)   what a table entry makes of a backend's exception
+    GenerationCancelled (BaseException)    the caller's cancel event was set
     anything the table does not name      propagates unchanged
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import aclosing, closing, contextmanager
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -23,7 +26,8 @@ from langchain_core.messages import AIMessageChunk, BaseMessage, SystemMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from batos import metrics
-from batos.errors import ModelError
+from batos.errors import GenerationCancelled, ModelError
+from graph.llm.cancel import cancel_event, raise_if_cancelled
 
 #: A backend's exception class → what to make of it. The most specific matching class wins.
 ExceptionTable = Mapping[type[BaseException], Callable[[BaseException], ModelError]]
@@ -69,35 +73,46 @@ class PersonaChatModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
         with self._measured(), map_exceptions(self.exception_table()):
+            raise_if_cancelled(cancel_event())
             messages = with_system(messages, self.system_prompt())
             return super()._generate(messages, *args, **kwargs)
 
     def _stream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
+        cancel = cancel_event()
         with self._measured() as first, map_exceptions(self.exception_table()):
+            raise_if_cancelled(cancel)
             messages = with_system(messages, self.system_prompt())
             if getattr(super()._stream, "__func__", None) is BaseChatModel._stream:
                 # A backend that only writes whole replies streams each as one chunk.
                 yield first(_one_chunk(super()._generate(messages, *args, **kwargs)))
                 return
-            for chunk in super()._stream(messages, *args, **kwargs):
-                yield first(chunk)
+            # closing(): a cancelled call ends the backend's stream now, not when collected
+            with closing(super()._stream(messages, *args, **kwargs)) as chunks:
+                for chunk in chunks:
+                    raise_if_cancelled(cancel)
+                    yield first(chunk)
 
     async def _agenerate(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> ChatResult:
         with self._measured(), map_exceptions(self.exception_table()):
+            raise_if_cancelled(cancel_event())
             messages = with_system(messages, self.system_prompt())
             return await super()._agenerate(messages, *args, **kwargs)
 
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
+        cancel = cancel_event()
         with self._measured() as first, map_exceptions(self.exception_table()):
+            raise_if_cancelled(cancel)
             messages = with_system(messages, self.system_prompt())
-            async for chunk in super()._astream(messages, *args, **kwargs):
-                yield first(chunk)
+            async with aclosing(super()._astream(messages, *args, **kwargs)) as chunks:
+                async for chunk in chunks:
+                    raise_if_cancelled(cancel)
+                    yield first(chunk)
 
     @contextmanager
     def _measured(self) -> Iterator[Callable[[ChatGenerationChunk], ChatGenerationChunk]]:
@@ -119,6 +134,9 @@ class PersonaChatModel(BaseChatModel):
             yield first
         except GeneratorExit:  # the caller stopped reading a stream: a call all the same
             outcome = "closed"
+            raise
+        except GenerationCancelled:
+            outcome = "cancelled"
             raise
         except BaseException:
             outcome = "error"

@@ -22,6 +22,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from batos import settings
 from graph.llm.base import PersonaChatModel
+from graph.llm.cancel import cancel_event
 from graph.llm.engine import DEFAULT_N_CTX, Engine, Sampling, Usage, engine
 from graph.llm.modelfile import PersonaModel, adapter_path, modelfiles_dir, persona_model
 from prototypes.codex import PersonaSpec
@@ -191,6 +192,7 @@ class LlamaCppChat(BaseChatModel):
             adapters=adapters,
             sampling=sampling,
             timeout=self.timeout,
+            cancel=cancel_event(),
         )
 
     def _stream(

@@ -5,8 +5,9 @@ An ``Engine`` loads a base GGUF once. Persona adapters are loaded once into RAM 
 on the context — the weights are never reloaded. The KV cache a persona built is kept aside
 when another persona speaks (``PrefixCache``) and put back when it speaks again, so its system
 prompt and shared context are evaluated once, not at every turn of a cycle. One generation runs
-at a time per engine; callers queue in arrival order (``FairLock``). ``llama_cpp`` is imported
-here only, so the rest of BAT OS starts without it.
+at a time per engine; callers queue in arrival order (``FairLock``), and a caller's cancel event
+ends its wait or its generation at the next token. ``llama_cpp`` is imported here only, so the
+rest of BAT OS starts without it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from batos import settings
 from batos.errors import ModelError
+from graph.llm.cancel import raise_if_cancelled
 
 log = logging.getLogger("batos.llm.engine")
 
@@ -35,8 +37,13 @@ DEFAULT_N_CTX = 4096
 N_BATCH = 512
 
 
+#: How often a waiter for the engine looks at its cancel event, in seconds.
+CANCEL_POLL_S = 0.1
+
+
 class FairLock:
-    """A ticket lock: waiters get the lock in the order they asked for it; waits can time out."""
+    """A ticket lock: waiters get the lock in the order they asked for it; waits can time out
+    or be cancelled."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -44,16 +51,20 @@ class FairLock:
         self._serving = 0
         self._abandoned: set[int] = set()
 
-    def acquire(self, timeout: float | None = None) -> bool:
+    def acquire(self, timeout: float | None = None, cancel: threading.Event | None = None) -> bool:
+        """Wait for the lock in arrival order; False (the place in line given up) once
+        ``timeout`` seconds pass or ``cancel`` is set."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             ticket = self._next
             self._next += 1
             while self._serving != ticket:
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                if (remaining is not None and remaining <= 0) or (cancel and cancel.is_set()):
                     self._abandoned.add(ticket)
                     return False
+                if cancel is not None:  # nothing notifies a set event: look at it now and then
+                    remaining = min(remaining or CANCEL_POLL_S, CANCEL_POLL_S)
                 self._cond.wait(remaining)
             return True
 
@@ -457,16 +468,23 @@ class Engine:
         adapters: Sequence[Path] = (),
         sampling: Sampling = Sampling(),
         timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[str | Usage]:
-        """Stream text pieces for ``messages``, then one ``Usage``; waits its turn first."""
+        """Stream text pieces for ``messages``, then one ``Usage``; waits its turn first.
+
+        Setting ``cancel`` stops the wait or the generation at its next token with
+        ``GenerationCancelled`` (the engine is free again at once).
+        """
         started = time.monotonic()
         deadline = started + (timeout or settings.get_float("llm_timeout"))
-        if not self.lock.acquire(timeout=deadline - started):
+        if not self.lock.acquire(timeout=deadline - started, cancel=cancel):
+            raise_if_cancelled(cancel)
             raise ModelError(
                 f"the model stayed busy for {timeout}s; the request was dropped",
                 hint="raise BATOS_LLM_TIMEOUT or send fewer requests at once",
             )
         try:
+            raise_if_cancelled(cancel)
             usage = Usage(
                 queued_s=time.monotonic() - started, adapters=tuple(p.name for p in adapters)
             )
@@ -474,12 +492,18 @@ class Engine:
             tokens = self.prompt_tokens(messages)
             self._reuse(tokens)
             usage.cached_tokens = common_prefix(self.llama.input_ids[: self.llama.n_tokens], tokens)
-            yield from self._run(tokens, sampling, deadline, usage, started)
+            yield from self._run(tokens, sampling, deadline, usage, started, cancel)
         finally:
             self.lock.release()
 
     def _run(
-        self, tokens: list[int], sampling: Sampling, deadline: float, usage: Usage, started: float
+        self,
+        tokens: list[int],
+        sampling: Sampling,
+        deadline: float,
+        usage: Usage,
+        started: float,
+        cancel: threading.Event | None,
     ) -> Iterator[str | Usage]:
         llama, lib = self.llama, self._lib
         usage.prompt_tokens = len(tokens)
@@ -527,6 +551,7 @@ class Engine:
                     pending = pending[safe:]
                 if usage.completion_tokens >= limit:
                     break
+                raise_if_cancelled(cancel)
                 if time.monotonic() > deadline:
                     raise ModelError(
                         f"generation ran past its {deadline - started:.0f}s timeout",

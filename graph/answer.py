@@ -1,0 +1,230 @@
+"""What the answering persona reads, and what is done to its reply before anyone sees it.
+
+``history`` picks the thread's earlier turns the answering model sees. ``answer_prompt`` turns
+a cycle's partials into the one prompt the lead persona answers from: the parts of the plan it
+took itself become an outline (no model call of their own), notes of other personas, passages
+from memory and a program's result become context. ``cut_at_sentence`` keeps an answer that
+ran out of tokens from ending mid-word; ``repetition`` and ``REFUSAL`` are what the quality
+gate holds an answer to.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+from graph import prompts as prompt_files
+from graph.request import content_text
+from graph.retrieval import CONTEXT_HEADER, fence
+
+#: Most passages one answer is given (each about 200 tokens: evaluating a prompt costs about a
+#: second per 90 tokens on two cores).
+MAX_PASSAGES = 5
+
+#: Earlier turns of the thread the answering model sees: the user's last HISTORY_TURNS
+#: messages (what a user tells the mind is in them, and they are short), each cut to
+#: USER_CHARS; the last RECENT_ANSWERS answers whole up to ANSWER_CHARS, older ones cut to
+#: OLD_ANSWER_CHARS (every prompt token costs about a hundredth of a second on two cores).
+HISTORY_TURNS = 12
+USER_CHARS = 600
+RECENT_ANSWERS, ANSWER_CHARS, OLD_ANSWER_CHARS = 2, 1500, 240
+#: Longest answer the gate passes, in characters.
+MAX_ANSWER_CHARS = 8000
+#: Openings of a refusal; the gate fails an answer that starts with one.
+REFUSAL = re.compile(
+    r"^\s*(i'?m sorry,?\s+(but\s+)?i\s+(can(no|')t|am unable)|i\s+(can(no|')t|am unable to)"
+    r"\s+(help|assist|answer|comply)|as an ai\b)",
+    re.IGNORECASE,
+)
+#: Repetition is measured on runs of this many words, and only in answers this long: shorter
+#: answers and phrases repeat by chance.
+REPEAT_NGRAM, REPEAT_MIN_WORDS = 4, 24
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+
+
+def repetition(text: str) -> float:
+    """Share of the answer's word 4-grams that repeat an earlier one (0: none, near 1: a loop).
+
+    A small model that loses the thread says the same thing over and over ("X is easy to learn
+    because it has fewer keywords" for every X); its answer stays on topic, so relevance alone
+    passes it.
+    """
+    words = [w.lower() for w in _WORD.findall(text)]
+    if len(words) < REPEAT_MIN_WORDS:
+        return 0.0
+    grams = [tuple(words[i : i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+_SENTENCE_END = re.compile(r"[.!?…](?:[\"')\]]*)(?=\s|$)|\n")
+_LIST_MARK = re.compile(r"(?:^|\s)\d{1,3}\.$")
+
+
+def prompts() -> dict[str, Any]:
+    return prompt_files.load("mind")
+
+
+def passages_text(passages: Sequence[Mapping[str, Any]]) -> str:
+    """Numbered, fenced passages (``[n]`` is the position in ``passages``, from 1)."""
+    if not passages:
+        return ""
+    parts = [CONTEXT_HEADER]
+    for n, passage in enumerate(passages, start=1):
+        parts.append(fence(n, str(passage["citation"]), str(passage["text"])))
+    return "\n\n".join(parts)
+
+
+def merged_passages(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Passages of several retrievals, each chunk once, taken round-robin (the best of each
+    retrieval first) up to ``MAX_PASSAGES``."""
+    seen: set[int] = set()
+    merged: list[dict[str, Any]] = []
+    for rank in range(max((len(g) for g in groups), default=0)):
+        for group in groups:
+            if rank < len(group) and group[rank]["chunk_id"] not in seen:
+                seen.add(group[rank]["chunk_id"])
+                merged.append(dict(group[rank]))
+    return merged[:MAX_PASSAGES]
+
+
+def focus(passages: Sequence[Mapping[str, Any]], question: str, words: int) -> list[dict[str, Any]]:
+    """Each passage cut to its sentences sharing most content words with ``question`` (all of
+    the best-matching ones, then others up to about ``words`` words), in their order, the cuts
+    marked with "…"; ``words`` 0 keeps whole passages.
+
+    A model on two cores reads about 90 prompt tokens a second, so five whole chunks cost some
+    ten seconds before the first word of the answer; the sentences a question's words point at
+    are most of what a small model needs, and the rest distracts it.
+    """
+    from graph.plan import content_words
+    from store.chunking import sentences
+
+    if words <= 0:
+        return [dict(p) for p in passages]
+    asked = content_words(question)
+    out = []
+    for passage in passages:
+        text = str(passage["text"])
+        spans = sentences(text)
+        if len(text.split()) <= words or len(spans) < 2:
+            out.append(dict(passage))
+            continue
+        shared = [len(content_words(text[a:b]) & asked) for a, b in spans]
+        keep: set[int] = set()
+        used = 0
+        best = max(shared)
+        for i in sorted(range(len(spans)), key=lambda i: (-shared[i], i)):
+            size = len(text[spans[i][0] : spans[i][1]].split())
+            if used + size > words and not (best and shared[i] == best):
+                continue  # the best-matching sentences are kept whatever their length
+            keep.add(i)
+            used += size
+        if not keep:
+            out.append(dict(passage))
+            continue
+        pieces, last = [], -1
+        for i in sorted(keep):
+            if pieces and i != last + 1:
+                pieces.append("…")
+            pieces.append(text[spans[i][0] : spans[i][1]])
+            last = i
+        if max(keep) < len(spans) - 1:
+            pieces.append("…")
+        if min(keep) > 0:
+            pieces.insert(0, "…")
+        out.append({**passage, "text": " ".join(pieces)})
+    return out
+
+
+def answer_prompt(
+    request: str,
+    partials: Sequence[Mapping[str, Any]],
+    passages: Sequence[Mapping[str, Any]],
+) -> str:
+    """The weave prompt for ``request`` from the cycle's ``partials`` (in plan order)."""
+    p = prompts()
+    context, rules, items = "", "", []
+    if passages:
+        context += p["weave_passages"].format(passages=passages_text(passages))
+        rules += p["rule_passages"]
+    computed = [x for x in partials if x.get("kind") == "computed" and x.get("ok")]
+    for x in computed:
+        context += p["weave_computed"].format(value=x["text"])
+    if computed:
+        rules += p["rule_computed"]
+    notes = [x for x in partials if x.get("kind") == "note" and x.get("ok") and x.get("text")]
+    for x in notes:
+        context += p["weave_note"].format(persona=x["persona"], facet=x["facet"], text=x["text"])
+    if notes:
+        rules += p["rule_notes"]
+    for x in partials:
+        if x.get("kind") == "instruction" and x.get("text"):
+            # A facet that fell back has no instruction of its own: its part is its query.
+            part = x["query"] if x.get("degraded") and x.get("query") else x["text"]
+            items.append(f"{len(items) + 1}. {part}")
+    outline = p["outline"].format(items="\n".join(items)) if len(items) > 1 else ""
+    if len(items) == 1:  # one part: its instruction is the task itself
+        outline = "\n" + items[0].split(". ", 1)[1]
+    return p["weave"].format(context=context, request=request, outline=outline, rules=rules)
+
+
+def grounded_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
+    return prompts()["grounded"].format(passages=passages_text(passages), request=request)
+
+
+def cut_at_sentence(text: str) -> str:
+    """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
+
+    A line break counts as a boundary, since a list item or heading before it is complete. An
+    answer with no boundary at all is cut at its last whole word, with an ellipsis.
+    """
+    ends = [
+        m.end()
+        for m in _SENTENCE_END.finditer(text.rstrip())
+        if not _LIST_MARK.search(text, 0, m.end())  # "8." opens a list item, ends nothing
+    ]
+    if ends and ends[-1] > len(text) // 4:
+        return text[: ends[-1]].rstrip()
+    head = text.rstrip()
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head).rstrip(" ,;:-") + "…"
+
+
+def history(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Earlier turns for the answering model: user and answer messages, not failures.
+
+    A request whose answer failed (or was interrupted) is joined to the user's next message,
+    so turns keep alternating as chat templates expect; one right before the request is left
+    out (the request follows it).
+    """
+    turns: list[list[Any]] = []  # [role, text], consecutive same-role messages joined
+    for message in messages[:-1]:
+        if isinstance(message, AIMessage) and message.additional_kwargs.get("batos_failed"):
+            continue
+        if not isinstance(message, HumanMessage | AIMessage):
+            continue
+        role = "user" if isinstance(message, HumanMessage) else "ai"
+        text = content_text(message.content)
+        if role == "user":
+            text = text[:USER_CHARS]
+        if turns and turns[-1][0] == role:
+            turns[-1][1] += "\n" + text
+        else:
+            turns.append([role, text])
+    if turns and turns[-1][0] == "user":  # the request itself follows: no two user turns
+        turns.pop()
+    users = [i for i, (role, _) in enumerate(turns) if role == "user"]
+    turns = turns[users[-HISTORY_TURNS] :] if len(users) > HISTORY_TURNS else turns
+    answers = [i for i, (role, _) in enumerate(turns) if role == "ai"]
+    recent = set(answers[-RECENT_ANSWERS:])
+    kept: list[BaseMessage] = []
+    for i, (role, text) in enumerate(turns):
+        if role == "user":
+            kept.append(HumanMessage(content=text))
+            continue
+        limit = ANSWER_CHARS if i in recent else OLD_ANSWER_CHARS
+        kept.append(AIMessage(content=text if len(text) <= limit else text[:limit] + "…"))
+    return kept

@@ -1,0 +1,183 @@
+"""Program-aided answers: for a request that needs an exact number or date, BRICK's model writes
+a small program, the sandbox runs it, and the answer quotes its result.
+
+A 1.5B model gets multi-step arithmetic and calendar questions wrong when it answers in words;
+written as code (``def solve(self)``) and run, the same model gets most of them right. The
+program is generated code like any other: the PersistenceGuardian audits it, RestrictedPython
+and the forked, confined child run it, and only its bounded result comes back. Nothing is
+installed: the program serves this one request.
+
+``looks_computational`` decides when to try. A program that cannot be written or run degrades
+the answer (the persona answers without a computed result), never the request.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
+from batos.errors import BatosError
+from graph import prompts as prompt_files
+from prototypes import guardian, sandbox
+from prototypes.bounded import bounded_repr
+from prototypes.codex import load_codex
+from prototypes.uvm import UvmObject
+
+#: The persona that writes programs, and what it may spend on one.
+AUTHOR = "BRICK"
+PROGRAM_TOKENS = 320
+#: Tries per request: the first program, then one repair shown what went wrong.
+ATTEMPTS = 2
+#: Longest computed value the answer is given, in characters.
+MAX_RESULT_CHARS = 300
+SELECTOR = "solve"
+
+#: A figure: not part of a name or code ("DH-20", "A4", "v2.1").
+_NUMBER = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
+_MONTHS = (
+    r"jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(t|tember)?|"
+    r"oct(ober)?|nov(ember)?|dec(ember)?"
+)
+_DATE = re.compile(
+    rf"\b\d{{4}}-\d{{1,2}}-\d{{1,2}}\b|\b\d{{1,2}}\s+({_MONTHS})\b|\b({_MONTHS})\s+\d{{1,2}}\b",
+    re.IGNORECASE,
+)
+#: Words of a question whose answer is a quantity, a date or a time.
+_ASKS = re.compile(
+    r"\b(how (many|much|long|far|old|fast|often)|what (is|was|will be|are) (the )?(total|sum|"
+    r"average|mean|difference|cost|price|area|volume|speed|rate|percentage)|calculate|compute|"
+    r"convert|percent(age)?|per ?cent|average|total|sum of|times|divided|multiplied|"
+    r"interest|compound|discount|tax|tip|split|share|per|each|remain(s|ing)?|left over|"
+    r"days? (between|until|after|before|from)|weeks? (between|until|after|before)|"
+    r"what (day|date|weekday|time)|which (day|date|weekday)|in (celsius|fahrenheit|km|miles|"
+    r"kilometers|kilometres|meters|metres|feet|inches|pounds|kilograms|kg|lbs|litres|liters|"
+    r"gallons|ounces|grams|minutes|hours|seconds))\b",
+    re.IGNORECASE,
+)
+
+
+#: Words of a question whose answer is worked out from figures given elsewhere (in memory).
+_DERIVED = re.compile(
+    r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|higher)|"
+    r"difference between|in total|altogether|combined|how many (years|days|weeks|months) "
+    r"(passed|elapsed|between|after|before|separate)|(more|less|fewer) than)\b",
+    re.IGNORECASE,
+)
+
+
+def looks_computational(text: str, *, grounded: bool = False) -> bool:
+    """Whether ``text`` asks for a quantity, date or time computed from what it gives — or,
+    when it is about the catalog (``grounded``), from figures its passages give.
+
+    Two figures (or a date) and a word that asks for a computed answer; a bare number ("my
+    locker code is 4471"), a model name ("DH-20") or a question with no figure is not one,
+    unless a grounded question asks how many more, in total, the difference…
+    """
+    figures = len(_NUMBER.findall(text)) + 2 * len(_DATE.findall(text))
+    if figures >= 2 and ("%" in text or bool(_ASKS.search(text))):
+        return True
+    return grounded and bool(_DERIVED.search(text))
+
+
+@dataclass(frozen=True)
+class Computed:
+    """What the program gave, or why there is no result (``ok`` False)."""
+
+    ok: bool
+    value: str = ""
+    source: str = ""
+    reason: str = ""
+    attempts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "value": self.value,
+            "source": self.source,
+            "reason": self.reason,
+            "attempts": self.attempts,
+        }
+
+
+def messages_for(
+    question: str, failed: list[tuple[str, str]], facts: str = ""
+) -> list[BaseMessage]:
+    """The conversation the author sees: rules, worked examples, the question (after the
+    ``facts`` it is to take its figures from, when given), the last failure."""
+    p = prompt_files.load("compute")
+    identity = load_codex().persona(AUTHOR).identity
+    messages: list[BaseMessage] = [SystemMessage(identity + "\n\n" + p["system"])]
+    for example in p.get("examples", []):
+        messages += [HumanMessage(example["task"]), AIMessage(example["answer"])]
+    task = p["task"].format(question=question)
+    if facts:
+        task = p["facts"].format(facts=facts) + "\n\n" + task
+    messages.append(HumanMessage(task))
+    for source, reason in failed[-1:]:
+        messages += [
+            AIMessage(f"```python\n{source}```"),
+            HumanMessage(p["repair"].format(reason=reason)),
+        ]
+    return messages
+
+
+def shown(value: Any) -> str:
+    """The program's result as the answer is given it: a float without binary noise."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"the program returned {value}")
+        return f"{value:.10g}" if abs(value) < 1e15 else f"{value:.6e}"
+    if isinstance(value, int):
+        if value.bit_length() > 128:
+            raise ValueError("the program returned an integer too large to state")
+        return str(value)
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("the program returned an empty string")
+        return value.strip()[:MAX_RESULT_CHARS]
+    if isinstance(value, list | tuple) and 0 < len(value) <= 10:
+        return ", ".join(shown(v) for v in value)[:MAX_RESULT_CHARS]
+    if value is None:
+        raise ValueError("the program returned None: it must return the answer")
+    return bounded_repr(value, MAX_RESULT_CHARS)
+
+
+def run_program(source: str) -> str:
+    """Audit and run ``source`` (``def solve(self)``) in the sandbox; its result as text.
+
+    Raises ``ValueError`` saying what went wrong, in words the author can act on.
+    """
+    try:
+        guardian.check(SELECTOR, source)
+        fn = sandbox.compile_sandboxed(SELECTOR, source)
+    except BatosError as exc:
+        findings = getattr(exc, "findings", None) or [exc.message]
+        raise ValueError("; ".join(map(str, findings))[:600]) from None
+    outcome = sandbox.run_isolated(fn, UvmObject())
+    if not outcome.ok:
+        raise ValueError("; ".join(outcome.findings or (outcome.summary,))[:600])
+    return shown(outcome.value)
+
+
+def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str = "") -> Computed:
+    """Have ``write`` (one model call: messages in, reply out) write a program for
+    ``question`` (taking figures from ``facts`` too) and run it; a repair round is given the
+    error."""
+    from graph.jit import extract_code
+
+    failed: list[tuple[str, str]] = []
+    for attempt in range(1, ATTEMPTS + 1):
+        source = extract_code(write(messages_for(question, failed, facts)), SELECTOR)
+        try:
+            return Computed(True, run_program(source), source, attempts=attempt)
+        except ValueError as exc:
+            failed.append((source, str(exc)))
+    source, reason = failed[-1]
+    return Computed(False, source=source, reason=reason, attempts=ATTEMPTS)

@@ -1,0 +1,189 @@
+"""Writing the codex's facet methods ahead of use, off the user's clock.
+
+``batos init --prepare`` writes every facet the image lacks, with progress; the heartbeat's
+``facets`` job writes the ones that are due. Each facet is drafted by its persona's model
+(doesNotUnderstand's mission: guardian, sandbox, trial on neutral sample questions) on a
+connection that is aborted, then installed in a short transaction of its own after the same
+gate again. A facet that cannot be written is recorded with its reason and tried again later,
+the wait doubling with each failure (``store.method_queue``); ``batos doctor`` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from batos import settings
+from batos.errors import BatosError
+from graph import facets
+from prototypes import guardian, sandbox
+from prototypes.codex import load_codex
+from prototypes.incarnation import personas
+from prototypes.uvm import Method
+from store import method_queue
+from store.image import LivingImage
+
+log = logging.getLogger("batos.facets")
+
+#: Facets one heartbeat run writes at most: each takes its model about half a minute to a few
+#: minutes on two cores, and the heartbeat's other jobs wait behind it.
+PER_RUN = 2
+
+
+@dataclass(frozen=True)
+class Written:
+    """How writing one facet went."""
+
+    key: str
+    ok: bool
+    seconds: float
+    reason: str = ""
+    next_try: float | None = None
+
+
+def drafter(
+    models: Callable[..., Any],
+    persona: str,
+    selector: str,
+    ask: Callable[[Any, list], str] | None = None,
+) -> facets.Draft:
+    """A draft function for doesNotUnderstand's mission: the persona's model writes the
+    method. ``ask(model, messages)`` makes the call when given (the mind streams and measures
+    its calls); otherwise the model is invoked."""
+    from graph import jit
+
+    def draft(brief: Any, attempts: list) -> str:
+        options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
+        if attempts:  # a retry samples hotter so it does not repeat the rejected draft
+            options["temperature"] = jit.SAMPLE_TEMPERATURE
+        model, messages = models(persona, **options), jit.messages_for(brief, attempts)
+        if ask is not None:
+            text = ask(model, messages)
+        else:
+            content = model.invoke(messages).content
+            text = content if isinstance(content, str) else str(content)
+        return jit.extract_code(text, selector)
+
+    return draft
+
+
+def codex_facets() -> list[tuple[str, str]]:
+    """(persona, selector) of every facet the codex declares, in codex order."""
+    codex = load_codex()
+    return [(name, selector) for name, spec in codex.personas.items() for selector in spec.facets]
+
+
+def missing(root: Any) -> list[tuple[str, str]]:
+    """The codex's facets the image's personas do not have as methods."""
+    found = personas(root)
+    out = []
+    for persona, selector in codex_facets():
+        receiver = found.get(persona)
+        method = receiver._lookup(selector) if receiver is not None else None
+        if method is None or not isinstance(method[1], Method):
+            out.append((persona, selector))
+    return out
+
+
+def install(root: Any, written: facets.WrittenMethod) -> bool:
+    """Install an approved facet method after the guardian and the sandbox compiler pass it
+    again; False when the persona has the method already (another writer got there)."""
+    receiver = personas(root)[written.persona]
+    found = receiver._lookup(written.selector)
+    if found is not None and isinstance(found[1], Method):
+        return False
+    report = guardian.check(written.selector, written.source)
+    sandbox.compile_sandboxed(written.selector, written.source)
+    receiver._add_method(
+        Method(
+            written.selector,
+            written.source,
+            intent=written.intent,
+            author=written.author,
+            compiler="sandbox",
+            audit={**written.audit, **report.as_dict(), "written": "ahead of use"},
+        )
+    )
+    return True
+
+
+def write_one(
+    image: LivingImage, persona: str, selector: str, models: Callable[..., Any] | None
+) -> Written:
+    """Write and install one facet, or record why it could not be written."""
+    if models is None:
+        from graph.llm import chat_model
+
+        models = chat_model
+    key = facets.facet_key(persona, selector)
+    started = time.monotonic()
+    draft = drafter(models, persona, selector)
+    try:
+        with image.connection() as conn:  # the mission's trial installs here: never committed
+            written = facets.write_facet(
+                conn.root(), persona, selector, draft, settings.get_int("jit_attempts")
+            )
+    except Exception as exc:  # the model or the image failed: recorded, tried again later
+        reason = exc.message if isinstance(exc, BatosError) else f"{type(exc).__name__}: {exc}"
+        next_try = image.transact(
+            lambda root: method_queue.record_failure(root, key, reason),
+            note=f"facet {key}: could not be written",
+        )
+        log.warning("facet %s could not be written: %s", key, reason.splitlines()[0])
+        return Written(key, False, time.monotonic() - started, reason, next_try)
+
+    def put(root: Any) -> None:
+        install(root, written)
+        method_queue.record_success(root, key)
+
+    image.transact(put, note=f"facet {key}: written ahead of use")
+    log.info("facet %s written in %.1f s", key, time.monotonic() - started)
+    return Written(key, True, time.monotonic() - started)
+
+
+def due(image: LivingImage, *, now: float | None = None) -> list[tuple[str, str]]:
+    """The missing facets whose wait after a failed try (if any) is over."""
+    with image.read() as root:
+        return [
+            (p, s) for p, s in missing(root) if method_queue.due(root, facets.facet_key(p, s), now)
+        ]
+
+
+def write_all(
+    image: LivingImage,
+    models: Callable[..., Any] | None,
+    todo: Iterable[tuple[str, str]],
+    on_done: Callable[[Written], None] | None = None,
+) -> list[Written]:
+    """Write each of ``todo`` in turn; ``on_done`` hears of each as it ends."""
+    results = []
+    for persona, selector in todo:
+        result = write_one(image, persona, selector, models)
+        results.append(result)
+        if on_done is not None:
+            on_done(result)
+    return results
+
+
+def status(root: Any) -> list[dict[str, Any]]:
+    """Every codex facet: written or not, and the record of tries to write it."""
+    lacking = set(missing(root))
+    tries = method_queue.entries(root)
+    rows = []
+    for persona, selector in codex_facets():
+        key = facets.facet_key(persona, selector)
+        entry = tries.get(key) or {}
+        state = "missing" if (persona, selector) in lacking else "written"
+        if state == "missing" and entry.get("state") == "failed":
+            state = "failed"
+        rows.append(
+            {
+                "facet": key,
+                "state": state,
+                **{k: entry.get(k) for k in ("failures", "reason", "next_try", "tried")},
+            }
+        )
+    return rows

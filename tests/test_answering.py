@@ -1,0 +1,231 @@
+"""The pieces an answer is made of, without a model: cutting at a sentence, citations, plan
+quality, which requests are computations, and running a program for one."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graph.answer import answer_prompt, cut_at_sentence, merged_passages
+from graph.compute import Computed, compute, looks_computational, run_program, shown
+from graph.plan import near_duplicate, off_request, plan_quality
+from graph.retrieval import render_citations
+
+# -- cutting an answer that ran out of tokens -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [
+        ("One. Two. Thre", "One. Two."),
+        ("Steps:\n1. Buy seeds\n2. Dig the be", "Steps:\n1. Buy seeds"),
+        ("Fly it upwind. 8. Stop when you have lear", "Fly it upwind."),
+        ('He said "go." Then he wen', 'He said "go."'),
+        (
+            "a single run-on answer with no end at all and",
+            "a single run-on answer with no end at all…",
+        ),
+    ],
+)
+def test_an_answer_is_cut_at_its_last_full_sentence(text: str, cut: str) -> None:
+    assert cut_at_sentence(text) == cut
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=400))
+def test_a_cut_answer_is_a_prefix_and_never_longer(text: str) -> None:
+    cut = cut_at_sentence(text)
+    body = cut[:-1] if cut.endswith("…") and not text.rstrip().endswith("…") else cut
+    assert text.startswith(body) or text.rstrip().startswith(body)
+    assert len(body) <= len(text)
+
+
+# -- citations ----------------------------------------------------------------------------
+
+CITATIONS = [
+    {"n": 1, "source": "a.md", "start": 0, "end": 10},
+    {"n": 2, "source": "b.md", "start": 5, "end": 50},
+]
+
+
+def test_cited_passages_are_named_once_in_order() -> None:
+    text, cited = render_citations("X [2] and Y [1], again [2].", CITATIONS)
+    assert cited == [1, 2]
+    assert text.endswith("Sources: [1] a.md (0–10); [2] b.md (5–50)")
+
+
+def test_a_placeholder_and_an_unknown_number_name_no_source() -> None:
+    text, cited = render_citations("Facts [n] and more [9].", CITATIONS)
+    assert cited == [] and text == "Facts and more [9]."
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_rendering_citations_never_fails_and_keeps_the_answer(text: str) -> None:
+    rendered, cited = render_citations(text, CITATIONS)
+    assert set(cited) <= {1, 2}
+    assert ("Sources:" in rendered) == bool(cited)
+
+
+# -- plans ----------------------------------------------------------------------------------
+
+
+def test_near_duplicates_and_generic_sub_queries_are_told_apart() -> None:
+    assert near_duplicate("why gardens calm people", "why gardens calm people down")
+    assert not near_duplicate("steps to paint the fence", "steps to fix the gate")
+    assert off_request("What is the first step?", "how do I plan a vegetable garden?")
+    assert not off_request("which vegetables to plant first", "how do I plan a vegetable garden?")
+    quality = plan_quality(
+        [
+            {"query": "What is the first step?"},
+            {"query": "Why do you need to know this?"},
+            {"query": "what is the first step"},
+        ],
+        "how do I plan a vegetable garden?",
+    )
+    assert quality.as_dict() == {"steps": 3, "duplicates": 1, "off_request": 3}
+
+
+def test_the_answer_prompt_folds_the_lead_s_steps_and_quotes_the_rest() -> None:
+    partials = [
+        {"kind": "instruction", "text": "List the steps: plant beans", "ok": True},
+        {
+            "kind": "note",
+            "persona": "ROBIN",
+            "facet": "facet_feelings",
+            "text": "Be kind.",
+            "ok": True,
+        },
+        {"kind": "computed", "text": "42", "ok": True},
+        {"kind": "computed", "text": "", "ok": False},
+        {"kind": "instruction", "text": "Describe the design: a bean trellis", "ok": True},
+    ]
+    passages = [{"citation": "beans.md:0-10", "text": "Beans climb."}]
+    prompt = answer_prompt("grow beans", partials, passages)
+    assert "[1] beans.md:0-10" in prompt and "Beans climb." in prompt
+    assert "A program computed this for the request: 42" in prompt
+    assert "Notes from ROBIN (facet_feelings):\nBe kind." in prompt
+    assert "1. List the steps: plant beans\n2. Describe the design: a bean trellis" in prompt
+    assert "cite each fact by its passage number" in prompt
+
+
+def test_passages_of_several_retrievals_are_merged_best_first_each_once() -> None:
+    a = [{"chunk_id": i, "text": str(i)} for i in (1, 2, 3)]
+    b = [{"chunk_id": i, "text": str(i)} for i in (2, 4, 5, 6)]
+    assert [p["chunk_id"] for p in merged_passages([a, b])] == [1, 2, 4, 3, 5]
+
+
+# -- computations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("A bakery sells 36 muffins at $2.75 each. How much for 14 days?", True),
+        ("How many days are there between 3 March 2025 and 19 July 2025?", True),
+        ("Convert 72 degrees Fahrenheit to Celsius, and 5 miles to km", True),
+        ("What is 15% of 240?", True),
+        ("My locker code is 4471, please remember it.", False),
+        ("how do I plan a vegetable garden?", False),
+        ("hello there", False),
+        ("What's my gym locker code?", False),
+        ("How much water does the DH-20 Pro extract than the DH-20?", False),
+    ],
+)
+def test_computations_are_recognised(text: str, expected: bool) -> None:
+    assert looks_computational(text) is expected
+
+
+def test_a_question_about_memory_may_need_figures_from_its_passages() -> None:
+    question = "How many more litres a day does the DH-20 Pro extract than the plain DH-20?"
+    assert not looks_computational(question)
+    assert looks_computational(question, grounded=True)
+    assert not looks_computational("Who founded Calder Bay?", grounded=True)
+
+
+def test_a_program_s_result_is_stated_plainly() -> None:
+    assert shown(2.75 * 36 * 14) == "1386"
+    assert shown(22.22222222222222) == "22.22222222"
+    assert shown("  Wednesday ") == "Wednesday"
+    for bad in (None, float("nan"), "  ", 2**200):
+        with pytest.raises(ValueError):
+            shown(bad)
+
+
+def test_a_program_runs_in_the_sandbox_and_its_faults_are_words() -> None:
+    assert run_program("def solve(self):\n    return 6 * 7\n") == "42"
+    with pytest.raises(ValueError, match="import of 'os'|os"):
+        run_program("import os\n\ndef solve(self):\n    return os.getcwd()\n")
+    with pytest.raises(ValueError, match="ZeroDivisionError"):
+        run_program("def solve(self):\n    return 1 / 0\n")
+
+
+def test_a_failed_program_is_repaired_once_with_its_error() -> None:
+    replies = iter(
+        [
+            "```python\ndef solve(self):\n    return undefined_name\n```",
+            "```python\ndef solve(self):\n    return 2 + 2\n```",
+        ]
+    )
+    seen: list = []
+
+    def write(messages):
+        seen.append(messages)
+        return next(replies)
+
+    result = compute("What is 2 plus 2, in total?", write)
+    assert result == Computed(True, "4", "def solve(self):\n    return 2 + 2\n", attempts=2)
+    assert "undefined_name" in str(seen[1][-1].content)
+
+
+def test_names_and_codes_in_a_request() -> None:
+    from graph.retrieval import names_in
+
+    assert names_in("What does Tidewater 2.5 accept for the DH-20 Pro?") == [
+        "Tidewater",
+        "DH-20",
+        "Pro",
+    ]
+    assert names_in("How much? What is it. I've been on Thursday") == []
+
+
+class _Catalog:
+    """Just what ``probe`` reads of a catalog: the nearest passage and the known words."""
+
+    def __init__(self, score: float, known: set[str]) -> None:
+        self.score, self.known = score, known
+
+    def search(self, query: str, k: int, **_: object) -> list:
+        from store.catalog import Hit
+
+        return [Hit(1, "ferry.md", 0, 10, "text", self.score)]
+
+    def known_terms(self, terms) -> set[str]:
+        return set(terms) & self.known
+
+
+def test_a_request_naming_what_the_catalog_knows_is_held_to_a_lower_bar() -> None:
+    from graph.retrieval import NAMED_MARGIN, probe
+
+    question = "When does the Ondine leave?"
+    assert not probe(_Catalog(0.35, set()), question, 0.4).about_catalog
+    named = probe(_Catalog(0.35, {"Ondine"}), question, 0.4)
+    assert named.about_catalog and named.threshold == 0.4 - NAMED_MARGIN
+    assert not probe(_Catalog(0.25, {"Ondine"}), question, 0.4).about_catalog
+
+
+def test_a_passage_is_focused_on_the_sentences_the_question_points_at() -> None:
+    from graph.answer import focus
+
+    text = (
+        "The museum opened in 1921. Its curator is Mara Quill, who joined in 2010. "
+        "The café sells soup. Tickets cost four pounds. The shop sells maps and books."
+    )
+    [kept] = focus([{"text": text, "chunk_id": 1}], "Who is the museum's curator?", 12)
+    assert (
+        kept["text"]
+        == "The museum opened in 1921. Its curator is Mara Quill, who joined in 2010. …"
+    )
+    [whole] = focus([{"text": text, "chunk_id": 1}], "Who is the curator?", 0)
+    assert whole["text"] == text

@@ -1,0 +1,119 @@
+"""Facet methods written ahead of use: by ``batos init --prepare`` and the heartbeat, with
+failures recorded and tried again after a wait that doubles."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fakes import FakeModels, ModelCall, call_kind
+from test_mind import facet_source
+
+from graph import facet_writing
+from graph.boot import open_image
+from graph.cli import main
+from graph.doctor import check_facets
+from prototypes.incarnation import personas
+from prototypes.uvm import Method
+from store import method_queue
+from store.image import LivingImage
+
+SELECTOR = re.compile(r"Write the method `(\w+)`")
+ALL = len(facet_writing.codex_facets())
+
+
+def drafting(source=facet_source) -> FakeModels:
+    def respond(call: ModelCall) -> Any:
+        assert call_kind(call) == "draft"
+        return "```python\n" + source(SELECTOR.search(call.text).group(1)) + "```"
+
+    return FakeModels(respond)
+
+
+@pytest.fixture
+def image() -> Any:
+    living = open_image("memory://")
+    yield living
+    living.close()
+
+
+def test_a_facet_is_written_tried_on_samples_and_installed(image: LivingImage) -> None:
+    models = drafting()
+    result = facet_writing.write_one(image, "BRICK", "facet_steps", models)
+    assert result.ok and result.key == "BRICK.facet_steps"
+    assert "vegetable patch" in models.calls[0].text  # a sample, never a user's request
+    with image.read() as root:
+        method = personas(root)["BRICK"]._slots()["facet_steps"]
+        assert isinstance(method, Method) and method.compiler == "sandbox"
+        assert method.audit["written"] == "ahead of use"
+        assert ("BRICK", "facet_steps") not in facet_writing.missing(root)
+        assert method_queue.entries(root)["BRICK.facet_steps"]["state"] == "written"
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        (lambda s: f"def {s}(self, query):\n    import os\n    return os.getcwd()\n", "os"),
+        (  # a method that ignores its question and returns the same text for every one
+            lambda s: f"def {s}(self, query):\n    return 'List the steps for a garden.'\n",
+            "could not be written",
+        ),
+    ],
+)
+def test_a_facet_that_cannot_be_written_waits_longer_after_each_failure(
+    image: LivingImage, source, why: str
+) -> None:
+    models = drafting(source)
+    first = facet_writing.write_one(image, "BRICK", "facet_steps", models)
+    assert not first.ok and why in first.reason
+    with image.read() as root:
+        assert "facet_steps" not in personas(root)["BRICK"]._slots()
+        entry = method_queue.entries(root)["BRICK.facet_steps"]
+        assert entry["state"] == "failed" and entry["failures"] == 1
+        wait = entry["next_try"] - entry["tried"]
+        assert wait == method_queue.BACKOFF_BASE_S
+    assert ("BRICK", "facet_steps") not in facet_writing.due(image)
+    later = entry["next_try"] + 1
+    assert ("BRICK", "facet_steps") in facet_writing.due(image, now=later)
+    facet_writing.write_one(image, "BRICK", "facet_steps", models)
+    with image.read() as root:
+        entry = method_queue.entries(root)["BRICK.facet_steps"]
+        assert entry["failures"] == 2 and entry["next_try"] - entry["tried"] == 2 * wait
+
+
+def test_backoff_doubles_up_to_a_day() -> None:
+    assert [method_queue.backoff(n) for n in (1, 2, 3)] == [600.0, 1200.0, 2400.0]
+    assert method_queue.backoff(40) == method_queue.BACKOFF_MAX_S
+
+
+def test_the_heartbeat_writes_a_few_due_facets_per_run(image: LivingImage) -> None:
+    from graph.heartbeat import JOBS
+
+    job = JOBS["facets"][0]
+    said = job(image, drafting())
+    assert said.startswith(f"facets: wrote {facet_writing.PER_RUN}")
+    assert f"{ALL - facet_writing.PER_RUN} still due" in said
+    with image.read() as root:
+        assert len(facet_writing.missing(root)) == ALL - facet_writing.PER_RUN
+
+
+def test_init_prepare_writes_every_facet_and_doctor_says_so(capsys, file_uri: str) -> None:
+    assert main(["--image", file_uri, "init", "--prepare"], models=drafting()) == 0
+    out = capsys.readouterr().out
+    assert out.count("✓ ") >= ALL and "BRICK.facet_steps" in out
+    [check] = check_facets(file_uri)
+    assert check.status == "ok" and check.detail == f"{ALL} of {ALL} facet methods written"
+    assert main(["--image", file_uri, "init", "--prepare"], models=drafting()) == 0
+    assert "every facet method is written" in capsys.readouterr().out
+
+
+def test_doctor_names_a_facet_that_failed_and_when_it_is_tried_again(file_uri: str) -> None:
+    with open_image(file_uri) as image:
+        bad = drafting(lambda s: f"def {s}(self, query):\n    return self.__class__\n")
+        facet_writing.write_one(image, "ROBIN", "facet_feelings", bad)
+    checks = check_facets(file_uri)
+    assert checks[0].status == "warn" and checks[0].detail == f"0 of {ALL} facet methods written"
+    [failed] = checks[1:]
+    assert failed.detail.startswith("ROBIN.facet_feelings could not be written (1 tries)")
+    assert "tried again after" in failed.fix and "batos methods add robin" in failed.fix

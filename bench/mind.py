@@ -19,9 +19,10 @@ fresh file image with ``--corpus`` ingested (default ``headline/docs/``, which t
 document requests are about), streamed as a client streams it. Prints the COMPLETE rate with
 its 95% Wilson interval and every FAILED request's reason; p50 and p95 of the full cycle's
 seconds, of the first answer token (fast and full apart) and of the fast path's seconds, next
-to the targets (20 s, 8 s, 3 s; over COMPLETE cycles); the plans' quality (steps that
-near-duplicate an earlier step, steps with no content word of the request) over the model's
-raw plans and the final ones; degradations by kind and the truncation rate.
+to the targets (20 s, 8 s, 3 s; over COMPLETE cycles); the plans' quality as each cycle
+records it (``cycle.plan_quality``: steps that near-duplicate an earlier step, steps with no
+content word of the request) over the model's raw plans and the final ones; degradations by
+kind and the truncation rate.
 ``--lever NAME=on|off`` sets a lever (``LEVERS``) for the run, to measure it on and off.
 
     python bench/mind.py                   # part 1
@@ -248,8 +249,6 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
 #: and the share of requests that end COMPLETE.
 TARGET_S = {"full": 20.0, "first_token_full": 8.0, "fast": 3.0}
 COMPLETE_TARGET = 0.98
-#: Steps whose queries share this much of their content words (Jaccard) are near-duplicates.
-NEAR_DUPLICATE = 0.6
 
 
 def parse_levers(values: Sequence[str]) -> dict[str, str]:
@@ -281,39 +280,6 @@ def load_requests(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as lines:
         found = [json.loads(line) for line in lines if line.strip()]
     return found if limit is None else found[:limit]
-
-
-def _bench_plan_quality(steps: Sequence[dict[str, Any]], request: str) -> dict[str, int]:
-    """Counts of a plan's steps that near-duplicate an earlier one and that share no content
-    word with the request. Stands in until ``graph.plan.plan_quality`` exists; replace it
-    with that then."""
-    from bench.voice import content_words
-
-    wanted = content_words(request)
-    seen: list[set[str]] = []
-    duplicates = off_request = 0
-    for step in steps:
-        words = content_words(str(step.get("query") or ""))
-        if any(len(words & other) / max(len(words | other), 1) >= NEAR_DUPLICATE for other in seen):
-            duplicates += 1
-        if not words & wanted:
-            off_request += 1
-        seen.append(words)
-    return {"steps": len(steps), "duplicates": duplicates, "off_request": off_request}
-
-
-def plan_quality_of(facts: dict[str, Any], request: str) -> dict[str, Any] | None:
-    """The cycle's plan quality as the mind records it, else the bench's count of its final
-    plan (the raw plan is then unknown); None when no plan was written."""
-    if facts.get("plan_quality"):
-        return facts["plan_quality"]
-    if not facts.get("plan"):
-        return None
-    try:
-        from graph.plan import plan_quality  # type: ignore[attr-defined]
-    except ImportError:
-        plan_quality = _bench_plan_quality
-    return {"raw": None, "final": plan_quality(facts["plan"], request), "counted_by": "bench"}
 
 
 def run_request(graph: Any, request: dict[str, Any], thread: str) -> dict[str, Any]:
@@ -348,7 +314,6 @@ def run_request(graph: Any, request: dict[str, Any], thread: str) -> dict[str, A
     facts = cycle_facts(state)
     if error is not None:
         facts.update(status="ERROR", failure={"node": "stream", "reason": error, "hint": ""})
-    facts["plan_quality"] = plan_quality_of(facts, request["text"])
     return {
         "id": request["id"],
         "family": request.get("family"),

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall
 
+from batos.errors import ModelError
 from bench import usefulness
 from graph.mind import MindServices
 from graph.request import content_text
@@ -90,15 +91,16 @@ ITEMS = {
     ],
 }
 
-#: Each system's scripted reply per question: right, wrong, a raise, or a refusal (the mind's
-#: gate fails it twice, so the cycle ends FAILED although the reply names the answer).
+#: Each system's scripted reply per question: right, wrong, a raise, or a refusal that names
+#: the answer (the mind's gate asks again, the model is gone: the cycle ends FAILED).
+REFUSAL = "I'm sorry, but I cannot help with 12 October birthday."
 MIND = {
     "How tall is the Greyhaven lighthouse in metres?": "The lighthouse is 31 metres tall [1].",
     "How many members does the Wrenfield co-op have?": "The co-op has 412 members [1].",
     "A box holds 12 eggs. How many eggs are in 7 boxes?": "7 boxes of 12 eggs: 84 eggs.",
     "What is 15% of 240?": "15% of 240 is 36.",
     "What is my locker code?": "Your locker code is 4471.",
-    "When is my sister's birthday?": "I'm sorry, but I cannot help with 12 October birthday.",
+    "When is my sister's birthday?": REFUSAL,
 }
 BARE = {
     "How tall is the Greyhaven lighthouse in metres?": "The lighthouse is about 40 metres tall.",
@@ -142,7 +144,10 @@ def baseline(call: ModelCall) -> Any:
 
 
 def mind_reply(call: ModelCall) -> Any:
-    """The mind's model: the scripted answer to the latest question its prompt holds."""
+    """The mind's model: the scripted answer to the latest question its prompt holds; asked
+    again after the refusal, it is gone (the cycle FAILED, the refusal left as its response)."""
+    if any(text == REFUSAL for text in _texts(call)):
+        return ModelError("the engine died", hint="start it again")
     for text in reversed(_texts(call)):
         for question, reply in MIND.items():
             if question in text:
@@ -228,7 +233,7 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
     # a FAILED cycle is wrong although its response names the answer
     failed = answers["t-rec-2"]["mind"]
     assert failed["status"] == "FAILED" and "12 October" in failed["reply"]
-    assert failed["reason"].startswith("the cycle ended FAILED: the answer failed the quality gate")
+    assert failed["reason"] == "the cycle ended FAILED: the engine died"
     assert answers["t-comp-2"]["bare"]["reason"] == "stated 30 (all the reply names), not 36"
     assert answers["t-doc-1"]["rag"]["source_retrieved"] is True
     assert answers["t-doc-1"]["mind"]["cited"] and not answers["t-comp-1"]["mind"]["cited"]

@@ -179,6 +179,7 @@ def cycle_facts(state: dict[str, Any]) -> dict[str, Any]:
         "degraded": _cycle_field(state, "degraded"),
         "truncated": _cycle_field(state, "truncated"),
         "grounding": _cycle_field(state, "grounding"),
+        "cited_passages": _cycle_field(state, "cited"),
         "plan": state.get("plan") or [],
         "plan_quality": _cycle_field(state, "plan_quality"),
         "partials": [
@@ -294,7 +295,13 @@ class Systems:
         seconds = time.perf_counter() - started
         facts = cycle_facts(state)
         reply = str(state.get("response") or "")
-        extra = {**facts, **_setup(item, setup), "cited": cites(reply)}
+        # the passages the mind says the answer cites, else any marker the answer has
+        cited = facts["cited_passages"]
+        extra = {
+            **facts,
+            **_setup(item, setup),
+            "cited": bool(cited) if cited is not None else cites(reply),
+        }
         if turns:
             extra["turns"] = turns
         void = ""

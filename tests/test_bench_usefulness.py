@@ -237,6 +237,10 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
     assert answers["t-comp-2"]["bare"]["reason"] == "stated 30 (all the reply names), not 36"
     assert answers["t-doc-1"]["rag"]["source_retrieved"] is True
     assert answers["t-doc-1"]["mind"]["cited"] and not answers["t-comp-1"]["mind"]["cited"]
+    assert [Path(c).name.split(":")[0] for c in answers["t-doc-1"]["mind"]["cited_passages"]] == [
+        "greyhaven.txt"
+    ]
+    assert "\n\nSources: [1] " in answers["t-doc-1"]["mind"]["reply"]
     rec = answers["t-rec-1"]
     assert [t["status"] for t in rec["mind"]["turns"]] == ["COMPLETE", "COMPLETE"]
     assert all(rec[s]["setup_seconds"] >= 0 for s in usefulness.SYSTEMS)

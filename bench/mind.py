@@ -18,11 +18,12 @@ with the persona and depth each forces) once through the mind on the configured 
 fresh file image with ``--corpus`` ingested (default ``headline/docs/``, which the set's
 document requests are about), streamed as a client streams it. Prints the COMPLETE rate with
 its 95% Wilson interval and every FAILED request's reason; p50 and p95 of the full cycle's
-seconds, of the first answer token (fast and full apart) and of the fast path's seconds, next
-to the targets (20 s, 8 s, 3 s; over COMPLETE cycles); the plans' quality as each cycle
-records it (``cycle.plan_quality``: steps that near-duplicate an earlier step, steps with no
-content word of the request) over the model's raw plans and the final ones; degradations by
-kind and the truncation rate.
+seconds, of the first answer token (fast and full apart) and of the fast path's seconds (a
+cycle whose one model call is the answer's), next to the targets (20 s, 8 s, 3 s; over
+COMPLETE cycles); the plans' quality as each cycle records it (``cycle.plan_quality``: steps
+that near-duplicate an earlier step, steps with no content word of the request) over the
+model's raw plans and the final ones; the depth rules that applied, degradations by kind and
+the truncation rate.
 ``--lever NAME=on|off`` sets a lever (``LEVERS``) for the run, to measure it on and off.
 
     python bench/mind.py                   # part 1
@@ -282,6 +283,15 @@ def load_requests(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return found if limit is None else found[:limit]
 
 
+def path_of(calls: Sequence[dict[str, Any]]) -> str:
+    """'fast' when every model call of the cycle wrote the answer, else 'full'.
+
+    Not the depth the cycle records: a cycle whose plan had one step, or failed, ends on depth
+    'fast' after its plan call, and a computation's fast path writes a program first.
+    """
+    return "fast" if all(call.get("node") in ANSWER_NODES for call in calls) else "full"
+
+
 def run_request(graph: Any, request: dict[str, Any], thread: str) -> dict[str, Any]:
     """One request streamed through ``graph`` as a client streams it, and what it cost."""
     from bench.usefulness import cycle_facts
@@ -317,6 +327,7 @@ def run_request(graph: Any, request: dict[str, Any], thread: str) -> dict[str, A
     return {
         "id": request["id"],
         "family": request.get("family"),
+        "path": path_of(facts["calls"]),
         "origin": request.get("origin"),
         "context": context,
         "seconds": round(seconds, 3),
@@ -389,8 +400,8 @@ def summarise_requests(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     from bench.usefulness import wilson
 
     done = [r for r in rows if r["status"] == "COMPLETE"]
-    full = [r for r in done if r["depth"] == "full"]
-    fast = [r for r in done if r["depth"] == "fast"]
+    full = [r for r in done if r["path"] == "full"]
+    fast = [r for r in done if r["path"] == "fast"]
 
     def tokens(rows: Sequence[dict[str, Any]]) -> list[float]:
         return [r["first_answer_token_s"] for r in rows if r["first_answer_token_s"] is not None]
@@ -436,6 +447,9 @@ def summarise_requests(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "fast": _percentiles([r["seconds"] for r in fast]),
         },
         "plan_quality": quality,
+        "depth_rules": dict(
+            Counter(f"{r['depth']}: {r['depth_rule']}" for r in rows).most_common()
+        ),
         "degradations": dict(degradations.most_common()),
         "degradation_unknown": sum(1 for r in rows if r.get("degraded") is None),
         "truncated": (sum(1 for r in known if r["truncated"]), len(known)),
@@ -473,6 +487,7 @@ def requests_table(report: dict[str, Any]) -> str:
     if of:
         lines.append(f"README examples COMPLETE: {done}/{of}  {'PASS' if done == of else 'MISS'}")
     lines += ["", "COMPLETE cycles, seconds     n     p50     p95  target  verdict (p50, p95)"]
+    lines.append("(fast path: the answer's model call alone; full: a plan, facet or program too)")
     names = {
         "full": "full cycle",
         "full_no_facet_written": "  of which wrote no facet",
@@ -495,6 +510,7 @@ def requests_table(report: dict[str, Any]) -> str:
         off = "-" if row["off_request_rate"] is None else f"{row['off_request_rate']:.2f}"
         lines.append(f"{which:<14}{row['plans']:>7}{row['steps']:>7}{dup:>16}{off:>24}")
     lines.append("")
+    lines.append("depth: " + "; ".join(f"{k} x{v}" for k, v in s["depth_rules"].items()))
     if s["degradations"]:
         lines.append(
             "degradations: " + "; ".join(f"{k} x{v}" for k, v in s["degradations"].items())

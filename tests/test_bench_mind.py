@@ -87,6 +87,7 @@ def test_the_request_set_records_each_cycle_and_summarises_them(request_set, cap
     assert list(rows) == ["r-hello", "r-plan", "r-readme"]
     hello, plan, readme = rows.values()
     assert (hello["status"], hello["depth"], hello["model_calls"]) == ("COMPLETE", "fast", 1)
+    assert hello["path"] == "fast" and plan["path"] == "full"
     assert hello["first_answer_token_s"] is not None
     assert hello["first_answer_token_s"] <= hello["seconds"]
     assert [node for node, _ in hello["nodes"]] == ["route", "synthesize", "gate", "complete"]
@@ -120,6 +121,11 @@ def test_the_request_set_records_each_cycle_and_summarises_them(request_set, cap
         "facet: BRICK.facet_design": 1,
     }
     assert summary["truncated"] == (0, 3) and summary["degradation_unknown"] == 0
+    assert summary["depth_rules"] == {
+        "fast: 1 persona, 2 words <= 12, no planning cue": 1,
+        "full: planning cue 'plan'": 1,
+        "fast: depth 'fast' asked for by the caller": 1,
+    }
 
     print(bench_mind.requests_table(report))
     flat = " ".join(capsys.readouterr().out.split())
@@ -146,3 +152,37 @@ def test_levers_set_the_environment_and_unknown_ones_are_refused(monkeypatch) ->
     for wrong in ("warp=on", "prefix_cache=maybe", "prefix_cache"):
         with pytest.raises(SystemExit, match="unknown lever"):
             bench_mind.parse_levers([wrong])
+
+
+def test_the_fast_path_is_a_cycle_whose_one_call_wrote_the_answer() -> None:
+    assert bench_mind.path_of([{"node": "synthesize"}]) == "fast"
+    assert bench_mind.path_of([{"node": "synthesize"}, {"node": "synthesize"}]) == "fast"
+    # depth 'fast' after a one-step plan, or a computation's program: not the fast path
+    assert bench_mind.path_of([{"node": "decompose"}, {"node": "synthesize"}]) == "full"
+    assert bench_mind.path_of([{"node": "facet"}, {"node": "synthesize"}]) == "full"
+    rows = [
+        {**row, "status": "COMPLETE", "path": path, "seconds": seconds}
+        for row, path, seconds in (
+            (ROW, "fast", 1.0),
+            (ROW | {"depth": "fast", "depth_rule": "the plan has one step"}, "full", 9.0),
+        )
+    ]
+    seconds = bench_mind.summarise_requests(rows)["seconds"]
+    assert (seconds["fast"]["n"], seconds["fast"]["p50"]) == (1, 1.0)
+    assert (seconds["full"]["n"], seconds["full"]["p50"]) == (1, 9.0)
+
+
+#: A cycle's row as ``run_request`` writes it, the fields the summary reads.
+ROW = {
+    "id": "r",
+    "depth": "fast",
+    "depth_rule": "1 persona",
+    "first_answer_token_s": 0.5,
+    "wrote_facets": 0,
+    "plan_quality": None,
+    "degraded": [],
+    "truncated": False,
+    "model_calls": 1,
+    "cached_tokens": 0,
+    "input_tokens": 10,
+}

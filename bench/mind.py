@@ -16,15 +16,15 @@ Part 3 (``--requests [FILE]``) — every request of a set (default
 ``bench/data/usefulness/requests.jsonl``; ``readme_requests.jsonl`` runs the README's examples
 with the persona and depth each forces) once through the mind on the configured model, on a
 fresh file image with ``--corpus`` ingested (default ``headline/docs/``, which the set's
-document requests are about), streamed as a client streams it. Prints the COMPLETE rate with
-its 95% Wilson interval and every FAILED request's reason; p50 and p95 of the full cycle's
-seconds, of the first answer token (fast and full apart) and of the fast path's seconds (a
-cycle whose one model call is the answer's), next to the targets (20 s, 8 s, 3 s; over
-COMPLETE cycles); the plans' quality as each cycle records it (``cycle.plan_quality``: steps
-that near-duplicate an earlier step, steps with no content word of the request) over the
-model's raw plans and the final ones; the depth rules that applied, degradations by kind and
-the truncation rate.
-``--lever NAME=on|off`` sets a lever (``LEVERS``) for the run, to measure it on and off.
+document requests are about) and the facet methods written ahead (``--facets``), streamed as a
+client streams it. Prints the COMPLETE rate with its 95% Wilson interval and every FAILED
+request's reason; p50 and p95 of the full cycle's seconds, of the first answer token (fast and
+full apart) and of the fast path's seconds (a cycle whose one model call is the answer's), next
+to the targets (20 s, 8 s, 3 s; over COMPLETE cycles); the plans' quality as each cycle records
+it (``cycle.plan_quality``: steps that near-duplicate an earlier step, steps with no content
+word of the request) over the model's raw plans and the final ones; the depth rules that
+applied, degradations by kind and the truncation rate. ``--lever NAME=on|off`` sets a lever
+(``LEVERS``) for the run, to measure it on and off.
 
     python bench/mind.py                   # part 1
     python bench/mind.py --model --cycles 2
@@ -345,11 +345,12 @@ def run_requests(
     repeat: int = 1,
     limit: int | None = None,
     services: MindServices | None = None,
+    facets: str = "prepared",
     progress: Any = print,
 ) -> dict[str, Any]:
     """Every request of ``path``, ``repeat`` times, on a fresh image with ``corpus`` ingested."""
     from batos import settings
-    from bench.usefulness import fresh_image, ingest_corpus
+    from bench.usefulness import fresh_image, ingest_corpus, prepare_facets
 
     requests = load_requests(path, limit)
     out: dict[str, Any] = {
@@ -362,6 +363,9 @@ def run_requests(
         image = fresh_image(Path(folder))
         try:
             catalog, out["ingest"] = ingest_corpus(image, corpus)
+            out["facets"] = prepare_facets(
+                image, services.models if services is not None else None, facets
+            )
             if services is not None and services.catalog is None:
                 # given services bring their own embedder, maybe not the catalog's encoder
                 services = replace(services, catalog=catalog)
@@ -465,12 +469,15 @@ def summarise_requests(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def requests_table(report: dict[str, Any]) -> str:
+    from bench.usefulness import facets_line
+
     s = report["summary"]
     levers = ", ".join(f"{k}={v}" for k, v in report.get("levers", {}).items()) or "defaults"
     lines = [
         f"Mind on {s['n']} request(s) of {Path(report['requests']).name} "
         f"(x{report['repeat']}), model {report['model']!r}, levers: {levers}"
     ]
+    lines.append(facets_line(report["facets"]))
     if s["n"]:
         low, high = s["complete_interval"]
         verdict = "PASS" if s["complete_rate"] >= COMPLETE_TARGET else "MISS"
@@ -545,6 +552,12 @@ def main() -> None:
     )
     parser.add_argument("--corpus", type=Path, default=CORPUS, help="folder ingested first")
     parser.add_argument("--repeat", type=int, default=1, help="times each request is run")
+    parser.add_argument(
+        "--facets",
+        choices=("prepared", "unwritten"),
+        default="prepared",
+        help="write the facet methods first (as batos init --prepare), or not",
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N requests")
     parser.add_argument(
         "--lever",
@@ -561,7 +574,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     report: dict[str, Any] = {"levers": levers, "environment": applied}
     if args.requests is not None:
-        found = run_requests(args.requests, args.corpus, repeat=args.repeat, limit=args.limit)
+        found = run_requests(
+            args.requests, args.corpus, repeat=args.repeat, limit=args.limit, facets=args.facets
+        )
         report.update(found)
         print()
         print(requests_table(report))

@@ -15,13 +15,14 @@ thread. Three systems answer each question, on the configured model:
   bare model's conversation: the catalog holds nothing of what the user said).
 
 Each split's ``docs/`` is ingested once into a fresh file image through the path ``batos
-ingest`` takes. Systems take turns going first, question by question, so one system's slowness
-or warm caches do not fall on another, and the model is warmed up before the clock starts;
-seconds are those of the question itself (a recall item's earlier turns are timed apart).
-Prints, per family, accuracy with a 95% Wilson interval and seconds per question for each
-system (for the mind also its COMPLETE rate and how many answers cite a passage), then the
-issue's targets; writes every reply, timing and judgement to
-``bench/results/usefulness-<split>-<model>-<timestamp>.json``.
+ingest`` takes, and the facet methods are written ahead, as ``batos init --prepare`` does
+(``--facets unwritten`` leaves them to be missed, as on a fresh image before the heartbeat).
+Systems take turns going first, question by question, so one system's slowness or warm caches
+do not fall on another, and the model is warmed up before the clock starts; seconds are those
+of the question itself (a recall item's earlier turns are timed apart). Prints, per family,
+accuracy with a 95% Wilson interval and seconds per question for each system (for the mind also
+its COMPLETE rate and how many answers cite a passage), then the issue's targets; writes every
+reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<timestamp>.json``.
 
     .venv/bin/python bench/usefulness.py                             # dev split, default model
     BATOS_MODEL=test .venv/bin/python bench/usefulness.py --limit 3  # to see it work
@@ -135,6 +136,45 @@ def ingest_corpus(image: LivingImage, corpus: Path) -> tuple[KnowledgeCatalog, d
         "seconds": round(report.seconds, 2),
     }
     return catalog, facts
+
+
+#: How the image's facet methods stand when the questions start: written ahead of use, as
+#: ``batos init --prepare`` leaves them, or not yet (a fresh image before the heartbeat ran).
+FACET_STATES = ("prepared", "unwritten")
+
+
+def prepare_facets(
+    image: LivingImage, models: ModelFactory | None, state: str = "prepared"
+) -> dict[str, Any]:
+    """Write every facet method the image lacks, as ``batos init --prepare`` does (for
+    ``state`` 'prepared'); what was written, and what could not be and why."""
+    from graph import facet_writing
+
+    if state not in FACET_STATES:
+        raise SystemExit(f"unknown facet state {state!r}: use one of {', '.join(FACET_STATES)}")
+    if state == "unwritten":
+        return {"state": state, "facets": []}
+    with image.read() as root:
+        todo = facet_writing.missing(root)
+    started = time.perf_counter()
+    done = facet_writing.write_all(image, models, todo)
+    return {
+        "state": state,
+        "seconds": round(time.perf_counter() - started, 2),
+        "facets": [
+            {"key": r.key, "ok": r.ok, "seconds": round(r.seconds, 2), "reason": r.reason}
+            for r in done
+        ],
+    }
+
+
+def facets_line(prepared: dict[str, Any]) -> str:
+    facets = prepared["facets"]
+    if prepared["state"] == "unwritten":
+        return "facet methods: none written (--facets unwritten)"
+    line = f"facet methods: {sum(f['ok'] for f in facets)}/{len(facets)} written ahead"
+    failed = [f["key"] for f in facets if not f["ok"]]
+    return line + (f"; not written: {', '.join(failed)}" if failed else "")
 
 
 def wilson(hits: int, n: int) -> tuple[float, float] | None:
@@ -428,6 +468,7 @@ def run(
     data: Path = DATA,
     results: Path = RESULTS,
     model_name: str | None = None,
+    facets: str = "prepared",
     progress: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], Path]:
     """Run the bench and write its JSON; returns the report and where it was written.
@@ -458,6 +499,9 @@ def run(
         image = fresh_image(Path(folder))
         try:
             catalog, report["ingest"] = ingest_corpus(image, data / split / "docs")
+            report["facets"] = prepare_facets(
+                image, services.models if services is not None else None, facets
+            )
             if services is not None and services.catalog is None:
                 # given services come with their own embedder, which may not be the encoder
                 # the catalog's vectors were made with: the mind searches the bench's catalog
@@ -543,7 +587,8 @@ def table(report: dict[str, Any]) -> str:
     """The per-family tables and the targets, as printed."""
     lines = [
         f"Usefulness on split {report['split']!r}, model {report['model']!r} "
-        f"(ingest: {report['ingest']['files']} files, {report['ingest']['chunks']} chunks)"
+        f"(ingest: {report['ingest']['files']} files, {report['ingest']['chunks']} chunks)",
+        facets_line(report["facets"]),
     ]
     header = (
         f"{'system':<8}{'n':>4}{'accuracy':>10}{'95% interval':>16}{'mean s':>9}"
@@ -598,6 +643,12 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="base model (sets BATOS_MODEL; default: the setting)"
     )
+    parser.add_argument(
+        "--facets",
+        choices=FACET_STATES,
+        default="prepared",
+        help="write the facet methods before the questions (as batos init --prepare), or not",
+    )
     args = parser.parse_args()
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
@@ -610,6 +661,7 @@ def main() -> None:
         [f.strip() for f in args.families.split(",") if f.strip()],
         [s.strip() for s in args.systems.split(",") if s.strip()],
         args.limit,
+        facets=args.facets,
     )
     print()
     print(table(report))

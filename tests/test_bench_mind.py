@@ -79,7 +79,9 @@ def test_the_request_set_records_each_cycle_and_summarises_them(request_set, cap
     path, corpus = request_set
     models = FakeModels(respond)
     services = MindServices(models=models, router=FakeRouter(("BRICK",)), embedder=FakeEmbedder())
-    report = bench_mind.run_requests(path, corpus, services=services, progress=lambda line: None)
+    report = bench_mind.run_requests(
+        path, corpus, services=services, facets="unwritten", progress=lambda line: None
+    )
     report.update(levers={"prefix_cache": "off"})
 
     assert report["ingest"]["files"] == 1
@@ -130,6 +132,7 @@ def test_the_request_set_records_each_cycle_and_summarises_them(request_set, cap
     print(bench_mind.requests_table(report))
     flat = " ".join(capsys.readouterr().out.split())
     assert "levers: prefix_cache=off" in flat
+    assert "facet methods: none written (--facets unwritten)" in flat
     assert "COMPLETE 2/3 = 0.67 [0.21, 0.94] target >= 0.98 MISS" in flat
     assert "FAILED r-readme at synthesize: the engine died" in flat
     assert "raw 1 3 0.33 0.33" in flat and "final 1 2 0.00 0.50" in flat

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall
+from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall, call_kind
+from test_mind import SELECTOR, facet_source
 
 from batos.errors import ModelError
 from bench import usefulness
+from graph import facet_writing
 from graph.mind import MindServices
 from graph.request import content_text
 
@@ -146,6 +148,8 @@ def baseline(call: ModelCall) -> Any:
 def mind_reply(call: ModelCall) -> Any:
     """The mind's model: the scripted answer to the latest question its prompt holds; asked
     again after the refusal, it is gone (the cycle FAILED, the refusal left as its response)."""
+    if call_kind(call) == "draft":  # the facet methods, written ahead of the questions
+        return "```python\n" + facet_source(SELECTOR.search(call.text).group(1)) + "```"
     if any(text == REFUSAL for text in _texts(call)):
         return ModelError("the engine died", hint="start it again")
     for text in reversed(_texts(call)):
@@ -186,6 +190,11 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
     written = json.loads(path.read_text())
     assert written["summary"] == json.loads(json.dumps(report["summary"]))
     assert written["ingest"]["files"] == 2 and written["ingest"]["chunks"] >= 2
+    prepared = written["facets"]
+    assert prepared["state"] == "prepared"
+    assert [f["key"] for f in prepared["facets"] if f["ok"]] == [
+        f"{persona}.{selector}" for persona, selector in facet_writing.codex_facets()
+    ]
     assert [r["id"] for r in written["items"]] == [
         "t-doc-1",
         "t-doc-2",
@@ -273,6 +282,7 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
 
     print(usefulness.table(report))
     printed = capsys.readouterr().out
+    assert f"facet methods: {len(prepared['facets'])}/{len(prepared['facets'])} written" in printed
     rows = [line.split() for line in printed.splitlines()]
     document = rows.index(["document"])
     assert rows[document + 1][:4] == ["system", "n", "accuracy", "95%"]

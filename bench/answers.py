@@ -9,7 +9,8 @@ thousands separator only before exactly three digits, so decimal commas are not 
 decimal point, a sign, currency symbols and units around them (``$4.80``, ``11.7%``, ``20mg``),
 a scale word (``1.2 million``) and simple number words (``forty``, ``twenty-three``, ``one
 hundred and six``). Digits inside words (``TP1357``), version strings (``2.5.0``), list
-items' numbers and citations of passages (``[2]``) are not numbers. A number that also appears
+items' numbers and citations of passages (``[2]``) are not numbers, and a ``Sources:`` line
+(a cited answer's list of files and spans) is not read at all. A number that also appears
 in the question is an operand the reply restates, never its answer, so it is left out. Of the
 rest, the stated answer is, in order:
 
@@ -112,6 +113,9 @@ WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", 
 _WEEKDAY_RE = re.compile(rf"\b(?:{'|'.join(WEEKDAYS)})\b", re.IGNORECASE)
 
 #: Phrases after which a reply states its conclusion; the last one with a value after it wins.
+#: The line a cited answer ends with, naming its passages' files and character spans: what
+#: the reply cites, not what it states (the spans and the dates in file names are no answers).
+_SOURCES_LINE_RE = re.compile(r"^[ \t]*sources?[ \t]*:.*$", re.IGNORECASE | re.MULTILINE)
 _CONCLUSION_RE = re.compile(
     r"\b(?:final answer|answer|result|in total|total|altogether|therefore|thus|hence|so the|"
     r"comes to|works out to|equals)\b|[=≈]",
@@ -151,6 +155,7 @@ def judge(item: Mapping[str, Any], reply: str) -> Judgement:
     """
     kind = item["kind"]
     question = item.get("question", "")
+    reply = _SOURCES_LINE_RE.sub("", reply).rstrip()
     if kind == "number":
         expected = _one_number(item["answer"])
         near = _tolerance(item.get("tolerance"), expected)

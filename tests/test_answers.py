@@ -86,6 +86,17 @@ def test_citations_of_passages_are_not_numbers() -> None:
     assert matches(_item("number", "18"), "The answer, from [1], is $18 [2].")
 
 
+def test_the_sources_line_of_a_cited_answer_states_nothing() -> None:
+    # The mind ends a cited answer with its passages' files and character spans.
+    sources = (
+        "\n\nSources: [1] /data/docs/otter_survey.txt (1200–1900); "
+        "[2] /data/docs/library_board_minutes_2024-05-14.txt (0–812)"
+    )
+    assert matches(_item("number", "31"), "It is 31 metres tall [1]." + sources)
+    assert not matches(_item("number", "812"), "The passages do not say [2]." + sources)
+    assert not matches(_item("number", "1900"), "It was 41, then 44, then 47 [1][2]." + sources)
+
+
 def test_a_number_answer_is_the_one_after_the_last_conclusion_marker() -> None:
     item = _item("number", "74", "A printer prints 23 pages a minute; 46 copies of 37 pages?")
     assert matches(item, "46 x 37 = 1702 pages. 1702 / 23 = 74. So it takes 74 minutes.")

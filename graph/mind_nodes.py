@@ -311,9 +311,14 @@ class Mind:
         depth = depth_for(
             request, chosen, settings.get_int("mind_fast_words"), context.get("depth")
         )
-        self._ground(image, cycle_state, request)
-        grounded = bool(cycle_state["grounding"].get("about_catalog"))
-        cycle_state["compute"] = compute.looks_computational(request, grounded=grounded)
+        grounded = False
+        if compute.looks_computational(request):
+            # Its figures are all in the request: passages would only offer other numbers.
+            cycle_state.update(compute=True, passages=[], grounding={"about_catalog": False})
+        else:
+            self._ground(image, cycle_state, request)
+            grounded = bool(cycle_state["grounding"].get("about_catalog"))
+            cycle_state["compute"] = compute.looks_computational(request, grounded=grounded)
         unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
         forced_depth = context.get("depth") in ("fast", "full")
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:

@@ -195,9 +195,10 @@ def parse_plan(
     if fenced:
         text = fenced.group(1).strip()
     try:
-        data = json.loads(text)
+        # strict=False: the grammar lets a raw newline or tab into a string; it is harmless.
+        data = json.loads(text, strict=False)
     except ValueError as exc:
-        raise PlanRejected(f"the reply is not JSON ({exc.msg} at character {exc.pos})") from None
+        raise PlanRejected(f"the reply is not JSON ({exc.msg}, character {exc.pos})") from None
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list) or not steps:
         raise PlanRejected('the JSON needs a non-empty list under "steps"')

@@ -860,3 +860,21 @@ def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
     assert len(cited(second)) == 3 and not cited(first) & cited(second)
     assert state["response"].startswith("Ferry 7 runs daily [1].")
     assert state["cycle"]["synthesis_attempts"] == 2 and state["cycle"]["degraded"] == []
+
+
+def test_a_short_computation_takes_the_fast_path_after_its_program(image, remembered) -> None:
+    models = FakeModels(
+        lambda call: (
+            program("    return 240 * 15 / 100\n")(call)
+            if call_kind(call) == "program"
+            else responder()(call)
+        )
+    )
+    services = mind(models, FakeRouter(("BRICK",)), catalog=remembered)
+    state = run(image, services, "What is 15% of 240?")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"]["mode"] == "fast" and state["cycle"]["compute"]
+    # its figures are all in the request: no passages, whatever the catalog holds
+    assert state["cycle"]["grounding"] == {"about_catalog": False}
+    assert [call_kind(c) for c in models.calls] == ["program", "answer"]
+    assert "A program computed this for the request: 36" in models.of("answer")[0].text

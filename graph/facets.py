@@ -124,6 +124,16 @@ class WrittenMethod:
         }
 
 
+@dataclass
+class _Writing:
+    """One cycle's writing of one facet: what came of it, and whether a branch has taken the
+    effect that installs it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    made: WrittenMethod | FacetError | None = None
+    claimed: bool = False
+
+
 class FacetWriters:
     """Facet methods written by each running cycle, so parallel branches write each once.
 
@@ -134,15 +144,11 @@ class FacetWriters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, str], tuple[threading.Lock, list]] = {}
+        self._entries: dict[tuple[str, str, str], _Writing] = {}
 
-    def slot(self, cycle_id: str, persona: str, selector: str) -> tuple[threading.Lock, list]:
-        """The lock and outcome list (a ``WrittenMethod`` or the ``FacetError`` it raised)."""
+    def slot(self, cycle_id: str, persona: str, selector: str) -> _Writing:
         with self._lock:
-            key = (cycle_id, persona, selector)
-            if key not in self._entries:
-                self._entries[key] = (threading.Lock(), [])
-            return self._entries[key]
+            return self._entries.setdefault((cycle_id, persona, selector), _Writing())
 
     def forget(self, cycle_id: str) -> None:
         with self._lock:
@@ -217,21 +223,25 @@ def prepare(
         return _run_or_fall_back(found[1], receiver, query, persona, selector)
     if not write:
         return Prepared(fallback(query), None, NOT_WRITTEN)
-    lock, outcome = writers.slot(cycle_id, persona, selector)
-    with lock:
-        if not outcome:
+    writing = writers.slot(cycle_id, persona, selector)
+    with writing.lock:
+        if writing.made is None:
             try:
-                outcome.append(write_facet(root, persona, selector, draft, attempts))
+                writing.made = write_facet(root, persona, selector, draft, attempts)
             except FacetError as exc:
-                outcome.append(exc)
-        made = outcome[0]
-        if isinstance(made, FacetError):
-            return Prepared(fallback(query), None, made.message)
-        method = _install_here(receiver, made)
+                writing.made = exc
+            except Exception as exc:  # its model failed: no other branch tries again
+                writing.made = FacetError(
+                    f"the method for facet {persona}.{selector} could not be written: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+        if isinstance(writing.made, FacetError):
+            return Prepared(fallback(query), None, writing.made.message)
+        method = _install_here(receiver, writing.made)
         prepared = _run_or_fall_back(method, receiver, query, persona, selector)
-        first = not any(isinstance(x, str) for x in outcome)
-        outcome.append("claimed")  # the first branch carries the effect that installs it
-        return Prepared(prepared.instruction, made if first else None, prepared.degraded)
+        # The first branch to use it carries the effect that installs it at COMPLETE.
+        effect, writing.claimed = (None if writing.claimed else writing.made), True
+        return Prepared(prepared.instruction, effect, prepared.degraded)
 
 
 def _run_or_fall_back(

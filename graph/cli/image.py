@@ -106,6 +106,19 @@ def _prepare_facets(ctx: typer.Context, image: Any) -> None:
         )
 
 
+def _facets_line(root: Any) -> None:
+    from graph import facet_writing
+
+    lacking = facet_writing.missing(root)
+    total = len(facet_writing.codex_facets())
+    if lacking:
+        console.print(
+            f"facets: {total - len(lacking)} of {total} written; until the rest are, their "
+            "personas answer those parts directly ('batos init --prepare' writes them now, the "
+            "heartbeat later)"
+        )
+
+
 @image_app.command("run")
 def run_main(
     ctx: typer.Context,
@@ -135,6 +148,7 @@ def run_main(
             if model_factory(ctx) is None:
                 console.print(f"model [bold]{shown(settings.get_str('model'))}[/] → {shown(path)}")
             console.print(_persona_table(root))
+            _facets_line(root)
         session = Session(image, model_factory(ctx))
         thread_id = f"run-{uuid6()}"
         try:

@@ -658,7 +658,8 @@ def _check_prototype(obj: UvmObject, state: dict[str, Any]) -> None:
             raise ReportRefused(f"slot {name!r} would be both data and a method")
         if name[-1:] == "*" and not isinstance(value, UvmObject) and not _kept(obj, name, value):
             raise ReportRefused(
-                f"parent slot {name!r} must hold a prototype, not a {type(value).__name__}"
+                f"parent slot {name!r} must hold a prototype, not a value of type "
+                f"{type(value).__name__}"
             )
 
 

@@ -436,10 +436,13 @@ def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: 
     except report.Unsendable as exc:
         text = str(exc)
         too_large = isinstance(exc, report.TooLarge)
+        limits = (
+            f"at most {report.MAX_NODES:,} items, shared parts counted each time they appear, "
+            f"and integers of at most {report.MAX_INT_BITS:,} bits"
+        )
         if text.startswith("the method returned"):
             hint = (
-                "return less: a value may hold at most "
-                f"{report.MAX_NODES:,} items, shared parts counted each time they appear"
+                f"return less: a value may hold {limits}"
                 if too_large
                 else "return plain data (numbers, strings, lists, dicts, sets, tuples) or "
                 "prototypes, not iterators, generators or functions"
@@ -448,8 +451,7 @@ def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: 
                 "the method's result cannot leave the sandbox", [f"{text}: {hint}"]
             ) from None
         hint = (
-            f"store less: a slot may hold at most {report.MAX_NODES:,} items, shared parts "
-            "counted each time they appear; nothing was stored"
+            f"store less: a slot may hold {limits}; nothing was stored"
             if too_large
             else "slots may hold plain data (numbers, strings, lists, dicts, sets, tuples) and "
             "prototypes only"

@@ -466,19 +466,19 @@ class Decoder:
         kinds = self._reserve(wire.array("its list of new objects"))
         for _ in range(kinds):  # first every new object, so any value may refer to any
             kind = wire.scalar()
-            if kind not in _NEW_KINDS:
+            if type(kind) is not str or kind not in _NEW_KINDS:
                 raise ReportRefused("a new object of a kind a method cannot create")
             cls = _NEW_KINDS[kind]
             self.news.append(cls.__new__(cls))
         self._reserve(1)
         result = self.value(wire, 0)
         states = []
-        seen: set[int] = set()
+        seen = {id(new) for new in self.news}  # a new object's state travels with the news
         for _ in range(self._reserve(wire.array("its list of changed objects"))):
             if wire.array("a changed object's entry") != 2:
                 raise ReportRefused("a changed object's entry is malformed")
             obj = self.reference(wire)
-            if id(obj) in seen or any(obj is new for new in self.news):
+            if id(obj) in seen:
                 raise ReportRefused("an object's state is sent twice")
             seen.add(id(obj))
             states.append((obj, self.state(obj, wire)))

@@ -100,3 +100,17 @@ def test_integers_cross_back_only_as_large_as_can_be_printed() -> None:
     wide = msgpack.ExtType(1, (2**14_003).to_bytes(1_751, "big", signed=True))
     with pytest.raises(report.ReportRefused, match="more than 14,000 bits"):
         report.Decoder([], lambda oid: None).report(msgpack.packb(["R", [], wide, [], []]))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x95\xa1R\x91\x80",  # an empty map where a new object's kind goes: unhashable
+        b"\x95\xa1R\x90\xc0\x90",  # cut short after the result
+        b"\x95\xa1R\x90\xc0\x90\x90\xc0",  # a byte after the end
+    ],
+    ids=["map-as-kind", "cut-short", "trailing-byte"],
+)
+def test_a_malformed_envelope_is_refused_by_a_named_rule(payload: bytes) -> None:
+    with pytest.raises(report.ReportRefused):
+        report.Decoder([], lambda oid: None).report(payload)

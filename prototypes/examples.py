@@ -314,15 +314,12 @@ def signature(value: Any) -> str:
 
 
 def matches(expected: Any, observed: Any) -> bool:
-    """Whether an observed output (normal form) is what an example expects."""
+    """Whether an observed output (normal form) is what an example expects; never raises, so
+    an output that cannot be compared fails its example instead of stopping the mission."""
     if isinstance(expected, bool) or isinstance(observed, bool):
         return expected is observed
     if isinstance(expected, (int, float)) and isinstance(observed, (int, float)):
-        if isinstance(expected, float):
-            decimals = _decimals(expected)
-            if decimals < ROUNDED_DECIMALS and round(observed, decimals) == expected:
-                return True
-        return math.isclose(expected, observed, rel_tol=1e-9, abs_tol=1e-9)
+        return _numbers_match(expected, observed)
     if isinstance(expected, list) and isinstance(observed, list):
         return len(expected) == len(observed) and all(
             matches(e, o) for e, o in zip(expected, observed, strict=True)
@@ -333,6 +330,17 @@ def matches(expected: Any, observed: Any) -> bool:
             matches(v, observed[k]) for k, v in expected.items()
         )
     return expected == observed
+
+
+def _numbers_match(expected: float, observed: float) -> bool:
+    try:
+        if isinstance(expected, float):
+            decimals = _decimals(expected)
+            if decimals < ROUNDED_DECIMALS and round(observed, decimals) == expected:
+                return True
+        return math.isclose(expected, observed, rel_tol=1e-9, abs_tol=1e-9)
+    except OverflowError:  # an integer past every float is close to no example's number
+        return False
 
 
 def _decimals(number: float) -> int:

@@ -105,9 +105,12 @@ def _send(fd: int, kind: bytes, payload: bytes, deadline: float | None = None) -
     _write_all(fd, _HEADER.pack(kind, len(payload)) + payload, deadline)
 
 
-def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytes:
-    chunks = []
-    while size:
+def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytearray:
+    """``size`` bytes, read into one buffer of that size (the only copy of a message)."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    done = 0
+    while done < size:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -116,18 +119,18 @@ def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytes:
             if not ready:
                 continue
         try:
-            chunk = os.read(fd, min(size, 1 << 20))
+            got = os.readv(fd, [view[done:]])
         except BlockingIOError:
             continue
-        if not chunk:
+        if not got:
             raise _ChildGone("pipe closed")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
+        done += got
+    return buffer
 
 
-def _recv_from_child(fd: int, deadline: float) -> tuple[bytes, bytes]:
-    """One message, every byte of it within the deadline (a child may stall mid-message)."""
+def _recv_from_child(fd: int, deadline: float) -> tuple[bytes, bytearray]:
+    """One message, every byte of it within the deadline (a child may stall mid-message);
+    a size past its kind's limit is refused before anything of it is read."""
     kind, size = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
     limit = _MAX_MESSAGE.get(kind)
     if limit is None:
@@ -145,7 +148,7 @@ class _Oversized(Exception):
 
 def _recv_from_host(fd: int) -> tuple[bytes, bytes]:
     kind, size = _HEADER.unpack(_read_exact(fd, _HEADER.size))
-    return kind, _read_exact(fd, size)
+    return kind, bytes(_read_exact(fd, size))
 
 
 # -- the child ------------------------------------------------------------------------------------
@@ -183,7 +186,7 @@ class IdentityPickler(pickle.Pickler):
     change inside another persistent object is that object's, not ours. The persistent
     objects met are collected in ``met``."""
 
-    def __init__(self, buffer: io.BytesIO, own: object) -> None:
+    def __init__(self, buffer: Any, own: object) -> None:
         super().__init__(buffer, protocol=5)
         self.own = own
         self.met: list[persistent.Persistent] = []
@@ -275,45 +278,91 @@ def _search(container: Any) -> None:
 
 
 def _changed_in_place(
-    jar: Any, storage: _HostStorage, skip: set[int]
+    jar: Any, storage: _HostStorage, skip: set[int], watched: set[int]
 ) -> tuple[list[Any], list[str]]:
-    """Objects the method reached or loaded whose state differs from their record although
+    """Objects the method could have changed whose state differs from their record although
     none was marked changed: persistent containers to keep, and findings for prototypes.
 
-    ``skip`` holds the receiver and its ancestors, whose slots ``call_checked`` has already
-    compared before and after the call.
+    The candidates are the objects the guards met and those loaded during the call, and then
+    everything a persistent container among them holds or held (a container hands out what
+    it holds at C speed — ``min(stats.values())``, ``dict(mapping)`` — without a guard), and
+    so on down. A prototype is not looked into: its slots are only reached through guarded
+    reads. When a search of plain containers ran out of budget, every object in memory is a
+    candidate. ``skip`` holds the receiver and its ancestors, whose slots ``call_checked``
+    has already compared; ``watched`` the objects compared with their state at the fork.
     """
     kept: list[Any] = []
     findings: list[str] = []
-    candidates = {id(o): o for o in (_touched or {}).values() if o._p_jar is jar}
-    for oid in list(storage.served):
-        obj = jar._cache.get(oid)
-        if obj is not None:
-            candidates[id(obj)] = obj
-    for obj in candidates.values():
-        if obj._p_changed is not False or isinstance(obj, Method) or id(obj) in skip:
-            continue  # a ghost, marked changed (sent anyway), or never written by a method
-        oid = bytes(obj._p_oid)
-        data = storage.served.get(oid)
-        if data is None:  # loaded before the fork: its record is the host's
-            data = storage.load(oid)[0]
-        before = state_digests(obj, jar._reader.getState(data))
-        after = state_digests(obj)
-        if before == after:
+    todo = [o for o in (_touched or {}).values() if o._p_jar is jar]
+    todo += [o for o in map(jar._cache.get, storage.served) if o is not None]
+    if _search_budget <= 0:
+        todo += [o for _, o in jar._cache.lru_items()]
+    seen: set[int] = set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj._p_changed is None or isinstance(obj, Method):
+            continue  # seen, a ghost (never loaded here, so unchanged), or never written
+        seen.add(id(obj))
+        container = not isinstance(obj, UvmObject)
+        compare = obj._p_changed is False and id(obj) not in skip and id(obj) not in watched
+        if not (compare or container):
             continue
-        if isinstance(obj, (PersistentList, PersistentMapping)):
-            kept.append(obj)
-        elif isinstance(obj, UvmObject):
-            for name in sorted(set(before) | set(after)):
-                if before.get(name) != after.get(name) and not name.startswith("_"):
-                    findings.append(
-                        f"persistence covenant: {obj!r}.{name} changed in place without "
-                        f"being assigned, so the change would be lost; assign the slot after "
-                        f"changing it ('obj.{name} = value')"
-                    )
-        else:
-            findings.append(f"the method changed a {type(obj).__name__}, which it may not write")
+        if compare:
+            oid = bytes(obj._p_oid)
+            data = storage.served.get(oid)
+            if data is None:  # loaded before the fork: its record is the host's
+                data = storage.load(oid)[0]
+            before, held = _digests_and_members(obj, jar._reader.getState(data))
+            after, held_after = _digests_and_members(obj, obj.__getstate__())
+            held += held_after
+            if before != after:
+                _in_place(obj, before, after, kept, findings)
+        else:  # marked changed, so sent whole: only what it holds is looked at
+            held = _members(obj, obj.__getstate__())
+        if container:
+            todo += [o for o in held if o._p_jar is jar and id(o) not in seen]
     return kept, findings
+
+
+def _digests_and_members(obj: Any, state: Any) -> tuple[dict[str, bytes], list[Any]]:
+    """``state_digests`` of ``obj`` in ``state``, and the persistent objects the state holds."""
+    met: list[Any] = []
+    if not isinstance(state, dict):
+        return {"": slot_digest(obj, state, met)}, met
+    return {name: slot_digest(obj, value, met) for name, value in state.items()}, met
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _members(obj: Any, state: Any) -> list[Any]:
+    """The persistent objects ``obj``'s state holds, each shared part visited once."""
+    pickler = IdentityPickler(_Discard(), obj)  # type: ignore[arg-type]
+    try:
+        pickler.dump(state)
+    except Exception:  # a value the image cannot store: the report refuses it
+        pass
+    return pickler.met
+
+
+def _in_place(
+    obj: Any, before: dict[str, bytes], after: dict[str, bytes], kept: list, findings: list
+) -> None:
+    """What becomes of an object changed without being marked: kept, or a finding."""
+    if isinstance(obj, (PersistentList, PersistentMapping)):
+        kept.append(obj)
+    elif isinstance(obj, UvmObject):
+        for name in sorted(set(before) | set(after)):
+            if before.get(name) != after.get(name) and not name.startswith("_"):
+                findings.append(
+                    f"persistence covenant: {obj!r}.{name} changed in place without "
+                    f"being assigned, so the change would be lost; assign the slot after "
+                    f"changing it ('obj.{name} = value')"
+                )
+    else:
+        findings.append(f"the method changed a {type(obj).__name__}, which it may not write")
 
 
 def _child_main(
@@ -355,7 +404,7 @@ def _child_main(
             result = run()
             changed = [o for o in watched if state_digests(o) != digests[id(o)]]
             if jar is not None:
-                kept, findings = _changed_in_place(jar, storage, skip)
+                kept, findings = _changed_in_place(jar, storage, skip, {id(o) for o in watched})
                 if findings:
                     raise SandboxViolation("the method broke a rule of the image", findings)
                 seen = {id(o) for o in changed}
@@ -387,10 +436,13 @@ def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: 
     except report.Unsendable as exc:
         text = str(exc)
         too_large = isinstance(exc, report.TooLarge)
+        limits = (
+            f"at most {report.MAX_NODES:,} items, shared parts counted each time they appear, "
+            f"and integers of at most {report.MAX_INT_BITS:,} bits"
+        )
         if text.startswith("the method returned"):
             hint = (
-                "return less: a value may hold at most "
-                f"{report.MAX_NODES:,} items, shared parts counted each time they appear"
+                f"return less: a value may hold {limits}"
                 if too_large
                 else "return plain data (numbers, strings, lists, dicts, sets, tuples) or "
                 "prototypes, not iterators, generators or functions"
@@ -399,8 +451,7 @@ def _encode_report(result: Any, changed: list[Any], known: dict[int, int], jar: 
                 "the method's result cannot leave the sandbox", [f"{text}: {hint}"]
             ) from None
         hint = (
-            f"store less: a slot may hold at most {report.MAX_NODES:,} items, shared parts "
-            "counted each time they appear; nothing was stored"
+            f"store less: a slot may hold {limits}; nothing was stored"
             if too_large
             else "slots may hold plain data (numbers, strings, lists, dicts, sets, tuples) and "
             "prototypes only"
@@ -547,7 +598,7 @@ def run(
         os.close(from_host_w)
     if kind == b"E":
         raise _rebuild_error(payload)
-    outcome = _decode(payload, known, jar, served)
+    outcome = _decode(payload, known, jar, served, deadline)
     for obj, state in outcome.news:  # new objects: nothing else refers to them yet
         obj.__setstate__(state)
     if apply:
@@ -567,7 +618,7 @@ def run(
 
 def _serve(
     inbox: int, outbox: int, jar: Any, served: dict[bytes, bytes], deadline: float
-) -> tuple[bytes, bytes]:
+) -> tuple[bytes, bytearray]:
     """Answer the child's loads until it reports; every step within the deadline."""
     while True:
         kind, payload = _recv_from_child(inbox, deadline)
@@ -575,12 +626,13 @@ def _serve(
             return kind, payload
         if jar is None or len(payload) != 8:
             raise _ChildGone("a load request without a database")
+        oid = bytes(payload)
         try:
-            data, serial = jar._storage.load(payload)
+            data, serial = jar._storage.load(oid)
         except Exception as exc:  # an unknown oid: the child gets a POSKeyError
             _send(outbox, b"X", str(exc).encode()[:200], deadline)
             continue
-        served[payload] = data
+        served[oid] = data
         _send(outbox, b"D", bytes(serial) + data, deadline)
 
 
@@ -657,12 +709,17 @@ def _death(status: int, memory_mb: int) -> GeneratedCodeError:
 
 
 def _decode(
-    payload: bytes, known: list[Any], jar: Any, served: dict[bytes, bytes]
+    payload: bytes | bytearray,
+    known: list[Any],
+    jar: Any,
+    served: dict[bytes, bytes],
+    deadline: float | None = None,
 ) -> report.Report:
-    """The report, checked in full; ``SandboxViolation`` if any part of it is refused."""
+    """The report, checked in full (by ``deadline`` if given); ``SandboxViolation`` if any
+    part of it is refused."""
     resolver = _OidResolver(known, jar, served)
     try:
-        return report.Decoder(known, resolver).report(payload)
+        return report.Decoder(known, resolver, deadline).report(payload)
     except report.ReportRefused as exc:
         why = str(exc)
     except (ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as exc:
@@ -712,7 +769,7 @@ class _OidResolver:
         return self.named
 
 
-def _rebuild_error(payload: bytes) -> BaseException:
+def _rebuild_error(payload: bytes | bytearray) -> BaseException:
     """The child's exception as the host raises it: our errors as themselves, ordinary ones
     as their nearest built-in type, with the line of the method that raised."""
     from batos import errors

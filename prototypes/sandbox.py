@@ -77,8 +77,11 @@ log = logging.getLogger("batos.sandbox")
 
 #: Longest sequence ``*`` may build, and longest ``range`` a method may ask for.
 MAX_RESULT_ITEMS = 1_000_000
-#: Largest integer ``**`` and ``<<`` may build, in bits.
+#: Largest integer ``*``, ``**``, ``<<`` and ``math.lcm`` may build, in bits.
 MAX_INT_BITS = 100_000
+#: Most work one ``pow(base, exp, mod)`` may take: bits of ``exp`` × (bits of ``mod``)²,
+#: about a fifth of a second on one core (one C call the watchdog cannot interrupt).
+MAX_POW_MOD_WORK = 4096**3
 #: How often the watchdog re-raises the timeout once the limit is past, in seconds.
 WATCHDOG_PERIOD = 0.005
 #: Module prefixes whose objects a method must never hold (the database and its machinery).
@@ -230,7 +233,9 @@ def _size(value: Any) -> int:
 
 
 def guarded_binop(op: str, left: Any, right: Any) -> Any:
-    """``**``, ``*`` and ``<<`` that refuse to build results too big to be reasonable."""
+    """``**``, ``*`` and ``<<`` that refuse to build results too big to be reasonable: an
+    integer past ``MAX_INT_BITS`` (each step of a loop that squares a number is held to it,
+    not only one huge power), a sequence past ``MAX_RESULT_ITEMS``."""
     if op == "**":
         if isinstance(left, int) and isinstance(right, int) and right > 0:
             bits = max(abs(left).bit_length(), 1) * right
@@ -242,8 +247,13 @@ def guarded_binop(op: str, left: Any, right: Any) -> Any:
     if op == "<<":
         if isinstance(right, int) and right > MAX_INT_BITS:
             raise _violation(f"shifting by {right} bits exceeds the limit of {MAX_INT_BITS}")
+        if isinstance(left, int) and isinstance(right, int) and left and right > 0:
+            _bounded_bits(f"an integer shifted by {right}", left.bit_length() + right)
         return left << right
     if op == "*":
+        if isinstance(left, int) and isinstance(right, int):
+            _bounded_bits("a product", left.bit_length() + right.bit_length())
+            return left * right
         for seq, count in ((left, right), (right, left)):
             if isinstance(count, int) and not isinstance(seq, (int, float, complex, bool)):
                 if _size(seq) * count > MAX_RESULT_ITEMS:
@@ -288,6 +298,13 @@ def guarded_range(*args: int) -> range:
 
 def guarded_pow(base: Any, exp: Any, mod: Any = None) -> Any:
     if mod is not None:
+        if isinstance(exp, int) and isinstance(mod, int):
+            work = abs(exp).bit_length() * mod.bit_length() ** 2
+            if work > MAX_POW_MOD_WORK:
+                raise _violation(
+                    f"pow with a {abs(exp).bit_length()}-bit exponent and a "
+                    f"{mod.bit_length()}-bit modulus is too much work for one call"
+                )
         return pow(base, exp, mod)
     return guarded_binop("**", base, exp)
 
@@ -350,9 +367,22 @@ def guarded_perm(n: int, k: int | None = None) -> int:
     return math.perm(n, k)
 
 
+def guarded_lcm(*numbers: int) -> int:
+    import math
+
+    # lcm(a, b, …) ≤ a·b·…, whose bits are at most the sum of theirs.
+    _bounded_bits("an lcm", sum(n.bit_length() for n in numbers if isinstance(n, int)))
+    return math.lcm(*numbers)
+
+
 #: Allowed functions whose C implementation could run unbounded: the sandbox's versions.
 _GUARDED_FUNCTIONS = {
-    "math": {"factorial": guarded_factorial, "comb": guarded_comb, "perm": guarded_perm},
+    "math": {
+        "factorial": guarded_factorial,
+        "comb": guarded_comb,
+        "perm": guarded_perm,
+        "lcm": guarded_lcm,
+    },
 }
 
 

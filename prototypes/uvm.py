@@ -4,7 +4,8 @@ An object is a set of named *slots*. Data slots live in the object's own ``__dic
 reading a local slot is an ordinary Python attribute read; method slots hold ``Method``
 records (source text + metadata) in the ``_methods`` table. Both form one namespace: writing a
 name of one kind removes it from the other. Slots whose names end in ``*`` are *parent
-slots*.
+slots*: each holds a prototype (another ``UvmObject``); anything else is refused when it is
+written, and skipped with a warning when an image written before that rule holds one.
 
 Lookup order (``obj.name``):
   1. the receiver's own data slots, then its own method slots;
@@ -50,6 +51,7 @@ import copy
 import functools
 import importlib
 import io
+import logging
 import pickle
 import threading
 import time
@@ -63,6 +65,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import DoesNotUnderstand, SlotError
 
+log = logging.getLogger("batos.uvm")
 #: Persistent objects a clone copies like plain containers; any other is shared.
 _COPIED_PERSISTENT = (PersistentList, PersistentMapping)
 _DNU_HANDLER: Callable[[UvmObject, str], Any] | None = None
@@ -479,10 +482,32 @@ class UvmObject(_Tracked):
         raise DoesNotUnderstand(self, selector)
 
     def _parents(self) -> tuple[UvmObject, ...]:
-        """The objects in the receiver's parent slots, in slot order."""
+        """The prototypes in the receiver's parent slots, in slot order; any other value (an
+        image written before parent slots were checked) is skipped with a warning, so that
+        one bad slot on a shared ancestor cannot break every lookup through it."""
         if self._p_state == _GHOST:
             self._p_activate()
-        return tuple([v for k, v in self.__dict__.items() if k[-1:] == "*"])
+        parents = [v for k, v in self.__dict__.items() if k[-1:] == "*"]
+        if all(isinstance(p, UvmObject) for p in parents):
+            return tuple(parents)
+        return tuple(self._valid_parents())
+
+    def _valid_parents(self) -> list[UvmObject]:
+        valid = []
+        for name, value in self.__dict__.items():
+            if name[-1:] != "*":
+                continue
+            if isinstance(value, UvmObject):
+                valid.append(value)
+            else:
+                log.warning(
+                    "%r: parent slot %r holds a value of type %s, not a prototype; it is skipped "
+                    "(remove it with delattr, or assign a prototype)",
+                    self,
+                    name,
+                    type(value).__name__,
+                )
+        return valid
 
     def _ancestors(self) -> tuple[UvmObject, ...]:
         """Every ancestor once, nearest first (breadth-first), the receiver excluded.
@@ -539,6 +564,13 @@ class UvmObject(_Tracked):
                 _changed()
                 _forget_all(self)
             return
+        if name[-1:] == "*" and not isinstance(value, UvmObject):
+            raise SlotError(
+                f"parent slot {name!r} must hold a prototype, not a value of type "
+                f"{type(value).__name__}",
+                hint=f"assign a UvmObject of the image; to remove the parent, delete the slot "
+                f"(delattr(obj, {name!r})): None does not remove it",
+            )
         if name in _answered_by_class(type(self)):
             raise SlotError(
                 f"{type(self).__name__} itself answers {name!r}: a slot of that name would be "
@@ -620,12 +652,17 @@ class UvmObject(_Tracked):
         other persistent object (prototypes, BTrees, methods stored as data) is shared by
         reference wherever it sits, as parents are. The receiver's own method records are
         copied so the two can evolve apart. A value that cannot be copied (a lambda, a lock)
-        raises ``SlotError``.
+        raises ``SlotError``. A parent slot that holds no prototype (an old image's) is left
+        out, as lookup skips it.
         """
         self._p_activate()
         twin = self.__class__.__new__(self.__class__)
         twin._methods = {name: m.copy() for name, m in self._methods.items()}
-        own = {k: v for k, v in _own_items(self.__dict__) if not k.startswith("_")}
+        own = {
+            k: v
+            for k, v in _own_items(self.__dict__)
+            if not k.startswith("_") and (k[-1:] != "*" or isinstance(v, UvmObject))
+        }
         for name, value in _copied(self, own).items():
             setattr(twin, name, value)
         for name, value in overrides.items():

@@ -81,6 +81,9 @@ def test_outputs_compare_in_normal_form() -> None:
     assert not examples.matches(0.34, n(1 / 3))
     assert not examples.matches(1, n(True)) and not examples.matches(True, n(1))
     assert examples.matches({"1": ["a"]}, n({1: ["a"]}))
+    # Values no float can stand for fail their example; comparing them never raises.
+    assert not examples.matches(1.5, n(2**1024 - 1)) and not examples.matches(0.5, n(-(2**5000)))
+    assert not examples.matches(2**100, n(float("nan"))) and not examples.matches(1e308, n(2**1030))
     big: list = [0]
     for _ in range(30):
         big = [big, big]  # 2**30 leaves: compared by a digest, never expanded

@@ -395,6 +395,21 @@ def test_a_repair_that_breaks_a_passing_example_is_not_chosen(image) -> None:
         assert [e["status"] for e in method.examples] == ["agreed", "disputed", "disputed"]
 
 
+def test_a_draft_whose_value_cannot_be_compared_fails_and_the_mission_goes_on(image) -> None:
+    # 2**1024 - 1 is past every float: comparing it with an expected 5.5 raised OverflowError,
+    # which ended the whole mission instead of failing that one draft.
+    model = ScriptedChatModel().enqueue(
+        _examples(([2], 5.5), ([0], 1.5)),
+        _method("2 ** 1024 - 1"),
+        _method("x * 2 + 1.5"),
+    )
+    runner = jit.JitRunner(model, drafts=2)
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5.5
+    with image.read() as root:
+        method = root["o"]._methods["double"]
+        assert "x * 2 + 1.5" in method.source and method.audit["examples_check"]["passed"] == 2
+
+
 def test_hostile_examples_are_dropped_and_the_mission_goes_on(image, caplog) -> None:
     hostile = json.dumps(
         {

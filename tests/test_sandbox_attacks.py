@@ -291,6 +291,27 @@ ATTACKS: list[tuple[str, str, str]] = [
     ("inplace-pow-bomb", "def attack(self):\n    n = 10\n    n **= 10**9\n    return n\n", "bits"),
     ("range-bomb", "def attack(self):\n    return list(range(10**12))\n", "range of"),
     (
+        "int-square-loop",
+        "def attack(self):\n    x = 3\n    for i in range(30):\n        x = x * x\n    return x % 7\n",
+        "bits",
+    ),
+    (
+        "int-shift-loop",
+        "def attack(self):\n    x = 1\n    for i in range(200):\n        x = x << 90000\n"
+        "    return x % 7\n",
+        "bits",
+    ),
+    (
+        "modpow-work",
+        "def attack(self):\n    return pow(3, 2 ** 49999 - 1, 2 ** 9999 + 1)\n",
+        "too much work",
+    ),
+    (
+        "lcm-bomb",
+        "import math\ndef attack(self):\n    return math.lcm(*range(1, 100000)) % 7\n",
+        "bits",
+    ),
+    (
         "infinite-count",
         "import itertools\ndef attack(self):\n    return list(itertools.count())\n",
         "itertools.count",
@@ -450,6 +471,10 @@ WITHOUT_GUARDIAN: dict[str, tuple[str, type[Exception], str]] = {
     "shift-bomb": ("call", SandboxViolation, "shifting by"),
     "inplace-pow-bomb": ("call", SandboxViolation, "bits"),
     "range-bomb": ("call", SandboxViolation, "range of"),
+    "int-square-loop": ("call", SandboxViolation, "a product would have about"),
+    "int-shift-loop": ("call", SandboxViolation, "shifted by 90000 would have about"),
+    "modpow-work": ("call", SandboxViolation, "too much work"),
+    "lcm-bomb": ("call", SandboxViolation, "an lcm would have about"),
     "infinite-count": ("call", AttributeError, "itertools.count is not available"),
     "recursion": ("call", RecursionError, "maximum recursion depth"),
 }

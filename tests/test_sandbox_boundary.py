@@ -171,6 +171,35 @@ def test_a_container_reached_without_passing_a_guard_is_still_compared(memory_im
         assert root["target"].boards[0]["notes"] == ["first", "second"]
 
 
+def test_a_list_in_a_mapping_taken_with_min_is_kept_call_after_call(memory_image) -> None:
+    # The mapping comes out of stats.values() by min() and its list out of a copy made at C
+    # speed: no guard ever sees the mapping. Once it was loaded in the host (after the first
+    # call), nothing compared it and every later change was lost while the call succeeded.
+    tally = (
+        "def tally(self, x):\n"
+        "    board = min(self.stats.values(), key=len)\n"
+        "    dict(board)['items'].append(x)\n"
+        "    self.stats = self.stats\n"
+        "    return x\n"
+    )
+
+    def build(root):
+        stats = PersistentMapping(a=PersistentMapping(items=[]), b=PersistentMapping(items=[]))
+        root["target"] = UvmObject(name="robin", stats=stats)
+        kernel.add_method(root["target"], "tally", tally)
+
+    memory_image.transact(build)
+    with memory_image.connection() as conn:  # one long-running process, one connection
+        tm = conn.transaction_manager
+        for x in range(4):
+            tm.begin()
+            assert conn.root()["target"].tally(x) == x
+            tm.commit()
+    memory_image.db.cacheMinimize()
+    with memory_image.read() as root:
+        assert root["target"].stats["a"]["items"] == [0, 1, 2, 3]
+
+
 def test_a_slot_of_another_prototype_changed_in_place_is_refused(memory_image) -> None:
     def build(root):
         root["target"] = UvmObject(name="robin", friend=UvmObject(name="pal", items=[]))
@@ -198,6 +227,11 @@ def _call(obj: UvmObject, *, apply: bool = True, seconds: float = 5) -> object:
     return isolation.run(lambda o: None, (obj,), {}, seconds=seconds, memory_mb=256, apply=apply)
 
 
+def _envelope(result: object, states: list | None = None) -> bytes:
+    """A report as a child writes it: no new objects, ``result``, the changed states."""
+    return msgpack.packb(["R", [], result, states or [], []])
+
+
 def _with_method(image: LivingImage) -> None:
     def build(root):
         root["target"] = UvmObject(name="vault", secret="launch")
@@ -213,7 +247,7 @@ def test_a_forged_report_cannot_rewrite_a_method(memory_image, monkeypatch) -> N
     def rewrite(result, changed, known, jar):
         method = next(o for o in _KNOWN_IN_CHILD if isinstance(o, Method))
         state = ["compiler", "plain", "source", "def greet(self):\n    return open('/etc')\n"]
-        return msgpack.packb(["R", None, [[[report._KNOWN, known[id(method)]], state]], []])
+        return _envelope(None, [[[report._KNOWN, known[id(method)]], state]])
 
     _forge(monkeypatch, rewrite)
 
@@ -231,6 +265,115 @@ def test_a_forged_report_cannot_rewrite_a_method(memory_image, monkeypatch) -> N
 _KNOWN_IN_CHILD: list = []
 
 
+def _personas(image: LivingImage) -> None:
+    """Two personas sharing a traits object; BRICK has a method ROBIN does not."""
+
+    def build(root):
+        traits = UvmObject(name="traits", motto="shared")
+        root["robin"] = UvmObject(traits, name="robin")
+        root["brick"] = UvmObject(traits, name="brick")
+        kernel.add_method(root["brick"], "greet", "def greet(self):\n    return 'brick'\n")
+
+    image.transact(build)
+
+
+def _state(obj: UvmObject, known: dict[int, int], **slots: object) -> list:
+    """``obj``'s whole state as a child reports it, its own methods kept, ``slots`` added."""
+    methods = [report._DICT]
+    for name, method in obj._methods.items():
+        methods += [name, [report._KNOWN, known[id(method)]]]
+    state = ["_methods", methods]
+    for name, value in {**obj._slots(), **slots}.items():
+        if isinstance(value, UvmObject):
+            value = [report._KNOWN, known[id(value)]]
+        if not isinstance(value, Method):
+            state += [name, value]
+    return state
+
+
+def _forged_call(image: LivingImage, monkeypatch, make, receiver: str = "robin") -> None:
+    """Send ROBIN a method with BRICK as its argument while ``make`` forges the report."""
+
+    def forge(result, changed, known, jar):
+        return make(known, *_KNOWN_IN_CHILD)
+
+    _forge(monkeypatch, forge)
+
+    def call(root):
+        _KNOWN_IN_CHILD[:] = [root["robin"], root["brick"], root["robin"]._parents()[0]]
+        return isolation.run(
+            lambda o, other: None, (root[receiver], root["brick"]), {}, seconds=5, memory_mb=256
+        )
+
+    image.transact(call)
+
+
+def test_a_forged_report_cannot_give_a_prototype_a_method_it_never_had(
+    memory_image, monkeypatch
+) -> None:
+    _personas(memory_image)
+    before = image_digest(memory_image.db)
+
+    def lend(known, robin, brick, traits):
+        state = _state(robin, known)
+        state[1] += ["greet", [report._KNOWN, known[id(brick._methods["greet"])]]]
+        return _envelope(None, [[[report._KNOWN, known[id(robin)]], state]])
+
+    with pytest.raises(SandboxViolation, match="'greet' is not a method <UvmObject 'robin'"):
+        _forged_call(memory_image, monkeypatch, lend)
+    assert image_digest(memory_image.db) == before
+    with memory_image.read() as root:
+        assert "greet" not in root["robin"]._methods
+
+
+def test_a_forged_report_cannot_shadow_a_method_with_a_data_slot(memory_image, monkeypatch) -> None:
+    _personas(memory_image)
+    before = image_digest(memory_image.db)
+
+    def shadow(known, robin, brick, traits):
+        state = _state(brick, known, greet="shadowed")
+        return _envelope(None, [[[report._KNOWN, known[id(brick)]], state]])
+
+    with pytest.raises(SandboxViolation, match="'greet' would be both data and a method"):
+        _forged_call(memory_image, monkeypatch, shadow, receiver="brick")
+    assert image_digest(memory_image.db) == before
+    monkeypatch.undo()  # the child reports for real again
+    with memory_image.read() as root:
+        assert root["brick"].greet() == "brick"
+
+
+def test_a_forged_report_cannot_put_a_non_prototype_in_a_parent_slot(
+    memory_image, monkeypatch
+) -> None:
+    _personas(memory_image)
+    before = image_digest(memory_image.db)
+    for value in (7, None, [report._LIST, 1]):
+
+        def break_traits(known, robin, brick, traits, value=value):
+            state = _state(traits, known, **{"parent*": value})
+            return _envelope(None, [[[report._KNOWN, known[id(traits)]], state]])
+
+        with pytest.raises(SandboxViolation, match="parent slot 'parent\\*' must hold a proto"):
+            _forged_call(memory_image, monkeypatch, break_traits)
+    assert image_digest(memory_image.db) == before
+    with memory_image.read() as root:  # every persona's inherited lookup still works
+        assert root["robin"].motto == root["brick"].motto == "shared"
+
+
+def test_a_new_prototype_cannot_arrive_with_methods(monkeypatch) -> None:
+    brick = UvmObject(name="brick")
+    kernel.add_method(brick, "greet", "def greet(self):\n    return 'brick'\n")
+
+    def clone_with_method(result, changed, known, jar):
+        methods = [report._DICT, "greet", [report._KNOWN, known[id(brick._methods["greet"])]]]
+        state = ["_methods", methods, "name", "twin"]
+        return msgpack.packb(["R", ["UvmObject"], [report._NEW, 0], [], [state]])
+
+    _forge(monkeypatch, clone_with_method)
+    with pytest.raises(SandboxViolation, match="'greet' is not a method"):
+        _call(brick)
+
+
 def test_nothing_is_applied_unless_the_whole_report_passes(memory_image, monkeypatch) -> None:
     _with_method(memory_image)
     before = image_digest(memory_image.db)
@@ -242,7 +385,7 @@ def test_nothing_is_applied_unless_the_whole_report_passes(memory_image, monkeyp
             methods += [name, [report._KNOWN, known[id(method)]]]
         own = [[report._KNOWN, known[id(receiver)]], ["_methods", methods, "secret", "pwned"]]
         root = [[report._OID, b"\0" * 8], ["data", [report._DICT]]]
-        return msgpack.packb(["R", None, [own, root], []])
+        return _envelope(None, [own, root])
 
     _forge(monkeypatch, change_receiver_then_root)
     for apply in (False, True):  # a trial, then a real call
@@ -260,22 +403,19 @@ def test_nothing_is_applied_unless_the_whole_report_passes(memory_image, monkeyp
 @pytest.mark.parametrize(
     ("payload", "why"),
     [
-        (b"\x91" * 2_000_000 + b"\xc0", "not a well-formed report"),  # C-stack bomb
-        (b"\xdd\xff\xff\xff\xff", "not a well-formed report"),  # 4 G items claimed, 5 bytes
-        (msgpack.packb(["R", [report._DEQUE, 10**15], [], []]), "length limit"),
-        (msgpack.packb(["R", [report._LIST] * 1 + [[report._LIST]], [], []]), None),
+        (b"\x95\xa1R\x90" + b"\x91" * 2_000_000 + b"\xc0\x90\x90", "malformed"),  # C stack
+        (b"\xdd\xff\xff\xff\xff", "envelope is malformed"),  # 4 G items claimed, 5 bytes
+        (_envelope([report._DEQUE, 10**15]), "length limit"),
+        (_envelope([report._LIST, [report._LIST]]), None),
         (
-            msgpack.packb(
-                ["R", [report._SET, *[report._big_int(k * (2**61 - 1) + 5) for k in range(50)]]]
-                + [[], []]
-            ),
+            _envelope([report._SET, *[report._big_int(k * (2**61 - 1) + 5) for k in range(50)]]),
             "share one hash",
         ),
-        (msgpack.packb(["R", msgpack.ExtType(1, b"\x01" * 200_000), [], []]), "well-formed"),
-        (msgpack.packb(["R", {"a": 1}, [], []]), "well-formed"),
-        (msgpack.packb(["R", msgpack.ExtType(5, b"\0" * 4), [], []]), "unknown extension"),
-        (b"\x94\xa1R\xd6\xff\0\0\0\0\x90\x90", "malformed"),  # a msgpack timestamp
-        (pickle.dumps(os.system), "well-formed"),  # a pickle is not a report
+        (_envelope(msgpack.ExtType(1, b"\x01" * 200_000)), "well-formed"),
+        (_envelope({"a": 1}), "well-formed"),
+        (_envelope(msgpack.ExtType(5, b"\0" * 4)), "unknown extension"),
+        (b"\x95\xa1R\x90\xd6\xff\0\0\0\0\x90\x90", "malformed"),  # a msgpack timestamp
+        (pickle.dumps(os.system), "malformed"),  # a pickle is not a report
     ],
     ids=[
         "deep",
@@ -307,7 +447,7 @@ def test_a_deeply_nested_value_within_the_bytes_is_refused() -> None:
     for _ in range(report.MAX_DEPTH + 5):
         wire = [report._LIST, wire]
     with pytest.raises(SandboxViolation, match="nested deeper"):
-        isolation._decode(msgpack.packb(["R", wire, [], []]), [], None, {})
+        isolation._decode(_envelope(wire), [], None, {})
 
 
 def test_a_child_that_stalls_mid_message_is_stopped_at_the_deadline(monkeypatch) -> None:

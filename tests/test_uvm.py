@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import persistent
 import pytest
 import transaction
 from BTrees.OOBTree import OOBTree
@@ -80,6 +81,43 @@ def test_parent_slot_changes_take_effect():
     delattr(child, "parent*")
     with pytest.raises(DoesNotUnderstand):
         child.v  # noqa: B018
+
+
+def test_a_parent_slot_holds_only_prototypes():
+    child = UvmObject(UvmObject(v="a"))
+    for value in (5, None, "traits", PersistentList(), Method("greet", GREET)):
+        with pytest.raises(SlotError, match="parent slot 'parent\\*' must hold a prototype"):
+            setattr(child, "parent*", value)
+    with pytest.raises(SlotError, match="must hold a prototype"):
+        UvmObject(**{"extra*": 3})
+    assert child.v == "a"
+    delattr(child, "parent*")  # how a parent is removed (None does not)
+    assert child._parents() == ()
+
+
+def test_a_bad_parent_slot_in_an_old_image_is_skipped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "old.fs"
+    db = _reopen(path)
+    conn = db.open()
+    base = UvmObject(motto="shared")
+    traits = UvmObject(base, name="traits")
+    conn.root()["robin"] = UvmObject(traits, name="robin")
+    conn.root()["brick"] = UvmObject(traits, name="brick")
+    # What an image written before parent slots were checked can hold on a shared object.
+    persistent.Persistent.__setattr__(traits, "parent2*", 7)
+    transaction.commit()
+    db.close()
+    db = _reopen(path)
+    conn = db.open()
+    with caplog.at_level("WARNING", logger="batos.uvm"):
+        assert conn.root()["robin"].motto == conn.root()["brick"].motto == "shared"
+    assert "parent slot 'parent2*' holds a value of type int, not a prototype" in caplog.text
+    robin = conn.root()["robin"]
+    with pytest.raises(DoesNotUnderstand):
+        robin.nowhere  # noqa: B018
+    twin = robin._parents()[0].clone()  # the bad slot is left out, as lookup skips it
+    assert "parent2*" not in twin._slots() and twin.motto == "shared"
+    db.close()
 
 
 def test_cycles_are_harmless():

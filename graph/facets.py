@@ -291,12 +291,18 @@ def write_facet(
     )
 
 
-def _carries(query: str) -> Callable[[Any], bool]:
-    def accept(result: Any) -> bool:
+def _carries(query: str) -> Callable[[Any], bool | str]:
+    def accept(result: Any) -> bool | str:
         try:
-            return query in instruction_from(result).text
-        except ValueError:
-            return False
+            text = instruction_from(result).text
+        except ValueError as exc:
+            return str(exc)
+        if query not in text:
+            return (
+                "the instruction must contain the question the method was called with, "
+                "word for word (the intent's text, then the question argument)"
+            )
+        return True
 
     return accept
 

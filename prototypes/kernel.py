@@ -260,7 +260,7 @@ class Mission:
         kwargs: Mapping[str, Any] | None = None,
         *,
         transaction: Any | None = None,
-        acceptance: Callable[[Any], bool] | None = None,
+        acceptance: Callable[[Any], bool | str] | None = None,
     ) -> None:
         if not selector.isidentifier() or selector.startswith("_"):
             raise DoesNotUnderstand(receiver, selector, hint="only public selectors are written")
@@ -273,7 +273,8 @@ class Mission:
         self.author = author_for(receiver)
         self.transaction = transaction or current_transaction(receiver)
         # An optional check of the first result (a caller's acceptance test): a draft whose
-        # result fails it is rolled back like any other failed draft.
+        # result fails it is rolled back like any other failed draft. The check returns True,
+        # False, or what is wrong in words the author can act on.
         self.acceptance = acceptance
         self.attempts: list[AttemptRecord] = []
         self.examples: list[examples.Example] = []
@@ -472,7 +473,12 @@ class Mission:
             # The sandbox checks the covenant and what the call stored (sandbox.call_checked).
             result = method.bind(self.receiver)(*self.args, **self.kwargs)
             findings = []
-            if self.acceptance is not None and not self.acceptance(result):
+            verdict = True if self.acceptance is None else self.acceptance(result)
+            if isinstance(verdict, str) and verdict:  # the check says what is wrong
+                findings = [
+                    f"called with {_short(self.args)} it returned {_short(result)}: {verdict}"
+                ]
+            elif not verdict:
                 # The check may look at the slots as well as the result: show both.
                 slots = ", ".join(
                     f"{k}={_short(v, 60)}" for k, v in sorted(data_slots(self.receiver).items())
@@ -677,7 +683,7 @@ def run_mission(
     kwargs: Mapping[str, Any] | None,
     draft: Callable[[MissionBrief, list[AttemptRecord]], str],
     attempts: int,
-    acceptance: Callable[[Any], bool] | None = None,
+    acceptance: Callable[[Any], bool | str] | None = None,
 ) -> Any:
     """Draft, gate and install until one draft works; its result, or ``MissionFailed``."""
     mission = Mission(receiver, selector, args, kwargs, acceptance=acceptance)

@@ -57,7 +57,7 @@ def test_a_facet_is_written_tried_on_samples_and_installed(image: LivingImage) -
         (lambda s: f"def {s}(self, query):\n    import os\n    return os.getcwd()\n", "os"),
         (  # a method that ignores its question and returns the same text for every one
             lambda s: f"def {s}(self, query):\n    return 'List the steps for a garden.'\n",
-            "could not be written",
+            "must contain the question the method was called with",
         ),
     ],
 )

@@ -119,12 +119,15 @@ def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytearray:
             if not ready:
                 continue
         try:
-            got = os.readv(fd, [view[done:]])
+            # read(2), not readv(2): the confined child reads through this too, and its
+            # allow-list names read on the host channel only.
+            chunk = os.read(fd, size - done)
         except BlockingIOError:
             continue
-        if not got:
+        if not chunk:
             raise _ChildGone("pipe closed")
-        done += got
+        view[done : done + len(chunk)] = chunk
+        done += len(chunk)
     return buffer
 
 

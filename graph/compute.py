@@ -13,6 +13,7 @@ the answer (the persona answers without a computed result), never the request.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Callable
@@ -144,6 +145,12 @@ def shown(value: Any) -> str:
         return value.strip()[:MAX_RESULT_CHARS]
     if isinstance(value, list | tuple) and 0 < len(value) <= 10:
         return ", ".join(shown(v) for v in value)[:MAX_RESULT_CHARS]
+    if isinstance(value, datetime.datetime):
+        return f"{value.day} {value:%B %Y %H:%M}"
+    if isinstance(value, datetime.date):
+        return f"{value.day} {value:%B %Y}"  # "18 August 2025", not datetime.date(2025, 8, 18)
+    if isinstance(value, datetime.timedelta):
+        return f"{value.days} days" if not value.seconds else str(value)
     if value is None:
         raise ValueError("the program returned None: it must return the answer")
     return bounded_repr(value, MAX_RESULT_CHARS)
@@ -181,3 +188,69 @@ def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str
             failed.append((source, str(exc)))
     source, reason = failed[-1]
     return Computed(False, source=source, reason=reason, attempts=ATTEMPTS)
+
+
+_FIGURE = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+_MONTH_NAMES = (
+    "january february march april may june july august september october november december"
+).split()
+
+
+def _figures(text: str) -> list[tuple[float, int]]:
+    """Each number in ``text`` with the count of its decimals ("1,036" → (1036.0, 0))."""
+    out = []
+    for m in _FIGURE.finditer(text):
+        raw = m.group().replace(",", "")
+        try:
+            out.append((float(raw), len(raw.split(".")[1]) if "." in raw else 0))
+        except ValueError:
+            continue
+    return out
+
+
+def gives(text: str, value: str) -> bool:
+    """Whether an answer states the computed ``value``: a number as itself or rounded to the
+    answer's own precision ("71.8175" is given by "71.82"); a date, weekday or other text by
+    each of its words and numbers ("2025-03-20" by "20 March 2025")."""
+    value = value.strip()
+    try:
+        number = float(value.replace(",", ""))
+    except ValueError:
+        number = None
+    if number is not None and math.isfinite(number):
+        for figure, decimals in _figures(text):
+            unit = 10.0**-decimals
+            if abs(figure - number) <= unit / 2 + 1e-9 * max(1.0, abs(number)):
+                return True
+        return False
+    iso = _ISO_DATE.match(value)
+    if iso:
+        year, month, day = (int(g) for g in iso.groups())
+        if not 1 <= month <= 12:
+            return value in text
+        tokens: list[str] = [str(year), _MONTH_NAMES[month - 1], str(day)]
+        if value in text:
+            return True
+    else:
+        tokens = re.findall(r"[A-Za-z]+|\d+", value)
+    words = {w.lower() for w in re.findall(r"[A-Za-z]+", text)}
+    numbers = {str(int(n)) for n in re.findall(r"\d+", text) if len(n) <= 12}
+    for token in tokens:
+        if token.isdigit():
+            if str(int(token)) not in numbers:
+                return False
+        elif token.lower() not in words and not (
+            len(token) > 3 and any(w.startswith(token.lower()[:3]) for w in words)
+        ):
+            return False
+    return bool(tokens)
+
+
+def stated(value: str, source: str) -> str:
+    """The answer when the model, twice, would not state what its program computed: the result
+    and the program that computed it, which is the working a reader can check."""
+    return (
+        f"{value}\n\nWorked out by this program, run in the sandbox:\n"
+        f"```python\n{source.strip()}\n```\nResult: {value}"
+    )

@@ -666,6 +666,14 @@ class Mind:
         response = (state.get("response") or "").strip()
         cem = dict(state.get("cem") or {})
         reason = ""
+        computed = next(
+            (
+                x
+                for x in state.get("partials") or []
+                if x.get("kind") == "computed" and x.get("ok") and x.get("text")
+            ),
+            None,
+        )
         try:
             response_vector, relevance = self._relevance(cycle_state, cem, response)
             threshold = settings.get_float("mind_relevance")
@@ -686,6 +694,11 @@ class Mind:
                 # tenth is still in memory.
                 reason = "the answer found nothing in the passages"
                 cycle_state["gate_second_look"] = True
+            elif computed and not compute.gives(response, computed["text"]):
+                reason = (
+                    f"the answer does not state what the program computed, {computed['text']}: "
+                    "give that result first, and do not redo the arithmetic"
+                )
             elif threshold > -1 and relevance is not None and relevance < threshold:
                 reason = f"the answer's relevance {relevance:.3f} is under {threshold}"
             cem.update(
@@ -707,7 +720,11 @@ class Mind:
                 # An answer that failed twice is still the best this cycle can give: it is
                 # given, and marked, rather than none at all.
                 _degrade(cycle_state, "gate", "the answer", {"reason": reason})
-                if len(response) > MAX_ANSWER_CHARS:
+                if computed and not compute.gives(response, computed["text"]):
+                    # The result is known and checked; an answer that contradicts it is not
+                    # given, the result and its program are.
+                    update["response"] = compute.stated(computed["text"], computed["program"])
+                elif len(response) > MAX_ANSWER_CHARS:
                     update["response"] = answer.cut_at_sentence(response[:MAX_ANSWER_CHARS])
             elif reason:
                 update.update(

@@ -3,6 +3,8 @@ quality, which requests are computations, and running a program for one."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,6 +150,15 @@ def test_a_program_s_result_is_stated_plainly() -> None:
     assert shown(2.75 * 36 * 14) == "1386"
     assert shown(22.22222222222222) == "22.22222222"
     assert shown("  Wednesday ") == "Wednesday"
+    assert shown(datetime.date(2025, 8, 18)) == "18 August 2025"
+    assert shown(datetime.datetime(2025, 8, 18, 9, 5)) == "18 August 2025 09:05"
+    assert shown(datetime.timedelta(days=233)) == "233 days"
+    # a date the sandbox sends back is a date, not its repr
+    source = (
+        "from datetime import date, timedelta\n\n"
+        "def solve(self):\n    return date(2025, 1, 31) + timedelta(days=199)\n"
+    )
+    assert run_program(source) == "18 August 2025"
     for bad in (None, float("nan"), "  ", 2**200):
         with pytest.raises(ValueError):
             shown(bad)

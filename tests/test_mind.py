@@ -694,8 +694,11 @@ def program(body: str) -> Callable[[ModelCall], str]:
 
 def test_a_computation_is_written_as_a_program_run_and_quoted(image) -> None:
     source = "    muffins = 36\n    price = 2.75\n    return muffins * price * 14\n"
+    said = "It takes in $1,386 over two weeks: 36 muffins a day at $2.75, for 14 days."
     models = FakeModels(
-        lambda call: program(source)(call) if call_kind(call) == "program" else responder()(call)
+        lambda call: (
+            program(source)(call) if call_kind(call) == "program" else responder(answer=said)(call)
+        )
     )
     state = run(image, mind(models, FakeRouter(("BRICK",))), MUFFINS)
     assert state["status"] == "COMPLETE", state.get("failure")
@@ -724,6 +727,71 @@ def test_a_program_that_fails_twice_leaves_the_answer_without_a_result(image) ->
     [degraded] = state["cycle"]["degraded"]
     assert degraded["where"] == "compute" and "could not be run" in degraded["reason"]
     assert "A program computed" not in models.of("answer")[0].text
+
+
+def test_an_answer_that_contradicts_its_computed_result_is_not_given(image) -> None:
+    # The model redoes the arithmetic in words and gets it wrong, twice: the checked result and
+    # the program that computed it are the answer.
+    source = "    seats = 37 * 28\n    return seats - 119\n"
+    models = FakeModels(
+        lambda call: (
+            program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="37 rows of 28 is 1,056 seats, so 937 are free.")(call)
+        )
+    )
+    question = "A hall has 37 rows of 28 seats, and 119 are reserved. How many seats are free?"
+    state = run(image, mind(models, FakeRouter(("BRICK",))), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    answers = models.of("answer")
+    assert len(answers) == 2 and "does not state what the program computed, 917" in answers[1].text
+    assert state["response"].startswith("917\n") and "seats = 37 * 28" in state["response"]
+    assert state["response"].endswith("Result: 917")
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["where"] == "gate" and "917" in degraded["reason"]
+
+
+def test_a_retried_answer_that_states_the_result_is_given_as_written(image) -> None:
+    replies = iter(["That is 1,056 less the reserved ones.", "917 seats are still free."])
+    models = FakeModels(
+        lambda call: (
+            program("    return 37 * 28 - 119\n")(call)
+            if call_kind(call) == "program"
+            else responder(answer=lambda call: next(replies))(call)
+        )
+    )
+    state = run(
+        image,
+        mind(models, FakeRouter(("BRICK",))),
+        "How many of 37 rows of 28 seats are left if 119 are sold?",
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["response"] == "917 seats are still free."
+    assert state["cycle"]["degraded"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "given"),
+    [
+        ("There are 917 seats.", "917", True),
+        ("There are 108 seats.", "917", False),
+        ("Each pays $71.82.", "71.8175", True),  # rounded to the answer's own precision
+        ("It grew by 8.0%.", "8.006441", True),
+        ("It grew by 8.1%.", "8.006441", False),
+        ("1,036 seats", "1036", True),
+        ("It is 20 March 2025.", "2025-03-20", True),
+        ("March 20th, 2025", "2025-03-20", True),
+        ("21 March 2025", "2025-03-20", False),
+        ("It was a Sunday.", "Sunday", True),
+        ("It was a Monday.", "Sunday", False),
+        ("Day 200 is 18 August 2025, a Monday.", "18 August 2025, Monday", True),
+        ("", "42", False),
+    ],
+)
+def test_an_answer_gives_a_computed_value_as_written_or_rounded(text, value, given) -> None:
+    from graph.compute import gives
+
+    assert gives(text, value) is given
 
 
 @pytest.fixture(scope="module")
@@ -812,7 +880,11 @@ def test_a_computation_about_memory_takes_its_figures_from_the_passages(
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     source = "    single = 4.80\n    return single * 3\n"
     models = FakeModels(
-        lambda call: program(source)(call) if call_kind(call) == "program" else responder()(call)
+        lambda call: (
+            program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="They cost 14.40 dollars [1].")(call)
+        )
     )
     question = "How much more do three adult single tickets on the Ondine ferry cost than one?"
     state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
@@ -867,7 +939,7 @@ def test_a_short_computation_takes_the_fast_path_after_its_program(image, rememb
         lambda call: (
             program("    return 240 * 15 / 100\n")(call)
             if call_kind(call) == "program"
-            else responder()(call)
+            else responder(answer="15% of 240 is 36.")(call)
         )
     )
     services = mind(models, FakeRouter(("BRICK",)), catalog=remembered)

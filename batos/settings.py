@@ -205,6 +205,15 @@ SETTINGS: dict[str, Setting] = {
             _positive_int,
         ),
         Setting(
+            "facet_attempts",
+            "BATOS_FACET_ATTEMPTS",
+            lambda: "6",
+            "Drafts a facet method written ahead of use (batos init --prepare, the heartbeat) "
+            "may take before it is recorded as failed: off the user's clock, so more than a "
+            "JIT mission's.",
+            _positive_int,
+        ),
+        Setting(
             "jit_drafts",
             "BATOS_JIT_DRAFTS",
             lambda: "3",

@@ -124,7 +124,7 @@ def write_one(
     try:
         with image.connection() as conn:  # the mission's trial installs here: never committed
             written = facets.write_facet(
-                conn.root(), persona, selector, draft, settings.get_int("jit_attempts")
+                conn.root(), persona, selector, draft, settings.get_int("facet_attempts")
             )
     except Exception as exc:  # the model or the image failed: recorded, tried again later
         reason = exc.message if isinstance(exc, BatosError) else f"{type(exc).__name__}: {exc}"

@@ -90,6 +90,19 @@ _X32_SYSCALL_BIT = 0x40000000
 _SOCKET_TYPES = (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW)
 
 
+def open_folder(root: Path) -> tuple[Path, Path]:
+    """A folder of mode 0777 holding a file of mode 0666 with an attribute, both the host's:
+    the targets a confined child must not change."""
+    folder = root / "open"
+    folder.mkdir()
+    folder.chmod(0o777)
+    target = folder / "notes.txt"
+    target.write_text("host data\n")
+    target.chmod(0o666)
+    os.setxattr(target, "user.keep", b"1")
+    return folder, target
+
+
 def _buffer(size: int = 4096) -> Any:
     return ctypes.create_string_buffer(size)
 
@@ -455,13 +468,7 @@ def run() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="batos-probe-"))
     decoy = subprocess.Popen(["sleep", "60"])
     try:
-        folder = root / "open"
-        folder.mkdir()
-        folder.chmod(0o777)
-        target = folder / "notes.txt"
-        target.write_text("host data\n")
-        target.chmod(0o666)
-        os.setxattr(target, "user.keep", b"1")
+        folder, target = open_folder(root)
         before = {p.name: _state(p) for p in [folder, *folder.iterdir()]}
         name = os.uname()
         targets = {

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import sandbox_probe
 from pgcluster import unprivileged_account
-from sandbox_probe import syscall
+from sandbox_probe import open_folder, syscall
 
 from batos.errors import ConfigurationError, SandboxViolation
 from prototypes import confine, isolation
@@ -40,18 +40,6 @@ _EPERM = -1
 def _in_child(fn: Callable[..., Any], **kwargs: Any) -> Any:
     """``fn(receiver, **kwargs)`` in a child made and confined exactly as for a method call."""
     return isolation.run(fn, (UvmObject(name="probe"),), kwargs, seconds=10, memory_mb=256)
-
-
-def _open_folder(tmp_path: Path) -> tuple[Path, Path]:
-    """A folder of mode 0777 holding a file of mode 0666 with an attribute, both the host's."""
-    folder = tmp_path / "open"
-    folder.mkdir()
-    folder.chmod(0o777)
-    target = folder / "notes.txt"
-    target.write_text("host data\n")
-    target.chmod(0o666)
-    os.setxattr(target, "user.keep", b"1")
-    return folder, target
 
 
 # -- the policy as data ---------------------------------------------------------------------------
@@ -229,7 +217,7 @@ def test_the_child_is_never_root_and_holds_nothing_but_its_channel() -> None:
 def test_without_the_filter_landlock_alone_keeps_a_child_off_every_path(tmp_path: Path) -> None:
     if not confine._LANDLOCK_RULESET:
         pytest.skip("this kernel has no Landlock: the allow list alone keeps paths out of reach")
-    folder, target = _open_folder(tmp_path)
+    folder, target = open_folder(tmp_path)
     inbox, outbox = os.pipe()
     pid = os.fork()
     if pid == 0:  # Landlock as the child applies it, and nothing else of the confinement
@@ -382,7 +370,7 @@ def _change_metadata(receiver: UvmObject, path: bytes) -> list[int]:
 
 
 def test_a_child_cannot_change_modes_times_or_attributes_of_host_files(tmp_path: Path) -> None:
-    _, target = _open_folder(tmp_path)
+    _, target = open_folder(tmp_path)
     before = target.stat()
     assert _in_child(_change_metadata, path=bytes(target)) == [_EPERM] * 7
     after = target.stat()

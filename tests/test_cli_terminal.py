@@ -9,18 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_kernel import run
 
-from graph.cli import main
 from graph.cli.terminal import json_text, shown, visible
 from store.image import LivingImage
 
 ESC = "\x1b"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graph.answer import answer_prompt, cut_at_sentence, merged_passages
-from graph.compute import Computed, compute, looks_computational, run_program, shown
+from graph.compute import Computed, compute, gives, looks_computational, run_program, shown
 from graph.plan import near_duplicate, off_request, plan_quality
 from graph.retrieval import render_citations
 
@@ -258,3 +258,19 @@ def test_an_answer_that_found_nothing_is_told_apart(text: str, nothing: bool) ->
     from graph.answer import found_nothing
 
     assert found_nothing(text) is nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=400), value=st.text(max_size=60))
+def test_reading_an_answer_for_its_computed_value_never_raises(text: str, value: str) -> None:
+    assert gives(text, value) in (True, False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    number=st.floats(min_value=-1e12, max_value=1e12, allow_nan=False),
+    decimals=st.integers(min_value=0, max_value=4),
+    prose=st.text(alphabet=st.characters(categories=["L", "Zs"]), max_size=40),
+)
+def test_a_value_stated_rounded_among_words_is_given(number, decimals, prose) -> None:
+    assert gives(f"{prose} {number:.{decimals}f} {prose}", repr(number))

@@ -68,6 +68,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _off_or_unit(text: str) -> str:
+    if text.strip().lower() == "off":
+        return "off"
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be 'off' or a number between 0 and 1")
+    return repr(value)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -220,6 +229,15 @@ SETTINGS: dict[str, Setting] = {
             "Independent drafts doesNotUnderstand samples first and chooses among by agreement "
             "on its examples (more drafts: better choices, longer first use).",
             _positive_int,
+        ),
+        Setting(
+            "jit_trust",
+            "BATOS_JIT_TRUST",
+            lambda: "off",
+            "The trust score (0-1: drafts agreeing, examples passed, the reviewer's reading) a "
+            "method doesNotUnderstand wrote must reach to be installed; below it the mission "
+            "refuses, or asks for an example where it can. 'off' installs the best draft.",
+            _off_or_unit,
         ),
         Setting(
             "sandbox_seconds",

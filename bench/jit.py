@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -46,7 +47,7 @@ from persistent.mapping import PersistentMapping
 from batos import settings
 from batos.errors import GeneratedCodeError, ModelError
 from graph import jit
-from prototypes import examples, kernel
+from prototypes import examples, kernel, trust
 from prototypes.kernel import Mission
 from prototypes.uvm import Method, UvmObject
 from store.image import LivingImage
@@ -331,6 +332,13 @@ class Outcome:
     #: the pool is the choice's fault; a miss with none, the drafts'.
     pool: int = 0
     pool_right: int = 0
+    #: Each trust verdict the mission reached, in order (``prototypes.trust``): what the
+    #: selective gate would decide at any threshold, since a refusal ends the mission at
+    #: the first verdict under it.
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether each of the first round's independent drafts is right (a draft the gate
+    #: rejected is wrong): the drafts' own pass@k on this run, never fed to the kernel.
+    first_drafts_right: list[bool] = field(default_factory=list)
 
 
 class _Runner(jit.JitRunner):
@@ -347,6 +355,16 @@ def _receiver(case: Case, **extra: Any) -> UvmObject:
     """A fresh object with the case's slots (named 'bench' unless they name it)."""
     slots = {"name": "bench", **case.slots, **extra}
     return UvmObject(**slots)
+
+
+def _first_drafts(case: Case, mission: Mission | None, drafts: int) -> list[bool]:
+    if mission is None:
+        return []
+    return [passes(case, record.source) for record in mission.attempts[:drafts]]
+
+
+def _verdicts(mission: Mission | None) -> list[dict[str, Any]]:
+    return [] if mission is None else [v.as_dict() for v in mission.verdicts]
 
 
 def _pool(case: Case, mission: Mission | None) -> tuple[int, int]:
@@ -378,7 +396,9 @@ def _drafts_used(obj: UvmObject, selector: str) -> int | None:
     return None if method is None else int(method.audit.get("attempt", 0))
 
 
-def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome:
+def run_case(
+    case: Case, attempts: int, *, oracle: bool, drafts: int, trust: float | None = None
+) -> Outcome:
     image = LivingImage.open("memory://")
     try:
 
@@ -398,7 +418,9 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                     examples=False,
                 )
             else:  # what a user gets: nothing of the check reaches the model
-                runner = _Runner(attempts=attempts, drafts=drafts)
+                # The reviewer reads every chosen draft back; with no threshold nothing is
+                # refused, and the summary applies the gate to the recorded verdicts.
+                runner = _Runner(attempts=attempts, drafts=drafts, trust=trust, review=True)
             try:
                 first = runner.send(obj, case.selector, case.args, {})
             except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
@@ -412,6 +434,8 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                     installed=False,
                     pool=pool,
                     pool_right=right,
+                    verdicts=_verdicts(runner.mission),
+                    first_drafts_right=_first_drafts(case, runner.mission, drafts),
                 )
             seconds = time.perf_counter() - started
             pool, right = _pool(case, runner.mission)
@@ -427,6 +451,8 @@ def run_case(case: Case, attempts: int, *, oracle: bool, drafts: int) -> Outcome
                 "kept": [dict(e) for e in stored],
                 "pool": pool,
                 "pool_right": right,
+                "verdicts": _verdicts(runner.mission),
+                "first_drafts_right": _first_drafts(case, runner.mission, drafts),
             }
             ok = _holds(case.expect, first, obj)
             if ok and case.expect_again is not None:
@@ -501,6 +527,21 @@ def main() -> None:
         help="comma-separated selectors: only these intents of the chosen sets",
     )
     parser.add_argument("--tag", default="", help="suffix of the results file name")
+    parser.add_argument(
+        "--trust",
+        default=None,
+        help="the selective gate's threshold to report at (0-1 or off; default: the "
+        "jit_trust setting)",
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="report the selective gate at thresholds 0.1-0.9"
+    )
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        help="a results file: report its selective figures at --trust, running no model",
+    )
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
     parser.add_argument("--no-calls", action="store_true", help="skip timing method calls")
     parser.add_argument(
@@ -510,6 +551,18 @@ def main() -> None:
         help="persona adapters on (what users get), off (system prompts only), or both",
     )
     args = parser.parse_args()
+    if args.trust is None:
+        threshold = trust.threshold()
+    else:
+        try:
+            text = settings._off_or_unit(args.trust)
+        except ValueError as exc:
+            parser.error(f"--trust: {exc}")
+        threshold = None if text == "off" else float(text)
+    if args.rescore is not None:
+        only = args.set if args.set not in ("all", "both") else None
+        rescore(args.rescore, threshold, args.sweep, only)
+        return
     costs = [] if args.no_calls else call_costs(2_000 if args.quick else 20_000)
     print(f"{'one call of an installed method':<52}{'us/call':>10}{'vs plain':>10}")
     for label, us, base in costs:
@@ -579,6 +632,14 @@ def main() -> None:
         "any draft: intents where at least one draft that passed the gate was right "
         "(a diagnosis of the choice, never fed to the kernel)"
     )
+    headline = {key: outcomes for key, outcomes in runs.items() if "no-oracle" in key}
+    if len(headline) > 1:
+        headline["all"] = [o for outcomes in headline.values() for o in outcomes]
+    print_selective(headline, threshold, args.sweep)
+    print(
+        "refused: the chosen method scored under the threshold (nothing installed); failed: "
+        "no draft got through the gate; pass@3: the kernel's own first three drafts"
+    )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
@@ -590,6 +651,8 @@ def main() -> None:
                 "drafts": drafts,
                 "attempts": args.attempts,
                 "load_average": {"before": load, "after": load_after},
+                "trust": threshold,
+                "selective": {key: selective(o, threshold) for key, o in headline.items()},
                 "runs": {
                     key: {**summary[key], "cases": [o.__dict__ for o in runs[key]]} for key in runs
                 },
@@ -600,6 +663,105 @@ def main() -> None:
         )
     )
     print(f"wrote {path}")
+
+
+def gated(outcome: Outcome | dict[str, Any], threshold: float | None) -> str:
+    """What the selective gate at ``threshold`` makes of a recorded mission: 'right' or
+    'wrong' (installed), 'refused' (a verdict under the threshold ends the mission there,
+    nothing installed) or 'failed' (no working draft)."""
+    data = outcome if isinstance(outcome, dict) else outcome.__dict__
+    for verdict in data.get("verdicts") or []:
+        if threshold is not None and verdict["score"] < threshold:
+            return "refused"
+    if not data.get("installed"):
+        return "failed"
+    return "right" if data.get("solved_at") is not None else "wrong"
+
+
+def _pass_at(right: list[bool], k: int) -> float:
+    n, c = len(right), sum(right)
+    if n == 0:
+        return 0.0
+    k = min(k, n)
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate of ``hits`` in ``n``."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def selective(outcomes: list[Outcome] | list[dict[str, Any]], threshold: float | None) -> dict:
+    """Precision, coverage and refusals of installation at ``threshold``, with the drafts'
+    pass@3 on the same missions (coverage is judged against it)."""
+    fates = [gated(o, threshold) for o in outcomes]
+    n = len(fates)
+    right, wrong = fates.count("right"), fates.count("wrong")
+    installed = right + wrong
+    data = [o if isinstance(o, dict) else o.__dict__ for o in outcomes]
+    pass3 = (
+        statistics.mean(_pass_at(d.get("first_drafts_right") or [], 3) for d in data) if n else 0
+    )
+    return {
+        "threshold": threshold,
+        "intents": n,
+        "installed": installed,
+        "right": right,
+        "wrong": wrong,
+        "refused": fates.count("refused"),
+        "failed": fates.count("failed"),
+        "precision": right / installed if installed else float("nan"),
+        "precision_95": wilson(right, installed),
+        "coverage": installed / n if n else float("nan"),
+        "right_rate": right / n if n else float("nan"),
+        "drafts_pass@3": pass3,
+        "coverage_vs_pass@3": (installed / n) / pass3 if n and pass3 else float("nan"),
+        "seconds_per_intent": statistics.mean(d["seconds"] for d in data) if n else float("nan"),
+    }
+
+
+SWEEP = (None, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def print_selective(runs: dict[str, list[Any]], threshold: float | None, sweep: bool) -> None:
+    shown = "off" if threshold is None else f"{threshold:.2f}"
+    print(f"\nSelective installation at jit_trust {shown} (nothing of the checks reaches it)")
+    print(
+        f"{'run':<34}{'intents':>8}{'inst':>6}{'right':>6}{'wrong':>6}{'refused':>8}"
+        f"{'failed':>7}{'precision [95%]':>20}{'coverage':>9}{'pass@3':>8}{'cov/p@3':>8}"
+        f"{'s/intent':>9}"
+    )
+    for key, outcomes in runs.items():
+        thresholds = SWEEP if sweep else (threshold,)
+        for t in thresholds:
+            s = selective(outcomes, t)
+            low, high = s["precision_95"]
+            label = key if not sweep else f"{key} @ {'off' if t is None else t}"
+            print(
+                f"{label:<34}{s['intents']:>8}{s['installed']:>6}{s['right']:>6}{s['wrong']:>6}"
+                f"{s['refused']:>8}{s['failed']:>7}"
+                f"{s['precision']:>7.2f} [{low:.2f},{high:.2f}]"
+                f"{s['coverage']:>9.2f}{s['drafts_pass@3']:>8.2f}"
+                f"{s['coverage_vs_pass@3']:>8.2f}{s['seconds_per_intent']:>9.1f}"
+            )
+
+
+def rescore(path: Path, threshold: float | None, sweep: bool, only: str | None) -> None:
+    """The selective figures of a recorded run, at another threshold (no model runs)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = {
+        key: run["cases"]
+        for key, run in data["runs"].items()
+        if "no-oracle" in key and (only is None or key.split()[0] in only.split(","))
+    }
+    if len(runs) > 1:
+        runs["all"] = [case for cases in runs.values() for case in cases]
+    print_selective(runs, threshold, sweep)
 
 
 def _summary(outcomes: list[Outcome]) -> dict[str, float]:

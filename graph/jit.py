@@ -40,7 +40,7 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
-from prototypes import guardian, kernel
+from prototypes import guardian, kernel, trust
 from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
@@ -87,6 +87,12 @@ class JitContext:
     mission: Mission | None = None
     #: A served run's own connection: committed when the method works, else aborted.
     connection: Any = None
+    #: The trust score a chosen method must reach to be installed (None: install it).
+    trust: float | None = None
+    #: Whether to read the chosen draft back with the reviewer even with no threshold
+    #: (its verdict is then kept in the method's audit, as the bench needs).
+    review: bool = False
+    reviewer: Any = None
 
 
 class JitRequest(TypedDict, total=False):
@@ -182,6 +188,7 @@ def _served(context: Any, state: JitState) -> JitContext:
         drafts=settings.get_int("jit_drafts"),
         transaction=tm.get(),
         connection=conn,
+        trust=trust.threshold(),
     )
     context[LIVE] = live  # the run's later nodes find it here
     return live
@@ -570,9 +577,42 @@ def check(state: JitState) -> JitState:
     return {}
 
 
+def _verdict(context: JitContext, mission: Mission) -> trust.Verdict:
+    """The chosen group's evidence, read back by the reviewer when it is wanted."""
+    choice = mission.choice
+    assert choice is not None, "decide() chose a group"
+    review = None
+    if context.trust is not None or context.review:
+        if context.reviewer is None:
+            from graph.review import Reviewer
+
+            context.reviewer = Reviewer(
+                _model(context, mission.author),
+                mission.selector,
+                mission.intent,
+                messages_for(mission.brief(), []),
+            )
+        review = context.reviewer.review(choice.candidate.source)
+    evidence = trust.Evidence(
+        support=choice.support,
+        drafts=len(mission.attempts),
+        examples=len(mission.examples),
+        failed=len(choice.failed),
+        groups=len({c.key() for c in mission.candidates}),
+        review=review,
+    )
+    return trust.assess(evidence, context.trust)
+
+
 def choose(state: JitState) -> JitState:
-    mission = _mission()
-    decision, candidate, findings = mission.decide(state["attempt"] < _context().attempts)
+    context, mission = _context(), _mission()
+    decision, candidate, findings = mission.decide(state["attempt"] < context.attempts)
+    if decision == "install":
+        mission.verdict = _verdict(context, mission)
+        mission.verdicts.append(mission.verdict)
+        if not mission.verdict.trusted:
+            # Refused before anything is installed: the image is unchanged.
+            decision, findings = "refuse", list(mission.verdict.reasons)
     return {
         "decision": decision,
         "chosen": candidate.number if candidate is not None else 0,
@@ -608,12 +648,20 @@ def fail(state: JitState) -> JitState:
     _finish_served(context, commit=False)
     update: JitState = {"status": "failed", "history": [r.as_dict() for r in mission.attempts]}
     if served and not state.get("error"):  # every draft was rejected: say why, with the hint
-        update["error"] = str(mission.failure())
+        update["error"] = str(_failure(mission))
     return update
 
 
+def _failure(mission: Mission) -> kernel.MissionFailed:
+    """Why the mission ended with nothing installed: a refusal, or no working draft."""
+    verdict = mission.verdict
+    if verdict is not None and not verdict.trusted:
+        return trust.refusal(mission.receiver, mission.selector, verdict)
+    return mission.failure()
+
+
 def _after_choose(state: JitState) -> str:
-    return {"install": "install", "fail": "fail"}.get(state["decision"], "draft")
+    return {"install": "install", "fail": "fail", "refuse": "fail"}.get(state["decision"], "draft")
 
 
 def _after_draft(state: JitState) -> str:
@@ -672,7 +720,13 @@ class JitRunner:
         acceptance: Callable[[Any], bool] | None = None,
         drafts: int | None = None,
         examples: bool = True,
+        trust: float | None | str = "setting",
+        review: bool = False,
     ) -> None:
+        #: The trust threshold: a number, None (install the best draft), or "setting"
+        #: (the ``jit_trust`` setting when the mission starts).
+        self.trust = trust
+        self.review = review
         self.model = model
         self.model_factory = model_factory
         self.attempts = attempts
@@ -695,6 +749,8 @@ class JitRunner:
             drafts=drafts,
             examples=self.examples,
             acceptance=self.acceptance,
+            trust=trust.threshold() if self.trust == "setting" else self.trust,  # type: ignore[arg-type]
+            review=self.review,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )
@@ -706,7 +762,7 @@ class JitRunner:
         mission = context[LIVE].mission
         assert mission is not None
         if state.get("status") != "installed":
-            raise mission.failure()
+            raise _failure(mission)
         return mission.result
 
     def send(

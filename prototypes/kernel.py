@@ -281,6 +281,9 @@ class Mission:
         self.dropped_examples: list[str] = []
         self.candidates: list[examples.Candidate] = []
         self.choice: examples.Choice | None = None
+        #: The trust verdict on the chosen group (``prototypes.trust``), once one is made.
+        self.verdict: Any = None
+        self.verdicts: list[Any] = []
         self.repaired: set[int] = set()
         #: Whether a second batch of independent drafts has been drawn (at most one is).
         self.resampled = False
@@ -448,6 +451,8 @@ class Mission:
                 "mission_seconds": None,
             },
         )
+        if self.verdict is not None:
+            method.audit["trust"] = self.verdict.as_dict()
         if self.candidates:
             method.audit["drafts"] = len(self.candidates)
             if self.choice is not None:

@@ -195,6 +195,15 @@ class LlamaCppChat(BaseChatModel):
             cancel=cancel_event(),
         )
 
+    def loglikelihood(self, messages: list[BaseMessage], continuation: str) -> tuple[float, int]:
+        """(summed log-probability, tokens) of ``continuation`` as the reply to ``messages``,
+        under the persona's adapter: what the model thinks of a text it did not write."""
+        _, eng, adapters = self.resolve()
+        system = self.system_prompt() if isinstance(self, PersonaChatModel) else None
+        return eng.loglikelihood(
+            message_dicts(messages, system), continuation, adapters=adapters, timeout=self.timeout
+        )
+
     def _stream(
         self,
         messages: list[BaseMessage],

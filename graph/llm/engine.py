@@ -441,6 +441,86 @@ class Engine:
         thread.start()
         return thread
 
+    # --- scoring ---------------------------------------------------------------------
+
+    def loglikelihood(
+        self,
+        messages: Sequence[dict[str, str]],
+        continuation: str,
+        *,
+        adapters: Sequence[Path] = (),
+        timeout: float | None = None,
+    ) -> tuple[float, int]:
+        """The log-probability of ``continuation`` as the assistant's reply to ``messages``:
+        (sum of the tokens' natural log-probabilities, how many tokens). Nothing is sampled.
+
+        Only the reply's tokens are decoded with their logits (llama.cpp computes logits for
+        the rows a batch flags, so a long prompt costs a plain prompt evaluation, and reuses
+        the KV cache of an earlier call that shares its prefix, as ``generate`` does).
+        """
+        import numpy as np
+
+        started = time.monotonic()
+        wait = timeout or settings.get_float("llm_timeout")
+        if not self.lock.acquire(timeout=wait):
+            raise ModelError(
+                f"the model stayed busy for {wait:.0f}s; the scoring was dropped",
+                hint="raise BATOS_LLM_TIMEOUT or send fewer requests at once",
+            )
+        llama, lib = self.llama, self._lib
+        try:
+            self.activate(adapters)
+            prompt = self.prompt_tokens(messages)
+            reply = llama.tokenize(continuation.encode("utf-8"), add_bos=False, special=False)
+            tokens = prompt + reply
+            if not reply:
+                return 0.0, 0
+            if len(tokens) > self.n_ctx:
+                raise ModelError(
+                    f"the prompt and reply are {len(tokens)} tokens; the context holds "
+                    f"{self.n_ctx}",
+                    hint="score a shorter text",
+                )
+            self._reuse(tokens)
+            # The logits of the prompt's last token give the reply's first token: evaluate
+            # up to it as a plain prompt, then it and the reply with every row's logits.
+            split = len(prompt) - 1
+            live = common_prefix(llama.input_ids[: llama.n_tokens], tokens)
+            llama.n_tokens = min(live, split)
+            if llama.n_tokens < split:
+                llama.eval(tokens[llama.n_tokens : split])
+            total, n_vocab = 0.0, llama.n_vocab()
+            tail = tokens[split:]
+            for start in range(0, len(tail) - 1, N_BATCH):
+                if time.monotonic() - started > wait:
+                    raise ModelError(
+                        f"scoring ran past its {wait:.0f}s timeout",
+                        hint="raise BATOS_LLM_TIMEOUT or score a shorter text",
+                    )
+                chunk = tail[start : start + N_BATCH]
+                n_past = llama.n_tokens
+                llama._ctx.kv_cache_seq_rm(-1, n_past, -1)
+                llama._batch.set_batch(batch=chunk, n_past=n_past, logits_all=True)
+                llama._ctx.decode(llama._batch)
+                llama.input_ids[n_past : n_past + len(chunk)] = chunk
+                llama.n_tokens = n_past + len(chunk)
+                rows = np.ctypeslib.as_array(
+                    lib.llama_get_logits(llama._ctx.ctx), shape=(len(chunk) * n_vocab,)
+                ).reshape(len(chunk), n_vocab)
+                following = tail[start + 1 : start + 1 + len(chunk)]
+                for row, token in zip(rows, following, strict=False):
+                    peak = float(row.max())
+                    lse = peak + float(np.log(np.exp(row - peak).sum()))
+                    total += float(row[token]) - lse
+            # The next generate() must decode a token before it samples.
+            llama._requires_eval = True
+            return total, len(reply)
+        except BaseException:
+            self._forget_cache()
+            raise
+        finally:
+            self.lock.release()
+
     # --- generation ------------------------------------------------------------------
 
     def _grammar(self, json_schema: str | None) -> Any:

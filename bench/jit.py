@@ -62,6 +62,8 @@ class Case:
     again: tuple = ()
     expect_again: Callable[[Any, UvmObject], bool] | None = None
     slots: dict[str, Any] = field(default_factory=dict)
+    #: The first call as one example a user would give when asked (held-out sets only).
+    example: dict[str, Any] | None = None
 
 
 CASES: list[Case] = [
@@ -308,6 +310,12 @@ def heldout_cases(path: Path = HELDOUT) -> list[Case]:
                 tuple(again["args"]),
                 _data_check(again),
                 dict(item.get("slots") or {}),
+                {
+                    "args": first["args"],
+                    "returns": first["returns"],
+                    "slots_before": item.get("slots") or {},
+                    "slots_after": first.get("slots_after") or {},
+                },
             )
         )
     return cases
@@ -339,6 +347,8 @@ class Outcome:
     #: Whether each of the first round's independent drafts is right (a draft the gate
     #: rejected is wrong): the drafts' own pass@k on this run, never fed to the kernel.
     first_drafts_right: list[bool] = field(default_factory=list)
+    #: Whether the mission asked for an example (and got the case's first call as one).
+    asked: bool = False
 
 
 class _Runner(jit.JitRunner):
@@ -361,6 +371,10 @@ def _first_drafts(case: Case, mission: Mission | None, drafts: int) -> list[bool
     if mission is None:
         return []
     return [passes(case, record.source) for record in mission.attempts[:drafts]]
+
+
+def _asked(mission: Mission | None) -> bool:
+    return mission is not None and bool(mission.user_examples)
 
 
 def _verdicts(mission: Mission | None) -> list[dict[str, Any]]:
@@ -397,7 +411,13 @@ def _drafts_used(obj: UvmObject, selector: str) -> int | None:
 
 
 def run_case(
-    case: Case, attempts: int, *, oracle: bool, drafts: int, trust: float | None = None
+    case: Case,
+    attempts: int,
+    *,
+    oracle: bool,
+    drafts: int,
+    trust: float | None = None,
+    ask: bool = False,
 ) -> Outcome:
     image = LivingImage.open("memory://")
     try:
@@ -420,7 +440,12 @@ def run_case(
             else:  # what a user gets: nothing of the check reaches the model
                 # The reviewer reads every chosen draft back; with no threshold nothing is
                 # refused, and the summary applies the gate to the recorded verdicts.
-                runner = _Runner(attempts=attempts, drafts=drafts, trust=trust, review=True)
+                # Asked, a user gives the first call as the example (its result is then
+                # right by construction: the second call is the check that remains).
+                answer = (lambda question: case.example) if ask and case.example else None
+                runner = _Runner(
+                    attempts=attempts, drafts=drafts, trust=trust, review=True, ask=answer
+                )
             try:
                 first = runner.send(obj, case.selector, case.args, {})
             except (GeneratedCodeError, ModelError) as exc:  # a miss, not the end of the run
@@ -436,6 +461,7 @@ def run_case(
                     pool_right=right,
                     verdicts=_verdicts(runner.mission),
                     first_drafts_right=_first_drafts(case, runner.mission, drafts),
+                    asked=_asked(runner.mission),
                 )
             seconds = time.perf_counter() - started
             pool, right = _pool(case, runner.mission)
@@ -453,6 +479,7 @@ def run_case(
                 "pool_right": right,
                 "verdicts": _verdicts(runner.mission),
                 "first_drafts_right": _first_drafts(case, runner.mission, drafts),
+                "asked": _asked(runner.mission),
             }
             ok = _holds(case.expect, first, obj)
             if ok and case.expect_again is not None:
@@ -534,6 +561,12 @@ def main() -> None:
         "jit_trust setting)",
     )
     parser.add_argument(
+        "--ask",
+        action="store_true",
+        help="run the gate live at --trust; a refused mission asks, and gets the intent's "
+        "first call as the user's example",
+    )
+    parser.add_argument(
         "--sweep", action="store_true", help="report the selective gate at thresholds 0.1-0.9"
     )
     parser.add_argument(
@@ -604,7 +637,14 @@ def main() -> None:
                 print(f"{key}:", flush=True)
                 outcomes = runs[key] = []
                 for case in cases:
-                    outcome = run_case(case, args.attempts, oracle=mode == "oracle", drafts=drafts)
+                    outcome = run_case(
+                        case,
+                        args.attempts,
+                        oracle=mode == "oracle",
+                        drafts=drafts,
+                        trust=threshold if args.ask else None,
+                        ask=args.ask,
+                    )
                     outcomes.append(outcome)
                     mark = "pass" if outcome.solved_at else f"miss ({outcome.error})"
                     print(
@@ -640,6 +680,20 @@ def main() -> None:
         "refused: the chosen method scored under the threshold (nothing installed); failed: "
         "no draft got through the gate; pass@3: the kernel's own first three drafts"
     )
+    if args.ask:
+        print(f"\nAsked for one example when refused (the intent's first call), at {threshold}")
+        print(
+            f"{'run':<34}{'intents':>8}{'asked':>6}{'inst':>6}{'right':>6}{'wrong':>6}"
+            f"{'refused':>8}{'failed':>7}{'precision [95%]':>20}{'coverage':>9}"
+        )
+        for key, outcomes in headline.items():
+            a = with_asking(outcomes)
+            low, high = a["precision_95"]
+            print(
+                f"{key:<34}{a['intents']:>8}{a['asked']:>6}{a['installed']:>6}{a['right']:>6}"
+                f"{a['wrong']:>6}{a['refused']:>8}{a['failed']:>7}"
+                f"{a['precision']:>7.2f} [{low:.2f},{high:.2f}]{a['coverage']:>9.2f}"
+            )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
@@ -653,6 +707,9 @@ def main() -> None:
                 "load_average": {"before": load, "after": load_after},
                 "trust": threshold,
                 "selective": {key: selective(o, threshold) for key, o in headline.items()},
+                "asked": (
+                    {key: with_asking(o) for key, o in headline.items()} if args.ask else None
+                ),
                 "runs": {
                     key: {**summary[key], "cases": [o.__dict__ for o in runs[key]]} for key in runs
                 },
@@ -722,6 +779,34 @@ def selective(outcomes: list[Outcome] | list[dict[str, Any]], threshold: float |
         "drafts_pass@3": pass3,
         "coverage_vs_pass@3": (installed / n) / pass3 if n and pass3 else float("nan"),
         "seconds_per_intent": statistics.mean(d["seconds"] for d in data) if n else float("nan"),
+    }
+
+
+def asked_fate(outcome: Outcome | dict[str, Any]) -> str:
+    """What a mission run with the live gate and an answering user ended with."""
+    data = outcome if isinstance(outcome, dict) else outcome.__dict__
+    if data.get("installed"):
+        return "right" if data.get("solved_at") is not None else "wrong"
+    verdicts = data.get("verdicts") or []
+    return "refused" if verdicts and not verdicts[-1].get("trusted", True) else "failed"
+
+
+def with_asking(outcomes: list[Outcome] | list[dict[str, Any]]) -> dict[str, Any]:
+    fates = [asked_fate(o) for o in outcomes]
+    data = [o if isinstance(o, dict) else o.__dict__ for o in outcomes]
+    n, right, wrong = len(fates), fates.count("right"), fates.count("wrong")
+    installed = right + wrong
+    return {
+        "intents": n,
+        "asked": sum(1 for d in data if d.get("asked")),
+        "installed": installed,
+        "right": right,
+        "wrong": wrong,
+        "refused": fates.count("refused"),
+        "failed": fates.count("failed"),
+        "precision": right / installed if installed else float("nan"),
+        "precision_95": wilson(right, installed),
+        "coverage": installed / n if n else float("nan"),
     }
 
 

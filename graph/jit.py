@@ -31,8 +31,10 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableLambda
+from langgraph.errors import GraphInterrupt
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import get_runtime
+from langgraph.types import interrupt
 
 # Pydantic renders the schemas of typing_extensions' TypedDicts on Python 3.11 (for Studio).
 from typing_extensions import TypedDict
@@ -40,6 +42,7 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
+from prototypes import examples as examples_module
 from prototypes import guardian, kernel, trust
 from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
@@ -93,6 +96,10 @@ class JitContext:
     #: (its verdict is then kept in the method's audit, as the bench needs).
     review: bool = False
     reviewer: Any = None
+    #: How a mission whose method is not trusted asks the user for one example: a callable
+    #: (question → answer, as ``batos send`` prompts), "interrupt" (LangGraph's interrupt():
+    #: Studio and the Python API with a checkpointer), or None: it refuses.
+    ask: Callable[[dict[str, Any]], Any] | str | None = None
 
 
 class JitRequest(TypedDict, total=False):
@@ -106,6 +113,13 @@ class JitRequest(TypedDict, total=False):
 
 class JitState(TypedDict, total=False):
     selector: str
+    #: A served run's request (receiver path, args, kwargs): what a resumed run rebuilds from.
+    request: dict[str, Any]
+    #: Every draft so far (a resumed run gates them again rather than asking the model).
+    drafted: list[str]
+    #: The question put to the user when the method could not be trusted, and the answer.
+    question: dict[str, Any]
+    answer: Any
     brief: dict[str, Any]
     attempt: int
     sources: list[str]
@@ -189,6 +203,7 @@ def _served(context: Any, state: JitState) -> JitContext:
         transaction=tm.get(),
         connection=conn,
         trust=trust.threshold(),
+        ask="interrupt",
     )
     context[LIVE] = live  # the run's later nodes find it here
     return live
@@ -221,7 +236,10 @@ def _call_text(brief: MissionBrief) -> str:
 
 
 def messages_for(
-    brief: MissionBrief, attempts: list[AttemptRecord], feedback: AttemptRecord | None = None
+    brief: MissionBrief,
+    attempts: list[AttemptRecord],
+    feedback: AttemptRecord | None = None,
+    user_examples: list[Any] | tuple[Any, ...] = (),
 ) -> list[BaseMessage]:
     """The conversation a persona model sees for one draft: rules, examples, task, feedback
     (``feedback``, else the last attempt's, if any)."""
@@ -245,6 +263,13 @@ def messages_for(
         template = p["dispute"] if last.stage == "examples" else p["feedback"]
         task += "\n\n" + template.format(
             source=last.source, findings="\n".join(f"- {f}" for f in last.findings)
+        )
+    if user_examples:
+        task += "\n\n" + "\n".join(
+            f"The user says: {e.call_text(brief.selector)} must return {json.dumps(e.returns)}"
+            + (f" and leave the slots {json.dumps(e.slots_after)}" if e.slots_after else "")
+            + "."
+            for e in user_examples
         )
     messages.append(HumanMessage(task))
     return messages
@@ -457,12 +482,20 @@ def brief(state: JitState) -> JitState:
         acceptance=context.acceptance,
     )
     # "error" is cleared: the state is the thread's, and an earlier run may have failed.
-    return {
+    update: JitState = {
         "brief": context.mission.brief().as_dict(),
         "attempt": 0,
         "status": "drafting",
         "error": "",
+        "drafted": [],
+        "question": {},
+        "answer": None,
     }
+    if context.connection is not None:
+        update["request"] = {
+            key: runtime_context.get(key) for key in ("receiver", "args", "kwargs")
+        }
+    return update
 
 
 def _examples_from(reply: BaseMessage) -> JitState:
@@ -523,7 +556,12 @@ def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]
     calls = [
         (
             _model(context, mission.author, **_draft_options(i + len(mission.attempts), not first)),
-            messages_for(mission.brief(), [] if fresh else mission.attempts, feedback),
+            messages_for(
+                mission.brief(),
+                [] if fresh else mission.attempts,
+                feedback,
+                mission.user_examples,
+            ),
         )
         for i in range(count)
     ]
@@ -551,7 +589,12 @@ def draft(state: JitState) -> JitState:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
-    return {"sources": sources, "attempt": attempt, "findings": []}
+    return {
+        "sources": sources,
+        "attempt": attempt,
+        "findings": [],
+        "drafted": [*state.get("drafted", []), *sources],
+    }
 
 
 async def adraft(state: JitState) -> JitState:
@@ -565,7 +608,12 @@ async def adraft(state: JitState) -> JitState:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
-    return {"sources": sources, "attempt": attempt, "findings": []}
+    return {
+        "sources": sources,
+        "attempt": attempt,
+        "findings": [],
+        "drafted": [*state.get("drafted", []), *sources],
+    }
 
 
 def check(state: JitState) -> JitState:
@@ -600,6 +648,8 @@ def _verdict(context: JitContext, mission: Mission) -> trust.Verdict:
         failed=len(choice.failed),
         groups=len({c.key() for c in mission.candidates}),
         review=review,
+        refuted=mission.refuted,
+        asked=len(mission.user_examples),
     )
     return trust.assess(evidence, context.trust)
 
@@ -611,8 +661,10 @@ def choose(state: JitState) -> JitState:
         mission.verdict = _verdict(context, mission)
         mission.verdicts.append(mission.verdict)
         if not mission.verdict.trusted:
-            # Refused before anything is installed: the image is unchanged.
-            decision, findings = "refuse", list(mission.verdict.reasons)
+            # Refused before anything is installed (the image is unchanged), unless the user
+            # can be asked for an example.
+            decision = "ask" if _can_ask(context, mission) else "refuse"
+            findings = list(mission.verdict.reasons)
     return {
         "decision": decision,
         "chosen": candidate.number if candidate is not None else 0,
@@ -652,6 +704,129 @@ def fail(state: JitState) -> JitState:
     return update
 
 
+#: Longest answer to a question, in characters, before it is parsed (it is hostile input).
+MAX_ANSWER_CHARS = 20_000
+
+
+def question_for(mission: Mission) -> dict[str, Any]:
+    """What the user is asked when the method cannot be trusted: one example, as JSON."""
+    verdict = mission.verdict
+    brief = mission.brief()
+    arity = len(mission.args) + len(mission.kwargs)
+    return {
+        "kind": "example_needed",
+        "receiver": brief.receiver,
+        "selector": mission.selector,
+        "intent": mission.intent,
+        "call": f"self.{mission.selector}({_call_text(brief)})",
+        "why": list(verdict.reasons) if verdict is not None else [],
+        "question": (
+            f"The method {mission.selector!r} written for {brief.receiver} is not trusted "
+            "enough to install. Give one example of input and the expected output: "
+            f'{{"args": [{arity} argument(s)], "returns": value}} (add "slots_before" and '
+            '"slots_after" objects when it reads or changes slots), or null to refuse.'
+        ),
+    }
+
+
+def example_from_answer(answer: Any, mission: Mission) -> tuple[Any, str]:
+    """(the example, '') from a user's answer (JSON text or an object), or (None, why)."""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        return None, "no example was given"
+    if isinstance(answer, str):
+        if len(answer) > MAX_ANSWER_CHARS:
+            return None, f"the answer is over {MAX_ANSWER_CHARS} characters"
+        try:
+            answer = json.loads(answer)
+        except ValueError as exc:
+            return None, f"the answer is not JSON: {exc}"
+    arity = len(mission.args) + len(mission.kwargs)
+    try:
+        return examples_module.example_from(answer, arity), ""
+    except (examples_module.ExampleRejected, RecursionError) as exc:
+        return None, f"the example cannot be used: {exc}"
+
+
+def _can_ask(context: JitContext, mission: Mission) -> bool:
+    return context.ask is not None and not mission.user_examples
+
+
+def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
+    """A resumed served run: the request from the state, the drafts gated again (no model
+    call), the author's examples read again as hostile data."""
+    context = _served(dict(state.get("request") or {}), state)
+    mission = Mission(
+        context.receiver,
+        state["selector"],
+        context.args,
+        context.kwargs,
+        transaction=context.transaction,
+    )
+    arity = len(context.args) + len(context.kwargs)
+    found = []
+    for data in state.get("examples") or []:
+        try:
+            found.append(examples_module.example_from(data, arity))
+        except (examples_module.ExampleRejected, RecursionError):
+            continue
+    mission.examples = found
+    for source in state.get("drafted") or []:
+        if not mission.audit(source):
+            mission.trial(source)
+    mission.resampled = True
+    mission.decide(False)  # the choice and its verdict, as the first run had them
+    if mission.choice is not None:
+        mission.verdict = _verdict(context, mission)
+    context.mission = mission
+    if isinstance(runtime_context, dict):
+        runtime_context[LIVE] = context
+    return context
+
+
+def ask(state: JitState) -> JitState:
+    """Ask the user for one example; with it, every draft is judged again (and new ones
+    drawn if none survives). Without one, the mission ends refused."""
+    runtime_context = get_runtime().context
+    live = runtime_context.get(LIVE) if isinstance(runtime_context, dict) else None
+    context = live if isinstance(live, JitContext) else _rebuild(runtime_context, state)
+    mission = _mission()
+    question = question_for(mission)
+    if callable(context.ask):
+        answer = context.ask(question)
+    else:
+        try:
+            answer = interrupt(question)
+        except GraphInterrupt:
+            # The run stops here until the user answers: nothing it wrote is kept meanwhile.
+            _finish_served(context, commit=False)
+            raise
+    example, why = example_from_answer(answer, mission)
+    if example is None:
+        if mission.verdict is not None:
+            mission.verdict.reasons.append(why)
+        return {"question": question, "answer": _short_answer(answer), "decision": "refuse"}
+    refuted = mission.learn(example)
+    log.info("%r: the user's example refuted %d draft(s)", mission.selector, refuted)
+    # One more round, so drafts can be written with the example when none survives it.
+    context.attempts = max(context.attempts, state["attempt"] + 1)
+    return {
+        "question": question,
+        "answer": example.as_dict(),
+        "examples": [e.as_dict() for e in mission.examples],
+        "decision": "asked",
+    }
+
+
+def _short_answer(answer: Any) -> Any:
+    if answer is None or isinstance(answer, int | float | bool):
+        return answer
+    return bounded_repr(answer, 200)
+
+
+def _after_ask(state: JitState) -> str:
+    return "fail" if state["decision"] == "refuse" else "choose"
+
+
 def _failure(mission: Mission) -> kernel.MissionFailed:
     """Why the mission ended with nothing installed: a refusal, or no working draft."""
     verdict = mission.verdict
@@ -661,7 +836,9 @@ def _failure(mission: Mission) -> kernel.MissionFailed:
 
 
 def _after_choose(state: JitState) -> str:
-    return {"install": "install", "fail": "fail", "refuse": "fail"}.get(state["decision"], "draft")
+    return {"install": "install", "fail": "fail", "refuse": "fail", "ask": "ask"}.get(
+        state["decision"], "draft"
+    )
 
 
 def _after_draft(state: JitState) -> str:
@@ -678,7 +855,7 @@ def _after_brief(state: JitState) -> str:
     return "examples" if _context().examples else "draft"
 
 
-def build_graph() -> Any:
+def build_graph(checkpointer: Any = None) -> Any:
     builder = StateGraph(JitState, context_schema=JitRequest)
     builder.add_node("brief", brief)
     builder.add_node(
@@ -690,16 +867,18 @@ def build_graph() -> Any:
     builder.add_node("install", install)
     builder.add_node("invoke", invoke)
     builder.add_node("fail", fail)
+    builder.add_node("ask", ask)
     builder.add_edge(START, "brief")
     builder.add_conditional_edges("brief", _after_brief, ["examples", "draft", END])
     builder.add_edge("examples", "draft")
     builder.add_conditional_edges("draft", _after_draft, ["check", "fail"])
     builder.add_edge("check", "choose")
-    builder.add_conditional_edges("choose", _after_choose, ["install", "draft", "fail"])
+    builder.add_conditional_edges("choose", _after_choose, ["install", "draft", "fail", "ask"])
+    builder.add_conditional_edges("ask", _after_ask, ["choose", "fail"])
     builder.add_edge("install", "invoke")
     builder.add_conditional_edges("invoke", _after_invoke, [END, "choose"])
     builder.add_edge("fail", END)
-    return builder.compile(name="jit")
+    return builder.compile(name="jit", checkpointer=checkpointer)
 
 
 graph = build_graph()
@@ -722,7 +901,11 @@ class JitRunner:
         examples: bool = True,
         trust: float | None | str = "setting",
         review: bool = False,
+        ask: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
+        #: Asked for one example (``question_for``'s question → an answer, JSON text or an
+        #: object, or None) when the method is not trusted; None: refuse at once.
+        self.ask = ask
         #: The trust threshold: a number, None (install the best draft), or "setting"
         #: (the ``jit_trust`` setting when the mission starts).
         self.trust = trust
@@ -751,6 +934,7 @@ class JitRunner:
             acceptance=self.acceptance,
             trust=trust.threshold() if self.trust == "setting" else self.trust,  # type: ignore[arg-type]
             review=self.review,
+            ask=self.ask,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )

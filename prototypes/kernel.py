@@ -284,6 +284,9 @@ class Mission:
         #: The trust verdict on the chosen group (``prototypes.trust``), once one is made.
         self.verdict: Any = None
         self.verdicts: list[Any] = []
+        #: Examples a user gave when asked, and how many candidates they proved wrong.
+        self.user_examples: list[examples.Example] = []
+        self.refuted = 0
         self.repaired: set[int] = set()
         #: Whether a second batch of independent drafts has been drawn (at most one is).
         self.resampled = False
@@ -425,6 +428,28 @@ class Mission:
         passed = len(self.examples) - len(failed)
         score = support * candidate.checks_passed(self.examples)
         return examples.Choice(candidate, support, passed, tuple(sorted(failed)), score)
+
+    def learn(self, example: examples.Example) -> int:
+        """A user's example of input and expected output: every candidate runs on it, and
+        those it proves wrong are dropped (the user's word outweighs any draft's). The
+        example joins the mission's examples, so new drafts are judged by it too; returns
+        how many candidates it refuted."""
+        self.examples.append(example)
+        self.user_examples.append(example)
+        kept = []
+        for candidate in self.candidates:
+            try:
+                function = sandbox.compile_sandboxed(self.selector, candidate.source)
+            except GeneratedCodeError:  # it compiled when it became a candidate
+                continue
+            seen = self.observe(candidate.source, function, example.args, {}, example.slots)
+            candidate.observed.append(seen)
+            if examples.passes(example, seen):
+                kept.append(candidate)
+        refuted = len(self.candidates) - len(kept)
+        self.refuted += refuted
+        self.candidates = kept
+        return refuted
 
     def discard(self, candidate: examples.Candidate) -> None:
         """Drop a candidate that failed its real call, and every draft that agrees with it."""

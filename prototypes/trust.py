@@ -56,6 +56,10 @@ class Evidence:
     failed: int
     groups: int
     review: Review | None = None
+    #: Drafts a user's example proved wrong (they no longer count against agreement), and
+    #: how many examples the user gave.
+    refuted: int = 0
+    asked: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -88,7 +92,7 @@ def score(evidence: Evidence) -> float:
     """One number in [0, 1]: the share of drafts behind the group, times the share of the
     examples it passes, times the reviewer's support when there is a review (a logistic of
     the intent's gain from reading the body; 0.5 at no gain)."""
-    share = evidence.support / max(evidence.drafts, 1)
+    share = evidence.support / max(evidence.drafts - evidence.refuted, 1)
     examples_share = (
         (evidence.examples - evidence.failed) / evidence.examples if evidence.examples else 0.5
     )
@@ -116,14 +120,15 @@ def assess(evidence: Evidence, threshold: float | None) -> Verdict:
     if threshold is None or value >= threshold:
         return Verdict(True, value, evidence)
     reasons = []
+    standing = evidence.drafts - evidence.refuted
     if evidence.support < 2:
         reasons.append(
-            f"no two of the {evidence.drafts} drafts agree on what the method does"
-            if evidence.drafts > 1
-            else "only one draft was written"
+            f"no two of the {standing} drafts agree on what the method does"
+            if standing > 1
+            else "only one draft is left standing"
         )
-    elif evidence.support < evidence.drafts:
-        reasons.append(f"only {evidence.support} of {evidence.drafts} drafts agree on what it does")
+    elif evidence.support < standing:
+        reasons.append(f"only {evidence.support} of {standing} drafts agree on what it does")
     if evidence.failed:
         reasons.append(
             f"the chosen draft fails {evidence.failed} of its {evidence.examples} examples"

@@ -175,3 +175,52 @@ def test_a_bomb_already_in_the_image_is_shown_bounded(capsys, image) -> None:
     assert code == 0 and "notes" in out and "…" in out
     code, _, err = run(capsys, "--image", image, "send", "brick", "notes", "--json")
     assert code == 1 and "too large to print" in err
+
+
+def _estimate(total: str, name: str = "estimate") -> str:
+    return (
+        f"```python\ndef {name}(self, sizes):\n"
+        f"    return {{'total': {total}, 'largest': max(sizes)}}\n```"
+    )
+
+
+def test_send_asks_for_an_example_when_the_method_is_not_trusted(
+    capsys, image, monkeypatch
+) -> None:
+    import io
+
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
+    models = lambda persona, **options: model  # noqa: E731
+    model = ScriptedChatModel().enqueue(
+        '{"examples": []}', _estimate("len(sizes)"), _estimate("sum(sizes)")
+    )
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO('{"args": [[1, 2]], "returns": {"total": 3, "largest": 2}}\n')
+    )
+    code, out, err = run(
+        capsys,
+        "--image",
+        image,
+        "send",
+        "brick",
+        "estimate",
+        "[3, 5, 2]",
+        "--json",
+        "--ask",
+        models=models,
+    )
+    assert code == 0 and json.loads(out) == {"total": 10, "largest": 5}
+    said = " ".join(err.split())  # the terminal wraps long lines
+    assert "not trusted enough to install" in said and "no two of the 2 drafts agree" in said
+    # Refused without asking: the exit code of a failed mission, the reason and the hint.
+    model.enqueue(
+        '{"examples": []}', _estimate("len(sizes)", "size"), _estimate("sum(sizes)", "size")
+    )
+    code, out, err = run(
+        capsys, "--image", image, "send", "brick", "size", "[3]", "--no-ask", models=models
+    )
+    said = " ".join(err.split())
+    assert code != 0 and "not trusted enough to install" in said and "hint:" in said
+    with LivingImage.open(image) as img, img.read() as root:
+        assert "size" not in root["objects"]["brick"]._methods

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -289,8 +290,17 @@ def send(
     selector: str = typer.Argument(..., help="Message to send."),
     args: list[str] = typer.Argument(None, help="Arguments as JSON literals."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ask: bool | None = typer.Option(
+        None,
+        "--ask/--no-ask",
+        help="When a written method is not trusted, ask for one example on standard input "
+        "(default: when it is a terminal); --no-ask refuses at once.",
+    ),
 ) -> None:
     """Send a message and print the result; an unknown selector is written on the spot.
+
+    A method that cannot be trusted (BATOS_JIT_TRUST) is not installed: you are asked for
+    one example of input and output, and the drafts are judged again with it.
 
     Examples: batos send brick estimate '[3, 5, 2]' · batos send alfred verdict 0.8 --json
     """
@@ -321,10 +331,15 @@ def send(
                     hint="nothing was changed; check the arguments ('batos methods -p "
                     f"{path}' shows the method's source)",
                 ) from exc
-        runner = jit.JitRunner(model_factory=model_factory(ctx))
-        with err_console.status(
+        status = err_console.status(
             f"{shown(path)} does not understand {shown(repr(selector))}: writing it…"
-        ):
+        )
+        asking = sys.stdin.isatty() if ask is None else ask
+        runner = jit.JitRunner(
+            model_factory=model_factory(ctx),
+            ask=(lambda question: _ask_user(question, status)) if asking else None,
+        )
+        with status:
             result = _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
         written.append(receiver._lookup(selector)[1])
         return result
@@ -338,6 +353,25 @@ def send(
         typer.echo(json_text(result, f"the result of {path}.{selector}"))
     else:
         console.print(bounded_repr(result, 100_000, nodes=PLAIN_NODES), markup=False)
+
+
+def _ask_user(question: dict[str, Any], status: Any) -> str | None:
+    """Put the mission's question on the terminal; the answer line (empty: refuse)."""
+    status.stop()  # the spinner would write over the question
+    try:
+        err_console.print(question["question"], markup=False)
+        for why in question.get("why", []):
+            err_console.print(f"  - {why}", markup=False)
+        err_console.print(
+            f"The call was {question['call']}. For example: " + '{"args": [...], "returns": ...}',
+            markup=False,
+        )
+        line = typer.prompt("example", default="", show_default=False, err=True)
+        return line.strip() or None
+    except (EOFError, typer.Abort):
+        return None
+    finally:
+        status.start()
 
 
 def _written_line(name: str, method: Method) -> str:

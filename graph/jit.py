@@ -152,9 +152,22 @@ _REQUEST_HINT = (
 )
 
 
+#: Live contexts of served runs resumed after a question, by thread: a resuming request
+#: carries no receiver, and its run context may not be a dict the nodes can write to.
+_RESUMED: dict[str, JitContext] = {}
+
+
+def _thread() -> str:
+    from langgraph.config import get_config
+
+    return str(get_config().get("configurable", {}).get("thread_id", ""))
+
+
 def _context() -> JitContext:
     context = get_runtime().context
     live = context.get(LIVE) if isinstance(context, dict) else None
+    if not isinstance(live, JitContext):
+        live = _RESUMED.get(_thread())
     if not isinstance(live, JitContext) or live.receiver is None:
         raise GraphRequestError(
             "the JIT graph has no receiver in its run context", hint=_REQUEST_HINT
@@ -214,6 +227,9 @@ def _finish_served(context: JitContext, *, commit: bool) -> None:
     if conn is None:
         return
     context.connection = None
+    for thread, resumed in list(_RESUMED.items()):
+        if resumed is context:
+            del _RESUMED[thread]
     try:
         if commit:
             conn.transaction_manager.commit()
@@ -493,7 +509,9 @@ def brief(state: JitState) -> JitState:
     }
     if context.connection is not None:
         update["request"] = {
-            key: runtime_context.get(key) for key in ("receiver", "args", "kwargs")
+            "receiver": runtime_context.get("receiver"),
+            "args": runtime_context.get("args", []),
+            "kwargs": runtime_context.get("kwargs", {}),
         }
     return update
 
@@ -778,8 +796,7 @@ def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
     if mission.choice is not None:
         mission.verdict = _verdict(context, mission)
     context.mission = mission
-    if isinstance(runtime_context, dict):
-        runtime_context[LIVE] = context
+    _RESUMED[_thread()] = context
     return context
 
 
@@ -788,7 +805,9 @@ def ask(state: JitState) -> JitState:
     drawn if none survives). Without one, the mission ends refused."""
     runtime_context = get_runtime().context
     live = runtime_context.get(LIVE) if isinstance(runtime_context, dict) else None
-    context = live if isinstance(live, JitContext) else _rebuild(runtime_context, state)
+    if not isinstance(live, JitContext):
+        live = _RESUMED.get(_thread()) or _rebuild(runtime_context, state)
+    context = live
     mission = _mission()
     question = question_for(mission)
     if callable(context.ask):

@@ -356,3 +356,45 @@ def test_the_bench_reads_a_run_that_asked() -> None:
     assert (summary["asked"], summary["installed"], summary["precision"]) == (1, 2, 1.0)
     # Without asking, the first verdict under the threshold is where it would have stopped.
     assert bench_jit.selective(cases, 0.5)["installed"] == 1
+
+
+def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
+    file_uri, monkeypatch
+) -> None:
+    """As under 'langgraph dev': the request names the receiver, the run stops at the
+    question with nothing written, and the resuming run (a new request, no receiver in its
+    context) rebuilds the mission from the thread's state, without calling the model."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from graph.boot import open_image
+    from store.image import _SHARED as shared_images
+    from store.image import acquire_shared, release_shared
+
+    open_image(file_uri).close()
+    monkeypatch.setenv("BATOS_IMAGE", file_uri)
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
+        _method("x * 3").replace("double", "twice"),
+        _method("x * 2").replace("double", "twice"),
+    )
+    monkeypatch.setattr(jit, "default_model_factory", lambda persona, **options: model)
+    graph = jit.build_graph(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "served"}}
+    try:
+        paused = graph.invoke(
+            {"selector": "twice"}, config, context={"receiver": "brick", "args": [4]}
+        )
+        assert paused["__interrupt__"][0].value["call"] == "self.twice(4)"
+        with acquire_shared(file_uri).read() as root:
+            assert "twice" not in root["objects"]["brick"]._methods
+        calls = model.calls
+        done = graph.invoke(Command(resume={"args": [3], "returns": 6}), config, context={})
+        assert done["status"] == "installed" and model.calls == calls
+        with acquire_shared(file_uri).read() as root:
+            assert root["objects"]["brick"].twice(5) == 10
+    finally:
+        while file_uri in shared_images._open:  # each served run holds the image once
+            release_shared(file_uri)

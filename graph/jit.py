@@ -111,6 +111,12 @@ class JitRequest(TypedDict, total=False):
     kwargs: dict[str, Any]
 
 
+class JitInput(TypedDict):
+    """What a client sends as the run's input (Studio's form): the message's selector."""
+
+    selector: str
+
+
 class JitState(TypedDict, total=False):
     selector: str
     #: A served run's request (receiver path, args, kwargs): what a resumed run rebuilds from.
@@ -875,7 +881,7 @@ def _after_brief(state: JitState) -> str:
 
 
 def build_graph(checkpointer: Any = None) -> Any:
-    builder = StateGraph(JitState, context_schema=JitRequest)
+    builder = StateGraph(JitState, context_schema=JitRequest, input_schema=JitInput)
     builder.add_node("brief", brief)
     builder.add_node(
         "examples", RunnableLambda(write_examples, afunc=awrite_examples, name="examples")

@@ -25,11 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 from BTrees.IOBTree import IOBTree
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
+
+# Pydantic renders the schemas of typing_extensions' TypedDicts on Python 3.11 (for Studio).
+from typing_extensions import TypedDict
 
 from batos import settings
 from batos.errors import BatosError

@@ -46,7 +46,8 @@ class MindServices:
 class MindContext(TypedDict, total=False):
     """Run context a client may send (JSON)."""
 
-    persona: str
+    #: Studio shows a choice; lower case is accepted too (the codex's PERSONAS).
+    persona: Literal["ROBIN", "BRICK", "BABS", "ALFRED"]
     depth: Literal["auto", "fast", "full"]
 
 

@@ -399,8 +399,3 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
         while file_uri in shared_images._open:  # each served run holds the image once
             release_shared(file_uri)
 
-
-def test_studios_form_for_the_jit_graph_asks_only_for_the_selector() -> None:
-    schema = jit.graph.get_input_jsonschema()
-    assert list(schema["properties"]) == ["selector"] and schema["required"] == ["selector"]
-    assert {"question", "answer", "status"} <= set(jit.graph.get_output_jsonschema()["properties"])

@@ -398,4 +398,3 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     finally:
         while file_uri in shared_images._open:  # each served run holds the image once
             release_shared(file_uri)
-

@@ -572,8 +572,9 @@ def main() -> None:
     parser.add_argument(
         "--rescore",
         type=Path,
+        nargs="+",
         default=None,
-        help="a results file: report its selective figures at --trust, running no model",
+        help="results files: report their selective figures at --trust, running no model",
     )
     parser.add_argument("--calls-only", action="store_true", help="only time method calls")
     parser.add_argument("--no-calls", action="store_true", help="skip timing method calls")
@@ -681,19 +682,7 @@ def main() -> None:
         "no draft got through the gate; pass@3: the kernel's own first three drafts"
     )
     if args.ask:
-        print(f"\nAsked for one example when refused (the intent's first call), at {threshold}")
-        print(
-            f"{'run':<34}{'intents':>8}{'asked':>6}{'inst':>6}{'right':>6}{'wrong':>6}"
-            f"{'refused':>8}{'failed':>7}{'precision [95%]':>20}{'coverage':>9}"
-        )
-        for key, outcomes in headline.items():
-            a = with_asking(outcomes)
-            low, high = a["precision_95"]
-            print(
-                f"{key:<34}{a['intents']:>8}{a['asked']:>6}{a['installed']:>6}{a['right']:>6}"
-                f"{a['wrong']:>6}{a['refused']:>8}{a['failed']:>7}"
-                f"{a['precision']:>7.2f} [{low:.2f},{high:.2f}]{a['coverage']:>9.2f}"
-            )
+        print_asked(headline, threshold)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
@@ -836,17 +825,41 @@ def print_selective(runs: dict[str, list[Any]], threshold: float | None, sweep: 
             )
 
 
-def rescore(path: Path, threshold: float | None, sweep: bool, only: str | None) -> None:
-    """The selective figures of a recorded run, at another threshold (no model runs)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    runs = {
-        key: run["cases"]
-        for key, run in data["runs"].items()
-        if "no-oracle" in key and (only is None or key.split()[0] in only.split(","))
-    }
+def rescore(paths: list[Path], threshold: float | None, sweep: bool, only: str | None) -> None:
+    """The selective figures of recorded runs (several files: each run, then all together),
+    at another threshold; no model runs. A run made with --ask also shows what asking did
+    (at the threshold it ran with)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    asked: dict[str, bool] = {}
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for key, run in data["runs"].items():
+            if "no-oracle" in key and (only is None or key.split()[0] in only.split(",")):
+                runs[key] = run["cases"]
+                asked[key] = data.get("asked") is not None
     if len(runs) > 1:
         runs["all"] = [case for cases in runs.values() for case in cases]
+        asked["all"] = all(asked.values())
     print_selective(runs, threshold, sweep)
+    shown = {key: cases for key, cases in runs.items() if asked.get(key)}
+    if shown:
+        print_asked(shown, threshold)
+
+
+def print_asked(runs: dict[str, list[Any]], threshold: float | None) -> None:
+    print(f"\nAsked for one example when refused (the intent's first call), at {threshold}")
+    print(
+        f"{'run':<34}{'intents':>8}{'asked':>6}{'inst':>6}{'right':>6}{'wrong':>6}"
+        f"{'refused':>8}{'failed':>7}{'precision [95%]':>20}{'coverage':>9}"
+    )
+    for key, outcomes in runs.items():
+        a = with_asking(outcomes)
+        low, high = a["precision_95"]
+        print(
+            f"{key:<34}{a['intents']:>8}{a['asked']:>6}{a['installed']:>6}{a['right']:>6}"
+            f"{a['wrong']:>6}{a['refused']:>8}{a['failed']:>7}"
+            f"{a['precision']:>7.2f} [{low:.2f},{high:.2f}]{a['coverage']:>9.2f}"
+        )
 
 
 def _summary(outcomes: list[Outcome]) -> dict[str, float]:

@@ -259,6 +259,13 @@ UNSEEN10 = Path(__file__).parent / "data" / "jit_intents_unseen10.json"
 UNSEEN11 = Path(__file__).parent / "data" / "jit_intents_unseen11.json"
 #: Written after the unseen11 set's runs, before any change that followed them.
 UNSEEN12 = Path(__file__).parent / "data" / "jit_intents_unseen12.json"
+#: Written with unseen14 and unseen15, before the selective-installation change (trust threshold,
+#: Coder-Reviewer scoring) was measured; never used to tune a prompt or the threshold.
+UNSEEN13 = Path(__file__).parent / "data" / "jit_intents_unseen13.json"
+#: Written with unseen13, before the selective-installation change was measured.
+UNSEEN14 = Path(__file__).parent / "data" / "jit_intents_unseen14.json"
+#: Written with unseen13, before the selective-installation change was measured.
+UNSEEN15 = Path(__file__).parent / "data" / "jit_intents_unseen15.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -275,6 +282,9 @@ HELDOUT_SETS = {
     "unseen10": UNSEEN10,
     "unseen11": UNSEEN11,
     "unseen12": UNSEEN12,
+    "unseen13": UNSEEN13,
+    "unseen14": UNSEEN14,
+    "unseen15": UNSEEN15,
 }
 
 

@@ -425,6 +425,14 @@ SETTINGS: dict[str, Setting] = {
             _positive_float,
         ),
         Setting(
+            "heartbeat_methods_seconds",
+            "BATOS_HEARTBEAT_METHODS_SECONDS",
+            lambda: "3600",
+            "Interval of the heartbeat's job that runs every generated method's stored examples "
+            "again and takes out each method that fails them ('batos methods --rejected').",
+            _positive_float,
+        ),
+        Setting(
             "heartbeat_prune_keep",
             "BATOS_HEARTBEAT_PRUNE_KEEP",
             lambda: "50",

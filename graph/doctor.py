@@ -396,6 +396,18 @@ def check_facets(uri: str) -> list[Check]:
         )
     ]
     for row in rows:
+        if row["state"] == "pending":
+            reason = (row["reason"] or "").splitlines()[0][:200]
+            found.append(
+                Check(
+                    "facets",
+                    WARN,
+                    f"{row['facet']} was taken out as wrong ({reason})",
+                    "the heartbeat writes it again (never with the same code); 'batos methods "
+                    f"restore {row['facet'].split('.')[0].lower()} {row['facet'].split('.')[1]}' "
+                    "puts the old one back",
+                )
+            )
         if row["state"] == "failed":
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["next_try"] or 0))
             reason = (row["reason"] or "").splitlines()[0][:200]

@@ -169,7 +169,8 @@ def write_all(
 
 
 def status(root: Any) -> list[dict[str, Any]]:
-    """Every codex facet: written or not, and the record of tries to write it."""
+    """Every codex facet: written, missing, failed (waiting to be tried again) or pending
+    (taken out as wrong, to be written again), and the record of tries to write it."""
     lacking = set(missing(root))
     tries = method_queue.entries(root)
     rows = []
@@ -177,8 +178,8 @@ def status(root: Any) -> list[dict[str, Any]]:
         key = facets.facet_key(persona, selector)
         entry = tries.get(key) or {}
         state = "missing" if (persona, selector) in lacking else "written"
-        if state == "missing" and entry.get("state") == "failed":
-            state = "failed"
+        if state == "missing" and entry.get("state") in ("failed", "pending"):
+            state = entry["state"]  # pending: taken out as wrong (graph.rejection)
         rows.append(
             {
                 "facet": key,

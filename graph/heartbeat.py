@@ -1,9 +1,11 @@
 """The heartbeat: APScheduler runs the image's upkeep unattended.
 
-Four jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
+Five jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
 ``graph.audit``), ``facets`` (the codex's facet methods the image lacks, written off the user's
-clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does) and
-``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``). They live in
+clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does),
+``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``) and ``methods``
+(every generated method's stored examples run again; one that fails them is taken out:
+``graph.rejection``). They live in
 the image (``store.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
 into one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
@@ -97,12 +99,26 @@ def _facets(image: LivingImage, models: Callable[..., Any] | None) -> str:
     return said + (f"; {left} still due" if left else "")
 
 
+def _methods(image: LivingImage, models: Callable[..., Any] | None) -> str:
+    from graph import rejection
+
+    report = rejection.check_methods(image)
+    said = f"methods: {report.checked} checked against their examples"
+    if report.removed:
+        names = ", ".join(f"{r.path}.{r.selector}" for r in report.removed)
+        said += f"; took out {len(report.removed)} that fail them ({names})"
+    if report.unchecked:
+        said += f"; {len(report.unchecked)} could not be checked ({report.unchecked[0]})"
+    return said
+
+
 #: job id → (what it does, the setting holding its interval in seconds).
 JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], str], str]] = {
     "audit": (_audit, "heartbeat_audit_seconds"),
     "facets": (_facets, "heartbeat_facets_seconds"),
     "curate": (_curate, "heartbeat_curate_seconds"),
     "prune": (_prune, "heartbeat_prune_seconds"),
+    "methods": (_methods, "heartbeat_methods_seconds"),
 }
 
 #: The heartbeat acting in this process; the stored jobs name ``run_job`` by reference (that is

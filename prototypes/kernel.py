@@ -38,7 +38,7 @@ from batos.errors import (
     GeneratedCodeError,
     MissionFailed,
 )
-from prototypes import examples, guardian, isolation, sandbox
+from prototypes import examples, guardian, isolation, rejected, sandbox
 from prototypes.bounded import bounded_repr
 from prototypes.codex import INTENTS_SLOT, PERSONAS, load_codex
 from prototypes.uvm import Method, UvmObject, restore_state, set_compile_hook, set_dnu_handler
@@ -315,10 +315,13 @@ class Mission:
     # Each step returns the findings that stop this draft ([] = go on).
 
     def audit(self, source: str) -> list[str]:
-        report = guardian.audit(self.selector, source)
-        if report.findings:
-            self._record(source, "audit", report.findings)
-        return report.findings
+        findings = list(guardian.audit(self.selector, source).findings)
+        if not findings:  # code rejected on this object before is refused as it was
+            refused = rejected.refusal(self.target, self.selector, source)
+            findings = [refused] if refused else []
+        if findings:
+            self._record(source, "audit", findings)
+        return findings
 
     def set_examples(self, reply: str) -> list[str]:
         """Read the author's examples reply (hostile text); the reasons examples were dropped."""
@@ -648,17 +651,27 @@ def check_examples(method: Method, receiver: UvmObject) -> dict[str, Any]:
     Stored examples are read as hostile data again (they could have been edited); one that
     breaks a rule counts as failed, with the reason.
     """
+    passed, failures = example_failures(method, receiver)
+    failed = [text for _, text in failures]
+    if failed:
+        log.warning("method %r fails %d stored example(s)", method.selector, len(failed))
+    return check_record(method, passed, failed)
+
+
+def example_failures(method: Method, receiver: UvmObject) -> tuple[int, list[tuple[int, str]]]:
+    """Run the method's agreed examples on ``receiver`` in the sandbox: how many passed, and
+    (index in ``method.examples``, what went wrong) for each that failed."""
     function = method.__dict__.get("_v_function") or sandbox.compile_sandboxed(
         method.selector, method.source
     )
     passed, failed = 0, []
-    for stored in list(method.examples):
+    for index, stored in enumerate(list(method.examples)):
         if not isinstance(stored, Mapping) or stored.get("status") != "agreed":
             continue
         try:
             example = examples.example_from(dict(stored))
         except (examples.ExampleRejected, RecursionError) as exc:
-            failed.append(f"a stored example is malformed: {exc}")
+            failed.append((index, f"a stored example is malformed: {exc}"))
             continue
         seen = observe(
             receiver,
@@ -673,10 +686,8 @@ def check_examples(method: Method, receiver: UvmObject) -> dict[str, Any]:
         if examples.passes(example, seen):
             passed += 1
         else:
-            failed.append(examples.failure_text(method.selector, example, seen))
-    if failed:
-        log.warning("method %r fails %d stored example(s)", method.selector, len(failed))
-    return check_record(method, passed, failed)
+            failed.append((index, examples.failure_text(method.selector, example, seen)))
+    return passed, failed
 
 
 def examples_are_stale(method: Method) -> bool:
@@ -691,15 +702,28 @@ def examples_are_stale(method: Method) -> bool:
 
 def _recheck_on_compile(method: Method, receiver: UvmObject) -> None:
     # Compiling happens after every load and after every change of the source: when the
-    # source or the runtime differs from the last check, the examples run again.
+    # source or the runtime differs from the last check, the examples run again. A generated
+    # method that fails them is only noted: this transaction is whoever loaded it, and the
+    # method is taken out in one of its own (graph.rejection) once that one is over.
     if method.compiler != "sandbox" or sandbox.in_sandbox() or isolation.inside_child():
         return
     if not method.examples or not examples_are_stale(method):
         return
-    method.audit = {**method.audit, "examples_check": check_examples(method, receiver)}
+    check = check_examples(method, receiver)
+    method.audit = {**method.audit, "examples_check": check}
+    if check["failed"] and is_generated(method):
+        rejected.note_failing(method, receiver)
 
 
 set_compile_hook(_recheck_on_compile)
+
+#: Who wrote a method by hand (``add_method``'s author); every other sandboxed one was generated.
+HAND_AUTHOR = "human"
+
+
+def is_generated(method: Method) -> bool:
+    """Whether a model wrote the method (it went through the sandbox gate, not by hand)."""
+    return method.compiler == "sandbox" and method.author != HAND_AUTHOR
 
 
 def _describe(exc: BaseException) -> str:

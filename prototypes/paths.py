@@ -58,3 +58,14 @@ def _step(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name, _MISSING)
     return _MISSING
+
+
+def prototype(root: Any, path: str) -> UvmObject:
+    """The prototype at ``path``; ``ObjectPathError`` if there is none, or it is plain data."""
+    target = resolve(root, path)
+    if not isinstance(target, UvmObject):
+        raise ObjectPathError(
+            f"{bounded_repr(path, 80)} is a {type(target).__name__}, not a prototype object",
+            hint="methods live on prototypes: try 'batos inspect' to find one",
+        )
+    return target

@@ -3,7 +3,8 @@
 Writing a method takes a model minutes on a CPU, so it happens off the user's clock (``batos
 init --prepare``, the heartbeat). A try that fails is not retried at once: the entry waits
 ``BACKOFF_BASE_S``, doubled with each failure up to ``BACKOFF_MAX_S``, and says what went
-wrong, which ``batos doctor`` shows. Keys are opaque strings (``"BRICK.facet_steps"``) of the
+wrong, which ``batos doctor`` shows. A method taken out as wrong is *pending* again: due at
+once, with why it was taken out. Keys are opaque strings (``"BRICK.facet_steps"``) of the
 caller's choosing; values are plain dicts, assigned again on each change.
 """
 
@@ -23,6 +24,15 @@ BACKOFF_MAX_S = 86_400.0
 MAX_REASON_CHARS = 2000
 
 
+def prepare(root: Any) -> bool:
+    """Create the queue; whether it was missing (a caller whose change must not touch the
+    root, to stay undoable, creates it in a transaction before)."""
+    if root.get(QUEUE_KEY) is not None:
+        return False
+    _queue(root, create=True)
+    return True
+
+
 def _queue(root: Any, create: bool) -> Any:
     queue = root.get(QUEUE_KEY)
     if queue is None and create:
@@ -31,8 +41,8 @@ def _queue(root: Any, create: bool) -> Any:
 
 
 def entries(root: Any) -> dict[str, dict[str, Any]]:
-    """Every recorded key and its state (``written`` or ``failed``), attempts, last reason,
-    when it was last tried and when it may next be tried."""
+    """Every recorded key and its state (``written``, ``failed`` or ``pending``), attempts,
+    last reason, when it was last tried and when it may next be tried."""
     queue = _queue(root, create=False)
     return {} if queue is None else {str(k): dict(v) for k, v in queue.items()}
 
@@ -78,5 +88,19 @@ def record_success(root: Any, key: str, now: float | None = None) -> None:
         "attempts": int(previous.get("attempts") or 0) + 1,
         "reason": "",
         "tried": now,
+        "next_try": None,
+    }
+
+
+def record_pending(root: Any, key: str, reason: str) -> None:
+    """``key``'s method was taken out as wrong: it is wanted again, and may be tried now."""
+    queue = _queue(root, create=True)
+    previous = queue.get(key) or {}
+    queue[key] = {
+        "state": "pending",
+        "failures": 0,
+        "attempts": int(previous.get("attempts") or 0),
+        "reason": str(reason)[:MAX_REASON_CHARS],
+        "tried": previous.get("tried"),
         "next_try": None,
     }

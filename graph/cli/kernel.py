@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,51 +17,21 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from batos.errors import BatosError, GeneratedCodeError, ObjectPathError
+from graph import rejection
 from graph.boot import open_image
 from graph.cli.app import console, err_console, image_uri, model_factory
 from graph.cli.terminal import json_text, shown, visible
 from prototypes import bounded, guardian, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
-from prototypes.incarnation import OBJECTS_KEY
-from prototypes.paths import resolve
-from prototypes.uvm import Method, UvmObject
+from prototypes.paths import prototype
+from prototypes.uvm import Method
 
 methods_app = typer.Typer(
-    help="Methods in the image: list them, add one by hand, remove one.",
+    help="Methods in the image: list them, add one by hand, remove one, reject a generated "
+    "one as wrong and restore it.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
-
-
-def _prototype(root: Any, path: str) -> UvmObject:
-    target = resolve(root, path)
-    if not isinstance(target, UvmObject):
-        raise ObjectPathError(
-            f"{path!r} is a {type(target).__name__}, not a prototype object",
-            hint="methods live on prototypes: try 'batos inspect' to find one",
-        )
-    return target
-
-
-def _walk(root: Any) -> Iterator[tuple[str, UvmObject]]:
-    """(path, object) for every prototype reachable from the top-level ones through slots
-    (parent slots included), each once, nearest path first."""
-    seen: set[int] = set()
-    objects = root.get(OBJECTS_KEY) or {}
-    frontier = [(str(name), objects[name]) for name in objects.keys()]
-    while frontier:
-        following = []
-        for where, obj in frontier:
-            if not isinstance(obj, UvmObject) or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            yield where, obj
-            following += [
-                (f"{where}.{slot}", value)
-                for slot, value in sorted(obj._slots().items())
-                if isinstance(value, UvmObject)
-            ]
-        frontier = following
 
 
 def _when(stamp: float) -> str:
@@ -75,17 +44,27 @@ def methods(
     path: str = typer.Option("", "--path", "-p", help="Only this object (dotted path)."),
     source: bool = typer.Option(True, "--source/--no-source", help="Show each method's code."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    rejected: bool = typer.Option(
+        False,
+        "--rejected",
+        help="List the generated methods taken out as wrong instead: why, by whom, and "
+        "whether they were written again or restored.",
+    ),
 ) -> None:
     """List the methods that went through the gate: intent, author, audit verdict, source.
 
-    Examples: batos methods · batos methods -p brick --no-source · batos methods --json
+    Examples: batos methods · batos methods -p brick --no-source · batos methods --json ·
+    batos methods --rejected
     """
     if ctx.invoked_subcommand is not None:
         return
     with open_image(image_uri(ctx)) as image, image.read() as root:
+        if rejected:
+            _print_rejected(rejection.rejected_rows(root), source, as_json)
+            return
         found = [
             (where, m)
-            for where, obj in ([(path, _prototype(root, path))] if path else _walk(root))
+            for where, obj in ([(path, prototype(root, path))] if path else rejection.walk(root))
             for m in kernel.generated_methods(obj)
         ]
         if as_json:
@@ -129,8 +108,60 @@ def methods(
             for where, m in found:
                 console.print(f"[bold]{shown(where)}.{shown(m.selector)}[/]  by {shown(m.author)}")
                 console.print(Syntax(visible(m.source), "python"))
-                for line in _example_lines(m):
+                for line in _example_lines(m.selector, m.examples, m.audit.get("examples_check")):
                     console.print(line, markup=False, highlight=False, soft_wrap=True)
+        taken_out = [r for r in rejection.rejected_rows(root) if r["status"] != "restored"]
+        if taken_out and not path:
+            console.print(
+                f"{len(taken_out)} method(s) taken out as wrong: 'batos methods --rejected' "
+                "shows which, why, and how to put one back",
+                markup=False,
+            )
+
+
+def _print_rejected(rows: list[dict[str, Any]], source: bool, as_json: bool) -> None:
+    """The rejected methods: a table (and each one's code and examples), or JSON."""
+    if as_json:
+        plain = [
+            {
+                **row,
+                "examples": _plain(row["examples"], f"rejected method {row['id']}'s examples"),
+                "examples_check": _plain(row["examples_check"], f"rejected {row['id']}'s check"),
+            }
+            for row in rows
+        ]
+        console.print_value_json(plain, "the rejected methods")
+        return
+    if not rows:
+        console.print("no method has been rejected")
+        return
+    table = Table(title="Generated methods taken out as wrong")
+    for column in ("#", "object", "selector", "taken out", "by", "why", "now"):
+        table.add_column(column)
+    for row in rows:
+        why = row["reason"] or ("marked wrong" if row["cause"] == rejection.BY_USER else "-")
+        now = row["status"]
+        if now == "pending":
+            now = f"pending: written again by {row['rewritten_by']}"
+        elif now == "restored":
+            now = f"restored {_when(row['restored_at'] or 0)} by {row['restored_by']}"
+        table.add_row(
+            str(row["id"]),
+            shown(row["path"]),
+            shown(row["selector"]),
+            _when(row["at"]),
+            shown(row["by"]),
+            shown(_cut(why, 400)),
+            shown(now),
+        )
+    console.print(table)
+    if source:
+        for row in rows:
+            name = f"#{row['id']} {shown(row['path'])}.{shown(row['selector'])}"
+            console.print(f"[bold]{name}[/]  by {shown(row['author'])}")
+            console.print(Syntax(visible(row["source"]), "python"))
+            for line in _example_lines(row["selector"], row["examples"], row["examples_check"]):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _examples_cell(method: Method) -> str:
@@ -142,17 +173,16 @@ def _examples_cell(method: Method) -> str:
     return f"{check.get('passed', 0)}/{agreed} pass"
 
 
-def _example_lines(method: Method) -> list[str]:
+def _example_lines(selector: str, stored_examples: Any, check: Any) -> list[str]:
     """Each example as 'self.sel(args) → expected', the disputed ones and failures marked."""
     lines = []
-    for stored in method.examples:
+    for stored in stored_examples:
         args = ", ".join(_literal(a) for a in stored.get("args", []))
         slots = f" with {_literal(stored['slots'])}" if stored.get("slots") else ""
         after = f", slots {_literal(stored['slots_after'])}" if stored.get("slots_after") else ""
         mark = "  (disputed: no draft chosen agreed)" if stored.get("status") == "disputed" else ""
-        line = f"  self.{method.selector}({args}){slots} → {_literal(stored.get('returns'))}"
+        line = f"  self.{selector}({args}){slots} → {_literal(stored.get('returns'))}"
         lines.append(_cut(line + after + mark))
-    check = method.audit.get("examples_check")
     for failure in (check or {}).get("failed", []) if isinstance(check, dict) else []:
         lines.append(_cut(f"  FAILS: {failure}"))
     return lines
@@ -217,7 +247,7 @@ def methods_add(
     source = _source_file(file)
 
     def install(root: Any) -> tuple[str, list[str]]:
-        method = kernel.add_method(_prototype(root, path), selector, source, intent=intent)
+        method = kernel.add_method(prototype(root, path), selector, source, intent=intent)
         check = method.audit.get("examples_check") or {}
         return method.selector, list(check.get("failed", []))
 
@@ -240,7 +270,7 @@ def methods_remove(
     """
 
     def remove(root: Any) -> None:
-        target = _prototype(root, path)
+        target = prototype(root, path)
         if not isinstance(target._slots().get(selector), Method):
             own = (
                 ", ".join(sorted(k for k, v in target._slots().items() if isinstance(v, Method)))
@@ -254,6 +284,71 @@ def methods_remove(
     with open_image(image_uri(ctx)) as image:
         image.transact(remove, note=f"methods remove {path}.{selector}")
     console.print(f"removed {path}.{selector}", markup=False)
+
+
+@methods_app.command("reject")
+def methods_reject(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="Object that answers the selector, e.g. brick."),
+    selector: str = typer.Argument(..., help="The generated method that is wrong."),
+    reason: str = typer.Option("", "--reason", "-r", help="Why it is wrong (kept with it)."),
+) -> None:
+    """Take out a generated method that is wrong, in a transaction of its own.
+
+    It is kept in the image ('batos methods --rejected' lists it, 'batos methods restore'
+    puts it back); its intent is written again later, never with the same code.
+
+    Example: batos methods reject brick estimate --reason 'largest is the last size'
+    """
+    with open_image(image_uri(ctx)) as image:
+        done = rejection.reject(image, path, selector, reason=reason)
+    console.print(
+        f"rejected {done.path}.{done.selector} (record {done.number}); its intent is pending, "
+        f"written again by {done.rewritten_by}",
+        markup=False,
+    )
+    err_console.print(
+        f"'batos methods restore {path} {selector}' puts it back", markup=False, highlight=False
+    )
+
+
+@methods_app.command("restore")
+def methods_restore(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="Object that answered the selector, e.g. brick."),
+    selector: str = typer.Argument(..., help="The rejected method to put back."),
+) -> None:
+    """Put back the newest rejected method of that name, through the gate again.
+
+    The PersistenceGuardian and the sandbox compiler check it again; the stored examples it
+    fails are printed and kept as disputed.
+
+    Example: batos methods restore brick estimate
+    """
+    with open_image(image_uri(ctx)) as image:
+        done = rejection.restore(image, path, selector)
+    console.print(
+        f"restored {done.path}.{done.selector} from record {done.number} (audit: approved)",
+        markup=False,
+    )
+    for failure in done.disputed:
+        err_console.print(f"fails a stored example, now disputed: {failure}", markup=False)
+
+
+def _take_out_failing(image: Any) -> None:
+    """Take out the generated methods that failed their stored examples when this command
+    compiled them: each in a transaction of its own, after the command's is over."""
+    try:
+        report = rejection.remove_noted(image)
+    except BatosError as exc:  # the heartbeat's check takes them out later
+        err_console.print(f"methods that fail their examples stay for now: {exc.message}")
+        return
+    for done in report.removed:
+        err_console.print(
+            f"took out {done.path}.{done.selector}: {done.reason} ('batos methods restore "
+            f"{done.path} {done.selector}' puts it back)",
+            markup=False,
+        )
 
 
 def _argument(text: str) -> Any:
@@ -309,7 +404,7 @@ def send(
     values = [_argument(a) for a in args or []]
 
     def deliver(root: Any) -> Any:
-        receiver = _prototype(root, path)
+        receiver = prototype(root, path)
         found = receiver._lookup(selector)
         if found is not None and not isinstance(found[1], Method):
             if values:
@@ -346,7 +441,10 @@ def send(
 
     written: list[Method] = []
     with open_image(image_uri(ctx)) as image:
-        result = image.transact(deliver, note=f"send {path}.{selector}")
+        try:
+            result = image.transact(deliver, note=f"send {path}.{selector}")
+        finally:
+            _take_out_failing(image)
         if written:
             err_console.print(_written_line(f"{path}.{selector}", written[0]), markup=False)
     if as_json:

@@ -162,6 +162,28 @@ SETTINGS: dict[str, Setting] = {
             "API key for the OpenAI-compatible endpoint, if it asks for one.",
         ),
         Setting(
+            "author_model",
+            "BATOS_AUTHOR_MODEL",
+            lambda: "",
+            "The model that writes methods (doesNotUnderstand's examples, drafts and repairs; "
+            "facets; the mind's programs), as BACKEND:MODEL: 'ollama:qwen2.5-coder:32b', "
+            "'openai:NAME' or 'embedded:default|test|PATH.gguf'; empty means each persona's "
+            "own model writes.",
+        ),
+        Setting(
+            "author_url",
+            "BATOS_AUTHOR_URL",
+            lambda: "",
+            "Server of the author model: an Ollama URL or an OpenAI-compatible base URL; empty "
+            "means OLLAMA_HOST or BATOS_OPENAI_BASE_URL.",
+        ),
+        Setting(
+            "author_api_key",
+            "BATOS_AUTHOR_API_KEY",
+            lambda: "",
+            "API key for an OpenAI-compatible author endpoint; empty means BATOS_OPENAI_API_KEY.",
+        ),
+        Setting(
             "modelfiles",
             "BATOS_MODELFILES",
             lambda: str(Path(__file__).resolve().parent.parent / "modelfiles"),

@@ -25,7 +25,13 @@ on one holding a 10,000-item list (the per-call covenant check pickles the recei
     .venv/bin/python bench/jit.py --set unseen7 --only max_run_sum,babs_cite  # named intents
 
 ``--adapters on|off|both`` runs the persona models with their adapters (what users get, the
-default), without them, or both. Prints a table and writes bench/results/jit-<model>[-tag].json.
+default), without them, or both. ``--author SPEC`` (repeatable, or a comma list) runs it all
+once per author model, as ``BATOS_AUTHOR_MODEL`` names one (``ollama:qwen2.5-coder:7b``,
+``openai:NAME``, ``embedded:test``; ``persona`` for the personas' own models), side by side.
+Prints a table and writes bench/results/jit-<model>[-tag].json, one per author
+(jit-author-<backend>-<model>[-tag].json, its ``model`` key naming the author).
+
+    BATOS_MODEL=test .venv/bin/python bench/jit.py --quick --author persona,embedded:test
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import time
 import timeit
@@ -45,7 +52,7 @@ from typing import Any
 from persistent.mapping import PersistentMapping
 
 from batos import settings
-from batos.errors import GeneratedCodeError, ModelError
+from batos.errors import ConfigurationError, GeneratedCodeError, ModelError
 from graph import jit
 from prototypes import examples, kernel, trust
 from prototypes.kernel import Mission
@@ -594,7 +601,24 @@ def main() -> None:
         default="on",
         help="persona adapters on (what users get), off (system prompts only), or both",
     )
+    parser.add_argument(
+        "--author",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="an author model to write the methods, as BATOS_AUTHOR_MODEL names one "
+        "(ollama:NAME, openai:NAME, embedded:default|test|PATH; 'persona': the personas' "
+        "own); repeat it or give a comma list to compare several (an author has no adapters)",
+    )
     args = parser.parse_args()
+    authors: list[str | None] = [None]
+    if args.author:
+        authors = [a.strip() for given in args.author for a in given.split(",") if a.strip()]
+        for spec in authors:
+            try:
+                _author_label(spec)
+            except ConfigurationError as exc:
+                parser.error(f"--author {spec}: {exc}")
     if args.trust is None:
         threshold = trust.threshold()
     else:
@@ -631,16 +655,62 @@ def main() -> None:
         sets = {name: cases for name, cases in sets.items() if cases}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     drafts = args.drafts or settings.get_int("jit_drafts")
-    model = settings.get_str("model")
-    from graph.llm import chat_model
-
-    chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     conditions = ("on", "off") if args.adapters == "both" else (args.adapters,)
+    tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
+    compared: dict[str, dict[str, dict[str, float]]] = {}
+    for author in authors:
+        load = os.getloadavg()
+        runs = _run_author(author, sets, modes, conditions, drafts, args, threshold)
+        loads = {"before": load, "after": os.getloadavg()}
+        compared[_author_label(author) or settings.get_str("model")] = _report(
+            author, runs, drafts, args, threshold, costs, tag, loads
+        )
+    if len(compared) > 1:
+        print(f"\nAuthors side by side ({drafts} draft(s) no-oracle, up to {args.attempts} rounds)")
+        print(f"{'author':<34}{'run':<34}{'pass':>8}{'pass@1':>8}{'s/installed':>13}")
+        for label, summary in compared.items():
+            for key, s in summary.items():
+                print(
+                    f"{label:<34}{key:<34}{s['pass']:>8.2f}{s['pass@1']:>8.2f}"
+                    f"{s['seconds_per_installed_method']:>13.1f}"
+                )
+
+
+def _author_label(spec: str | None) -> str | None:
+    """The author ``spec`` as ``BACKEND:MODEL`` ('persona' for the personas' own models; None
+    for no --author: the setting in force, untouched). ``ConfigurationError`` if malformed."""
+    from graph.llm import author
+
+    if not spec or spec == "persona":
+        return spec or None
+    parsed = author.parse(spec)
+    assert parsed is not None
+    return parsed.label
+
+
+def _run_author(
+    author: str | None,
+    sets: dict[str, list[Case]],
+    modes: list[str],
+    conditions: tuple[str, ...],
+    drafts: int,
+    args: argparse.Namespace,
+    threshold: float | None,
+) -> dict[str, list[Outcome]]:
+    """Every set in every mode with ``author`` writing the methods (``_author_label``)."""
+    from graph.llm import author_model
+
+    if author == "persona":
+        os.environ.pop("BATOS_AUTHOR_MODEL", None)
+    elif author is not None:
+        os.environ["BATOS_AUTHOR_MODEL"] = author
+    if author is not None:
+        print(f"\nauthor {_author_label(author)}:", flush=True)
+    author_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     runs: dict[str, list[Outcome]] = {}
-    load = os.getloadavg()
     for condition in conditions:
-        # The drafts are written by persona models: with their adapters (what users get) and
-        # on their system prompts alone, to show whether a persona's voice costs code quality.
+        # The persona models with their adapters (what users get) and on their system prompts
+        # alone, to show whether a persona's voice costs code quality (an author has none).
         os.environ["BATOS_ADAPTERS"] = condition
         for mode in modes:
             for name, cases in sets.items():
@@ -667,11 +737,31 @@ def main() -> None:
                         flush=True,
                     )
     os.environ.pop("BATOS_ADAPTERS", None)
-    load_after = os.getloadavg()
+    return runs
+
+
+def _report(
+    author: str | None,
+    runs: dict[str, list[Outcome]],
+    drafts: int,
+    args: argparse.Namespace,
+    threshold: float | None,
+    costs: list[tuple[str, float, float]],
+    tag: str,
+    loads: dict[str, tuple[float, float, float]],
+) -> dict[str, dict[str, float]]:
+    """Print ``author``'s tables and write its results file; its summary per run."""
+    base = settings.get_str("model")
+    # No --author: the author setting in force, if any, wrote the methods.
+    label = _author_label(author if author is not None else settings.get_str("author_model"))
+    # The results name the model that wrote the methods: the author, else the personas' base.
+    model = label if label not in (None, "persona") else base
     summary = {key: _summary(outcomes) for key, outcomes in runs.items()}
     print(
-        f"\nJIT benchmark — model {model!r}, {drafts} draft(s) no-oracle, up to "
-        f"{args.attempts} rounds; load average {load[0]:.2f} before, {load_after[0]:.2f} after"
+        f"\nJIT benchmark — model {model!r}"
+        + (f" writing for the personas of {base!r}" if model != base else "")
+        + f", {drafts} draft(s) no-oracle, up to {args.attempts} rounds; load average "
+        f"{loads['before'][0]:.2f} before, {loads['after'][0]:.2f} after"
     )
     print(f"{'run':<34}{'intents':>8}{'pass':>8}{'pass@1':>8}{'s/installed':>13}{'any draft':>11}")
     for key, s in summary.items():
@@ -695,15 +785,22 @@ def main() -> None:
         print_asked(headline, threshold)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
-    tag = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
-    path = out / f"jit-{Path(model).stem}{tag}.json"
+    if label in (None, "persona"):
+        stem = Path(base).stem
+    else:
+        backend, _, name = label.partition(":")
+        shown = Path(name).stem if backend == "embedded" else name
+        stem = "author-" + re.sub(r"[^A-Za-z0-9._-]+", "-", f"{backend}-{shown}")
+    path = out / f"jit-{stem}{tag}.json"
     path.write_text(
         json.dumps(
             {
                 "model": model,
+                "author": label or "persona",
+                "persona_model": base,
                 "drafts": drafts,
                 "attempts": args.attempts,
-                "load_average": {"before": load, "after": load_after},
+                "load_average": loads,
                 "trust": threshold,
                 "selective": {key: selective(o, threshold) for key, o in headline.items()},
                 "asked": (
@@ -712,13 +809,14 @@ def main() -> None:
                 "runs": {
                     key: {**summary[key], "cases": [o.__dict__ for o in runs[key]]} for key in runs
                 },
-                "call_costs_us": {label: us for label, us, _ in costs},
+                "call_costs_us": {what: us for what, us, _ in costs},
             },
             indent=2,
             default=repr,  # a kept example's value that JSON cannot spell
         )
     )
     print(f"wrote {path}")
+    return summary
 
 
 def gated(outcome: Outcome | dict[str, Any], threshold: float | None) -> str:

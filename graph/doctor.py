@@ -3,9 +3,9 @@
 Each check returns ``Check``s (ok, warn or fail, what was found, what to do): the image (it
 opens, the storage's own consistency checks pass — ``fstest`` and ``fsrefs`` for a file image,
 every record reachable from the root loads for the others), the model file and its pinned
-checksums, the persona adapters against their manifests, the configured backends (reachable
-within a short timeout), the heartbeat's job store and lease, and whether a LangGraph server
-answers. Nothing here writes to the image or to the model cache.
+checksums, the persona adapters against their manifests, the configured backends and the
+author model (reachable within a short timeout), the heartbeat's job store and lease, and
+whether a LangGraph server answers. Nothing here writes to the image or to the model cache.
 """
 
 from __future__ import annotations
@@ -314,6 +314,54 @@ def check_backends() -> list[Check]:
     return found
 
 
+def check_author() -> list[Check]:
+    """The author model (``BATOS_AUTHOR_MODEL``): its server answers and lists the model."""
+    from graph.llm import author
+
+    spec = author.configured()
+    if spec is None:
+        return [Check("author", OK, "each persona's own model writes its methods")]
+    if spec.backend == "embedded":
+        return [Check("author", OK, f"{spec.label} writes methods, in process")]
+    unset = "or unset BATOS_AUTHOR_MODEL so each persona's own model writes"
+    if spec.backend == "ollama":
+        status, error, listed = _listed(f"{spec.url.rstrip('/')}/api/tags", "models", "name")
+        wanted = spec.model if ":" in spec.model else f"{spec.model}:latest"
+        down = f"start it ('ollama serve') or set BATOS_AUTHOR_URL, {unset}"
+        fix = f"pull it there ('ollama pull {spec.model}'), {unset}"
+    else:
+        key = settings.get_str("author_api_key") or settings.get_str("openai_api_key")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        status, error, listed = _listed(f"{spec.url.rstrip('/')}/models", "data", "id", headers)
+        wanted = spec.model
+        down = f"start the server or set BATOS_AUTHOR_URL (and BATOS_AUTHOR_API_KEY), {unset}"
+        fix = f"serve {spec.model!r} there, {unset}"
+    if status != 200:
+        reached = f"answered {status}" if status else f"is out of reach ({error[:200]})"
+        return [Check("author", FAIL, f"{spec.label}: {spec.url} {reached}", down)]
+    if listed is not None and wanted not in listed:
+        return [Check("author", WARN, f"{spec.label}: {spec.url} does not list the model", fix)]
+    return [Check("author", OK, f"{spec.label} at {spec.url} writes methods")]
+
+
+def _listed(
+    url: str, field: str, name: str, headers: dict[str, str] | None = None
+) -> tuple[int | None, str, set[str] | None]:
+    """(status, error, the model names a server lists at ``url`` as ``{field: [{name: …}]}``;
+    None where the reply is not such a list)."""
+    import httpx
+
+    try:
+        response = httpx.get(url, timeout=PROBE_TIMEOUT_S, headers=headers or {})
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}", None
+    try:
+        names = {str(m.get(name)) for m in response.json().get(field, [])}
+    except (ValueError, AttributeError, TypeError):
+        names = None
+    return response.status_code, "", names
+
+
 def check_server(port: int) -> list[Check]:
     status, _ = _get(f"http://127.0.0.1:{port}/ok")
     if status == 200:
@@ -428,6 +476,7 @@ CHECKS: tuple[tuple[str, Callable[..., list[Check]]], ...] = (
     ("model", check_model),
     ("adapters", check_adapters),
     ("backends", check_backends),
+    ("author", check_author),
     ("facets", check_facets),
     ("scheduler", check_scheduler),
     ("server", check_server),

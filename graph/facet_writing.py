@@ -1,11 +1,12 @@
 """Writing the codex's facet methods ahead of use, off the user's clock.
 
 ``batos init --prepare`` writes every facet the image lacks, with progress; the heartbeat's
-``facets`` job writes the ones that are due. Each facet is drafted by its persona's model
-(doesNotUnderstand's mission: guardian, sandbox, trial on neutral sample questions) on a
-connection that is aborted, then installed in a short transaction of its own after the same
-gate again. A facet that cannot be written is recorded with its reason and tried again later,
-the wait doubling with each failure (``store.method_queue``); ``batos doctor`` shows it.
+``facets`` job writes the ones that are due. Each facet is drafted by the model that writes
+its persona's methods (``graph.llm.author_model``) as doesNotUnderstand's mission (guardian,
+sandbox, trial on neutral sample questions) on a connection that is aborted, then installed
+in a short transaction of its own after the same gate again. A facet that cannot be written
+is recorded with its reason and tried again later, the wait doubling with each failure
+(``store.method_queue``); ``batos doctor`` shows it.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def drafter(
     selector: str,
     ask: Callable[[Any, list], str] | None = None,
 ) -> facets.Draft:
-    """A draft function for doesNotUnderstand's mission: the persona's model writes the
-    method. ``ask(model, messages)`` makes the call when given (the mind streams and measures
-    its calls); otherwise the model is invoked."""
+    """A draft function for doesNotUnderstand's mission: ``models(persona, **options)`` (the
+    author model, or a test double) writes the method. ``ask(model, messages)`` makes the
+    call when given (the mind streams and measures its calls); otherwise the model is
+    invoked."""
     from graph import jit
 
     def draft(brief: Any, attempts: list) -> str:
@@ -115,9 +117,9 @@ def write_one(
 ) -> Written:
     """Write and install one facet, or record why it could not be written."""
     if models is None:
-        from graph.llm import chat_model
+        from graph.llm import author_model
 
-        models = chat_model
+        models = author_model
     key = facets.facet_key(persona, selector)
     started = time.monotonic()
     draft = drafter(models, persona, selector)

@@ -144,10 +144,11 @@ def prompts() -> dict[str, Any]:
 
 
 def default_model_factory(persona: str, **options: Any) -> BaseChatModel:
-    """The persona's own model (``graph.llm.chat_model``)."""
-    from graph.llm import chat_model
+    """The model that writes the persona's methods (``graph.llm.author_model``): the
+    ``author_model`` setting's, else the persona's own."""
+    from graph.llm import author_model
 
-    return chat_model(persona, **options)
+    return author_model(persona, **options)
 
 
 #: The key of the run context under which Python callers pass a live ``JitContext``.

@@ -163,6 +163,16 @@ class Mind:
             factory = chat_model
         return factory(persona, **options)
 
+    def authors(self, persona: str, **options: Any) -> BaseChatModel:
+        """The model that writes ``persona``'s code (facets, programs): the given factory,
+        which stands in for every model, else ``graph.llm.author_model``."""
+        factory = self._services().models
+        if factory is None:
+            from graph.llm import author_model
+
+            factory = author_model
+        return factory(persona, **options)
+
     def embedder(self) -> Any:
         """The given embedder, else the router's: the gate compares the response's vector
         with the request's, which the router made, so both come from one encoder."""
@@ -563,12 +573,12 @@ class Mind:
         return found
 
     def _compute(self, partial: dict[str, Any], metrics: list, passages: list) -> None:
-        """A program for the request, written by BRICK's model and run in the sandbox, with
-        the cycle's passages to take figures from."""
+        """A program for the request, written by BRICK's author model and run in the
+        sandbox, with the cycle's passages to take figures from."""
         persona, query = partial["persona"], partial["query"]
 
         def write(messages: list[BaseMessage]) -> str:
-            model = self.models(persona, temperature=0.0, num_predict=compute.PROGRAM_TOKENS)
+            model = self.authors(persona, temperature=0.0, num_predict=compute.PROGRAM_TOKENS)
             reply, metric = self.call(
                 model, messages, node="facet:program", persona=persona, facet="compute"
             )
@@ -590,7 +600,7 @@ class Mind:
             metrics.append(metric)
             return reply
 
-        return drafter(self.models, persona, selector, ask)
+        return drafter(self.authors, persona, selector, ask)
 
     def synthesize(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()

@@ -13,9 +13,10 @@ change in the numbers can be put down to one mission). A change that one of the 
 **What it does** (``plan``), by target:
 
 - ``H_struc`` → ``write_facet``: a facet called in the window whose persona has no method for
-  it (most called first), else a declared facet of the least-used persona that has none; its
-  persona's model writes the method through the JIT graph (draft, guardian, sandbox trial),
-  and it is installed. Every facet already written: the next component is tried.
+  it (most called first), else a declared facet of the least-used persona that has none; the
+  model that writes its persona's methods (``graph.llm.author_model``) writes it through the
+  JIT graph (draft, guardian, sandbox trial), and it is installed. Every facet already
+  written: the next component is tried.
 - ``H_cog`` → ``raise_prior``: the least-used persona's routing prior (``graph.router``) rises
   by ``mission_prior_step``, so the router sends it more requests.
 - ``H_sol`` → ``raise_prior`` for the less-used of BRICK and BABS, the personas whose

@@ -61,6 +61,18 @@ def test_only_takes_known_selectors_of_the_chosen_set(monkeypatch, capsys) -> No
     assert "no intent named record_lap in --set unseen7" in capsys.readouterr().err
 
 
+def test_authors_are_named_as_the_setting_names_them(monkeypatch, capsys) -> None:
+    assert jit._author_label("test") == "embedded:test"
+    assert jit._author_label("ollama:qwen2.5-coder:7b") == "ollama:qwen2.5-coder:7b"
+    assert jit._author_label("persona") == "persona" and jit._author_label(None) is None
+    # A malformed author stops before any model loads.
+    monkeypatch.setattr("sys.argv", ["jit.py", "--no-calls", "--author", "persona,vllm:coder"])
+    with pytest.raises(SystemExit) as stop:
+        jit.main()
+    assert stop.value.code == 2
+    assert "--author vllm:coder: BATOS_AUTHOR_MODEL='vllm:coder'" in capsys.readouterr().err
+
+
 #: push_bounded (unseen11) written right, and right only on its first call.
 PUSH_RIGHT = (
     "def push_bounded(self, item):\n    h = list(self.history) + [item]\n"

@@ -1,21 +1,18 @@
 """The Ollama path against a loopback server that speaks the documented Ollama HTTP API.
 
-``FakeOllama`` replays /api/version, /api/tags, /api/pull, /api/create, /api/blobs and a
-streaming NDJSON /api/chat, and records every request. The client side is the real thing:
-the ``ollama`` package and langchain-ollama's ``ChatOllama``.
+``FakeOllama`` (``chat_servers``) replays /api/version, /api/tags, /api/pull, /api/create,
+/api/blobs and a streaming NDJSON /api/chat, and records every request. The client side is
+the real thing: the ``ollama`` package and langchain-ollama's ``ChatOllama``.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from chat_servers import FakeOllama
 
 from batos.errors import ModelError
 from graph.llm import chat_model, select_backend
@@ -26,133 +23,6 @@ SHIPPED = Path(__file__).resolve().parent.parent / "modelfiles"
 PERSONAS = ["batos-robin", "batos-brick", "batos-babs", "batos-alfred"]
 
 
-class FakeOllama:
-    def __init__(self, version: str = "0.6.5") -> None:
-        self.version = version
-        self.models: set[str] = set()
-        self.requests: list[tuple[str, str, Any]] = []
-        self.reply = ["Hello", ", friend", "."]
-        self.die_after: int | None = None
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _body(self) -> Any:
-                size = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(size) if size else b""
-                if self.path.startswith("/api/blobs/"):
-                    return len(raw)
-                return json.loads(raw) if raw else None
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802
-                with fake.lock:
-                    fake.requests.append(("GET", self.path, None))
-                if self.path == "/api/version":
-                    self._send(200, {"version": fake.version})
-                elif self.path == "/api/tags":
-                    self._send(
-                        200,
-                        {
-                            "models": [
-                                {
-                                    "name": m,
-                                    "model": m,
-                                    "modified_at": "2025-01-01T00:00:00Z",
-                                    "size": 1,
-                                    "digest": "0" * 64,
-                                    "details": {"format": "gguf", "family": "qwen2"},
-                                }
-                                for m in sorted(fake.models)
-                            ]
-                        },
-                    )
-                else:
-                    self._send(404, {"error": "not found"})
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = self._body()
-                with fake.lock:
-                    fake.requests.append(("POST", self.path, body))
-                if self.path.startswith("/api/blobs/sha256:"):
-                    self.send_response(201)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif self.path in ("/api/pull", "/api/create"):
-                    with fake.lock:
-                        fake.models.add(_tag(body["model"]))
-                    self._send(200, {"status": "success"})
-                elif self.path == "/api/chat":
-                    self._chat(body)
-                else:
-                    self._send(404, {"error": "not found"})
-
-            def _chat(self, body: dict) -> None:
-                if _tag(body["model"]) not in fake.models:
-                    self._send(404, {"error": f"model '{body['model']}' not found"})
-                    return
-                lines = [
-                    {
-                        "model": body["model"],
-                        "created_at": "2025-01-01T00:00:00Z",
-                        "message": {"role": "assistant", "content": piece},
-                        "done": False,
-                    }
-                    for piece in fake.reply
-                ]
-                lines.append(
-                    {
-                        "model": body["model"],
-                        "created_at": "2025-01-01T00:00:00Z",
-                        "message": {"role": "assistant", "content": ""},
-                        "done": True,
-                        "done_reason": "stop",
-                        "total_duration": 1000,
-                        "load_duration": 10,
-                        "prompt_eval_count": 12,
-                        "prompt_eval_duration": 100,
-                        "eval_count": len(fake.reply),
-                        "eval_duration": 300,
-                    }
-                )
-                data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-ndjson")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if fake.die_after is None:
-                    self.wfile.write(data)
-                    return
-                partial = lines[: fake.die_after]
-                self.wfile.write(b"".join(json.dumps(x).encode() + b"\n" for x in partial))
-                self.wfile.flush()
-                self.close_connection = True
-                self.connection.close()  # the server dies mid-stream
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def paths(self, method: str, path: str) -> list[Any]:
-        return [body for m, p, body in self.requests if m == method and p.startswith(path)]
-
-
-def _tag(name: str) -> str:
-    return name if ":" in name else f"{name}:latest"
-
-
 @pytest.fixture
 def ollama_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOllama]:
     fake = FakeOllama()
@@ -161,8 +31,7 @@ def ollama_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOllama]:
     monkeypatch.delenv("BATOS_OPENAI_BASE_URL", raising=False)
     monkeypatch.setattr(llm_ollama, "_provisioned", set())
     yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    fake.stop()
 
 
 def test_provision_builds_what_is_missing_then_nothing(ollama_server: FakeOllama) -> None:

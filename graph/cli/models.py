@@ -106,17 +106,22 @@ def build(
 
 @models_app.command("status")
 def status() -> None:
-    """Which backend serves the personas now, and whether each persona's model is ready.
+    """Which backend serves the personas now, whether each persona's model is ready, and
+    which model writes methods (BATOS_AUTHOR_MODEL).
 
     Example: BATOS_MODEL=test batos models status
     """
-    from graph.llm import select_backend
+    from graph.llm import author, select_backend
     from graph.llm.embedded import adapter_paths
     from graph.llm.modelfile import persona_model
     from prototypes.codex import load_codex
 
     backend = select_backend()
     console.print(f"backend: [bold]{backend}[/]")
+    writer = author.configured()
+    where = f" at {writer.url}" if writer is not None and writer.url else ""
+    shown = f"{writer.label}{where}" if writer is not None else "each persona's own model"
+    console.print(f"author: {shown}", markup=False)
     if backend == "openai":
         console.print(f"endpoint: {settings.get_str('openai_base_url')}")
         return

@@ -6,6 +6,8 @@ when ``OLLAMA_HOST`` answers (persona models are provisioned on first use), else
 llama.cpp backend. Each applies the persona's Modelfile — SYSTEM (unless the messages bring
 their own), PARAMETERs, the adapter where the backend can — behind one base class
 (``graph.llm.base.PersonaChatModel``). Another backend is added with ``register_backend``.
+``author_model`` is the model that writes methods: a stronger one the user names
+(``graph.llm.author``), else the persona's own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prototypes.codex import load_codex
 __all__ = [
     "SAMPLING_OPTIONS",
     "Backend",
+    "author_model",
     "backends",
     "chat_model",
     "register_backend",
@@ -72,6 +75,35 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
     spec = load_codex().persona(persona)
     options = dict(options)
     chosen = backend(select_backend(options.pop("backend", None)))
+    timeout, options = _call_options(options)
+    return chosen.build(spec, timeout, options)
+
+
+def author_model(persona: str, **options: Any) -> BaseChatModel:
+    """The model that writes ``persona``'s methods: the ``author_model`` setting's model
+    (``graph.llm.author``) when one is set, else ``chat_model(persona, **options)``.
+
+    Options as ``chat_model`` takes them; ``backend`` only where no author is set (an
+    author's backend is part of its setting).
+    """
+    from graph.llm import author
+
+    chosen = author.configured()
+    if chosen is None:
+        return chat_model(persona, **options)
+    spec = load_codex().persona(persona)
+    options = dict(options)
+    if options.pop("backend", None) is not None:
+        raise ConfigurationError(
+            f"the author model {chosen.label!r} runs where BATOS_AUTHOR_MODEL says",
+            hint="leave out backend=, or unset BATOS_AUTHOR_MODEL",
+        )
+    timeout, options = _call_options(options)
+    return author.build(chosen, spec, timeout, options)
+
+
+def _call_options(options: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(timeout, the PARAMETER overrides and ``format``) of a call's options, checked."""
     timeout = float(options.pop("timeout", None) or settings.get_int("llm_timeout"))
     if "max_tokens" in options:
         options["num_predict"] = options.pop("max_tokens")
@@ -84,4 +116,4 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
         )
     if schema is not None:
         options["format"] = schema
-    return chosen.build(spec, timeout, options)
+    return timeout, options

@@ -139,6 +139,9 @@ class LlamaCppChat(BaseChatModel):
     seed: int | None = None
     timeout: float | None = None
     modelfiles: str | None = None
+    #: False for the author model (``graph.llm.author``): adapters are trained on the
+    #: personas' base model and are for answering, not for writing methods.
+    use_adapters: bool = True
     #: A JSON schema the reply must follow (constrained decoding), as Ollama's ``format``.
     format: dict[str, Any] | None = None
 
@@ -165,7 +168,8 @@ class LlamaCppChat(BaseChatModel):
         model = self.persona_model()
         which = self._which()
         n_ctx = int(model.parameters.get("num_ctx", DEFAULT_N_CTX))  # type: ignore[call-overload]
-        return model, engine(model_path(which), n_ctx), adapter_paths(model, which)
+        adapters = adapter_paths(model, which) if self.use_adapters else ()
+        return model, engine(model_path(which), n_ctx), adapters
 
     def _pieces(self, messages: list[BaseMessage], stop: list[str] | None) -> Iterator[str | Usage]:
         model, eng, adapters = self.resolve()

@@ -33,17 +33,25 @@ PROBE_TIMEOUT_S = 2.0
 MIN_VERSION = (0, 5, 5)
 
 
-def exception_table(host: str, model: str | None = None) -> ExceptionTable:
-    """How the Ollama client's failures read as ``ModelError``s naming the server and the fix."""
+def exception_table(host: str, model: str | None = None, *, author: bool = False) -> ExceptionTable:
+    """How the Ollama client's failures read as ``ModelError``s naming the server and the fix;
+    ``author``: the model is the user's author model (``BATOS_AUTHOR_MODEL``), not a persona's."""
     import ollama
+
+    if author:
+        missing = f"pull it there ('ollama pull {model}'), or set BATOS_AUTHOR_MODEL to one it has"
+        down = (
+            "start it ('ollama serve') or point BATOS_AUTHOR_URL at one that answers; unset "
+            "BATOS_AUTHOR_MODEL to have each persona's own model write methods"
+        )
+    else:
+        missing = "run 'batos models build' to create the persona models"
+        down = "start it with 'ollama serve', or unset OLLAMA_HOST to use the embedded backend"
 
     def answered(exc: BaseException) -> ModelError:
         assert isinstance(exc, ollama.ResponseError)
         if exc.status_code == 404 and model:
-            return ModelError(
-                f"Ollama at {host} has no model {model!r}",
-                hint="run 'batos models build' to create the persona models",
-            )
+            return ModelError(f"Ollama at {host} has no model {model!r}", hint=missing)
         return ModelError(
             f"Ollama at {host} answered {exc.status_code}: {exc.error}",
             hint="see the Ollama server's log ('ollama serve')",
@@ -57,8 +65,7 @@ def exception_table(host: str, model: str | None = None) -> ExceptionTable:
 
     def lost(exc: BaseException) -> ModelError:
         return ModelError(
-            f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}",
-            hint="start it with 'ollama serve', or unset OLLAMA_HOST to use the embedded backend",
+            f"lost the connection to Ollama at {host}: {exc or type(exc).__name__}", hint=down
         )
 
     # ConnectionError is an OSError; httpx's timeouts are HTTPErrors, the more specific wins.
@@ -235,3 +242,11 @@ class OllamaPersonaChat(PersonaChatModel, ChatOllama):
 
     def exception_table(self) -> ExceptionTable:
         return exception_table(self.base_url or "http://127.0.0.1:11434", self.model)
+
+
+class OllamaAuthorChat(OllamaPersonaChat):
+    """The user's author model on an Ollama server (``graph.llm.author``): a model pulled
+    there, not provisioned from the Modelfiles; its failures say which setting to change."""
+
+    def exception_table(self) -> ExceptionTable:
+        return exception_table(self.base_url or "", self.model, author=True)

@@ -28,14 +28,35 @@ def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> Base
     from graph.llm.modelfile import persona_model
 
     resolved = persona_model(persona.name)
-    options = dict(options)
-    schema = options.pop("format", None)
-    params = {**resolved.parameters, **options}
+    return served(
+        persona.model,
+        settings.get_str("openai_base_url"),
+        settings.get_str("openai_api_key"),
+        timeout,
+        {**resolved.parameters, **options},
+        system=resolved.system or "",
+    )
+
+
+def served(
+    model: str,
+    base_url: str,
+    api_key: str,
+    timeout: float,
+    params: dict[str, Any],
+    *,
+    system: str = "",
+    hint: str = "",
+) -> BaseChatModel:
+    """``model`` at ``base_url`` with Ollama-named ``params`` (``format``: a JSON schema the
+    reply must follow); ``hint`` replaces the persona backend's advice when a call fails."""
+    params = dict(params)
+    schema = params.pop("format", None)
     extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
     return _chat_class()(
-        model=persona.model,
-        base_url=settings.get_str("openai_base_url"),
-        api_key=settings.get_str("openai_api_key") or "not-needed",
+        model=model,
+        base_url=base_url,
+        api_key=api_key or "not-needed",
         timeout=timeout,
         temperature=params.get("temperature"),
         top_p=params.get("top_p"),
@@ -44,7 +65,8 @@ def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> Base
         stop=list(params.get("stop", ())) or None,
         extra_body=extra or None,
         stream_usage=True,
-        persona_system=resolved.system or "",
+        persona_system=system,
+        failure_hint=hint,
         model_kwargs=(
             {
                 "response_format": {
@@ -69,7 +91,9 @@ def _chat_class() -> type[BaseChatModel]:
         from langchain_openai import ChatOpenAI
 
         class OpenAIPersonaChat(PersonaChatModel, ChatOpenAI):
-            """A persona on an OpenAI-compatible server."""
+            """A persona (or the author model) on an OpenAI-compatible server."""
+
+            failure_hint: str = ""
 
             def exception_table(self) -> ExceptionTable:
                 return {openai.OpenAIError: self._failed}
@@ -77,7 +101,8 @@ def _chat_class() -> type[BaseChatModel]:
             def _failed(self, exc: BaseException) -> ModelError:
                 return ModelError(
                     f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
-                    hint="check BATOS_OPENAI_BASE_URL and that the server serves "
+                    hint=self.failure_hint
+                    or "check BATOS_OPENAI_BASE_URL and that the server serves "
                     f"{self.model_name!r}, or unset it to use Ollama or the embedded model",
                 )
 

@@ -939,8 +939,11 @@ def rescore(paths: list[Path], threshold: float | None, sweep: bool, only: str |
     (at the threshold it ran with)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     asked: dict[str, bool] = {}
+    ran_at: set[float | None] = set()
     for path in paths:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("asked") is not None:
+            ran_at.add(data.get("trust"))
         for key, run in data["runs"].items():
             if "no-oracle" in key and (only is None or key.split()[0] in only.split(",")):
                 runs[key] = run["cases"]
@@ -948,10 +951,15 @@ def rescore(paths: list[Path], threshold: float | None, sweep: bool, only: str |
     if len(runs) > 1:
         runs["all"] = [case for cases in runs.values() for case in cases]
         asked["all"] = all(asked.values())
+    if ran_at and (sweep or ran_at != {threshold}):
+        print(
+            f"note: runs made with --ask ran the gate live at {sorted(map(str, ran_at))}; at "
+            "another threshold their figures are not what that gate would have done"
+        )
     print_selective(runs, threshold, sweep)
     shown = {key: cases for key, cases in runs.items() if asked.get(key)}
     if shown:
-        print_asked(shown, threshold)
+        print_asked(shown, next(iter(ran_at)) if len(ran_at) == 1 else threshold)
 
 
 def print_asked(runs: dict[str, list[Any]], threshold: float | None) -> None:

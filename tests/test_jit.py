@@ -21,8 +21,10 @@ NO_EXAMPLES = '{"examples": []}'
 
 @pytest.fixture(autouse=True)
 def one_draft(monkeypatch):
-    """One draft per first round unless a test asks for more (replies are scripted)."""
+    """One draft per first round unless a test asks for more (replies are scripted); the
+    trust gate off: these tests are about choosing, tests/test_trust.py about trusting."""
     monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
 
 
 @pytest.fixture

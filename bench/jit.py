@@ -854,24 +854,15 @@ def selective(outcomes: list[Outcome] | list[dict[str, Any]], threshold: float |
     """Precision, coverage and refusals of installation at ``threshold``, with the drafts'
     pass@3 on the same missions (coverage is judged against it)."""
     fates = [gated(o, threshold) for o in outcomes]
-    n = len(fates)
-    right, wrong = fates.count("right"), fates.count("wrong")
-    installed = right + wrong
+    n, right = len(fates), fates.count("right")
+    installed = right + fates.count("wrong")
     data = [o if isinstance(o, dict) else o.__dict__ for o in outcomes]
     pass3 = (
         statistics.mean(_pass_at(d.get("first_drafts_right") or [], 3) for d in data) if n else 0
     )
     return {
         "threshold": threshold,
-        "intents": n,
-        "installed": installed,
-        "right": right,
-        "wrong": wrong,
-        "refused": fates.count("refused"),
-        "failed": fates.count("failed"),
-        "precision": right / installed if installed else float("nan"),
-        "precision_95": wilson(right, installed),
-        "coverage": installed / n if n else float("nan"),
+        **_tally(fates),
         "right_rate": right / n if n else float("nan"),
         "drafts_pass@3": pass3,
         "coverage_vs_pass@3": (installed / n) / pass3 if n and pass3 else float("nan"),
@@ -888,14 +879,12 @@ def asked_fate(outcome: Outcome | dict[str, Any]) -> str:
     return "refused" if verdicts and not verdicts[-1].get("trusted", True) else "failed"
 
 
-def with_asking(outcomes: list[Outcome] | list[dict[str, Any]]) -> dict[str, Any]:
-    fates = [asked_fate(o) for o in outcomes]
-    data = [o if isinstance(o, dict) else o.__dict__ for o in outcomes]
+def _tally(fates: list[str]) -> dict[str, Any]:
+    """Counts of each fate, and the precision and coverage of installing."""
     n, right, wrong = len(fates), fates.count("right"), fates.count("wrong")
     installed = right + wrong
     return {
         "intents": n,
-        "asked": sum(1 for d in data if d.get("asked")),
         "installed": installed,
         "right": right,
         "wrong": wrong,
@@ -904,6 +893,14 @@ def with_asking(outcomes: list[Outcome] | list[dict[str, Any]]) -> dict[str, Any
         "precision": right / installed if installed else float("nan"),
         "precision_95": wilson(right, installed),
         "coverage": installed / n if n else float("nan"),
+    }
+
+
+def with_asking(outcomes: list[Outcome] | list[dict[str, Any]]) -> dict[str, Any]:
+    data = [o if isinstance(o, dict) else o.__dict__ for o in outcomes]
+    return {
+        **_tally([asked_fate(o) for o in outcomes]),
+        "asked": sum(1 for d in data if d.get("asked")),
     }
 
 

@@ -11,6 +11,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers with JSON: what both scripted servers share."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class FakeOllama:
     """Replays /api/version, /api/tags, /api/pull, /api/create, /api/blobs and a streaming
     NDJSON /api/chat (404 for a model it does not have), recording every request."""
@@ -26,11 +41,8 @@ class FakeOllama:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
             def _body(self) -> Any:
                 size = int(self.headers.get("Content-Length") or 0)
@@ -38,14 +50,6 @@ class FakeOllama:
                 if self.path.startswith("/api/blobs/"):
                     return len(raw)
                 return json.loads(raw) if raw else None
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
                 with fake.lock:
@@ -162,19 +166,8 @@ class FakeOpenAI:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
                 with fake.lock:

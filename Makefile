@@ -13,6 +13,7 @@ test: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports --no-cache
 
 bench: setup
 	.venv/bin/python bench/uvm.py

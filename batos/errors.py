@@ -251,7 +251,7 @@ class GraphRequestError(BatosError, ValueError):
 
 
 class GenerationCancelled(BaseException):
-    """The caller stopped a model call in progress (``graph.llm.cancel``; the chat's Ctrl-C).
+    """The caller stopped a model call in progress (``batos.models.cancel``; the chat's Ctrl-C).
 
     A ``BaseException``, as ``KeyboardInterrupt`` is, not a ``BatosError``: the mind turns the
     ``Exception``s of its model calls into fallbacks (a facet that fails is answered directly,

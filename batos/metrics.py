@@ -1,5 +1,5 @@
 """Counters BAT OS keeps about itself, in this process: transactions, guardian verdicts, model
-calls. ``store.stats`` writes them to a side file per process and adds them up for the CLI.
+calls. ``store.core.stats`` writes them to a side file per process and adds them up for the CLI.
 
 Every metric is declared in ``METRICS`` (name, kind, help), so the set is known before
 anything happened. A counter only grows; a timing keeps a count, a sum and counts per bucket
@@ -113,7 +113,7 @@ def snapshot() -> dict[str, Any]:
 
 def on_flush(hook: Callable[[dict[str, Any]], None] | None) -> None:
     """Call ``hook(snapshot())`` at most every ``FLUSH_EVERY_S`` after a change, and by
-    ``flush()``; one hook per process (``store.stats`` installs the side file's)."""
+    ``flush()``; one hook per process (``store.core.stats`` installs the side file's)."""
     _flush["hook"] = hook
 
 

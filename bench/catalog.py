@@ -74,12 +74,12 @@ for _blas_threads in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import manpages  # noqa: E402
 import numpy as np  # noqa: E402
 
-from store.catalog import KnowledgeCatalog, PreparedDocument, stored_vector  # noqa: E402
-from store.curator import Curator  # noqa: E402
-from store.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
-from store.encoder_onnx import tokenizer  # noqa: E402
-from store.image import LivingImage  # noqa: E402
-from store.ingest import ingest_paths, write_batch  # noqa: E402
+from store.core.image import LivingImage  # noqa: E402
+from store.knowledge.catalog import KnowledgeCatalog, PreparedDocument, stored_vector  # noqa: E402
+from store.knowledge.curator import Curator  # noqa: E402
+from store.knowledge.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
+from store.knowledge.encoder_onnx import tokenizer  # noqa: E402
+from store.knowledge.ingest import ingest_paths, write_batch  # noqa: E402
 
 COMMON = (
     "the of and to in is that it for as with was on be by this are from at or an which "
@@ -615,8 +615,8 @@ def print_queries(row: dict) -> None:
 FIRST_SEARCH = """
 import sys, time
 started = time.perf_counter()
-from store.catalog import KnowledgeCatalog
-from store.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.core.image import LivingImage
 image = LivingImage.open("file://" + sys.argv[1])
 catalog = KnowledgeCatalog.open(image)
 opened = time.perf_counter()

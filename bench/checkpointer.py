@@ -48,8 +48,8 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 from persistent.mapping import PersistentMapping  # noqa: E402
 
-from store.checkpointer import ZODBSaver  # noqa: E402
-from store.image import LivingImage  # noqa: E402
+from store.checkpoint.saver import ZODBSaver  # noqa: E402
+from store.core.image import LivingImage  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 5

@@ -72,7 +72,7 @@ class WordEmbedder(FakeEmbedder):
         return [self.count_tokens(t) for t in texts]
 
     def encode_units(self, texts: Any, units: Any) -> tuple[Any, list[Any], list[Any]]:
-        from store.embeddings import unit_sums
+        from store.knowledge.embeddings import unit_sums
 
         sums, counts = [], []
         for text, spans in zip(texts, units, strict=True):
@@ -129,9 +129,9 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
     from graph import jit
     from graph.boot import open_image
     from graph.mind import MindServices, build_graph, run_config
-    from store.catalog import KnowledgeCatalog
-    from store.checkpointer import ZODBSaver
-    from store.ingest import ingest_text
+    from store.checkpoint.saver import ZODBSaver
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_text
 
     rng = random.Random(seed)
     journal = Journal(journal_path)
@@ -231,9 +231,9 @@ def check_image(uri: str, journal: list[dict[str, Any]], findings: Findings) -> 
     from graph.mind import MindServices  # noqa: F401 (the image's classes, registered)
     from prototypes.incarnation import personas
     from prototypes.uvm import Method
-    from store.catalog import CATALOG_KEY, catalog_root
-    from store.image import LivingImage
-    from store.memory_store import MEMORY_KEY
+    from store.core.image import LivingImage
+    from store.knowledge.catalog import CATALOG_KEY, catalog_root
+    from store.knowledge.memory_store import MEMORY_KEY
 
     with LivingImage.open(uri) as image, image.read() as root:
         cycles = root.get(CYCLES_KEY) or {}
@@ -274,8 +274,8 @@ def check_image(uri: str, journal: list[dict[str, Any]], findings: Findings) -> 
 def prepare(uri: str) -> None:
     from graph.boot import open_image
     from prototypes.uvm import UvmObject
-    from store.catalog import KnowledgeCatalog
-    from store.checkpointer import ZODBSaver
+    from store.checkpoint.saver import ZODBSaver
+    from store.knowledge.catalog import KnowledgeCatalog
 
     with open_image(uri) as image, ZODBSaver(image):
         image.transact(lambda root: root.__setitem__(CALC, UvmObject(name="calc")))
@@ -306,7 +306,7 @@ def run(
     points: int, *, seed: int = 1, max_delay: float = 3.0, workdir: Path | None = None
 ) -> Findings:
     """Kill ``points`` workers at random moments, checking the image after each kill."""
-    from store.image import LivingImage
+    from store.core.image import LivingImage
 
     rng = random.Random(seed)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="batos-crash-"))
@@ -340,7 +340,7 @@ def run(
     findings.acknowledged = sum(1 for e in entries if e["op"] != "resume")
     findings.resumed = sum(1 for e in entries if e["op"] == "resume")
     with LivingImage.open(uri) as image:
-        from store.checkpointer import ZODBSaver
+        from store.checkpoint.saver import ZODBSaver
 
         with ZODBSaver(image) as saver:
             left = unfinished_threads(saver)
@@ -350,7 +350,7 @@ def run(
 
 
 def _cut_short(path: Path) -> int:
-    from store.image_file import check
+    from store.core.image_file import check
 
     return int(check(path).uncommitted_tail)
 

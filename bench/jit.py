@@ -57,7 +57,7 @@ from graph import jit
 from prototypes import examples, kernel, trust
 from prototypes.kernel import Mission
 from prototypes.uvm import Method, UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 
 @dataclass
@@ -679,7 +679,7 @@ def main() -> None:
 def _author_label(spec: str | None) -> str | None:
     """The author ``spec`` as ``BACKEND:MODEL`` ('persona' for the personas' own models; None
     for no --author: the setting in force, untouched). ``ConfigurationError`` if malformed."""
-    from graph.llm import author
+    from batos.models import author
 
     if not spec or spec == "persona":
         return spec or None
@@ -698,7 +698,7 @@ def _run_author(
     threshold: float | None,
 ) -> dict[str, list[Outcome]]:
     """Every set in every mode with ``author`` writing the methods (``_author_label``)."""
-    from graph.llm import author_model
+    from batos.models import author_model
 
     if author == "persona":
         os.environ.pop("BATOS_AUTHOR_MODEL", None)

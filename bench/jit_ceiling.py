@@ -134,7 +134,7 @@ def main() -> None:
     chosen = args.set or ["unseen11"]
     ks = sorted({k for k in (1, 3, args.samples) if k <= args.samples})
     model = settings.get_str("model")
-    from graph.llm import chat_model
+    from batos.models import chat_model
 
     chat_model("BRICK", num_predict=1).invoke("hi")  # load the model before the clock starts
     out = RESULTS / f"jit-ceiling-{model}{'-' + args.tag if args.tag else ''}.json"

@@ -80,7 +80,7 @@ class BackendRun:
 
 @contextmanager
 def zeo_image(workdir: Path) -> Iterator[str]:
-    from store.zeo import ZeoServer
+    from store.core.zeo import ZeoServer
 
     with ZeoServer(workdir / "zeo" / "live_image.fs") as server:
         yield server.uri
@@ -105,7 +105,7 @@ LABELS = {"zeo": "ZEO", "postgres": "PostgreSQL"}
 def serve(uri: str, workdir: Path, jobs: int = JOBS) -> Iterator[tuple[str, Path]]:
     """``batos serve`` over ``uri``; yields its base URL and the file its retries go to."""
 
-    from store.zeo import free_port
+    from store.core.zeo import free_port
 
     port = free_port()
     retries = workdir / f"retries-{port}.log"
@@ -121,7 +121,7 @@ def serve(uri: str, workdir: Path, jobs: int = JOBS) -> Iterator[tuple[str, Path
     command = [
         sys.executable,
         "-m",
-        "graph.cli",
+        "batos.shell.cli",
         "--image",
         uri,
         "serve",
@@ -190,8 +190,8 @@ def check(uri: str, seen: list[str], run: BackendRun) -> None:
     """Every acknowledged cycle in the image, and each applied exactly once."""
     from graph.cycle import CYCLES_KEY
     from prototypes.incarnation import personas
-    from store.image import LivingImage
-    from store.memory_store import MEMORY_KEY
+    from store.core.image import LivingImage
+    from store.knowledge.memory_store import MEMORY_KEY
 
     with LivingImage.open(uri) as image, image.read() as root:
         records = set((root.get(CYCLES_KEY) or {}).keys())
@@ -212,7 +212,7 @@ def run_backend(
 ) -> BackendRun:
     """Measure ``backend`` with each client count; on ``uri`` if given, else on a new image."""
     from graph.boot import open_image
-    from store.checkpointer import ZODBSaver
+    from store.checkpoint.saver import ZODBSaver
 
     run = BackendRun(backend)
     given = contextlib.nullcontext(uri) if uri is not None else None

@@ -62,7 +62,7 @@ from graph.boot import open_image  # noqa: E402
 from graph.mind import MindServices, build_graph, run_config  # noqa: E402
 from prototypes import kernel  # noqa: E402
 from prototypes.incarnation import personas  # noqa: E402
-from store.checkpointer import ZODBSaver  # noqa: E402
+from store.checkpoint.saver import ZODBSaver  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAST = "hello there"

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from langchain_core.messages import HumanMessage  # noqa: E402
 
 from batos import settings  # noqa: E402
+from batos.models import chat_model  # noqa: E402
 from graph import prompts  # noqa: E402
-from graph.llm import chat_model  # noqa: E402
 from graph.mind_nodes import PLAN_TOKENS  # noqa: E402
 from graph.plan import (  # noqa: E402
     PlanRejected,

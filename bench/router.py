@@ -47,9 +47,9 @@ from graph.router import (  # noqa: E402
     training_set,
 )
 from prototypes.codex import PERSONAS, Codex, load_codex  # noqa: E402
-from store.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
-from store.encoder_onnx import model_path  # noqa: E402
-from store.image import LivingImage  # noqa: E402
+from store.core.image import LivingImage  # noqa: E402
+from store.knowledge.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
+from store.knowledge.encoder_onnx import model_path  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "router_heldout.toml"
 #: Equal-width confidence bins of the expected calibration error.
@@ -175,8 +175,8 @@ COLD = """
 import json, sys, time
 started = time.perf_counter()
 from graph.router import load_router
-from store.embeddings import Embedder
-from store.image import LivingImage
+from store.knowledge.embeddings import Embedder
+from store.core.image import LivingImage
 imported = time.perf_counter()
 with LivingImage.open(sys.argv[1]) as image:
     router = load_router(image, embedder=Embedder(sys.argv[2]))
@@ -237,7 +237,10 @@ def main() -> None:
     args = parser.parse_args()
     count, runs, cold_runs = (60, 2, 1) if args.quick else (400, 5, 3)
     if not model_path().exists():
-        sys.exit(f"the int8 encoder is not built: python -m store.encoder_onnx ({model_path()})")
+        sys.exit(
+            "the int8 encoder is not built: "
+            f"python -m store.knowledge.encoder_onnx ({model_path()})"
+        )
 
     codex = load_codex()
     int8, float32 = Embedder(INT8), Embedder(FLOAT32)

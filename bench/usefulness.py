@@ -56,8 +56,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa
 from bench.answers import judge  # noqa: E402
 from graph.mind_state import MindServices, ModelFactory  # noqa: E402
 from graph.request import content_text  # noqa: E402
-from store.catalog import KnowledgeCatalog  # noqa: E402
-from store.image import LivingImage  # noqa: E402
+from store.core.image import LivingImage  # noqa: E402
+from store.knowledge.catalog import KnowledgeCatalog  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -120,7 +120,7 @@ def ingest_corpus(image: LivingImage, corpus: Path) -> tuple[KnowledgeCatalog, d
     A file that fails to ingest stops the bench: its questions would be judged on a catalog
     that lacks their source.
     """
-    from store.ingest import expand, ingest_paths
+    from store.knowledge.ingest import expand, ingest_paths
 
     if not corpus.is_dir():
         raise SystemExit(f"no corpus folder at {corpus}")
@@ -256,7 +256,7 @@ class Systems:
     """The three systems over one image and its catalog.
 
     ``models`` is the chat-model factory of the bare model and the RAG (default
-    ``graph.llm.chat_model``); ``services`` what the mind runs with (default: its own
+    ``batos.models.chat_model``); ``services`` what the mind runs with (default: its own
     defaults, as a user's ``ask`` has them).
     """
 
@@ -271,7 +271,7 @@ class Systems:
         """One call of BABS's chat model, made afresh as a user's script would."""
         factory = self.models
         if factory is None:
-            from graph.llm import chat_model
+            from batos.models import chat_model
 
             factory = chat_model
         message = factory("BABS").invoke(messages)

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from prototypes.uvm import Method, UvmObject  # noqa: E402
-from store.image import LivingImage  # noqa: E402
+from store.core.image import LivingImage  # noqa: E402
 
 
 class Plain:

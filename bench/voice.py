@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graph.llm.modelfile import adapter_path, modelfiles_dir  # noqa: E402
+from batos.models.modelfile import adapter_path, modelfiles_dir  # noqa: E402
 
 PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
 CONDITIONS = ("adapter", "system", "both")
@@ -278,7 +278,7 @@ class Speaker:
         offline: bool = False,
         seed: int = SEED,
     ) -> None:
-        from graph.llm.embedded import EmbeddedChatModel
+        from batos.models.embedded import EmbeddedChatModel
 
         self.which = which
         self.offline = offline  # only what the cache holds; nothing is generated
@@ -363,10 +363,10 @@ def mind_replies(
 
     from langchain_core.messages import HumanMessage
 
+    from batos.models import chat_model
     from graph.boot import open_image
-    from graph.llm import chat_model
     from graph.mind import MindServices, build_graph, run_config
-    from store.checkpointer import ZODBSaver
+    from store.checkpoint.saver import ZODBSaver
 
     def capped(persona: str, **options: Any) -> Any:
         limit = min(int(options.get("num_predict") or speaker.tokens), speaker.tokens)

@@ -1,3 +1,7 @@
-"""The graphs and what wires them to the rest: the JIT graph, retrieval and curation nodes,
-opening the image (``boot``); chat models in ``llm``, persona training in ``training``, the
-``batos`` command in ``cli``."""
+"""The LangGraph graphs and their nodes: the mind (``mind``, ``mind_nodes``, ``plan``,
+``facets``, ``answer``), the CPU router, the JIT graph that writes missing methods, the audit
+and its missions (``audit``, ``cem``, ``missions``), retrieval and curation.
+
+May import ``batos.training``, ``batos.models``, ``prototypes``, ``store`` and the shared
+``batos`` modules; never the shell (``batos.shell``), which assembles the graphs.
+"""

@@ -100,7 +100,7 @@ def focus(passages: Sequence[Mapping[str, Any]], question: str, words: int) -> l
     are most of what a small model needs, and the rest distracts it.
     """
     from graph.plan import content_words
-    from store.chunking import sentences
+    from store.knowledge.chunking import sentences
 
     if words <= 0:
         return [dict(p) for p in passages]

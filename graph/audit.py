@@ -37,7 +37,7 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError
 from graph import cem, missions, prompts, records
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 log = logging.getLogger("batos.audit")
 
@@ -188,7 +188,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         if models is not None:
             model = models("ALFRED")
         else:
-            from graph.llm import chat_model
+            from batos.models import chat_model
 
             model = chat_model("ALFRED")
         prompt = prompts.load("audit")
@@ -311,6 +311,6 @@ def show(image: LivingImage, report_id: int) -> dict[str, Any]:
 def graph() -> Any:
     """The audit graph for ``langgraph dev`` / ``batos serve``, over the configured image
     (shared with the server's other graphs, opened once per process)."""
-    from store.image import acquire_shared, default_uri
+    from store.core.image import acquire_shared, default_uri
 
     return build_graph(acquire_shared(default_uri()))

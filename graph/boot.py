@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prototypes.codex import Codex, load_codex
 from prototypes.incarnation import incarnate
-from store.image import LivingImage
-from store.schema import ROOT_STEPS, UpgradeStep, upgrade
+from store.core.image import LivingImage
+from store.core.schema import ROOT_STEPS, UpgradeStep, upgrade
 
 
 def upgrade_steps(codex: Codex | None = None) -> tuple[UpgradeStep, ...]:

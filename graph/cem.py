@@ -279,7 +279,7 @@ def window(root: Any, size: int) -> list[dict[str, Any]]:
     """The ``size`` newest cycle records of the image, oldest first, with their embeddings;
     malformed ones are left out (``graph.cycle.stored``)."""
     from graph.cycle import stored
-    from store.embeddings import from_bytes
+    from store.knowledge.embeddings import from_bytes
 
     found = []
     for key, record in stored(root, size):  # a malformed record is skipped, with a warning

@@ -20,7 +20,7 @@ def babs_summarizer(
     if model_factory is not None:
         model = model_factory("BABS")
     else:
-        from graph.llm import chat_model
+        from batos.models import chat_model
 
         model = chat_model("BABS", **options)
     prompt = prompts.load("curator")

@@ -1,13 +1,14 @@
 """A mind cycle's changes to the image, applied in the transaction of its COMPLETE checkpoint.
 
 The mind's nodes never commit. They return *effects* — plain data in graph state — and the
-node that reaches COMPLETE gathers them into a commit (``store.effects``): the ``ZODBSaver``
-applies it in the same transaction as the checkpoint that records COMPLETE, once per cycle id.
-A FAILED cycle writes no commit, so the image is as it was. The kinds registered here:
+node that reaches COMPLETE gathers them into a commit (``store.checkpoint.effects``): the
+``ZODBSaver`` applies it in the same transaction as the checkpoint that records COMPLETE, once
+per cycle id. A FAILED cycle writes no commit, so the image is as it was. The kinds registered here:
 
     install_method     a facet method written and trial-approved during the cycle
     persona_stats      per-persona counters: cycles, model calls, facet calls
-    memory             the exchange, in LangGraph's long-term memory (``store.memory_store``)
+    memory             the exchange, in LangGraph's long-term memory
+                       (``store.knowledge.memory_store``)
     catalog_retrieved  retrieval times of the catalog chunks BABS's facets cited
     cycle_record       what ``batos cycles`` (and later the CEM) reads: route, plan, timings,
                        tokens, the request and response embeddings
@@ -39,8 +40,8 @@ from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store import effects
-from store.embeddings import DIMS, from_bytes, to_bytes
+from store.checkpoint import effects
+from store.knowledge.embeddings import DIMS, from_bytes, to_bytes
 
 log = logging.getLogger("batos.mind")
 
@@ -49,7 +50,7 @@ CYCLES_KEY = "cycles"
 #: Bounds on what one effect may carry (the schemas in ``graph.records`` hold them).
 MAX_RECORD_BYTES = records.MAX_RECORD_BYTES
 MAX_COUNT = records.MAX_COUNT
-#: Where each exchange goes in LangGraph's long-term memory (``store.memory_store``).
+#: Where each exchange goes in LangGraph's long-term memory (``store.knowledge.memory_store``).
 MEMORY_NAMESPACE = ["mind", "exchanges"]
 #: Characters of the answer a cycle record keeps.
 MAX_RESPONSE_CHARS = records.MAX_RESPONSE_CHARS
@@ -140,7 +141,7 @@ def _vectors(effect: Mapping[str, Any], rows: list[list[float]]) -> list[np.ndar
 
 
 def _memory(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
-    from store.memory_store import put_item
+    from store.knowledge.memory_store import put_item
 
     namespace, key, value = effect["namespace"], effect["key"], effect["value"]
     if _json_size(effect, value) > MAX_RECORD_BYTES:

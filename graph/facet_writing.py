@@ -2,11 +2,11 @@
 
 ``batos init --prepare`` writes every facet the image lacks, with progress; the heartbeat's
 ``facets`` job writes the ones that are due. Each facet is drafted by the model that writes
-its persona's methods (``graph.llm.author_model``) as doesNotUnderstand's mission (guardian,
+its persona's methods (``batos.models.author_model``) as doesNotUnderstand's mission (guardian,
 sandbox, trial on neutral sample questions) on a connection that is aborted, then installed
 in a short transaction of its own after the same gate again. A facet that cannot be written
 is recorded with its reason and tried again later, the wait doubling with each failure
-(``store.method_queue``); ``batos doctor`` shows it.
+(``store.core.method_queue``); ``batos doctor`` shows it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from prototypes import guardian, sandbox
 from prototypes.codex import load_codex
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store import method_queue
-from store.image import LivingImage
+from store.core import method_queue
+from store.core.image import LivingImage
 
 log = logging.getLogger("batos.facets")
 
@@ -117,7 +117,7 @@ def write_one(
 ) -> Written:
     """Write and install one facet, or record why it could not be written."""
     if models is None:
-        from graph.llm import author_model
+        from batos.models import author_model
 
         models = author_model
     key = facets.facet_key(persona, selector)

@@ -69,7 +69,7 @@ SAMPLE_REPEAT_PENALTY = 1.0
 #: Temperature of the examples: expected outputs should be worked out, not sampled.
 EXAMPLES_TEMPERATURE = 0.1
 
-#: ``factory(persona, **options)`` → chat model; options as ``graph.llm.chat_model`` takes.
+#: ``factory(persona, **options)`` → chat model; options as ``batos.models.chat_model`` takes.
 ModelFactory = Callable[..., BaseChatModel]
 
 
@@ -144,9 +144,9 @@ def prompts() -> dict[str, Any]:
 
 
 def default_model_factory(persona: str, **options: Any) -> BaseChatModel:
-    """The model that writes the persona's methods (``graph.llm.author_model``): the
+    """The model that writes the persona's methods (``batos.models.author_model``): the
     ``author_model`` setting's, else the persona's own."""
-    from graph.llm import author_model
+    from batos.models import author_model
 
     return author_model(persona, **options)
 
@@ -187,7 +187,7 @@ def _served(context: Any, state: JitState) -> JitContext:
     import transaction
 
     from prototypes.paths import resolve
-    from store.image import acquire_shared
+    from store.core.image import acquire_shared
 
     request = context if isinstance(context, dict) else {}
     path, args, kwargs = request.get("receiver"), request.get("args", []), request.get("kwargs", {})

@@ -52,7 +52,7 @@ from graph.mind_state import (
     accumulate,
 )
 from graph.request import check_thread_id, content_text, request_text
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 __all__ = [
     "ANSWER_TOKENS",
@@ -124,7 +124,7 @@ def ask(
     """Answer one request in one cycle on the image (default: the ``image`` setting) and
     return the cycle's final state (``status`` is 'COMPLETE' or 'FAILED')."""
     from graph.boot import open_image
-    from store.checkpointer import ZODBSaver
+    from store.checkpoint.saver import ZODBSaver
 
     owned = not isinstance(image, LivingImage)
     living = open_image(image) if owned else image  # type: ignore[arg-type]

@@ -48,8 +48,8 @@ from graph.plan import (
 from graph.request import check_context, content_text, request_text
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS, load_codex
-from store import effects
-from store.image import LivingImage
+from store.checkpoint import effects
+from store.core.image import LivingImage
 
 log = logging.getLogger("batos.mind")
 
@@ -87,7 +87,7 @@ def _failure(node: str, exc: BaseException) -> dict[str, Any]:
 def _bring_up_to_date(image: LivingImage) -> None:
     """The layouts and persona incarnation a served image may not have had yet."""
     from graph.boot import upgrade_steps
-    from store.schema import upgrade
+    from store.core.schema import upgrade
 
     upgrade(image, upgrade_steps())
 
@@ -140,7 +140,7 @@ class Mind:
     def image(self, config: RunnableConfig) -> LivingImage:
         """The checkpointer's image if it is a ``ZODBSaver``, else the given one, else the
         process's shared image at the ``image`` setting; brought up to date once."""
-        from store.checkpointer import ZODBSaver
+        from store.checkpoint.saver import ZODBSaver
 
         saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
         if isinstance(saver, ZODBSaver):
@@ -148,7 +148,7 @@ class Mind:
         elif self._services().image is not None:
             image = self._services().image
         else:
-            from store.image import acquire_shared
+            from store.core.image import acquire_shared
 
             uri = settings.get_str("image")
             image = self._once("image", uri, lambda: acquire_shared(uri))
@@ -158,17 +158,17 @@ class Mind:
     def models(self, persona: str, **options: Any) -> BaseChatModel:
         factory = self._services().models
         if factory is None:
-            from graph.llm import chat_model
+            from batos.models import chat_model
 
             factory = chat_model
         return factory(persona, **options)
 
     def authors(self, persona: str, **options: Any) -> BaseChatModel:
         """The model that writes ``persona``'s code (facets, programs): the given factory,
-        which stands in for every model, else ``graph.llm.author_model``."""
+        which stands in for every model, else ``batos.models.author_model``."""
         factory = self._services().models
         if factory is None:
-            from graph.llm import author_model
+            from batos.models import author_model
 
             factory = author_model
         return factory(persona, **options)
@@ -206,7 +206,7 @@ class Mind:
         given = self._services().catalog
         if given is not None:
             return given
-        from store.catalog import KnowledgeCatalog
+        from store.knowledge.catalog import KnowledgeCatalog
 
         # Without a given embedder the catalog picks the encoder its vectors were made with.
         given = self._services().embedder
@@ -216,7 +216,7 @@ class Mind:
         """The catalog, or None when the image's holds nothing (then neither its encoder is
         loaded nor its layout written: opening a catalog lays one out)."""
         if self._services().catalog is None:
-            from store.catalog import holds_chunks
+            from store.knowledge.catalog import holds_chunks
 
             with image.read() as root:
                 if not holds_chunks(root):
@@ -772,7 +772,7 @@ class Mind:
         cycle_state = dict(state["cycle"])
         commit = cycle.commit_for(state, cycle_state)
         self.writers.forget(cycle_state["id"])
-        from store.checkpointer import ZODBSaver
+        from store.checkpoint.saver import ZODBSaver
 
         saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
         if not isinstance(saver, ZODBSaver):

@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 from graph.request import add_checked_messages
 
 if TYPE_CHECKING:
-    from store.image import LivingImage
+    from store.core.image import LivingImage
 
 STATUSES = ("ROUTE", "DECOMPOSING", "DELEGATING", "SYNTHESIZING", "GATE", "COMPLETE", "FAILED")
 
@@ -29,7 +29,7 @@ ModelFactory = Callable[..., BaseChatModel]
 class MindServices:
     """The live objects a cycle uses; each left None is the configured default.
 
-    ``models(persona, **options)`` → chat model (default ``graph.llm.chat_model``); ``router``
+    ``models(persona, **options)`` → chat model (default ``batos.models.chat_model``); ``router``
     has ``route(text)`` (default ``graph.router.load_router(image)``); ``embedder`` has
     ``encode(texts)`` → unit float32 rows (default the router's encoder); ``image`` is used when
     the checkpointer is not a ``ZODBSaver`` (whose image always wins); ``catalog`` is what

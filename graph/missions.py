@@ -14,7 +14,7 @@ change in the numbers can be put down to one mission). A change that one of the 
 
 - ``H_struc`` → ``write_facet``: a facet called in the window whose persona has no method for
   it (most called first), else a declared facet of the least-used persona that has none; the
-  model that writes its persona's methods (``graph.llm.author_model``) writes it through the
+  model that writes its persona's methods (``batos.models.author_model``) writes it through the
   JIT graph (draft, guardian, sandbox trial), and it is installed. Every facet already
   written: the next component is tried.
 - ``H_cog`` → ``raise_prior``: the least-used persona's routing prior (``graph.router``) rises
@@ -59,7 +59,7 @@ from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 log = logging.getLogger("batos.audit")
 

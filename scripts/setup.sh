@@ -56,7 +56,7 @@ echo "==> BAT OS"
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
 
 echo "==> the knowledge catalog's int8 encoder (exported and quantised once, into the model cache)"
-"$VENV/bin/python" -m store.encoder_onnx
+"$VENV/bin/python" -m store.knowledge.encoder_onnx
 
 echo "$want" > "$STAMP"
 echo "==> ready: $VENV/bin/batos"

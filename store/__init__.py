@@ -1,2 +1,7 @@
-"""Everything that touches disk: the living image by URI, ZEO, transactions and their retries,
-schema upgrades, the checkpointer, the knowledge catalog and memory store, model files."""
+"""Everything that touches disk, in three sub-packages: the living image (``core``: opening by
+URI, ZEO, transactions and their retries, schema upgrades, model files), the LangGraph
+checkpointer that keeps threads in the image (``checkpoint``) and the knowledge engine
+(``knowledge``: catalog, ingestion, chunking, full-text and vector indexes, the memory store).
+
+The bottom room: it imports only the shared ``batos`` modules.
+"""

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from pgcluster import PostgresCluster, PostgresUnavailable
 
-from store.image import LivingImage
-from store.zeo import ZeoServer
+from store.core.image import LivingImage
+from store.core.zeo import ZeoServer
 
 # Property-based tests: the same examples on every run (a failure in CI replays anywhere),
 # and no example database written into the tree. `pytest --hypothesis-profile=deep` explores

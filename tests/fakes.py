@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import Field
 
-from graph.llm.base import PersonaChatModel
+from batos.models.base import PersonaChatModel
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -104,7 +104,7 @@ class PacedChatModel(BaseChatModel):
 
 class PacedPersonaModel(PersonaChatModel, PacedChatModel):
     """The paced model behind the seam every backend's model goes through, which stops a call
-    whose caller cancels it (``graph.llm.cancel``)."""
+    whose caller cancels it (``batos.models.cancel``)."""
 
 
 def image_digest(db: Any, exclude: Sequence[str] = ()) -> str:

@@ -423,7 +423,7 @@ def test_the_fifty_requests_are_varied() -> None:
 
 
 def test_every_example_request_of_the_readme_is_in_the_readme_set() -> None:
-    from graph.cli.mind import SAMPLE_REQUEST
+    from batos.shell.cli.mind import SAMPLE_REQUEST
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     examples = set(re.findall(r'batos ask "([^"]+)"', readme))

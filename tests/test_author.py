@@ -20,16 +20,16 @@ from fakes import FakeModels, FakeRouter, ModelCall
 from test_mind import MUFFINS, facet_source, mind, responder, run, steps_plan
 
 from batos.errors import ConfigurationError, ModelError
+from batos.models import author_model, chat_model, register_backend, unregister_backend
+from batos.models.embedded import EmbeddedChatModel
+from batos.shell.cli import main
+from batos.shell.doctor import check_author
 from graph import jit
 from graph.boot import open_image
-from graph.cli import main
-from graph.doctor import check_author
-from graph.llm import author_model, chat_model, register_backend, unregister_backend
-from graph.llm.embedded import EmbeddedChatModel
 from prototypes.codex import load_codex
 from prototypes.incarnation import personas
 from prototypes.uvm import Method, UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 CODER = "qwen2.5-coder:7b"
 SELECTOR = re.compile(r"Write the method `(\w+)`")

@@ -20,12 +20,12 @@ import zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
 from test_mind import responder
 
+from batos.shell.bridge import MAX_BODY_BYTES, MAX_MESSAGE_BYTES, MAX_PER_CLIENT, PROTOCOL, Bridge
+from batos.shell.cli import main
 from graph import cycle
 from graph.boot import open_image
-from graph.bridge import MAX_BODY_BYTES, MAX_MESSAGE_BYTES, MAX_PER_CLIENT, PROTOCOL, Bridge
-from graph.cli import main
 from graph.mind import MindServices
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -279,7 +279,7 @@ FLOOD = """
 import resource, sys, threading, zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter
 from graph.boot import open_image
-from graph.bridge import Bridge
+from batos.shell.bridge import Bridge
 from graph.mind import MindServices
 
 services = MindServices(models=FakeModels(lambda call: "x"), router=FakeRouter(("ROBIN",)),

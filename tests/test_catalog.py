@@ -10,11 +10,11 @@ import pytest
 
 from batos.errors import CatalogError
 from graph.retrieval import cited_context, retrieval_node
-from store.catalog import KnowledgeCatalog
-from store.chunking import chunk, sentences
-from store.embeddings import Embedder
-from store.image import LivingImage
-from store.ingest import ingest_text
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.chunking import chunk, sentences
+from store.knowledge.embeddings import Embedder
+from store.knowledge.ingest import ingest_text
 
 CATS = (
     "Cats are small domesticated carnivores. They sleep for most of the day. A cat purrs "

@@ -24,7 +24,7 @@ from persistent.mapping import PersistentMapping
 from batos.errors import GeneratedCodeError
 from prototypes import kernel
 from prototypes.uvm import UvmObject, compile_plain
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 MAPPINGS = ("PersistentMapping", "dict")
 SEQUENCES = ("PersistentList", "list")

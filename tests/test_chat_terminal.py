@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from batos.shell.cli import main
+from batos.shell.cli.repl import clean_line
 from graph.boot import open_image
-from graph.cli import main
-from graph.cli.repl import clean_line
 from graph.mind import build_graph, run_config
-from store.checkpointer import ZODBSaver
+from store.checkpoint.saver import ZODBSaver
 
 REPO = Path(__file__).resolve().parents[1]
 #: The chat's prompt as readline draws it (bold).
@@ -38,7 +38,7 @@ def runner(model: str, slow_words: int = SLOW_WORDS) -> str:
     return f"""
 import sys
 from fakes import {model}
-from graph.cli import main
+from batos.shell.cli import main
 
 
 def reply(messages):

@@ -23,7 +23,7 @@ from ZODB.utils import get_pickle_metadata, p64
 
 from batos import metrics
 from batos.errors import ImageCorruptError
-from store.checkpoint_layout import (
+from store.checkpoint.layout import (
     CHECKPOINTS_KEY,
     RECENT,
     RECORD_FORMAT,
@@ -31,9 +31,9 @@ from store.checkpoint_layout import (
     CheckpointRecord,
     OlderCheckpoints,
 )
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage
-from store.schema import SCHEMA_KEY, applied
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
+from store.core.schema import SCHEMA_KEY, applied
 
 
 def cfg(thread: str, **extra: Any) -> dict:
@@ -83,8 +83,8 @@ def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
 
 # -- what a put writes -------------------------------------------------------------------
 
-RECORD = "store.checkpoint_layout.CheckpointRecord"
-INDEX = "store.checkpoint_layout.CheckpointIndex"
+RECORD = "store.checkpoint.layout.CheckpointRecord"
+INDEX = "store.checkpoint.layout.CheckpointIndex"
 
 
 def test_a_put_writes_its_record_and_the_bucket_of_newest_ids(file_saver: ZODBSaver) -> None:

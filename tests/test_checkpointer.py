@@ -18,16 +18,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from batos.errors import ImageCorruptError, ImageError, ImageURIError
-from store.checkpoint_layout import CHECKPOINTS_KEY, Payload
-from store.checkpointer import (
+from store.checkpoint.layout import CHECKPOINTS_KEY, Payload
+from store.checkpoint.saver import (
     CheckpointConfigError,
     CheckpointNotFound,
     CheckpointSerializationError,
     ZODBSaver,
     generate_checkpointer,
 )
-from store.image import LivingImage
-from store.zeo import ZeoServer
+from store.core.image import LivingImage
+from store.core.zeo import ZeoServer
 
 
 class State(TypedDict):
@@ -224,7 +224,7 @@ def test_concurrent_writes_to_one_checkpoint_are_all_kept(
 def test_conflicting_changes_besides_writes_are_not_merged() -> None:
     from ZODB.POSException import ConflictError
 
-    from store.checkpoint_layout import CheckpointRecord
+    from store.checkpoint.layout import CheckpointRecord
 
     old = {"metadata": ("json", b"1"), "writes": {}}
     one = {"metadata": ("json", b"1"), "writes": {("a", 0): ("ch", ("json", b"1"), "")}}
@@ -321,7 +321,7 @@ def _layout_1_thread(memory: InMemorySaver, thread_id: str) -> Any:
     """The thread as layouts 1 and 2 stored it, built from what InMemorySaver holds."""
     from BTrees.OOBTree import OOBTree
 
-    from store.checkpoint_layout import CheckpointRecord, ThreadRecord, encode
+    from store.checkpoint.layout import CheckpointRecord, ThreadRecord, encode
 
     thread = ThreadRecord()
     thread.values, thread.writes = OOBTree(), OOBTree()
@@ -355,8 +355,8 @@ def _layout_1_thread(memory: InMemorySaver, thread_id: str) -> Any:
 def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> None:
     from BTrees.OOBTree import OOBTree
 
-    from store.checkpoint_layout import CHECKPOINT_STEPS, ThreadRecord
-    from store.schema import applied, upgrade
+    from store.checkpoint.layout import CHECKPOINT_STEPS, ThreadRecord
+    from store.core.schema import applied, upgrade
 
     def ask(state: State) -> dict:
         return {"n": state["n"] + interrupt("more?"), "log": ["asked"]}
@@ -563,7 +563,7 @@ def test_non_serialisable_state_writes_nothing(file_uri: str) -> None:
             graph.invoke({"n": -1, "log": []}, cfg("bad-node"), durability="sync")
         state = graph.get_state(cfg("bad-node"))
         assert state.next == ("node",) and state.values == {"n": -1, "log": []}
-    from graph.cli import main as batos
+    from batos.shell.cli import main as batos
 
     assert batos(["--image", file_uri, "threads"]) == 0
     assert batos(["--image", file_uri, "threads", "bad"]) == 8
@@ -640,11 +640,11 @@ def test_writes_for_a_deleted_checkpoint_are_dropped(file_saver: ZODBSaver) -> N
 def test_writes_whose_put_never_comes_expire(
     saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.checkpoint_parking
+    import store.checkpoint.parking
 
     _, first = _checkpoint_and_config("lost")
     saver.put_writes(first, [("ch", 1)], "task")
-    monkeypatch.setattr(store.checkpoint_parking, "PARKED_SECONDS", 0.0)
+    monkeypatch.setattr(store.checkpoint.parking, "PARKED_SECONDS", 0.0)
     _, second = _checkpoint_and_config("lost")
     saver.put_writes(second, [("ch", 1)], "task")
     assert saver._parking.parked() == 0
@@ -701,7 +701,7 @@ def test_image_that_cannot_be_opened(tmp_path: Path) -> None:
 
 
 def test_unknown_prune_strategy_and_bad_keep(saver: ZODBSaver) -> None:
-    from store.checkpointer import CheckpointError
+    from store.checkpoint.saver import CheckpointError
 
     with pytest.raises(CheckpointError, match="strategy"):
         saver.prune(["x"], strategy="everything")

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from servers import serving
 
-from graph.cli import main as batos
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage
-from store.zeo import free_port
+from batos.shell.cli import main as batos
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
+from store.core.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,8 +55,8 @@ graph = builder.compile()
 
 RUNNER = """
 import json, sys
-from store.image import LivingImage
-from store.checkpointer import ZODBSaver
+from store.core.image import LivingImage
+from store.checkpoint.saver import ZODBSaver
 from tiny_graph import builder
 
 uri, thread, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

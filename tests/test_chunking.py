@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.chunking import MIN_TOKENS, finish, plan, sentences
-from store.embeddings import Embedder
+from store.knowledge.chunking import MIN_TOKENS, finish, plan, sentences
+from store.knowledge.embeddings import Embedder
 
 #: Every whitespace character of the Basic Multilingual Plane (str.isspace, as the splitter).
 WHITESPACE = [chr(c) for c in range(0x10000) if chr(c).isspace()]

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from batos.errors import ImageLockedError
-from graph.cli import main
+from batos.shell.cli import main
 from prototypes.codex import load_codex
 from prototypes.uvm import Method
-from store.image import LivingImage
-from store.zeo import _answers, free_port
+from store.core.image import LivingImage
+from store.core.zeo import _answers, free_port
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -132,7 +132,7 @@ def test_bad_uri_exits_3(capsys):
 
 
 def test_console_script_exit_code_and_help(file_uri):
-    batos = [sys.executable, "-m", "graph.cli"]
+    batos = [sys.executable, "-m", "batos.shell.cli"]
     ok = subprocess.run([*batos, "--help"], capture_output=True, text=True)
     assert ok.returncode == 0 and "inspect" in ok.stdout
     bad = subprocess.run([*batos, "--image", "nope://", "init"], capture_output=True, text=True)
@@ -159,7 +159,7 @@ def test_zeo_start_stops_its_server_on_a_stop_signal(file_uri, tmp_path, stop_si
         [
             sys.executable,
             "-m",
-            "graph.cli",
+            "batos.shell.cli",
             "--image",
             file_uri,
             "zeo",
@@ -196,7 +196,7 @@ def test_zeo_start_killed_outright_takes_its_server_with_it(file_uri, tmp_path):
         [
             sys.executable,
             "-m",
-            "graph.cli",
+            "batos.shell.cli",
             "--image",
             file_uri,
             "zeo",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedChatModel
 
-from graph.cli import main
-from store.image import LivingImage
+from batos.shell.cli import main
+from store.core.image import LivingImage
 
 
 def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:

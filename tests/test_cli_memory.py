@@ -13,12 +13,12 @@ import pytest
 from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
 from rich.console import Console
 
-from graph.cli import main
-from graph.cli.progress import ProgressReport
-from store.catalog import KnowledgeCatalog
-from store.curator import Curator
-from store.embeddings import Embedder
-from store.image import LivingImage
+from batos.shell.cli import main
+from batos.shell.cli.progress import ProgressReport
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.curator import Curator
+from store.knowledge.embeddings import Embedder
 
 CATS = "Cats purr when they are content. Kittens learn to hunt by playing with siblings."
 DOGS = "Dogs bark at strangers. Puppies chew shoes while their teeth grow."
@@ -185,7 +185,7 @@ def test_piped_ingest_prints_progress_lines_before_its_summary(file_uri, tmp_pat
         "BATOS_CATALOG_COMMIT_SECONDS": "0.000001",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "graph.cli", "--image", file_uri, "ingest", str(folder)],
+        [sys.executable, "-m", "batos.shell.cli", "--image", file_uri, "ingest", str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -234,7 +234,7 @@ def test_ingest_reports_each_bad_file_by_name_and_commits_the_rest(file_uri, tmp
     loop.symlink_to(tmp_path / "loop2.txt")
     (tmp_path / "loop2.txt").symlink_to(loop)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    command = [sys.executable, "-m", "graph.cli", "--image", file_uri]
+    command = [sys.executable, "-m", "batos.shell.cli", "--image", file_uri]
     done = subprocess.run(
         [*command, "ingest", str(pipe), str(loop), str(folder)],
         capture_output=True,

@@ -17,11 +17,11 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from test_mind import plan_of, responder
 
 from batos.errors import CycleInterrupted
+from batos.shell.cli import main
+from batos.shell.cli.mind import Session
 from graph.boot import open_image
-from graph.cli import main
-from graph.cli.mind import Session
 from graph.mind import run_config
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 #: Words of a slow reply, streamed one every PACE seconds (about a minute unless stopped), and
 #: how soon after Ctrl-C the command must be back.

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from test_cli_kernel import run
 
-from graph.cli.terminal import json_text, shown, visible
-from store.image import LivingImage
+from batos.shell.cli.terminal import json_text, shown, visible
+from store.core.image import LivingImage
 
 ESC = "\x1b"
 

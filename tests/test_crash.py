@@ -10,7 +10,7 @@ import pytest
 
 from bench import crash
 from prototypes.incarnation import personas
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 
 @pytest.mark.slow

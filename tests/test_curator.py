@@ -7,12 +7,12 @@ import time
 import pytest
 
 from batos.errors import ArchiveError
-from store.catalog import CATALOG_STEPS, KnowledgeCatalog
-from store.curator import Curator, archives, originals
-from store.embeddings import Embedder
-from store.image import LivingImage
-from store.ingest import ingest_text
-from store.schema import upgrade
+from store.core.image import LivingImage
+from store.core.schema import upgrade
+from store.knowledge.catalog import CATALOG_STEPS, KnowledgeCatalog
+from store.knowledge.curator import Curator, archives, originals
+from store.knowledge.embeddings import Embedder
+from store.knowledge.ingest import ingest_text
 
 NEAR_DUPLICATES = [
     "The backup job runs every night at two and copies the image to the NAS.",

@@ -15,12 +15,12 @@ import pytest
 import transaction
 from persistent.mapping import PersistentMapping
 
-from graph import doctor
-from graph.cli import main
-from store import model_files
-from store.image import LivingImage
-from store.jobstore import HEARTBEAT_KEY, acquire_lease
-from store.zeo import free_port
+from batos.shell import doctor
+from batos.shell.cli import main
+from store.core import model_files
+from store.core.image import LivingImage
+from store.core.jobstore import HEARTBEAT_KEY, acquire_lease
+from store.core.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,14 +10,14 @@ import pytest
 from fakes import FakeModels, ModelCall, call_kind
 from test_mind import facet_source
 
+from batos.shell.cli import main
+from batos.shell.doctor import check_facets
 from graph import facet_writing
 from graph.boot import open_image
-from graph.cli import main
-from graph.doctor import check_facets
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store import method_queue
-from store.image import LivingImage
+from store.core import method_queue
+from store.core.image import LivingImage
 
 SELECTOR = re.compile(r"Write the method `(\w+)`")
 ALL = len(facet_writing.codex_facets())
@@ -88,7 +88,7 @@ def test_backoff_doubles_up_to_a_day() -> None:
 
 
 def test_the_heartbeat_writes_a_few_due_facets_per_run(image: LivingImage) -> None:
-    from graph.heartbeat import JOBS
+    from batos.shell.heartbeat import JOBS
 
     job = JOBS["facets"][0]
     said = job(image, drafting())

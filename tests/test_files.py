@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from store.files import copy_file, replacing, write_text
+from store.core.files import copy_file, replacing, write_text
 
 
 def test_a_write_that_fails_leaves_the_old_file_and_nothing_beside_it(tmp_path: Path) -> None:

@@ -11,13 +11,13 @@ import pytest
 from fakes import FakeModels, ScriptedChatModel
 from test_mind import responder
 
+from batos.shell.cli import main
+from batos.shell.heartbeat import Heartbeat, LeaseHeld
 from graph import audit
-from graph.cli import main
 from graph.cycle import CYCLES_KEY
-from graph.heartbeat import Heartbeat, LeaseHeld
-from store.embeddings import to_bytes
-from store.image import LivingImage
-from store.jobstore import acquire_lease
+from store.core.image import LivingImage
+from store.core.jobstore import acquire_lease
+from store.knowledge.embeddings import to_bytes
 
 
 def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:

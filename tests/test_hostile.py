@@ -1,7 +1,7 @@
 """The hostile-input corpus: every case in ``tests/data/hostile/*.toml`` meets a clear error
 and leaves the image as it was.
 
-Surfaces: ``cli`` (``graph.cli.main``: exit code, message and hint, no traceback, output
+Surfaces: ``cli`` (``batos.shell.cli.main``: exit code, message and hint, no traceback, output
 bounded whatever the input's size), ``mind`` and ``jit`` (the graphs as the LangGraph server
 runs them: input and run context from JSON), ``retrieval`` (document text handed to a model
 stays inside its fence), ``bridge`` (messages on the Synaptic Bridge's ZeroMQ socket),
@@ -28,14 +28,14 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
 from test_mind import responder
 
 import batos.errors
+from batos.shell.bridge import PROTOCOL, Bridge
+from batos.shell.cli import main
 from graph.boot import open_image
-from graph.bridge import PROTOCOL, Bridge
-from graph.cli import main
 from graph.mind import MindServices, build_graph
 from graph.retrieval import cited_context
-from store.catalog import Hit, KnowledgeCatalog
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage, acquire_shared, release_shared
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage, acquire_shared, release_shared
+from store.knowledge.catalog import Hit, KnowledgeCatalog
 
 CORPUS = Path(__file__).parent / "data" / "hostile"
 #: Characters a failing command may print: an error must not echo an input of any size.

@@ -16,8 +16,8 @@ from graph.boot import open_image
 from prototypes.codex import load_codex
 from prototypes.incarnation import incarnate, personas
 from prototypes.uvm import Method
-from store.image import LivingImage
-from store.schema import UpgradeStep, applied, upgrade
+from store.core.image import LivingImage
+from store.core.schema import UpgradeStep, applied, upgrade
 
 #: The shipped codex's version, and one newer.
 SHIPPED = load_codex().version
@@ -147,7 +147,7 @@ def test_locked_by_another_process(file_uri, tmp_path):
             textwrap.dedent(
                 f"""
                 import sys, time
-                from store.image import LivingImage
+                from store.core.image import LivingImage
                 image = LivingImage.open({file_uri!r})
                 print("open", flush=True)
                 sys.stdin.read()
@@ -202,7 +202,7 @@ def test_failed_open_removes_what_it_added(tmp_path):
 
 def test_missing_image_is_created_only_when_asked(tmp_path):
     from batos.errors import ImageNotFoundError
-    from store.image import creating
+    from store.core.image import creating
 
     path = tmp_path / "new" / "image.fs"
     with pytest.raises(ImageNotFoundError, match="no image at"):

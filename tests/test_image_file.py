@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from batos.errors import ImageCorruptError, ImageLockedError
-from graph.cli import main
-from store.image import LivingImage
-from store.image_file import check, repair
+from batos.shell.cli import main
+from store.core.image import LivingImage
+from store.core.image_file import check, repair
 
 
 def _path(uri: str) -> Path:
@@ -95,7 +95,7 @@ def test_process_killed_mid_commit_reopens(file_uri):
         f"""
         import os, signal
         from ZODB.FileStorage import FileStorage
-        from store.image import LivingImage
+        from store.core.image import LivingImage
         image = LivingImage.open({file_uri!r})
         image.transact(lambda root: root.__setitem__("kept", 1))
         FileStorage._finish = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
@@ -188,7 +188,7 @@ def test_a_file_another_process_is_writing_is_reported_in_use(file_uri):
             "-c",
             textwrap.dedent(f"""
             import sys
-            from store.image import LivingImage
+            from store.core.image import LivingImage
             image = LivingImage.open({file_uri!r})
             print("open", flush=True)
             sys.stdin.read()

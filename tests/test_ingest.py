@@ -11,11 +11,11 @@ import pytest
 from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
 
 from batos.errors import CatalogError, ConfigurationError, DocumentError
-from store.catalog import KnowledgeCatalog
-from store.chunking import MIN_TOKENS, chunk_and_embed
-from store.embeddings import FLOAT32, INT8, Embedder
-from store.image import LivingImage
-from store.ingest import ingest_paths, ingest_text, read_document
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.chunking import MIN_TOKENS, chunk_and_embed
+from store.knowledge.embeddings import FLOAT32, INT8, Embedder
+from store.knowledge.ingest import ingest_paths, ingest_text, read_document
 
 CATS = "Cats purr when they are content. Kittens learn to hunt by playing with siblings."
 DOGS = "Dogs bark at strangers. Puppies chew shoes while their teeth grow."

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from batos.errors import DocumentError
-from store.catalog import KnowledgeCatalog
-from store.image import LivingImage
-from store.ingest import expand, ingest_paths, read_document
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.ingest import expand, ingest_paths, read_document
 
 DOC = Path("/usr/share/doc")
 #: Files ingested: two thirds per-package copyright files, the rest other documentation

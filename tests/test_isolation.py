@@ -19,7 +19,7 @@ from persistent.list import PersistentList
 from batos.errors import SandboxLimitExceeded, SandboxViolation
 from prototypes import kernel
 from prototypes.uvm import UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 SEGFAULT_LATER = (
     "def greet(self, name):\n"

@@ -12,7 +12,7 @@ from persistent.mapping import PersistentMapping
 from batos.errors import MissionFailed
 from graph import jit
 from prototypes.uvm import UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 GOOD = "Here it is:\n```python\ndef double(self, x):\n    return x * 2 + self.bias\n```\n"
 #: An examples reply with none: the drafts are then judged by agreement alone.
@@ -229,7 +229,7 @@ def test_end_to_end_on_the_real_model(image, monkeypatch) -> None:
     """
     monkeypatch.setenv("BATOS_MODEL", "default")
     pytest.importorskip("llama_cpp")
-    from graph.llm import chat_model
+    from batos.models import chat_model
 
     seeds = itertools.count(1)
 

@@ -10,8 +10,8 @@ import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from store.image import LivingImage
-from store.jobstore import (
+from store.core.image import LivingImage
+from store.core.jobstore import (
     HEARTBEAT_KEY,
     ImageJobStore,
     acquire_lease,

@@ -9,7 +9,7 @@ from persistent.mapping import PersistentMapping
 from batos.errors import DoesNotUnderstand, MissionFailed
 from prototypes import kernel
 from prototypes.uvm import Method, UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 ADD_ITEM = (
     "def add_item(self, x):\n"

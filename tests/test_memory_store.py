@@ -9,9 +9,9 @@ import pytest
 from langgraph.store.base import Item
 from langgraph.store.memory import InMemoryStore
 
-from store.embeddings import Embedder
-from store.image import LivingImage
-from store.memory_store import ImageStore, make_store
+from store.core.image import LivingImage
+from store.knowledge.embeddings import Embedder
+from store.knowledge.memory_store import ImageStore, make_store
 
 
 @pytest.fixture(scope="module")
@@ -144,15 +144,15 @@ def test_make_store_is_the_langgraph_json_factory(file_uri: str) -> None:
 
 
 def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_uri: str) -> None:
-    """``langgraph dev`` loads ./store/checkpointer.py under a module name of its own."""
+    """``langgraph dev`` loads ./store/checkpoint/saver.py under a module name of its own."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    import store.checkpointer
+    import store.checkpoint.saver
 
     spec = importlib.util.spec_from_file_location(
-        "__store__checkpointer", Path(store.checkpointer.__file__)
+        "__store__checkpointer", Path(store.checkpoint.saver.__file__)
     )
     loaded = importlib.util.module_from_spec(spec)
     sys.modules["__store__checkpointer"] = loaded
@@ -180,7 +180,7 @@ def test_the_server_loading_this_file_by_path_still_pickles_canonical_classes(
     import importlib.util
     from pathlib import Path
 
-    import store.memory_store as canonical
+    import store.knowledge.memory_store as canonical
 
     spec = importlib.util.spec_from_file_location("xqzrandom", Path(canonical.__file__))
     copy = importlib.util.module_from_spec(spec)

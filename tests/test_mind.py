@@ -20,9 +20,9 @@ from graph.boot import open_image
 from graph.mind import MAX_ANSWER_CHARS, MindServices, ask, build_graph, run_config
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store import effects
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage
+from store.checkpoint import effects
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
 
 SELECTOR = re.compile(r"Write the method `(\w+)`")
 
@@ -796,7 +796,7 @@ def test_an_answer_gives_a_computed_value_as_written_or_rounded(text, value, giv
 
 @pytest.fixture(scope="module")
 def encoder() -> Any:
-    from store.embeddings import Embedder
+    from store.knowledge.embeddings import Embedder
 
     return Embedder()
 
@@ -804,8 +804,8 @@ def encoder() -> Any:
 @pytest.fixture
 def remembered(image, encoder, tmp_path) -> Any:
     """The image's catalog holding two small documents."""
-    from store.catalog import KnowledgeCatalog
-    from store.ingest import ingest_paths
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
 
     (tmp_path / "ferry.md").write_text(
         "# Ferry timetable\n\nThe Ondine ferry leaves Harbour Pier at 7:40 every morning. "
@@ -909,8 +909,8 @@ def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -
 def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
     image, encoder, tmp_path, monkeypatch
 ) -> None:
-    from store.catalog import KnowledgeCatalog
-    from store.ingest import ingest_paths
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
 
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "-1")
     for n in range(8):

@@ -17,9 +17,9 @@ from fakes import image_digest
 from graph import cycle
 from graph.boot import open_image
 from prototypes.incarnation import personas
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage
-from store.zeo import ZeoServer
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
+from store.core.zeo import ZeoServer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter, call_kind
 from langchain_core.messages import HumanMessage
 from graph.boot import open_image
 from graph.mind import MindServices, build_graph, run_config
-from store.checkpointer import ZODBSaver
+from store.checkpoint.saver import ZODBSaver
 
 uri, mode, threads = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 PLAN = json.dumps({"steps": [

@@ -17,8 +17,8 @@ from servers import serving
 from graph import cycle
 from graph.boot import open_image
 from prototypes.codex import load_codex
-from store.image import LivingImage
-from store.zeo import free_port
+from store.core.image import LivingImage
+from store.core.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,7 +164,7 @@ def test_a_conversation_through_langgraph_dev(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_batos_serve_serves_every_graph(tmp_path: Path) -> None:
     image = tmp_path / "image" / "live_image.fs"
-    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
     with _serve(command, tmp_path, image) as base:
         found = httpx.post(f"{base}/assistants/search", json={}, timeout=30).json()
         served = json.loads((REPO / "langgraph.json").read_text())["graphs"]
@@ -177,7 +177,7 @@ def test_a_served_jit_run_whose_drafting_fails_reports_why(tmp_path: Path) -> No
     from langgraph_sdk import get_sync_client
 
     image = tmp_path / "image" / "live_image.fs"
-    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
     # The persona model cannot load: every draft fails before a word is written.
     missing_model = str(tmp_path / "no-such-model.gguf")
     open_image(f"file://{image}").close()  # the personas incarnated, as 'batos init' does
@@ -239,7 +239,7 @@ def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path
 
     image = tmp_path / "image" / "live_image.fs"
     _install_facets(image)
-    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "graph.cli", "serve"]
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
     # Two facets at most: the tiny model writes its plan under a grammar at about a second a
     # token on a loaded machine; parallel facets are tested with scripted models (test_mind.py).
     with _serve(command, tmp_path, image, BATOS_MIND_MAX_FACETS="2") as base:

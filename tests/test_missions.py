@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from fakes import ScriptedChatModel
 
+from batos.shell.cli import main
 from graph import audit, cem, missions
-from graph.cli import main
 from graph.cycle import CYCLES_KEY
 from graph.router import PRIORS_KEY
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
-from store.embeddings import to_bytes
-from store.image import LivingImage
+from store.core.image import LivingImage
+from store.knowledge.embeddings import to_bytes
 
 FACET_SOURCE = """
 def facet_feelings(self, question):
@@ -294,8 +294,8 @@ def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
     import httpx
     from langgraph_sdk import get_sync_client
 
-    from graph.heartbeat import Heartbeat
-    from store.zeo import ZeoServer, free_port
+    from batos.shell.heartbeat import Heartbeat
+    from store.core.zeo import ZeoServer, free_port
 
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.5")
@@ -312,7 +312,7 @@ def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
         }
         log = (tmp_path / "serve.log").open("w")
         server = subprocess.Popen(
-            [str(repo / ".venv/bin/python"), "-m", "graph.cli", "serve"]
+            [str(repo / ".venv/bin/python"), "-m", "batos.shell.cli", "serve"]
             + ["--port", str(port), "--host", "127.0.0.1"],
             cwd=repo,
             env=env,

@@ -1,4 +1,4 @@
-"""Stopping model calls in progress (``graph.llm.cancel``): the persona seam, the HTTP backends
+"""Stopping model calls in progress (``batos.models.cancel``): the persona seam, the HTTP backends
 against loopback servers that stream slowly, and the embedded engine on the test model."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from fakes import PacedPersonaModel
 
 from batos.errors import GenerationCancelled
-from graph.llm import chat_model
-from graph.llm.cancel import cancellable
-from graph.llm.engine import FairLock, Sampling, engine
-from graph.llm.ollama import OllamaPersonaChat
-from store.model_files import model_path
+from batos.models import chat_model
+from batos.models.cancel import cancellable
+from batos.models.engine import FairLock, Sampling, engine
+from batos.models.ollama import OllamaPersonaChat
+from store.core.model_files import model_path
 
 #: Seconds between the pieces the slow servers and models stream, and how many they send:
 #: about a minute in all, unless the client stops reading.
@@ -198,7 +198,7 @@ def test_a_caller_queued_for_the_engine_stops_waiting_when_cancelled() -> None:
 @pytest.mark.model
 def test_the_embedded_model_hands_the_callers_event_to_the_engine() -> None:
     # LlamaCppChat is the engine without the persona seam: only the engine can stop it
-    from graph.llm.embedded import LlamaCppChat
+    from batos.models.embedded import LlamaCppChat
 
     model = LlamaCppChat(persona="ROBIN", temperature=0, num_predict=0)
     assert len(stream_until_stopped(model)) == 3

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from batos.errors import ModelFileError
-from store.model_files import ModelPart, ModelSpec, assemble, catalog, model_path
+from store.core.model_files import ModelPart, ModelSpec, assemble, catalog, model_path
 
 
 def _package(root, name: str, payload: bytes) -> ModelPart:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from graph.llm.modelfile import (
+from batos.models.modelfile import (
     BASE_NAME,
     ModelfileError,
     parse,

@@ -9,19 +9,19 @@ from fakes import ScriptedChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from batos.errors import ConfigurationError, ModelError
-from graph.llm import (
+from batos.models import (
     backends,
     chat_model,
     register_backend,
     select_backend,
     unregister_backend,
 )
-from graph.llm.base import ExceptionTable, PersonaChatModel
-from graph.llm.embedded import EmbeddedChatModel, adapter_paths, message_dicts
-from graph.llm.engine import FairLock, Sampling, engine
-from graph.llm.modelfile import adapter_path
+from batos.models.base import ExceptionTable, PersonaChatModel
+from batos.models.embedded import EmbeddedChatModel, adapter_paths, message_dicts
+from batos.models.engine import FairLock, Sampling, engine
+from batos.models.modelfile import adapter_path
 from prototypes.codex import load_codex
-from store.model_files import model_path
+from store.core.model_files import model_path
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from batos.errors import ModelError
-from graph.llm.engine import Engine, Sampling, Usage, engine
-from store.model_files import model_path
+from batos.models.engine import Engine, Sampling, Usage, engine
+from store.core.model_files import model_path
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -180,7 +180,7 @@ def test_adapters_beyond_capacity_are_evicted_least_recently_used(lab: dict) -> 
 def test_chat_model_applies_an_adapter_as_soon_as_its_file_appears(
     lab: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from graph.llm import chat_model
+    from batos.models import chat_model
 
     shipped = Path(__file__).resolve().parent.parent / "modelfiles"
     folder = tmp_path / "modelfiles"

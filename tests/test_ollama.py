@@ -15,9 +15,9 @@ import pytest
 from chat_servers import FakeOllama
 
 from batos.errors import ModelError
-from graph.llm import chat_model, select_backend
-from graph.llm import ollama as llm_ollama
-from graph.llm.ollama import provision
+from batos.models import chat_model, select_backend
+from batos.models import ollama as llm_ollama
+from batos.models.ollama import provision
 
 SHIPPED = Path(__file__).resolve().parent.parent / "modelfiles"
 PERSONAS = ["batos-robin", "batos-brick", "batos-babs", "batos-alfred"]
@@ -116,7 +116,7 @@ def test_a_model_deleted_behind_our_back_says_how_to_rebuild(ollama_server: Fake
 def test_unreachable_ollama_falls_back_to_the_embedded_backend(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from graph.llm.embedded import EmbeddedChatModel
+    from batos.models.embedded import EmbeddedChatModel
 
     monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")
     monkeypatch.delenv("BATOS_OPENAI_BASE_URL", raising=False)

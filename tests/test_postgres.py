@@ -16,9 +16,9 @@ from persistent.mapping import PersistentMapping
 from pgcluster import PostgresCluster
 
 from batos.errors import ImageError
-from graph.cli import main as batos
-from store import packing
-from store.image import LivingImage
+from batos.shell.cli import main as batos
+from store.core import packing
+from store.core.image import LivingImage
 
 
 def _rows(cluster: PostgresCluster, uri: str) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def test_pack_on_history_free_postgres_collects_unreachable_objects(
 def test_a_server_that_is_down_gets_a_hint(
     postgres_cluster: PostgresCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from store.zeo import free_port
+    from store.core.zeo import free_port
 
     uri = f"postgres://{postgres_cluster.user}@127.0.0.1:{free_port()}/nothing?connect_timeout=2"
     with pytest.raises(ImageError, match="no PostgreSQL server answers") as info:
@@ -115,7 +115,7 @@ def test_two_processes_share_one_postgres_image(postgres_cluster: PostgresCluste
     script = textwrap.dedent(
         """
         import sys
-        from store.image import LivingImage
+        from store.core.image import LivingImage
         with LivingImage.open(sys.argv[1]) as image:
             image.transact(lambda root: root.__setitem__("from_child", 42), note="child")
         """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graph.llm.engine import PrefixCache, _Stashed, common_prefix
+from batos.models.engine import PrefixCache, _Stashed, common_prefix
 
 A, B = (Path("a.gguf"),), (Path("b.gguf"),)
 

@@ -18,13 +18,13 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter, ScriptedChatModel, image
 from test_mind import responder
 
 from batos.errors import CheckpointError
+from batos.shell.cli import main
 from graph import audit, cem, cycle, missions
 from graph.boot import open_image
-from graph.cli import main
 from graph.mind import MindServices, build_graph, run_config
-from store import effects
-from store.checkpointer import ZODBSaver
-from store.image import LivingImage
+from store.checkpoint import effects
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
 
 
 def services() -> MindServices:

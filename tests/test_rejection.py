@@ -14,14 +14,14 @@ from fakes import ScriptedChatModel
 from test_cli_kernel import run
 
 from batos.errors import AuditRejected, ObjectPathError
+from batos.shell.heartbeat import Heartbeat
 from graph import facet_writing, jit, rejection
 from graph.boot import open_image
-from graph.heartbeat import Heartbeat
 from prototypes import kernel, rejected
 from prototypes.incarnation import personas
 from prototypes.uvm import Method, UvmObject
-from store import method_queue
-from store.image import LivingImage
+from store.core import method_queue
+from store.core.image import LivingImage
 
 DOUBLE = "def double(self, x):\n    return x * 2 + self.bias\n"
 INTENT = "Given a number x, return twice x plus the bias slot."
@@ -292,7 +292,7 @@ def test_a_process_killed_mid_removal_leaves_all_of_it_or_none(file_image: str, 
         from ZODB.FileStorage import FileStorage
         from graph import rejection
         from prototypes import rejected
-        from store.image import LivingImage
+        from store.core.image import LivingImage
         image = LivingImage.open({uri!r})
         {kill}
         rejection.reject(image, "brick", "double", reason="killed on the way")

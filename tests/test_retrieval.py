@@ -17,10 +17,10 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from graph import jit
 from graph.retrieval import CONTEXT_HEADER, retrieval_node
 from prototypes.uvm import UvmObject
-from store.catalog import KnowledgeCatalog
-from store.embeddings import Embedder
-from store.image import LivingImage
-from store.ingest import ingest_text
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.embeddings import Embedder
+from store.knowledge.ingest import ingest_text
 
 MANUAL = (
     "Fault E-4471 on the pump controller means the intake valve stuck half open. "

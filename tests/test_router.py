@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from batos.errors import RoutingError
-from graph.cli import main
+from batos.shell.cli import main
 from graph.router import (
     FLOOR,
     MARGIN,
@@ -34,8 +34,8 @@ from graph.router import (
     train_router,
 )
 from prototypes.codex import PERSONAS, load_codex
-from store.embeddings import FLOAT32, INT8, Embedder
-from store.image import LivingImage
+from store.core.image import LivingImage
+from store.knowledge.embeddings import FLOAT32, INT8, Embedder
 
 HELDOUT = Path(__file__).parent / "data" / "router_heldout.toml"
 SHIPPED = resources.files("prototypes").joinpath("codex.toml").read_text(encoding="utf-8")
@@ -127,7 +127,7 @@ def test_routing_in_a_fresh_process_never_imports_torch(file_uri, router):
     script = (
         "import sys\n"
         "from graph.router import load_router\n"
-        "from store.image import LivingImage\n"
+        "from store.core.image import LivingImage\n"
         f"with LivingImage.open({file_uri!r}) as image:\n"
         "    found = load_router(image).route('is the heartbeat running?')\n"
         "print(found.best, 'torch' in sys.modules, 'sklearn' in sys.modules)\n"
@@ -159,7 +159,7 @@ def test_without_the_int8_file_routing_falls_back_to_float32_and_says_so(
             info=router.info,
         )
     assert fallback.encoder == FLOAT32 and reader.embedder is fallback
-    assert "int8 encoder" in caplog.text and "python -m store.encoder_onnx" in caplog.text
+    assert "int8 encoder" in caplog.text and "python -m store.knowledge.encoder_onnx" in caplog.text
     assert "fitted on minilm-int8 vectors but reads requests with minilm-float32" in caplog.text
     assert not (tmp_path / "empty").exists()  # nothing was built on the routing path
     text = "why do I feel so lonely lately?"
@@ -321,7 +321,7 @@ def test_record_checks_refuse_damage(router):
 
 
 class FakeEngine:
-    """Stands in for graph.llm.engine.Engine: records what it was asked to prefetch."""
+    """Stands in for batos.models.engine.Engine: records what it was asked to prefetch."""
 
     def __init__(self, gguf: Path) -> None:
         self.gguf = gguf
@@ -339,7 +339,7 @@ def _route(*ranked: tuple[str, float]) -> Route:
 
 
 def test_prefetch_loads_the_runner_ups_adapter_on_a_loaded_engine():
-    from store.model_files import catalog
+    from store.core.model_files import catalog
 
     eng = FakeEngine(Path("/models") / catalog()["test"].filename)
     other = FakeEngine(Path("/models/custom.gguf"))
@@ -350,7 +350,7 @@ def test_prefetch_loads_the_runner_ups_adapter_on_a_loaded_engine():
 
 
 def test_prefetch_does_nothing_without_a_loaded_engine_or_runner_up():
-    from store.model_files import catalog
+    from store.core.model_files import catalog
 
     route = _route(("BRICK", 0.6), ("BABS", 0.3), ("ROBIN", 0.05), ("ALFRED", 0.05))
     assert prefetch_runner_up(route, engines=[]) is None
@@ -366,7 +366,7 @@ def test_prefetch_in_a_process_without_a_model_loads_nothing():
         "from graph.router import Route, prefetch_runner_up\n"
         "route = Route('t', (('BRICK', 0.6), ('BABS', 0.4)), ('BRICK', 'BABS'))\n"
         "assert prefetch_runner_up(route) is None\n"
-        "assert 'graph.llm.engine' not in sys.modules and 'llama_cpp' not in sys.modules\n"
+        "assert 'batos.models.engine' not in sys.modules and 'llama_cpp' not in sys.modules\n"
     )
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root)
@@ -374,7 +374,7 @@ def test_prefetch_in_a_process_without_a_model_loads_nothing():
 
 
 def test_prefetch_never_fails_the_route(monkeypatch):
-    from store.model_files import catalog
+    from store.core.model_files import catalog
 
     monkeypatch.setenv("BATOS_MODELFILES", "/nonexistent/modelfiles")
     eng = FakeEngine(Path("/models") / catalog()["test"].filename)
@@ -384,8 +384,8 @@ def test_prefetch_never_fails_the_route(monkeypatch):
 
 @pytest.mark.model
 def test_prefetch_puts_the_adapter_in_ram_of_the_real_engine(router):
-    from graph.llm.engine import engine
-    from store.model_files import model_path
+    from batos.models.engine import engine
+    from store.core.model_files import model_path
 
     eng = engine(model_path("test"))
     route = router.route("find the paper that first described CRISPR")
@@ -434,7 +434,7 @@ def test_cli_route_table_and_files(capsys, image_arg, tmp_path, monkeypatch):
 
 
 def test_cli_route_errors(capsys, image_arg, tmp_path, monkeypatch):
-    from graph.cli import route as route_cli
+    from batos.shell.cli import route as route_cli
 
     def fails(*argv: str, match: str) -> None:
         assert main([*image_arg, "route", *argv]) == RoutingError.exit_code

@@ -25,7 +25,7 @@ from batos.errors import SandboxLimitExceeded, SandboxViolation
 from prototypes import confine, isolation, kernel, report
 from prototypes.bounded import ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.uvm import Method, UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 BOMB = (
     "def probe(self, depth, width):\n"

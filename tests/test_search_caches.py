@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from store.catalog import KnowledgeCatalog, catalog_root
-from store.embeddings import Embedder
-from store.image import LivingImage
-from store.ingest import ingest_text
-from store.vectors import VectorIndex, top_k
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog, catalog_root
+from store.knowledge.embeddings import Embedder
+from store.knowledge.ingest import ingest_text
+from store.knowledge.vectors import VectorIndex, top_k
 
 WORDS = "pump valve sensor cable firmware board coolant limit router mesh".split()
 QUERIES = [

@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batos import metrics
 from batos.errors import AuditRejected, ModelError
-from graph.cli import main
-from graph.llm.base import PersonaChatModel
+from batos.models.base import PersonaChatModel
+from batos.shell.cli import main
 from prototypes import guardian
-from store import stats
-from store.image import LivingImage
+from store.core import stats
+from store.core.image import LivingImage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_a_forked_child_counts_from_zero() -> None:
 def _count_in_a_process(home: Path, commits: int) -> None:
     code = (
         "from batos import metrics\n"
-        "from store import stats\n"
+        "from store.core import stats\n"
         f"for _ in range({commits}):\n"
         "    metrics.count('transactions_committed')\n"
         "metrics.observe('model_seconds', 0.3, backend='elsewhere')\n"

@@ -7,7 +7,7 @@ import warnings
 
 from graph import audit, jit, mind
 from prototypes.codex import PERSONAS
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 
 def test_the_jit_form_asks_only_for_the_selector() -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from graph.training import gguf as lora_gguf
-from graph.training import lora as training
+from batos.training import gguf as lora_gguf
+from batos.training import lora as training
 from prototypes.codex import PERSONAS
-from store.model_files import catalog, model_path
+from store.core.model_files import catalog, model_path
 
 REPO_MODELFILES = Path(__file__).resolve().parent.parent / "modelfiles"
 SHIPPED = REPO_MODELFILES / "adapters" / "test"
@@ -138,7 +138,7 @@ def test_an_adapter_for_another_base_is_refused() -> None:
 @pytest.mark.model
 def test_shipped_default_adapters_match_their_data_and_change_greedy_output() -> None:
     """The default model's four adapters, applied in place by the embedded engine."""
-    from graph.llm.engine import Sampling, Usage, engine
+    from batos.models.engine import Sampling, Usage, engine
 
     shipped = REPO_MODELFILES / "adapters" / "default"
     manifest = json.loads((shipped / "manifest.json").read_text())

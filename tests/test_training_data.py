@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from batos.errors import ConfigurationError
-from graph.cli import main
-from graph.training import lora as training
+from batos.shell.cli import main
+from batos.training import lora as training
 from prototypes.codex import PERSONAS
 
 DATA = Path(__file__).resolve().parent.parent / "modelfiles" / "data"

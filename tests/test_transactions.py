@@ -6,7 +6,7 @@ import pytest
 from ZODB.POSException import ConflictError
 
 from batos.errors import TransactionFailed
-from store.transactions import retry
+from store.core.transactions import retry
 
 
 def _attempts(outcomes: list) -> tuple[list, object]:

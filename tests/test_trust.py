@@ -21,7 +21,7 @@ from graph.review import Reviewer, signature_of
 from prototypes import trust
 from prototypes.trust import Evidence, MethodUntrusted, Review
 from prototypes.uvm import UvmObject
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 
 @pytest.fixture
@@ -191,7 +191,7 @@ def test_the_signature_leaves_the_body_out() -> None:
 
 @pytest.fixture(scope="module")
 def brick() -> Any:
-    from graph.llm import chat_model
+    from batos.models import chat_model
 
     return chat_model("BRICK", temperature=0.0, num_predict=12, seed=1)
 
@@ -208,7 +208,7 @@ def test_the_greedy_reply_is_the_likeliest_and_scoring_changes_no_generation(bri
 
 
 def test_scoring_in_small_batches_gives_the_same_log_likelihood(brick, monkeypatch) -> None:
-    from graph.llm import engine
+    from batos.models import engine
 
     messages = [HumanMessage("Write a sentence about rivers.")]
     text = "Rivers carry water from the mountains to the sea, shaping valleys on the way. " * 3
@@ -368,8 +368,8 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     from langgraph.types import Command
 
     from graph.boot import open_image
-    from store.image import _SHARED as shared_images
-    from store.image import acquire_shared, release_shared
+    from store.core.image import _SHARED as shared_images
+    from store.core.image import acquire_shared, release_shared
 
     open_image(file_uri).close()
     monkeypatch.setenv("BATOS_IMAGE", file_uri)

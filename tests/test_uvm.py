@@ -567,7 +567,7 @@ def test_a_change_from_another_process_through_zeo_is_seen(tmp_path):
 
     import ZEO
 
-    from store.zeo import ZeoServer
+    from store.core.zeo import ZeoServer
 
     with ZeoServer(tmp_path / "z.fs") as server:
         port = server.port

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from batos.errors import ImageError, ImageLockedError
-from store.image import LivingImage
-from store.zeo import ZeoServer, _answers, free_port
+from store.core.image import LivingImage
+from store.core.zeo import ZeoServer, _answers, free_port
 
 CLIENT = textwrap.dedent(
     """
     import sys, time
-    from store.image import LivingImage
+    from store.core.image import LivingImage
     uri, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
     image = LivingImage.open(uri)
     image.transact(lambda root: root.__setitem__(me, "hello from " + me), note=me)
@@ -60,7 +60,7 @@ def test_two_processes_share_one_image(tmp_path):
 INCREMENTER = textwrap.dedent(
     """
     import pathlib, sys, time
-    from store.image import LivingImage
+    from store.core.image import LivingImage
 
     def bump(root):
         root["counter"] += 1
@@ -109,7 +109,7 @@ def test_several_writers_on_one_hot_counter_all_get_through(tmp_path):
 OPENER = textwrap.dedent(
     """
     import sys
-    from store.image import LivingImage
+    from store.core.image import LivingImage
     with LivingImage.open(sys.argv[1]) as image:
         image.transact(lambda root: root.__setitem__(sys.argv[2], 1))
     """
@@ -154,7 +154,7 @@ def test_zeo_refuses_an_image_open_elsewhere(tmp_path):
 
 
 def test_unreachable_zeo_server_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr("store.image.ZEO_CONNECT_TIMEOUT", 1)
+    monkeypatch.setattr("store.core.image.ZEO_CONNECT_TIMEOUT", 1)
     with pytest.raises(ImageError, match="no ZEO server answers") as info:
         LivingImage.open(f"zeo://127.0.0.1:{free_port()}")
     assert "batos zeo start" in info.value.hint

@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fakes import FakeEmbedder, FakeModels, FakeRouter  # noqa: E402
 
+from batos.models import register_backend  # noqa: E402
 from bench.crash import _respond  # noqa: E402
-from graph.llm import register_backend  # noqa: E402
 from graph.mind import MindServices, build_graph  # noqa: E402
 
 _models = FakeModels(_respond)

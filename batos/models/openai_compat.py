@@ -1,0 +1,110 @@
+"""The OpenAI-compatible backend: personas served by vLLM, llama-server or any such endpoint.
+
+Used when the ``openai_base_url`` setting is set. The model name is the persona's Ollama name
+(``batos-brick``), so vLLM can serve each persona's LoRA under it; the persona's SYSTEM and
+PARAMETERs come from its Modelfile. ``openai`` and ``langchain_openai`` are imported on first
+use only: they are heavy and most machines never need them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from batos import settings
+from batos.errors import ModelError
+from batos.models.base import ExceptionTable, PersonaChatModel
+from prototypes.codex import PersonaSpec
+
+
+def available() -> bool:
+    """An endpoint is configured (it is not probed: a set URL is an explicit choice)."""
+    return bool(settings.get_str("openai_base_url"))
+
+
+def build(persona: PersonaSpec, timeout: float, options: dict[str, Any]) -> BaseChatModel:
+    """``persona`` on the endpoint at ``openai_base_url``, Modelfile PARAMETERs and ``options``."""
+    from batos.models.modelfile import persona_model
+
+    resolved = persona_model(persona.name)
+    return served(
+        persona.model,
+        settings.get_str("openai_base_url"),
+        settings.get_str("openai_api_key"),
+        timeout,
+        {**resolved.parameters, **options},
+        system=resolved.system or "",
+    )
+
+
+def served(
+    model: str,
+    base_url: str,
+    api_key: str,
+    timeout: float,
+    params: dict[str, Any],
+    *,
+    system: str = "",
+    hint: str = "",
+) -> BaseChatModel:
+    """``model`` at ``base_url`` with Ollama-named ``params`` (``format``: a JSON schema the
+    reply must follow); ``hint`` replaces the persona backend's advice when a call fails."""
+    params = dict(params)
+    schema = params.pop("format", None)
+    extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
+    return _chat_class()(
+        model=model,
+        base_url=base_url,
+        api_key=api_key or "not-needed",
+        timeout=timeout,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        max_tokens=params.get("num_predict"),
+        seed=params.get("seed"),
+        stop=list(params.get("stop", ())) or None,
+        extra_body=extra or None,
+        stream_usage=True,
+        persona_system=system,
+        failure_hint=hint,
+        model_kwargs=(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": schema},
+                }
+            }
+            if schema
+            else {}
+        ),
+    )
+
+
+_chat: type[BaseChatModel] | None = None
+
+
+def _chat_class() -> type[BaseChatModel]:
+    """The persona chat class over ``ChatOpenAI``, defined on first use."""
+    global _chat
+    if _chat is None:
+        import openai
+        from langchain_openai import ChatOpenAI
+
+        class OpenAIPersonaChat(PersonaChatModel, ChatOpenAI):
+            """A persona (or the author model) on an OpenAI-compatible server."""
+
+            failure_hint: str = ""
+
+            def exception_table(self) -> ExceptionTable:
+                return {openai.OpenAIError: self._failed}
+
+            def _failed(self, exc: BaseException) -> ModelError:
+                return ModelError(
+                    f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
+                    hint=self.failure_hint
+                    or "check BATOS_OPENAI_BASE_URL and that the server serves "
+                    f"{self.model_name!r}, or unset it to use Ollama or the embedded model",
+                )
+
+        _chat = OpenAIPersonaChat
+    return _chat

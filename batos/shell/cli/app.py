@@ -1,0 +1,153 @@
+"""The ``batos`` Typer application: global options, error reporting and exit codes.
+
+Every command opens the image named by ``--image`` (or ``BATOS_IMAGE``, or the default file
+image); only the ones in ``CREATING_COMMANDS`` create it when it does not exist. Errors print
+what went wrong and what to do, and exit non-zero with a code per error family (see
+``batos.errors``). Command groups live one per module beside this one and add themselves
+through ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from batos import settings
+from batos.errors import BatosError
+from batos.shell.cli.terminal import TerminalConsole, shown
+from store.core.image import LOAD_ERRORS, acting_for, creating, load_error
+
+app = typer.Typer(
+    name="batos",
+    help="BAT OS: a persistent, self-extending, multi-persona agent in one ZODB image.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+console = TerminalConsole()
+err_console = TerminalConsole(stderr=True)
+
+#: ``persona, attempt -> chat model``: what generated-code missions and summaries use.
+ModelFactory = Callable[..., Any]
+
+
+class _NoTracebacks(logging.Filter):
+    """Keeps library tracebacks (ZODB logs one for every object it cannot load) for -v."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = record.exc_text = None
+        return True
+
+
+#: The image the running command names, for errors raised outside any command's own handling.
+_current = {"image": ""}
+#: Commands that create the image when there is none yet; every other one needs it to exist,
+#: so that a mistyped --image is an error rather than a new, empty image.
+CREATING_COMMANDS = frozenset({"init", "run", "ingest", "zeo"})
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    image: str = typer.Option(
+        None,
+        "--image",
+        envvar="BATOS_IMAGE",
+        help="URI of the living image (file://…/live_image.fs, zeo://host:port, postgres://…).",
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what BAT OS does."),
+) -> None:
+    passed = ctx.obj if isinstance(ctx.obj, dict) else {}
+    ctx.obj = {**passed, "image": image or settings.get_str("image")}
+    _current["image"] = ctx.obj["image"]
+    ctx.with_resource(creating(ctx.invoked_subcommand in CREATING_COMMANDS))
+    ctx.with_resource(acting_for(f"batos {ctx.invoked_subcommand}"))
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, _NoTracebacks) for f in handler.filters):
+                handler.addFilter(_NoTracebacks())
+
+
+def image_uri(ctx: typer.Context) -> str:
+    """The image URI this invocation names (from any sub-command's context)."""
+    return ctx.find_root().obj["image"]
+
+
+def model_factory(ctx: typer.Context) -> ModelFactory | None:
+    """The chat-model factory ``main`` was given, or None for the configured backends."""
+    return ctx.find_root().obj.get("model_factory")
+
+
+#: Modules that add their commands to ``app`` through a ``register(app)`` function, one per
+#: command group, so the CLI grows without this file growing.
+FEATURES: tuple[str, ...] = (
+    "batos.shell.cli.image",
+    "batos.shell.cli.models",
+    "batos.shell.cli.threads",
+    "batos.shell.cli.kernel",
+    "batos.shell.cli.memory",
+    "batos.shell.cli.personas",
+    "batos.shell.cli.route",
+    "batos.shell.cli.mind",
+    "batos.shell.cli.heartbeat",
+    "batos.shell.cli.doctor",
+    "batos.shell.cli.stats",
+    "batos.shell.cli.bridge",
+)
+
+
+def _register_features() -> None:
+    for module in FEATURES:
+        importlib.import_module(module).register(app)
+
+
+_register_features()
+
+
+def _report(exc: BatosError) -> int:
+    err_console.print(f"[bold red]error:[/] {shown(exc.message)}")
+    if exc.hint:
+        err_console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
+    return exc.exit_code
+
+
+def main(argv: list[str] | None = None, *, models: ModelFactory | None = None) -> int:
+    """Entry point of the ``batos`` script; returns the process exit code.
+
+    ``models`` replaces the configured chat-model backends for this invocation (a scripted
+    model in tests, a custom backend when embedding the CLI): ``models(persona, attempt=0)``.
+    """
+    try:
+        result = app(args=argv, standalone_mode=False, obj={"model_factory": models})
+    except BatosError as exc:
+        return _report(exc)
+    except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command
+        return _report(load_error(_current["image"], exc))
+    except typer.TyperException as exc:  # a usage error: unknown command or option, bad value
+        # Typer carries its own copy of click: click's exception classes never match these.
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            err_console.print(f"[bold red]error:[/] {shown(exc.format_message())}")
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Commands on the image itself: init, run, inspect, history, undo, schema, repair, config, zeo."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from batos import settings
+from batos.errors import BatosError, ImageURIError
+from batos.shell.cli.app import console, image_uri
+from batos.shell.cli.terminal import shown, visible
+from graph.boot import open_image
+from prototypes.bounded import bounded_repr
+from prototypes.incarnation import personas
+from prototypes.paths import resolve
+from prototypes.uvm import Method, UvmObject
+from store.core import schema
+from store.core.image import LivingImage
+
+image_app = typer.Typer()
+zeo_app = typer.Typer(help="Share one image between processes through a ZEO server.")
+
+
+def _short(value: Any, width: int = 70) -> str:
+    return shown(bounded_repr(value, width))
+
+
+def _persona_table(root: Any) -> Table:
+    table = Table(title="Personas")
+    for column in ("persona", "role", "model", "intents", "methods"):
+        table.add_column(column, overflow="fold")
+    for name, obj in personas(root).items():
+        methods = [k for k, v in obj._slots().items() if isinstance(v, Method)]
+        table.add_row(
+            shown(name),
+            shown(str(obj.role).split(":")[0]),
+            shown(obj.model),
+            shown(", ".join(map(str, obj.intents))),
+            shown(", ".join(methods) or "-"),
+        )
+    return table
+
+
+@image_app.command()
+def init(
+    ctx: typer.Context,
+    prepare: bool = typer.Option(
+        False,
+        "--prepare",
+        help="Also write the facet methods the image lacks now (minutes on a CPU), so no "
+        "request waits for one; without it the heartbeat writes them.",
+    ),
+) -> None:
+    """Create the image if needed, apply pending upgrades and incarnate the personas.
+
+    Examples: batos --image file:///tmp/demo.fs init · batos init --prepare
+    """
+    uri = image_uri(ctx)
+    with open_image(uri) as image:
+        with image.read() as root:
+            console.print(f"image [bold]{shown(uri)}[/]")
+            for name, info in schema.applied(root).items():
+                when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+                console.print(
+                    f"  [green]✓[/] {shown(name)}  {shown(info['description'])}  ({when})"
+                )
+            console.print(_persona_table(root))
+        if prepare:
+            _prepare_facets(ctx, image)
+
+
+def _prepare_facets(ctx: typer.Context, image: Any) -> None:
+    from batos.shell.cli.app import model_factory
+    from batos.shell.cli.progress import ProgressReport
+    from graph import facet_writing
+
+    with image.read() as root:
+        todo = facet_writing.missing(root)
+    if not todo:
+        console.print("[green]✓[/] every facet method is written")
+        return
+    done: list[Any] = []
+    with ProgressReport(console, "writing facets", total=len(todo), unit="facets") as bar:
+
+        def tell(result: Any) -> None:
+            done.append(result)
+            mark = "written" if result.ok else "could not be written"
+            bar.update(len(done), f"{result.key} {mark} ({result.seconds:.0f}s)")
+
+        facet_writing.write_all(image, model_factory(ctx), todo, tell)
+    for result in done:
+        if result.ok:
+            console.print(f"  [green]✓[/] {result.key}  ({result.seconds:.0f}s)")
+        else:
+            reason = shown(result.reason.splitlines()[0][:160])
+            console.print(f"  [yellow]✗[/] {result.key}: {reason}")
+    failed = [r for r in done if not r.ok]
+    if failed:
+        console.print(
+            f"[yellow]{len(failed)} facet(s) could not be written[/]: their personas answer "
+            "those parts directly; the heartbeat tries again later ('batos doctor' shows when)"
+        )
+
+
+def _facets_line(root: Any) -> None:
+    from graph import facet_writing
+
+    lacking = facet_writing.missing(root)
+    total = len(facet_writing.codex_facets())
+    if lacking:
+        console.print(
+            f"facets: {total - len(lacking)} of {total} written; until the rest are, their "
+            "personas answer those parts directly ('batos init --prepare' writes them now, the "
+            "heartbeat later)"
+        )
+
+
+@image_app.command("run")
+def run_main(
+    ctx: typer.Context,
+    request: str = typer.Option(None, "--request", "-r", help="Answer this instead."),
+) -> None:
+    """The main job: open the image, check the model, answer a sample request end to end
+    (route, plan, facets, synthesis, commit, streamed), then chat when stdin is a terminal.
+
+    Example: BATOS_MODEL=test batos run
+    """
+    import sys
+
+    from langgraph.checkpoint.base.id import uuid6
+
+    from batos.shell.cli.app import model_factory
+    from batos.shell.cli.mind import SAMPLE_REQUEST, Session, _outcome, chat_loop
+    from graph.mind import run_config
+    from store.core.model_files import model_path
+
+    uri = image_uri(ctx)
+    if model_factory(ctx) is None:
+        with console.status("checking the embedded model…"):
+            path = model_path()
+    with open_image(uri) as image:
+        with image.read() as root:
+            console.print(f"image [bold]{shown(uri)}[/]")
+            if model_factory(ctx) is None:
+                console.print(f"model [bold]{shown(settings.get_str('model'))}[/] → {shown(path)}")
+            console.print(_persona_table(root))
+            _facets_line(root)
+        session = Session(image, model_factory(ctx))
+        thread_id = f"run-{uuid6()}"
+        try:
+            text = request or SAMPLE_REQUEST
+            console.print(f"[bold]you>[/] {shown(text)}")
+            context = session.context(None, "full" if request is None else "auto")
+            try:
+                state = session.cycle(text, run_config(thread_id), context)
+                console.print()
+                _outcome(state, as_json=False)
+            finally:  # a FAILED or stopped first answer still opens the chat
+                if sys.stdin.isatty():
+                    chat_loop(session, thread_id, None, "auto")
+        finally:
+            session.close()
+
+
+@image_app.command()
+def inspect(
+    ctx: typer.Context,
+    path: str = typer.Argument("", help="Dotted path: robin, robin.intents, traits …"),
+) -> None:
+    """Browse objects in the image: slots, parents and methods with their source.
+
+    Examples: batos inspect · batos inspect robin · batos inspect robin.intents
+    """
+    with open_image(image_uri(ctx)) as image, image.read() as root:
+        target = resolve(root, path)
+        label = path or "objects"
+        if isinstance(target, UvmObject):
+            _show_object(label, target)
+        elif hasattr(target, "items"):
+            table = Table(title=shown(label))
+            table.add_column("key")
+            table.add_column("value")
+            for key, value in target.items():
+                table.add_row(_short(key), _short(value))
+            console.print(table)
+        else:
+            console.print(f"{label} = {bounded_repr(target, 10_000)}", markup=False)
+
+
+def _show_object(label: str, obj: UvmObject) -> None:
+    table = Table(title=shown(f"{label}  {bounded_repr(obj)}"))
+    table.add_column("slot")
+    table.add_column("kind")
+    table.add_column("value")
+    methods: list[Method] = []
+    for name, value in sorted(obj._slots().items()):
+        if isinstance(value, Method):
+            methods.append(value)
+            table.add_row(shown(name), "method", shown(f"by {value.author}: {value.intent or '-'}"))
+        elif name.endswith("*"):
+            table.add_row(shown(name), "parent", _short(value))
+        else:
+            table.add_row(shown(name), "data", _short(value))
+    console.print(table)
+    for method in methods:
+        console.print(
+            f"[bold]{shown(method.selector)}[/]  author={shown(method.author)}  "
+            f"audit={_short(method.audit, 2_000)}"
+        )
+        console.print(Syntax(visible(method.source), "python", line_numbers=False))
+
+
+@image_app.command()
+def history(
+    ctx: typer.Context,
+    limit: int = typer.Option(20, "--limit", "-n", help="How many transactions to show."),
+) -> None:
+    """List the image's most recent transactions: id, time, user, what was done.
+
+    Example: batos history -n 5
+    """
+    with LivingImage.open(image_uri(ctx)) as image:
+        table = Table(title=f"Transactions of {image.uri}")
+        for column in ("tid", "when", "user", "description"):
+            table.add_column(column)
+        for record in image.history(limit):
+            when = dt.datetime.fromtimestamp(record.time).isoformat(sep=" ", timespec="seconds")
+            table.add_row(shown(record.tid), when, shown(record.user), shown(record.description))
+        console.print(table)
+
+
+@image_app.command()
+def undo(
+    ctx: typer.Context, tid: str = typer.Argument(..., help="Id from 'batos history'.")
+) -> None:
+    """Revert one transaction by recording a new one that undoes it.
+
+    Example: batos undo 03f1c2a9b4e5d600
+    """
+    with LivingImage.open(image_uri(ctx)) as image:
+        image.undo(tid)
+    console.print(f"undid transaction {tid}", markup=False)
+
+
+@image_app.command("schema")
+def schema_cmd(ctx: typer.Context) -> None:
+    """Show which layout upgrades this image has had, and when."""
+    with open_image(image_uri(ctx)) as image, image.read() as root:
+        table = Table(title="Applied upgrade steps")
+        for column in ("step", "description", "applied"):
+            table.add_column(column)
+        for name, info in schema.applied(root).items():
+            when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
+            table.add_row(shown(name), shown(info["description"]), when)
+        console.print(table)
+
+
+@image_app.command()
+def repair(ctx: typer.Context) -> None:
+    """Repair a damaged file image with ZODB's own recovery; the damaged file is kept beside it.
+
+    Whatever ZODB cannot read back is dropped: this command says what. Run it while no other
+    process (nor a ZEO server) has the image open.
+
+    Example: batos --image file:///srv/batos/live_image.fs repair
+    """
+    from store.core.image import image_path
+    from store.core.image_file import repair as repair_file
+
+    uri = image_uri(ctx)
+    path = image_path(uri)
+    if path is None:
+        raise ImageURIError(
+            f"only a file:// image can be repaired, not {uri}",
+            hint="repair the file behind the ZEO server or database with its own tools",
+        )
+    report = repair_file(path)
+    found = report.check
+    if report.damaged_copy is None:
+        if found.uncommitted_tail:
+            console.print(
+                f"{path}: {found.transactions:,} sound transactions, then one that never "
+                "committed (a process stopped mid-commit); the next open drops it and nothing "
+                "committed is lost. Nothing to repair.",
+                markup=False,
+            )
+        else:
+            console.print(
+                f"{path}: {found.transactions:,} transactions, all sound. Nothing to repair.",
+                markup=False,
+            )
+        return
+    console.print(f"[bold]damage:[/] {shown(found.damage)}")
+    for message in report.messages:
+        console.print(f"  recovery: {message}", markup=False)
+    console.print(
+        f"kept {report.transactions:,} transactions ({found.transactions:,} before the damage); "
+        f"dropped {report.bytes_dropped:,} bytes"
+    )
+    console.print(f"the damaged original is kept as {report.damaged_copy}", markup=False)
+
+
+@image_app.command("config")
+def config_cmd() -> None:
+    """Show every setting: its environment variable, the value in force and what it does."""
+    table = Table(title="Settings")
+    for column in ("setting", "variable", "value", "help"):
+        table.add_column(column)
+    for name, setting in settings.SETTINGS.items():
+        value = str(settings.get(name))
+        if "key" in name and value:
+            value = "***"
+        table.add_row(name, setting.env, shown(value), shown(setting.help))
+    console.print(table)
+
+
+@zeo_app.command("start")
+def zeo_start(
+    ctx: typer.Context,
+    address: str = typer.Option(
+        None, "--address", "-a", help="HOST:PORT to serve on (setting zeo_address)."
+    ),
+) -> None:
+    """Serve the file image to other processes until interrupted (Ctrl-C, SIGTERM, SIGHUP).
+
+    Example: batos --image file:///srv/batos/live_image.fs zeo start -a 127.0.0.1:8100
+    then, elsewhere: BATOS_IMAGE=zeo://127.0.0.1:8100 batos inspect
+    """
+    from store.core.image import image_path
+    from store.core.zeo import ZeoServer
+
+    path = image_path(image_uri(ctx))
+    if path is None:
+        raise BatosError("ZEO serves a file image", hint="pass --image file:///path/live_image.fs")
+    server = ZeoServer(path, address or settings.get_str("zeo_address"))
+    server.serve(
+        on_ready=lambda: console.print(
+            f"serving {shown(path)} at [bold]{shown(server.uri)}[/] (Ctrl-C or SIGTERM stops)"
+        )
+    )
+    console.print(f"stopped serving {path}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    for command in image_app.registered_commands:
+        app.registered_commands.append(command)
+    app.add_typer(zeo_app, name="zeo")

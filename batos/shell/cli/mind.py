@@ -1,0 +1,643 @@
+"""``batos ask``, ``chat``, ``cycles`` and ``serve``: the mind from the command line.
+
+``ask`` and ``chat`` stream a cycle as it runs — the route, the plan, each facet as it finishes,
+the answer token by token — and end with the commit (or the reason it FAILED, exit code 10).
+Ctrl-C stops a cycle without committing anything and marks its request interrupted in the
+thread (exit code 130 for ``ask``; ``chat`` returns to its prompt, ``batos.shell.cli.repl``).
+``serve`` runs the LangGraph server (what ``langgraph dev`` runs, without the browser) on
+loopback with langgraph.json's graphs, checkpointer and store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import typer
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import END
+from rich.table import Table
+
+from batos.errors import (
+    BatosError,
+    CycleFailed,
+    CycleInterrupted,
+    GenerationCancelled,
+    MindError,
+)
+from batos.shell.cli.app import console, image_uri, model_factory
+from batos.shell.cli.repl import LineReader, StopOnInterrupt
+from batos.shell.cli.terminal import shown
+from graph.boot import open_image
+from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
+from graph.request import check_thread_id, content_text
+from prototypes.bounded import bounded_repr
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
+
+mind_app = typer.Typer()
+#: The request ``batos run`` answers end to end before it opens the chat.
+SAMPLE_REQUEST = (
+    "Plan my first week of learning to program: the steps to take, and why it is worth it."
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: What ends the answer of a cycle the user stopped, in its thread.
+INTERRUPTED = "(interrupted)"
+
+
+class Session:
+    """One image, its checkpointer and the compiled mind, for a command's lifetime."""
+
+    def __init__(self, image: LivingImage, models: Callable[..., Any] | None) -> None:
+        self.image = image
+        self.saver = ZODBSaver(image)
+        self.graph = build_graph(MindServices(models=models), checkpointer=self.saver)
+
+    def close(self) -> None:
+        self.saver.close()
+
+    def context(self, persona: str | None, depth: str | None) -> dict[str, Any]:
+        context: dict[str, Any] = {}
+        if persona is None:
+            try:
+                import graph.router  # noqa: F401
+            except ImportError:
+                console.print("[yellow]no router installed: BRICK answers[/]")
+                persona = "BRICK"
+        if persona:
+            context["persona"] = persona
+        if depth and depth != "auto":
+            context["depth"] = depth
+        return context
+
+    def cycle(
+        self,
+        text: str,
+        config: dict[str, Any],
+        context: dict[str, Any],
+        *,
+        show: bool = True,
+    ) -> dict[str, Any]:
+        """Run one cycle, showing it as it goes when ``show``; its final state.
+
+        Ctrl-C stops it: the model calls in progress end at their next token, nothing is
+        committed, the thread gets the request's answer marked interrupted and
+        ``CycleInterrupted`` is raised. Work that is no model call is given up on after two
+        more (``StopOnInterrupt``).
+        """
+        answer: list[str] = []
+        with StopOnInterrupt() as stop:
+            try:
+                self._stream(text, config, context, show, answer)
+            except (GenerationCancelled, KeyboardInterrupt):
+                stop.hold()
+                if show:
+                    console.print()
+                kept = self.mark_interrupted(config, "".join(answer))
+                if kept is not None:
+                    raise CycleInterrupted(
+                        "interrupted: nothing was committed; "
+                        + (
+                            "the thread keeps the request, its answer marked interrupted"
+                            if kept
+                            else "the request had not reached the thread"
+                        )
+                    ) from None
+            return self.graph.get_state(config).values
+
+    def _stream(
+        self,
+        text: str,
+        config: dict[str, Any],
+        context: dict[str, Any],
+        show: bool,
+        answer: list[str],
+    ) -> None:
+        """Stream the cycle, printing it when ``show``; ``answer`` gets the answer so far."""
+        stream = self.graph.stream(
+            {"messages": [HumanMessage(text)]},
+            config,
+            context=context,
+            stream_mode=["messages", "updates"],
+        )
+        answering = False
+        for mode, payload in stream:
+            if mode == "messages":
+                chunk, meta = payload
+                if meta.get("langgraph_node") == "synthesize":
+                    if not answering:  # a gate's retry answers again, from the start
+                        answer.clear()
+                        answering = True
+                        if show:
+                            console.print("[bold]answer:[/] ", end="")
+                    piece = content_text(chunk.content)
+                    answer.append(piece)
+                    if show:
+                        console.print(piece, end="", markup=False)
+                continue
+            for node, update in (payload or {}).items():
+                if show and node == "synthesize":
+                    _show_kept(update or {}, "".join(answer))
+                if answering and node != "synthesize":
+                    answering = False
+                    if show:
+                        console.print()
+                if show:
+                    _show_update(node, update or {})
+
+    def mark_interrupted(self, config: dict[str, Any], answered: str) -> bool | None:
+        """End the thread's stopped cycle as FAILED, in a checkpoint of its own, with an answer
+        marked interrupted (``batos_interrupted``; ``batos_failed``, so later cycles leave it
+        out of the history they show the model) holding what was answered so far: the thread
+        never keeps a request without its answer, and is idle. Its effects are dropped, so
+        nothing is committed.
+
+        True when the request is kept with its mark; False when the stop came before the
+        request reached the thread's messages (the run that was to start is dropped); None when
+        the cycle had ended before the stop took effect.
+        """
+        snapshot = self.graph.get_state(config)
+        if not snapshot.next:
+            return None
+        values = snapshot.values
+        messages = values.get("messages") or []
+        if not messages or not isinstance(messages[-1], HumanMessage):
+            self.graph.update_state(config, None, as_node=END)
+            return False
+        routed = not {"__start__", "route"} & set(snapshot.next)
+        chosen = (values.get("route") or {}).get("chosen") if routed else None
+        cycle_id = (values.get("cycle") or {}).get("id") if routed else None
+        answered = answered[:MAX_ANSWER_CHARS].rstrip()
+        mark = AIMessage(
+            f"{answered} {INTERRUPTED}" if answered else INTERRUPTED,
+            name=chosen[0].lower() if chosen else None,
+            additional_kwargs={
+                "batos_failed": True,
+                "batos_interrupted": True,
+                "batos_cycle": cycle_id,
+            },
+        )
+        failure = {"node": snapshot.next[0], "reason": "interrupted by the user", "hint": ""}
+        self.graph.update_state(
+            config,
+            {
+                "messages": [mark],
+                "status": "FAILED",
+                "failure": failure,
+                "effects": {"replace": []},
+                "commit": None,
+            },
+            as_node="fail",
+        )
+        return True
+
+
+def _show_update(node: str, update: dict[str, Any]) -> None:
+    if node == "route" and update.get("route"):
+        route, depth = update["route"], update["cycle"]["depth"]
+        ranked = ", ".join(f"{p} {s:.2f}" for p, s in route["ranked"][:4])
+        console.print(
+            f"[cyan]route[/] → {shown(' + '.join(route['chosen']))}  ({shown(ranked)})  "
+            f"[dim]depth {shown(depth['mode'])}: {shown(depth['rule'])}[/]"
+        )
+    elif node == "decompose" and update.get("plan"):
+        for step in update["plan"]:
+            step_name = shown(f"{step['persona']}.{step['facet']}")
+            console.print(f"[cyan]plan[/]  {step_name}: {shown(step['query'])}")
+    elif node == "facet":
+        for partial in update.get("partials") or []:
+            _show_partial(partial)
+    elif node == "gate" and update.get("status") == "SYNTHESIZING":
+        reason = shown(update["cycle"]["gate"]["reason"])
+        console.print(f"[yellow]gate:[/] {reason}; answering again")
+
+
+#: What each kind of partial answer did, as the stream shows it.
+_PARTIAL_KINDS = {
+    "instruction": "in the answer's outline",
+    "note": "note written",
+    "passages": "passages from memory",
+    "computed": "computed",
+}
+
+
+def _show_partial(partial: dict[str, Any]) -> None:
+    name = shown(f"{partial['persona']}.{partial['facet']}")
+    seconds = f"{partial.get('seconds', 0):.1f}s"
+    if not partial.get("ok"):
+        console.print(f"[yellow]~[/] facet {name} ({seconds}): {shown(partial.get('reason', ''))}")
+        return
+    kind = partial.get("kind") or ""
+    said = _PARTIAL_KINDS.get(kind, kind)
+    if kind == "computed":
+        said += f" = {shown(bounded_repr(partial.get('text'), 120).strip(chr(39)))}"
+    elif kind == "passages":
+        said = f"{len(partial.get('passages') or [])} {said}"
+    wrote = " [magenta](method written)[/]" if partial.get("wrote") else ""
+    console.print(f"[green]✓[/] facet {name} ({seconds}): {said}{wrote}")
+    if partial.get("degraded"):
+        console.print(f"  [yellow]degraded:[/] {shown(str(partial['degraded']))}")
+
+
+def _show_kept(update: dict[str, Any], streamed: str) -> None:
+    """What the kept answer adds to, or takes from, the streamed one: its sources line, or
+    the tail cut because the answer ran out of tokens."""
+    final = update.get("response") or ""
+    if not final or final == streamed:
+        return
+    body, _, sources = final.partition("\n\nSources: ")
+    if (update.get("cycle") or {}).get("truncated"):
+        console.print("\n[dim](cut at its last full sentence: the answer ran out of tokens)[/]")
+    if sources:
+        console.print(f"\n[dim]Sources: {shown(sources)}[/]")
+    elif not streamed.startswith(body):
+        console.print(f"\n[dim]kept as:[/] {shown(body)}")
+
+
+def _summary(state: dict[str, Any]) -> dict[str, Any]:
+    cycle_state = state.get("cycle") or {}
+    metrics = state.get("metrics") or []
+    return {
+        "status": state.get("status"),
+        "thread_id": cycle_state.get("thread_id"),
+        "cycle": cycle_state.get("id"),
+        "response": state.get("response") if state.get("status") == "COMPLETE" else None,
+        "route": state.get("route"),
+        "depth": cycle_state.get("depth"),
+        "plan": state.get("plan"),
+        "facets": [
+            {
+                k: p.get(k)
+                for k in (
+                    "persona",
+                    "facet",
+                    "kind",
+                    "ok",
+                    "seconds",
+                    "wrote",
+                    "reason",
+                    "degraded",
+                )
+            }
+            for p in state.get("partials") or []
+        ],
+        "degraded": cycle_state.get("degraded") or [],
+        "truncated": bool(cycle_state.get("truncated")),
+        "cited": cycle_state.get("cited") or [],
+        "failure": state.get("failure"),
+        "input_tokens": sum(m["input_tokens"] for m in metrics),
+        "output_tokens": sum(m["output_tokens"] for m in metrics),
+        "model_calls": len(metrics),
+    }
+
+
+def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
+    """Print how the cycle ended; a FAILED one raises ``CycleFailed`` (exit code 10)."""
+    summary = _summary(state)
+    if as_json:
+        console.print_value_json(summary, "the cycle")
+    if state.get("status") == "COMPLETE":
+        if not as_json:
+            seconds = dt.datetime.now().timestamp() - state["cycle"]["started"]
+            console.print(
+                f"[green]COMPLETE[/] cycle {shown(summary['cycle'])} on thread "
+                f"{shown(summary['thread_id'])} "
+                f"· committed with its checkpoint · {seconds:.1f}s · "
+                f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
+            )
+            for entry in summary["degraded"]:
+                console.print(
+                    f"  [yellow]degraded[/] {shown(entry['where'])} {shown(entry['what'])}: "
+                    f"{shown(entry['reason'])}"
+                )
+        return
+    failure = state.get("failure") or {}
+    raise CycleFailed(
+        f"the cycle FAILED at {failure.get('node')}: {failure.get('reason')}; "
+        "the image is unchanged",
+        hint=failure.get("hint") or None,
+        state=state,
+    )
+
+
+@mind_app.command()
+def ask(
+    ctx: typer.Context,
+    text: str = typer.Argument(..., help="The request."),
+    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
+    depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
+    as_json: bool = typer.Option(False, "--json", help="Print the cycle as JSON at the end."),
+) -> None:
+    """Answer one request in one mind cycle, streamed: route, plan, facets, answer, commit.
+
+    Examples: batos ask "how do I plan a garden?" · batos ask hi -t chat-1 --json
+    """
+    thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
+    with open_image(image_uri(ctx)) as image:
+        session = Session(image, model_factory(ctx))
+        try:
+            state = session.cycle(
+                text, run_config(thread_id), session.context(persona, depth), show=not as_json
+            )
+        finally:
+            session.close()
+    if not as_json:
+        console.print()
+    _outcome(state, as_json=as_json)
+
+
+COMMANDS = ("thread", "history", "undo", "persona", "depth", "cycles", "help", "quit")
+CHAT_HELP = (
+    "commands: /thread [ID|new]  /history  /undo  /persona NAME|auto  /depth auto|fast|full  "
+    "/cycles  /help  /quit  (anything else is a request)\n"
+    "keys: ↑/↓ earlier lines  Tab completes a /command  Ctrl-C stops an answer (at the prompt: "
+    "clears the line)  Ctrl-D quits"
+)
+
+
+def chat_loop(
+    session: Session,
+    thread_id: str,
+    persona: str | None,
+    depth: str,
+    reader: LineReader | None = None,
+) -> None:
+    """Read requests until /quit or end of input (Ctrl-D); each is one cycle on the current
+    thread. Lines come from ``reader`` (by default readline's, on a terminal)."""
+    reader = reader or LineReader(COMMANDS)
+    config: dict[str, Any] = run_config(thread_id)
+    console.print(f"[dim]thread {thread_id} · {CHAT_HELP}[/]")
+    while True:
+        try:
+            line = reader.read()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: the line is dropped, a new prompt
+            console.print()
+            continue
+        if line is None:
+            console.print("\nbye")
+            return
+        if not line:
+            continue
+        if line.startswith("/"):
+            command, _, argument = line[1:].partition(" ")
+            argument = argument.strip()
+            if command in ("quit", "exit"):
+                return
+            if command == "help":
+                console.print(CHAT_HELP)
+            elif command == "thread":
+                if argument:
+                    new = f"chat-{uuid6()}" if argument == "new" else argument
+                    try:
+                        config = run_config(new)
+                    except MindError as exc:
+                        console.print(f"[red]{shown(exc.message)}[/] ({shown(exc.hint or '')})")
+                        continue
+                console.print(f"thread {shown(config['configurable']['thread_id'])}")
+            elif command == "history":
+                _show_history(session, config)
+            elif command == "undo":
+                config = _undo(session, config)
+            elif command == "persona":
+                persona = None if argument in ("", "auto") else argument.upper()
+                console.print(f"persona {shown(persona or 'routed')}")
+            elif command == "depth":
+                depth = argument or "auto"
+                console.print(f"depth {shown(depth)}")
+            elif command == "cycles":
+                _cycles_table(session.image, None, 10)
+            else:
+                console.print(f"[red]unknown command /{shown(command)}[/]\n{CHAT_HELP}")
+            continue
+        try:
+            state = session.cycle(line, config, session.context(persona, depth))
+            console.print()
+            _outcome(state, as_json=False)
+        except CycleInterrupted as exc:
+            console.print(f"[yellow]{shown(exc.message)}[/]")
+        except BatosError as exc:
+            console.print(f"[red]{shown(exc.message)}[/]")
+            if exc.hint:
+                console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
+        except KeyboardInterrupt:  # Ctrl-C after the cycle ended, while its outcome printed
+            console.print()
+        # after a fork (/undo) the next cycle continues from the fork's new head
+        config = run_config(config["configurable"]["thread_id"])
+
+
+def _show_history(session: Session, config: dict[str, Any]) -> None:
+    messages = session.graph.get_state(config).values.get("messages") or []
+    if not messages:
+        console.print("[dim](no messages yet)[/]")
+    for message in messages:
+        who = "you" if message.type == "human" else (message.name or "batos")
+        console.print(f"[bold]{shown(who)}:[/] {shown(content_text(message.content))}")
+
+
+def _undo(session: Session, config: dict[str, Any]) -> dict[str, Any]:
+    """Fork the thread from just before its last request; the image keeps what was learned."""
+    for snapshot in session.graph.get_state_history(config):
+        if snapshot.metadata and snapshot.metadata.get("source") == "input":
+            parent = snapshot.parent_config
+            if parent is None:
+                console.print("nothing before the first request: starting a new thread")
+                return run_config(f"chat-{uuid6()}")
+            console.print(
+                "the last exchange is undone for this conversation (the image keeps what the "
+                "cycle committed; 'batos history' and 'batos undo TID' revert that)"
+            )
+            return {**config, "configurable": {**parent["configurable"]}}
+    console.print("nothing to undo")
+    return config
+
+
+@mind_app.command()
+def chat(
+    ctx: typer.Context,
+    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
+    depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
+) -> None:
+    """Talk with BAT OS: each line is one mind cycle, streamed. /help lists the commands and
+    keys: arrows recall earlier lines, Ctrl-C stops an answer, Ctrl-D quits.
+
+    Example: batos chat -t kitchen
+    """
+    thread_id = check_thread_id(thread) if thread else f"chat-{uuid6()}"
+    with open_image(image_uri(ctx)) as image:
+        session = Session(image, model_factory(ctx))
+        try:
+            chat_loop(session, thread_id, persona, depth)
+        finally:
+            session.close()
+
+
+def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[dict[str, Any]]:
+    from graph import cycle
+
+    with image.read() as root:
+        rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+    if cycle_id and rows[0] is None:
+        raise MindError(
+            f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
+            hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
+            "their threads keep them: 'batos threads THREAD_ID')",
+        )
+    table = Table(title="Committed mind cycles, newest first")
+    for column in ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        # A record from an older version may lack fields: each is read with a default.
+        started, tokens = row.get("started"), row.get("tokens") or {}
+        when = "-" if started is None else dt.datetime.fromtimestamp(started)
+        table.add_row(
+            shown(row["id"]),
+            when if isinstance(when, str) else when.isoformat(sep=" ", timespec="seconds"),
+            shown(row.get("thread_id", "-")),
+            shown(", ".join(row.get("personas") or [])),
+            shown(", ".join(row.get("facets") or []) or _path(row)),
+            _number(row.get("seconds")),
+            _number(row.get("model_seconds")),
+            f"{tokens.get('input', '?')} in / {tokens.get('output', '?')} out",
+        )
+    console.print(table)
+    return rows
+
+
+def _path(row: dict[str, Any]) -> str:
+    mode = (row.get("depth") or {}).get("mode")
+    return f"({mode} path)" if mode else "-"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
+    """Threads whose last cycle FAILED: what no committed record shows."""
+    found = []
+    with ZODBSaver(image) as saver:
+        for summary in saver.threads()[-limit:]:
+            latest = saver.get_tuple({"configurable": {"thread_id": summary.thread_id}})
+            values = latest.checkpoint["channel_values"] if latest else {}
+            if values.get("status") == "FAILED" and values.get("failure"):
+                found.append(
+                    {
+                        "thread_id": summary.thread_id,
+                        "cycle": (values.get("cycle") or {}).get("id"),
+                        **values["failure"],
+                    }
+                )
+    return found
+
+
+@mind_app.command()
+def cycles(
+    ctx: typer.Context,
+    cycle_id: str = typer.Argument(None, help="One cycle's id: its whole record."),
+    limit: int = typer.Option(20, "--limit", "-n", help="How many cycles to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Recent mind cycles: status, personas, facets, timings, tokens; threads whose last cycle
+    FAILED (a failed cycle changes nothing in the image, so only its thread knows it).
+
+    Examples: batos cycles · batos cycles -n 5 --json · batos cycles CYCLE_ID
+    """
+    with open_image(image_uri(ctx)) as image:
+        if as_json:
+            from graph import cycle
+
+            with image.read() as root:
+                rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+            failed = [] if cycle_id else _failed_threads(image, limit)
+            console.print_value_json({"committed": rows, "failed": failed}, "the cycles")
+            return
+        rows = _cycles_table(image, cycle_id, limit)
+        if cycle_id:
+            console.print_value_json(rows[0], "the cycle")
+            return
+        for failed in _failed_threads(image, limit):
+            console.print(
+                f"[red]FAILED[/] thread {shown(failed['thread_id'])} "
+                f"cycle {shown(failed['cycle'])} at {shown(failed.get('node'))}: "
+                f"{shown(failed['reason'])}"
+            )
+
+
+@mind_app.command()
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Loopback address to listen on."),
+    port: int = typer.Option(2024, "--port", help="Port."),
+    config: Path = typer.Option(
+        Path("langgraph.json"), "--config", help="The LangGraph configuration file."
+    ),
+    jobs: int = typer.Option(
+        1, "--jobs", "-j", min=1, max=256, help="Runs this server executes at once."
+    ),
+) -> None:
+    """Run the LangGraph server (as 'langgraph dev' does, without the browser) on loopback,
+    with the image as its checkpointer and store; Studio and langgraph_sdk clients connect.
+
+    Runs beyond --jobs wait in the server's queue. Concurrent runs commit to the image in
+    their own transactions; write conflicts between them are retried.
+
+    Example: BATOS_IMAGE=zeo://127.0.0.1:8100 batos serve --port 2024 --jobs 16
+    """
+    import os
+
+    if host not in LOOPBACK:
+        raise BatosError(
+            f"'batos serve' listens on loopback only, not {host}",
+            hint="put a reverse proxy with authentication in front of it to reach it remotely",
+        )
+    try:
+        import langgraph_cli.config as cli_config
+        from langgraph_api.cli import run_server
+    except ImportError as exc:
+        raise BatosError(
+            "the LangGraph server is not installed",
+            hint='pip install "langgraph-cli[inmem]==0.4.40"',
+        ) from exc
+    if not config.is_file():
+        raise BatosError(f"no {config}", hint="run it in the project folder, or pass --config")
+    os.environ["BATOS_IMAGE"] = image_uri(ctx)  # the checkpointer and store factories read it
+    settings_json = cli_config.validate_config_file(config)
+    folder = config.resolve().parent
+    for dependency in settings_json.get("dependencies", []):
+        path = (folder / dependency).resolve()
+        if path.is_dir() and str(path) not in sys.path:
+            sys.path.append(str(path))
+    os.chdir(folder)
+    console.print(
+        f"serving {', '.join(settings_json['graphs'])} at http://{host}:{port}", markup=False
+    )
+    uri = image_uri(ctx)
+    run_server(
+        host,
+        port,
+        False,
+        settings_json["graphs"],
+        open_browser=False,
+        n_jobs_per_worker=jobs,
+        # The dev server's blockbuster raises on blocking I/O in *any* running event loop; a
+        # ZEO client runs its own loop in its networking thread and reads its cache file there
+        # by design, so every load would fail. The server's own loop is still not blocked:
+        # the checkpointer and store run their image work in executor threads.
+        allow_blocking=urlsplit(uri).scheme == "zeo",
+        env=settings_json.get("env"),
+        store=settings_json.get("store"),
+        checkpointer=settings_json.get("checkpointer"),
+        http=settings_json.get("http"),
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for command in mind_app.registered_commands:
+        app.registered_commands.append(command)

@@ -1,5 +1,0 @@
-"""``batos``: the command line of BAT OS, one module per command group (see ``app``)."""
-
-from graph.cli.app import app, main
-
-__all__ = ["app", "main"]

@@ -1,7 +1,0 @@
-"""``python -m graph.cli``: the ``batos`` command."""
-
-import sys
-
-from graph.cli.app import main
-
-sys.exit(main())

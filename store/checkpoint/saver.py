@@ -1,0 +1,859 @@
+"""``ZODBSaver``: LangGraph checkpoints written into the living image, one transaction each.
+
+Used by ``graph.compile(checkpointer=ZODBSaver(image))`` and, through langgraph.json's
+``checkpointer`` key, by ``langgraph dev`` (``generate_checkpointer``). Every ``put`` is one
+ZODB transaction, retried on write conflicts, so a crash leaves either the whole checkpoint
+or none of it. A ``put_writes`` for a stored checkpoint is one transaction too; one for a
+checkpoint not stored yet waits in memory (``store.checkpoint.parking``) and is stored by that
+checkpoint's put, in its transaction, so nothing is ever written for a checkpoint that never
+arrives, and a put_writes that finds nothing to store commits nothing. ZODB connections are not
+thread-safe: every write of a saver goes through its one write connection, one at a time (writes
+of one saver are serialized within a process; other processes' writes still merge or retry as
+conflicts), so what a put wrote stays in that connection's cache for the next put and the
+get_tuple after it. Reads borrow the write connection when it is free and otherwise a
+connection of a small pool; async methods run the sync ones in the event loop's executor. The
+layout in the image is described in ``store.checkpoint.layout``.
+
+Errors::
+
+    CheckpointError (BatosError, exit code 8)
+     ├── CheckpointConfigError         no usable thread_id / checkpoint_id in the config
+     ├── CheckpointNotFound            no such thread or checkpoint (``require``, a put's parent)
+     └── CheckpointSerializationError  a state value the serde cannot encode; nothing written
+    TransactionFailed (ImageError)     conflicts outlasted every retry; nothing written
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from typing import Any, TypeVar
+
+import transaction
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+    get_checkpoint_metadata,
+)
+from transaction.interfaces import NoTransaction
+from ZODB.Connection import Connection
+from ZODB.interfaces import IBlobStorage
+
+from batos import settings
+from batos.errors import (
+    CheckpointConfigError,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointSerializationError,
+)
+from store.checkpoint import effects
+from store.checkpoint.layout import (
+    CHECKPOINT_STEPS,
+    CHECKPOINTS_KEY,
+    CheckpointRecord,
+    CheckpointTree,
+    TaskWrites,
+    ThreadSummary,
+    Typed,
+    add_writes,
+    decode,
+    encode,
+)
+from store.checkpoint.parking import ParkedWrites
+from store.core.image import LivingImage, shared_image
+from store.core.schema import upgrade
+from store.core.transactions import Unchanged, run_in_transaction
+
+__all__ = [
+    "CheckpointConfigError",
+    "CheckpointError",
+    "CheckpointNotFound",
+    "CheckpointSerializationError",
+    "ThreadSummary",
+    "ZODBSaver",
+    "generate_checkpointer",
+]
+
+log = logging.getLogger("batos.checkpointer")
+
+T = TypeVar("T")
+
+#: Connections the saver keeps open at most; more concurrent callers wait for one.
+MAX_CONNECTIONS = 16
+#: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
+DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
+
+
+class _ExplicitTransactions(transaction.TransactionManager):
+    """An explicit transaction manager whose ``abort`` is a no-op outside a transaction.
+
+    Explicit mode makes a connection sync with the storage only when a transaction begins,
+    not again after every commit and abort (three syncs per put before). ``abort`` must stay
+    safe to call at any time: the pool calls it after each use, ``DB.close`` on every
+    connection.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(explicit=True)
+
+    def abort(self) -> None:
+        try:
+            super().abort()
+        except NoTransaction:
+            pass
+
+
+class _Writer:
+    """The saver's one write connection, used by one write at a time.
+
+    Every write of a saver goes through it, so one process's writes never conflict with each
+    other and the objects a put wrote are still in this connection's cache for the next put
+    and for the ``get_tuple`` that usually follows. Reads use it when it is free
+    (``acquire(wait=False)``) and the pool otherwise.
+    """
+
+    def __init__(self, image: LivingImage) -> None:
+        self._image = image
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._closed = False
+
+    def acquire(self, *, wait: bool = True) -> Connection | None:
+        """The write connection, held until ``release()``; None if busy and not ``wait``."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            if self._closed:
+                raise CheckpointError(
+                    "the checkpointer was closed", hint="open a new ZODBSaver on the image"
+                )
+            if self._conn is None:
+                self._conn = self._image.db.open(transaction_manager=_ExplicitTransactions())
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._conn
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.transaction_manager.abort()
+            conn.close()
+
+
+class _ConnectionPool:
+    """Open connections, each with its own transaction manager, lent to one caller at a time."""
+
+    def __init__(self, image: LivingImage, size: int) -> None:
+        self._image = image
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(size)
+        self._closed = False
+        # ZODB logs a warning whenever more connections are open than its pool size (the
+        # saver's write connection is one more).
+        db = image.db
+        db.setPoolSize(db.getPoolSize() + size + 1)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        self._slots.acquire()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise CheckpointError(
+                        "the checkpointer was closed", hint="open a new ZODBSaver on the image"
+                    )
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._image.db.open(transaction_manager=_ExplicitTransactions())
+            try:
+                yield conn
+            finally:
+                conn.transaction_manager.abort()
+                with self._lock:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _thread_id(config: RunnableConfig | None) -> str:
+    configurable = (config or {}).get("configurable") or {}
+    value = configurable.get("thread_id")
+    if isinstance(value, uuid.UUID):
+        value = str(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise CheckpointConfigError(
+            f"config['configurable']['thread_id'] must be a non-empty string, got {value!r}",
+            hint='pass config={"configurable": {"thread_id": "my-thread"}} to invoke/stream',
+        )
+    return value
+
+
+def _checkpoint_ns(config: RunnableConfig) -> str:
+    ns = config["configurable"].get("checkpoint_ns") or ""
+    if not isinstance(ns, str):
+        raise CheckpointConfigError(f"checkpoint_ns must be a string, got {ns!r}")
+    return ns
+
+
+def _checkpoint_id(config: RunnableConfig, *, required: bool = False) -> str | None:
+    value = config["configurable"].get("checkpoint_id")
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise CheckpointConfigError(
+            f"config['configurable']['checkpoint_id'] must be a checkpoint id, got {value!r}",
+            hint="use the config returned by put(), or one listed by get_state_history()",
+        )
+    return value
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+def _inherited(
+    index: Any, parent: CheckpointRecord | None, channel: str, version: str
+) -> Any | None:
+    """The stored value of ``channel`` at ``version``, which a put did not send again.
+
+    LangGraph sends only the channels that changed since the checkpoint the put continues:
+    the rest are the parent's. Failing that (a put that names no parent), the newest
+    checkpoint of the namespace that has this version has the value.
+    """
+    if parent is not None:
+        found, stored = parent.value_at(channel, version)
+        if found:
+            return stored
+    keys = index.keys()
+    for position in range(len(keys) - 1, -1, -1):
+        found, stored = index[keys[position]].value_at(channel, version)
+        if found:
+            return stored
+    return None
+
+
+class ZODBSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpoint saver whose storage is the living image.
+
+    ``ZODBSaver(image)`` applies the saver's layout step to the image on creation. The image
+    stays the caller's: ``close()`` returns the saver's connections, not the image.
+    """
+
+    def __init__(
+        self,
+        image: LivingImage,
+        *,
+        serde: SerializerProtocol | None = None,
+        blob_threshold: int | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.image = image
+        upgrade(image, CHECKPOINT_STEPS)
+        self._blob_threshold: int | None = (
+            (blob_threshold or settings.get_int("checkpoint_blob_bytes"))
+            if IBlobStorage.providedBy(image.db.storage)
+            else None
+        )
+        self._pool = _ConnectionPool(image, max_connections)
+        self._writer = _Writer(image)
+        self._parking = ParkedWrites()
+
+    def close(self) -> None:
+        self._writer.close()
+        self._pool.close()
+
+    def __enter__(self) -> ZODBSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @contextmanager
+    def _reading(self, *, writer: bool = False) -> Iterator[CheckpointTree]:
+        """The checkpoint tree as the storage has it now, read without a transaction.
+
+        With ``writer``, through the write connection if it is free: its cache holds what
+        this saver last wrote, which a short read (``get_tuple``) most often wants.
+        """
+        conn = self._writer.acquire(wait=False) if writer else None
+        if conn is None:
+            with self._pool.connection() as conn:
+                yield self._catch_up(conn)
+            return
+        try:
+            yield self._catch_up(conn)
+        finally:
+            self._writer.release()
+
+    @staticmethod
+    def _catch_up(conn: Connection) -> CheckpointTree:
+        # Catch up with the storage (what begin() does for a connection) without a
+        # transaction: a read needs none, and an accidental write then raises
+        # NoTransaction instead of committing anything.
+        conn.newTransaction(None)
+        return conn.root()[CHECKPOINTS_KEY]
+
+    def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
+        return self._write_root(lambda root: fn(root[CHECKPOINTS_KEY]), note)
+
+    def _write_root(self, fn: Callable[[Any], T], note: str) -> T:
+        """Run ``fn(root)`` in one transaction of the write connection, retried on write
+        conflicts; ``fn`` raises ``Unchanged(result)`` to abort it instead of committing it."""
+        conn = self._writer.acquire()
+        assert conn is not None
+        try:
+            return run_in_transaction(
+                conn.transaction_manager,
+                lambda: fn(conn.root()),
+                note=note,
+                user="checkpointer",
+                hint="other runs keep writing the same thread; retry later",
+            )
+        finally:
+            self._writer.release()
+
+    def _dumps(self, value: Any, what: str) -> Typed:
+        try:
+            return self.serde.dumps_typed(value)
+        except Exception as exc:
+            raise CheckpointSerializationError(
+                f"{what} holds a value the checkpoint serializer cannot encode "
+                f"({type(value).__name__}): {exc}; nothing was written",
+                hint="keep graph state to JSON-like data, LangChain messages, dataclasses or "
+                "pydantic models, or give ZODBSaver a serde that handles this type",
+            ) from exc
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _tuple(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: CheckpointRecord,
+        config: RunnableConfig | None = None,
+    ) -> CheckpointTuple:
+        checkpoint: Checkpoint = self.serde.loads_typed(record.checkpoint)
+        loads = self.serde.loads_typed
+        checkpoint["channel_values"] = {
+            channel: loads(decode(stored)) for channel, stored in record.values.items()
+        }
+        writes = sorted(
+            (path, task_id, idx, channel, stored)
+            for (task_id, idx), (channel, stored, path) in record.writes.items()
+        )
+        return CheckpointTuple(
+            config=config or _config(thread_id, ns, checkpoint_id),
+            checkpoint=checkpoint,
+            metadata=self.serde.loads_typed(record.metadata),
+            parent_config=(_config(thread_id, ns, record.parent_id) if record.parent_id else None),
+            pending_writes=[
+                (task_id, channel, self.serde.loads_typed(decode(stored)))
+                for _path, task_id, _idx, channel, stored in writes
+            ],
+        )
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config``, or the thread's latest when it names none.
+
+        Returns None for an unknown thread or checkpoint id, as LangGraph expects; ``require``
+        raises ``CheckpointNotFound`` instead.
+        """
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        checkpoint_id = _checkpoint_id(config)
+        with self._reading(writer=True) as tree:
+            thread = tree.threads.get(thread_id)
+            checkpoints = thread.namespaces.get(ns) if thread is not None else None
+            if not checkpoints:
+                return None
+            if checkpoint_id is None:
+                checkpoint_id = checkpoints.maxKey()
+                config = None
+            record = checkpoints.get(checkpoint_id)
+            if record is None:
+                return None
+            return self._tuple(thread_id, ns, checkpoint_id, record, config)
+
+    def require(self, config: RunnableConfig) -> CheckpointTuple:
+        """Like ``get_tuple``, but an unknown thread or checkpoint raises ``CheckpointNotFound``."""
+        found = self.get_tuple(config)
+        if found is None:
+            configurable = config["configurable"]
+            what = (
+                f"checkpoint {configurable['checkpoint_id']!r} of thread"
+                if configurable.get("checkpoint_id")
+                else "thread"
+            )
+            raise CheckpointNotFound(
+                f"no {what} {configurable['thread_id']!r} (namespace "
+                f"{configurable.get('checkpoint_ns') or '(root)'!r}) in {self.image.uri}",
+                hint="list threads and their checkpoints with 'batos threads [THREAD_ID]'",
+            )
+        return found
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, by thread, namespace, metadata ``filter``, ``before``."""
+        return iter(self._list(config, filter=filter, before=before, limit=limit))
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[CheckpointTuple]:
+        # Collected inside one read transaction, so the caller never holds a connection.
+        configurable = (config or {}).get("configurable") or {}
+        wanted_ns = configurable.get("checkpoint_ns") if config else None
+        wanted_id = configurable.get("checkpoint_id")
+        before_id = _checkpoint_id(before) if before else None
+        if limit is not None and limit <= 0:
+            return []
+        found: list[CheckpointTuple] = []
+        with self._reading() as tree:
+            if config is not None and "thread_id" in configurable:
+                thread_ids: Any = [_thread_id(config)]
+            else:
+                thread_ids = tree.threads.keys()
+            for thread_id in thread_ids:
+                thread = tree.threads.get(thread_id)
+                if thread is None:
+                    continue
+                for ns, checkpoints in thread.namespaces.items():
+                    if wanted_ns is not None and ns != wanted_ns:
+                        continue
+                    keys = (
+                        checkpoints.keys(max=before_id, excludemax=True)
+                        if before_id
+                        else checkpoints.keys()
+                    )
+                    for index in range(len(keys) - 1, -1, -1):
+                        checkpoint_id = keys[index]
+                        if wanted_id and checkpoint_id != wanted_id:
+                            continue
+                        record = checkpoints[checkpoint_id]
+                        if filter:
+                            metadata = self.serde.loads_typed(record.metadata)
+                            if any(metadata.get(k) != v for k, v in filter.items()):
+                                continue
+                        found.append(self._tuple(thread_id, ns, checkpoint_id, record))
+                        if limit is not None and len(found) >= limit:
+                            return found
+        return found
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store one checkpoint, its new channel values and the writes parked for it, in one
+        transaction — with the image changes of a commit the checkpoint carries
+        (``store.checkpoint.effects``), applied once per commit id."""
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        parent_id = _checkpoint_id(config)
+        checkpoint_id = checkpoint["id"]
+        key = (thread_id, ns, checkpoint_id)
+        try:
+            apply = self._put_transaction(
+                config, thread_id, ns, parent_id, checkpoint, metadata, new_versions
+            )
+            commit = self._commit(checkpoint, new_versions)
+        except BaseException:
+            self._parking.put_failed(key)
+            raise
+        parked = self._parking.begin_put(key)
+        stored = False
+        note = f"checkpoint {thread_id} {ns} {checkpoint_id}"
+        if commit is not None:
+            note = commit["note"] or f"commit {commit['id']}"
+
+        def transaction(root: Any) -> None:
+            apply(parked, root[CHECKPOINTS_KEY])
+            if commit is not None:
+                effects.apply_commit(root, commit, key)
+
+        try:
+            self._write_root(transaction, note)
+            stored = True
+        finally:
+            self._parking.end_put(key, stored=stored)
+        return _config(thread_id, ns, checkpoint_id)
+
+    @staticmethod
+    def _commit(checkpoint: Checkpoint, new_versions: ChannelVersions) -> dict[str, Any] | None:
+        """The commit this put must apply with its checkpoint (``store.checkpoint.effects``), if
+        any: a value of the commit channel written since the checkpoint this put continues."""
+        if effects.COMMIT_CHANNEL not in new_versions:
+            return None
+        value = checkpoint["channel_values"].get(effects.COMMIT_CHANNEL)
+        return effects.check(value) if value else None
+
+    def _put_transaction(
+        self,
+        config: RunnableConfig,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Callable[[list[TaskWrites], CheckpointTree], None]:
+        """Serialize everything a put stores, before its transaction begins; returns the
+        function the transaction runs."""
+        checkpoint_id = checkpoint["id"]
+        body = dict(checkpoint)
+        values = body.pop("channel_values")
+        # a channel in new_versions without a value was emptied at that version
+        new_values = {
+            channel: self._dumps(values[channel], f"channel {channel!r} of thread {thread_id!r}")
+            for channel in new_versions
+            if channel in values
+        }
+        versions = {
+            channel: str(version) for channel, version in checkpoint["channel_versions"].items()
+        }
+        inherited = [channel for channel in versions if channel not in new_versions]
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        if not full_metadata.get("run_id") and config.get("run_id"):
+            # as the LangGraph server does, so delete_for_runs finds plain invoke() runs too
+            full_metadata["run_id"] = str(config["run_id"])
+        body_typed = self._dumps(body, f"checkpoint {checkpoint_id!r}")
+        metadata_typed = self._dumps(full_metadata, f"metadata of checkpoint {checkpoint_id!r}")
+        run_id = full_metadata.get("run_id")
+        run_id = str(run_id) if run_id else None
+        size = (
+            len(body_typed[1])
+            + len(metadata_typed[1])
+            + sum(len(typed[1]) for typed in new_values.values())
+        )
+        blob_threshold = self._blob_threshold
+
+        def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
+            thread = tree.threads.get(thread_id)
+            index = thread.namespaces.get(ns) if thread is not None else None
+            parent = None
+            if parent_id is not None:
+                parent = index.get(parent_id) if index is not None else None
+                if parent is None:
+                    raise self._no_parent(thread_id, ns, parent_id, checkpoint_id)
+            if index is None:
+                index = tree.thread(thread_id, create=True).namespace(ns, create=True)
+            stored: dict[str, Any] = {}
+            for channel in inherited:
+                value = _inherited(index, parent, channel, versions[channel])
+                if value is not None:
+                    stored[channel] = value
+            for channel, typed in new_values.items():
+                stored[channel] = encode(typed, blob_threshold=blob_threshold)
+            existing = index.get(checkpoint_id)
+            writes = dict(existing.writes) if existing is not None else {}
+            for task_writes in parked:
+                add_writes(writes, task_writes, partial(encode, blob_threshold=blob_threshold))
+            index[checkpoint_id] = CheckpointRecord(
+                body_typed,
+                metadata_typed,
+                checkpoint_id=checkpoint_id,
+                parent_id=parent_id,
+                run_id=run_id,
+                versions=versions,
+                values=stored,
+                writes=writes,
+                size=size,
+            )
+            if run_id:
+                tree.index_run(run_id, (thread_id, ns, checkpoint_id))
+
+        return apply
+
+    def _no_parent(
+        self, thread_id: str, ns: str, parent_id: str, checkpoint_id: str
+    ) -> CheckpointNotFound:
+        # A put's config names the checkpoint it continues from. LangGraph sends one it
+        # could not find too (get_tuple returns None for an unknown id, as it must), which
+        # would store a history hanging from nothing. The parent must be in the same thread
+        # and namespace: LangGraph's own puts always continue a checkpoint of their namespace
+        # (a subgraph starts its namespace with no parent), and so does every put in the
+        # conformance suite.
+        return CheckpointNotFound(
+            f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
+            f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
+            f"of {self.image.uri}; nothing was written",
+            hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
+            "graph.get_state_history(config), or leave it out to continue from the latest",
+        )
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes against a checkpoint, in one transaction.
+
+        If the checkpoint is not stored yet (LangGraph saves checkpoints in the background and
+        may send a step's writes first), the writes wait in memory and are stored by the
+        checkpoint's own put, in its transaction; if that put fails, they are dropped.
+        Until then they are in no listing, tuple or thread summary.
+        """
+        thread_id = _thread_id(config)
+        ns = _checkpoint_ns(config)
+        checkpoint_id = _checkpoint_id(config, required=True)
+        assert checkpoint_id is not None
+        task_writes: TaskWrites = (
+            task_id,
+            task_path,
+            [
+                (
+                    WRITES_IDX_MAP.get(channel, idx),
+                    channel,
+                    self._dumps(value, f"write to channel {channel!r} by task {task_id!r}"),
+                )
+                for idx, (channel, value) in enumerate(writes)
+            ],
+        )
+        key = (thread_id, ns, checkpoint_id)
+
+        def apply(tree: CheckpointTree) -> bool:
+            thread = tree.threads.get(thread_id)
+            index = thread.namespaces.get(ns) if thread is not None else None
+            record = index.get(checkpoint_id) if index is not None else None
+            if record is None:
+                raise Unchanged(False)  # no empty transaction: the writes wait for their put
+            writes = dict(record.writes)
+            encoder = partial(encode, blob_threshold=self._blob_threshold)
+            if not add_writes(writes, task_writes, encoder):
+                raise Unchanged(True)  # a retried task's writes, stored already
+            record.writes = writes
+            return True
+
+        note = f"writes {thread_id} {ns} {checkpoint_id} {task_id}"
+        while True:
+            generation = self._parking.settle(key)
+            if generation is None:
+                log.debug("dropped writes of task %s: the put of %s failed", task_id, key)
+                return
+            if self._write(apply, note) or self._parking.park(key, task_writes, generation):
+                return
+
+    # -- deleting and copying ---------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints, values and writes in every namespace."""
+        thread_id = _thread_id({"configurable": {"thread_id": thread_id}})
+        self._parking.drop_thread(thread_id)
+        self._write(lambda tree: tree.delete_thread(thread_id), f"delete thread {thread_id}")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint (and its writes) written by the given runs, in any thread."""
+        run_ids = [str(run_id) for run_id in run_ids]
+        if run_ids:
+            self._write(
+                lambda tree: tree.delete_runs(run_ids), f"delete runs {', '.join(run_ids)[:200]}"
+            )
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, value and write of one thread to another, in one transaction.
+
+        Stored values are immutable, so the copy shares them with the source.
+        """
+        source = _thread_id({"configurable": {"thread_id": source_thread_id}})
+        target = _thread_id({"configurable": {"thread_id": target_thread_id}})
+
+        def retag(metadata: Typed) -> Typed:
+            decoded = self.serde.loads_typed(metadata)
+            if "thread_id" not in decoded:
+                return metadata
+            decoded["thread_id"] = target
+            return self.serde.dumps_typed(decoded)
+
+        if source != target:
+            self._write(
+                lambda tree: tree.copy_thread(source, target, retag),
+                f"copy thread {source} to {target}",
+            )
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest`` keeps each namespace's newest checkpoint; ``delete`` drops all.
+
+        Caveat: like LangGraph's own savers, ``keep_latest`` does not walk back to a
+        ``DeltaChannel`` snapshot; do not prune threads of graphs that use the beta
+        ``DeltaChannel``.
+        """
+        if strategy == "keep_latest":
+            self.trim(thread_ids, keep=1)
+        elif strategy in DELETE_STRATEGIES:
+            for thread_id in thread_ids:
+                self.delete_thread(thread_id)
+        else:
+            raise CheckpointError(
+                f"unknown prune strategy {strategy!r}",
+                hint="use 'keep_latest' or 'delete'",
+            )
+
+    def trim(self, thread_ids: Sequence[str] | None, *, keep: int) -> int:
+        """Keep the newest ``keep`` checkpoints per namespace of each thread (all threads when
+        ``thread_ids`` is None); returns how many checkpoints were deleted."""
+        if keep < 1:
+            raise CheckpointError(
+                f"keep must be at least 1, got {keep}",
+                hint="to drop a whole thread use delete_thread (or prune strategy 'delete')",
+            )
+        ids = None if thread_ids is None else [str(t) for t in thread_ids]
+        return self._write(lambda tree: tree.trim(ids, keep), f"prune keep {keep}")
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def threads(self) -> list[ThreadSummary]:
+        """One summary per thread, in thread id order."""
+        with self._reading() as tree:
+            return [
+                thread.summary(thread_id)
+                for thread_id, thread in tree.threads.items()
+                if thread.namespaces
+            ]
+
+    def thread_summary(self, thread_id: str) -> ThreadSummary:
+        with self._reading() as tree:
+            thread = tree.threads.get(thread_id)
+            if thread is None or not thread.namespaces:
+                raise CheckpointNotFound(
+                    f"no thread {repr(thread_id)[:80]} in {self.image.uri}",
+                    hint="list the threads with 'batos threads'",
+                )
+            return thread.summary(thread_id)
+
+    # -- async: the same work on an executor thread, off the event loop ---------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, partial(fn, *args, **kwargs))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._run(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        found = await self._run(self._list, config, filter=filter, before=before, limit=limit)
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await self._run(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._run(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._run(self.delete_for_runs, list(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._run(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._run(self.prune, list(thread_ids), strategy=strategy)
+
+    def get_next_version(self, current: str | int | None, channel: None = None) -> str:
+        """Zero-padded counter plus a random tie-breaker, like LangGraph's own savers."""
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(current.split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+
+@asynccontextmanager
+async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSaver]:
+    """A ``ZODBSaver`` on the image at ``uri`` (default: setting ``image``), closed on exit.
+
+    Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
+    ``langgraph up`` keep their threads in the living image.
+    """
+    # The server loads this file as a module of its own name: take the class from
+    # ``store.checkpoint.saver`` itself, so graphs recognise the saver as the one they know.
+    from store.checkpoint.saver import ZODBSaver as Saver
+
+    async with shared_image(uri) as image:
+        saver = await asyncio.get_running_loop().run_in_executor(None, Saver, image)
+        log.info("checkpointer on %s", image.uri)
+        try:
+            yield saver
+        finally:
+            saver.close()

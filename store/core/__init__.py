@@ -1,0 +1,3 @@
+"""The living image: one ZODB database opened by URI (``image``), its file and ZEO back ends,
+transactions and their retries, schema upgrades, packing, statistics, the scheduler's job
+store, the method queue, and the model weight files (``model_files``)."""

@@ -1,0 +1,219 @@
+"""The heartbeat's jobs and its lease, kept in the living image.
+
+``ImageJobStore`` is an APScheduler 3 ``BaseJobStore`` over a BTree in the image, so the jobs,
+their triggers and next run times survive a restart and every process on the image (through
+ZEO) sees the same ones. A job's state is APScheduler's own pickle of ``Job.__getstate__()``,
+stored as bytes beside its next run time; a record that no longer unpickles (a renamed job
+function, a damaged record) is logged and skipped, never a crash of the scheduler, and stays
+in the image for ``batos heartbeat --list`` to report.
+
+The lease (``acquire_lease``) makes one heartbeat act on an image at a time: a holder id and an
+expiry, written in one transaction, so of two heartbeats racing for it ZODB's conflict
+detection lets exactly one win; the holder renews it well before it expires, and a holder that
+died loses it when it expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from apscheduler.job import Job
+from apscheduler.jobstores.base import BaseJobStore, ConflictingIdError, JobLookupError
+from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
+from BTrees.OOBTree import OOBTree
+from persistent.mapping import PersistentMapping
+
+from store.core.image import LivingImage
+
+log = logging.getLogger("batos.heartbeat")
+
+#: Root key of the heartbeat's state: ``jobs`` (id → record) and ``lease``.
+HEARTBEAT_KEY = "heartbeat"
+#: Largest pickled job state accepted, in bytes.
+MAX_JOB_BYTES = 64 * 1024
+
+
+def _home(root: Any) -> PersistentMapping:
+    home = root.get(HEARTBEAT_KEY)
+    if home is None:
+        home = root[HEARTBEAT_KEY] = PersistentMapping()
+    if "jobs" not in home:
+        home["jobs"] = OOBTree()
+    return home
+
+
+def _jobs(root: Any) -> Any:
+    home = root.get(HEARTBEAT_KEY)
+    return home["jobs"] if home is not None and "jobs" in home else {}
+
+
+class ImageJobStore(BaseJobStore):
+    """APScheduler jobs in the image: ``root['heartbeat']['jobs'][id] = {next, state}``."""
+
+    def __init__(self, image: LivingImage, pickle_protocol: int = pickle.HIGHEST_PROTOCOL):
+        super().__init__()
+        self.image = image
+        self.pickle_protocol = pickle_protocol
+        #: Ids of the records that could not be restored, with why, for the CLI to report.
+        self.corrupt: dict[str, str] = {}
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _restore(self, job_id: str, record: Any) -> Job | None:
+        try:
+            state = pickle.loads(record["state"])
+            state["jobstore"] = self
+            job = Job.__new__(Job)
+            job.__setstate__(state)
+        except Exception as exc:  # whatever a damaged record raises, it is skipped
+            if job_id not in self.corrupt:
+                log.error(
+                    "job record %r in the image cannot be restored (%s); skipped", job_id, exc
+                )
+            self.corrupt[job_id] = f"{type(exc).__name__}: {exc}"
+            return None
+        self.corrupt.pop(job_id, None)
+        job._scheduler = self._scheduler
+        job._jobstore_alias = self._alias
+        return job
+
+    def _select(self, due_before: float | None = None) -> list[Job]:
+        with self.image.read() as root:
+            rows = [(k, dict(v)) for k, v in _jobs(root).items()]
+        rows = [
+            (k, r)
+            for k, r in rows
+            if due_before is None or (r.get("next") is not None and r["next"] <= due_before)
+        ]
+        # Paused jobs (no next run time) last, as APScheduler's own stores order them.
+        rows.sort(key=lambda kr: (kr[1].get("next") is None, kr[1].get("next") or 0, kr[0]))
+        return [job for job in (self._restore(k, r) for k, r in rows) if job is not None]
+
+    def lookup_job(self, job_id: str) -> Job | None:
+        with self.image.read() as root:
+            record = _jobs(root).get(job_id)
+            record = dict(record) if record is not None else None
+        return self._restore(job_id, record) if record is not None else None
+
+    def get_due_jobs(self, now: datetime) -> list[Job]:
+        return self._select(datetime_to_utc_timestamp(now))
+
+    def get_next_run_time(self) -> datetime | None:
+        with self.image.read() as root:
+            times = [
+                r["next"]
+                for k, r in _jobs(root).items()
+                if r.get("next") is not None and k not in self.corrupt
+            ]
+        return utc_timestamp_to_datetime(min(times)) if times else None
+
+    def get_all_jobs(self) -> list[Job]:
+        jobs = self._select()
+        self._fix_paused_jobs_sorting(jobs)
+        return jobs
+
+    def records(self) -> Iterator[tuple[str, float | None, Job | None]]:
+        """Every record: its id, next run time and the job, or None where it is corrupt."""
+        with self.image.read() as root:
+            rows = [(k, dict(v)) for k, v in _jobs(root).items()]
+        for job_id, record in rows:
+            yield job_id, record.get("next"), self._restore(job_id, record)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _record(self, job: Job) -> dict[str, Any]:
+        state = pickle.dumps(job.__getstate__(), self.pickle_protocol)
+        if len(state) > MAX_JOB_BYTES:
+            raise ValueError(
+                f"job {job.id!r} pickles to {len(state)} bytes; at most {MAX_JOB_BYTES}"
+            )
+        return {"next": datetime_to_utc_timestamp(job.next_run_time), "state": state}
+
+    def add_job(self, job: Job) -> None:
+        record = self._record(job)
+
+        def add(root: Any) -> None:
+            jobs = _home(root)["jobs"]
+            if job.id in jobs:
+                raise ConflictingIdError(job.id)
+            jobs[job.id] = record
+
+        self.image.transact(add, note=f"heartbeat: add job {job.id}")
+
+    def update_job(self, job: Job) -> None:
+        record = self._record(job)
+
+        def update(root: Any) -> None:
+            jobs = _home(root)["jobs"]
+            if job.id not in jobs:
+                raise JobLookupError(job.id)
+            jobs[job.id] = record
+
+        self.image.transact(update, note=f"heartbeat: job {job.id} next run")
+        self.corrupt.pop(job.id, None)
+
+    def remove_job(self, job_id: str) -> None:
+        def remove(root: Any) -> None:
+            jobs = _home(root)["jobs"]
+            if job_id not in jobs:
+                raise JobLookupError(job_id)
+            del jobs[job_id]
+
+        self.image.transact(remove, note=f"heartbeat: remove job {job_id}")
+        self.corrupt.pop(job_id, None)
+
+    def remove_all_jobs(self) -> None:
+        self.image.transact(lambda root: _home(root)["jobs"].clear(), note="heartbeat: no jobs")
+        self.corrupt.clear()
+
+    def __repr__(self) -> str:
+        return f"<ImageJobStore ({self.image.uri})>"
+
+
+# -- the lease ----------------------------------------------------------------------------------
+
+
+def acquire_lease(image: LivingImage, holder: str, seconds: float) -> dict[str, Any] | None:
+    """Take or renew the lease for ``seconds``; None when another live holder has it.
+
+    The read and the write are one transaction, so two heartbeats racing for a free lease
+    conflict and the retried one finds the winner's lease.
+    """
+
+    def take(root: Any) -> dict[str, Any] | None:
+        home = _home(root)
+        now = time.time()
+        lease = home.get("lease")
+        if lease and lease["holder"] != holder and lease["expires"] > now:
+            return None
+        taken = {"holder": holder, "expires": now + seconds, "since": now}
+        if lease and lease["holder"] == holder:
+            taken["since"] = lease["since"]
+        home["lease"] = taken
+        return taken
+
+    return image.transact(take, note=f"heartbeat: lease for {holder}")
+
+
+def lease_holder(image: LivingImage) -> dict[str, Any] | None:
+    """The lease as it stands (holder, expiry), expired or not; None when never taken."""
+    with image.read() as root:
+        home = root.get(HEARTBEAT_KEY)
+        lease = home.get("lease") if home is not None else None
+        return dict(lease) if lease else None
+
+
+def release_lease(image: LivingImage, holder: str) -> None:
+    """Give the lease up, if ``holder`` still has it."""
+
+    def release(root: Any) -> None:
+        home = root.get(HEARTBEAT_KEY)
+        if home is not None and (home.get("lease") or {}).get("holder") == holder:
+            del home["lease"]
+
+    image.transact(release, note=f"heartbeat: {holder} released the lease")

@@ -1,0 +1,571 @@
+"""Ingestion: files in, documents of the knowledge catalog out — per file all or nothing.
+
+Text, Markdown, HTML and PDF are read and packed into chunks outside any transaction; the
+chunks of several documents are embedded together (one model batch sorted by length pads
+little), and prepared documents are written one commit every ``catalog_commit_seconds`` of work
+or ``catalog_commit_chunks`` chunks, whichever comes first — so a kill loses a few seconds —
+each document inside its own savepoint so a failing one leaves no trace and the rest of its
+batch still commits. An unchanged file (same content hash) is skipped; a changed one replaces
+its chunks and drops the curator's summaries of its old text. A file that cannot be read
+(missing, unreadable, no regular file, not UTF-8, a PDF the parser fails on, too large) or
+cut into chunks gets a ``DocumentError`` naming it in the report, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transaction.interfaces import TransientError
+
+from batos import settings
+from batos.errors import BatosError, ConfigurationError, DocumentError
+from store.knowledge.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
+from store.knowledge.chunking import MIN_TOKENS, Plan, finish, plan
+from store.knowledge.curator import unfold
+
+log = logging.getLogger("batos.ingest")
+
+TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".rst", ""}
+HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
+PDF_SUFFIXES = {".pdf"}
+SUPPORTED = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: Characters of an exception's text kept in a file's error (the rest is cut off).
+_REASON_CHARS = 300
+
+
+@dataclass
+class IngestReport:
+    """What one ingest run did, file by file."""
+
+    added: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    failed: list[tuple[str, DocumentError]] = field(default_factory=list)
+    chunks: int = 0
+    commits: int = 0
+    #: Bytes of text read (UTF-8; unchanged files too) and seconds since the start.
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def files(self) -> int:
+        """Files dealt with so far, whatever the outcome."""
+        return len(self.added) + len(self.replaced) + len(self.unchanged) + len(self.failed)
+
+
+#: Most chunks embedded together: one model batch of documents' chunks, sorted by length.
+#: Fewer when the measured rate says a round would hold back the next commit.
+ENCODE_CHUNKS = 64
+#: Chunks of the first round, before any rate is known: small, so the first commit comes soon.
+FIRST_ROUND = 16
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str, str]:
+    """(text, format, content hash) of one file, or a ``DocumentError`` saying what is wrong."""
+    limit = max_bytes if max_bytes is not None else settings.get_int("catalog_max_bytes")
+    data = _read_bytes(path, limit)
+    if not data.strip():
+        raise DocumentError(f"{path} is empty", hint="nothing to ingest; remove it from the list")
+    suffix = path.suffix.lower()
+    if suffix in PDF_SUFFIXES:
+        text, fmt = _pdf_text(path, data), "pdf"
+    elif suffix in HTML_SUFFIXES:
+        text, fmt = _html_text(path, _decode(path, data)), "html"
+    else:
+        text = _decode(path, data)
+        fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
+    text = _well_formed(text)
+    if not text.strip():
+        raise DocumentError(
+            f"{path} has no text to index",
+            hint="a scanned PDF needs OCR first; an HTML page may carry only scripts",
+        )
+    return text, fmt, hashlib.sha256(data).hexdigest()
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file, at most ``limit`` of them however the file grows meanwhile.
+
+    Opened without blocking and checked on the open descriptor: a pipe or a device named
+    among the files would otherwise hang the run, or read without end.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DocumentError(f"no such file: {path}", hint="check the path") from None
+    except PermissionError as exc:
+        raise DocumentError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            hint="check its permissions (ls -l), or run as a user who may read it",
+        ) from None
+    except OSError as exc:
+        raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise DocumentError(
+                    f"{path} is not a regular file (a folder, pipe, socket or device)",
+                    hint="ingest files, or folders to walk for them",
+                )
+            if info.st_size > limit:
+                raise _too_large(path, info.st_size, limit)
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise _too_large(path, len(data), limit)
+    return data
+
+
+def _too_large(path: Path, size: int, limit: int) -> DocumentError:
+    return DocumentError(
+        f"{path} is {size:,} bytes, over the {limit:,}-byte limit",
+        hint="split it, or raise BATOS_CATALOG_MAX_BYTES",
+    )
+
+
+def _well_formed(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (pairs joined into their character).
+
+    pypdf decodes a PDF's character maps with "surrogatepass": a broken map leaves halves of
+    UTF-16 pairs in the text, which neither the tokenizer nor UTF-8 accepts.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc`` as one bounded line for a file's error."""
+    said = " ".join(str(exc).split())
+    if len(said) > _REASON_CHARS:
+        said = said[: _REASON_CHARS - 1] + "…"
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
+def _decode(path: Path, data: bytes) -> str:
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise DocumentError(
+                    f"{path} starts with a {encoding.removesuffix('-sig').upper()} byte-order "
+                    f"mark but is not valid {encoding.removesuffix('-sig').upper()} "
+                    f"(bad bytes at offset {exc.start}: {exc.reason})",
+                    hint="the file is damaged or mislabelled; re-export it as UTF-8",
+                ) from None
+    if b"\x00" in data[:8192]:
+        raise DocumentError(
+            f"{path} looks binary (it holds NUL bytes)",
+            hint="ingest text, Markdown, HTML or PDF files",
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(
+            f"{path} is not UTF-8 (bad byte at offset {exc.start}) and has no byte-order mark",
+            hint=f"convert it first, e.g. iconv -f LATIN1 -t UTF-8 {path.name} > out.txt",
+        ) from None
+
+
+_HTML_BLOCKS = (
+    "p div section article header footer main nav aside h1 h2 h3 h4 h5 h6 ul ol li dl dt dd "
+    "table thead tbody tfoot tr caption blockquote pre figure figcaption address hr title "
+    "details summary form fieldset legend"
+).split()
+_HTML_CELLS = ["td", "th"]
+
+
+def _html_text(path: Path, markup: str) -> str:
+    from bs4 import BeautifulSoup
+
+    try:
+        soup = BeautifulSoup(markup, "html.parser")
+        for tag in soup(["script", "style", "noscript", "template"]):
+            tag.decompose()
+        # Block elements become paragraphs, table cells are set apart on their row, and inline
+        # elements (<b>, <a>, <span>…) stay inside their sentence: "built in <b>1931</b>." is
+        # one sentence, not three paragraphs.
+        for tag in soup.find_all("br"):
+            tag.replace_with("\n")
+        for tag in soup.find_all(_HTML_CELLS):
+            tag.insert_after(" | ")
+        for tag in soup.find_all(_HTML_BLOCKS):
+            tag.insert_before("\n\n")
+            tag.insert_after("\n\n")
+        text = soup.get_text()
+    except Exception as exc:  # a parser bug on one odd page must not end the batch
+        raise DocumentError(f"{path} is not readable HTML: {_reason(exc)}") from exc
+    lines = (" ".join(line.split()).strip(" |") for line in text.splitlines())
+    # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
+    return "\n\n".join(line for line in lines if line)
+
+
+def _pdf_text(path: Path, data: bytes) -> str:
+    import io
+
+    from pypdf import PdfReader
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise DocumentError(f"{path} is an encrypted PDF", hint="decrypt it (qpdf --decrypt)")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except DocumentError:
+        raise
+    except Exception as exc:
+        # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
+        # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.
+        raise DocumentError(
+            f"{path} is not a readable PDF: {_reason(exc)}",
+            hint="open and re-save it with a PDF tool, or extract its text another way",
+        ) from exc
+    return "\n\n".join(page.strip() for page in pages if page.strip())
+
+
+def expand(paths: Iterable[Path]) -> Iterator[Path]:
+    """Files named, and supported files under folders named (sorted, hidden ones skipped).
+
+    A folder that cannot be listed is yielded itself, so that reading it reports it by name
+    rather than its files going missing without a word.
+    """
+    for path in paths:
+        if not _is_folder(path):
+            yield path
+            continue
+        found: list[Path] = []
+        unlisted: list[OSError] = []
+        for folder, subfolders, names in os.walk(path, onerror=unlisted.append):
+            subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+            found.extend(
+                Path(folder, name)
+                for name in names
+                if not name.startswith(".")
+                and Path(name).suffix.lower() in SUPPORTED
+                and _is_file(Path(folder, name))
+            )
+        found.extend(Path(error.filename or path) for error in unlisted)
+        yield from sorted(found)
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # no permission to look: reading it will say so
+        return False
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a folder's entry is a file to read (not a pipe, socket or dangling link)."""
+    try:
+        return path.is_file()
+    except OSError:  # no permission to look: reading it will say so
+        return True
+
+
+# -- preparing and writing -----------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    """A document read and packed, waiting for its chunks to be embedded."""
+
+    source: str
+    content_hash: str
+    format: str
+    metadata: dict[str, Any]
+    plan: Plan
+
+
+def _plan(
+    catalog: KnowledgeCatalog,
+    source: str,
+    text: str,
+    content_hash: str,
+    fmt: str,
+    metadata: dict[str, Any] | None,
+) -> _Pending:
+    # The model reads max_tokens positions, two of them taken by [CLS] and [SEP]; a larger
+    # budget would make chunks whose tail is never embedded.
+    max_tokens = min(settings.get_int("catalog_chunk_tokens"), catalog.embedder.max_tokens - 2)
+    if max_tokens < MIN_TOKENS:
+        raise ConfigurationError(
+            f"BATOS_CATALOG_CHUNK_TOKENS={max_tokens} is below the {MIN_TOKENS} tokens a chunk "
+            "needs at least",
+            hint=f"set it between {MIN_TOKENS} and {catalog.embedder.max_tokens - 2}, or unset it",
+        )
+    try:
+        packed = plan(text, catalog.embedder, max_tokens)
+    except BatosError:
+        raise
+    except Exception as exc:
+        # The chunker is meant to take any text; if one still breaks it, that is this
+        # file's failure to report (with the traceback under -v), not the end of the run.
+        log.warning("could not chunk %s", source, exc_info=True)
+        raise DocumentError(
+            f"{source} could not be cut into chunks: {_reason(exc)}",
+            hint="a bug in BAT OS's chunker: please report it with this file; "
+            "the other files were ingested",
+        ) from exc
+    if not packed.chunks:
+        raise DocumentError(f"{source} produced no chunks")
+    return _Pending(source, content_hash, fmt, dict(metadata or {}), packed)
+
+
+def _embed(catalog: KnowledgeCatalog, pending: Sequence[_Pending]) -> list[PreparedDocument]:
+    """Embed the chunks of several documents in one pass, cut them at topic shifts, and
+    embed the cut parts in a second, smaller pass."""
+    texts = [t for doc in pending for t in doc.plan.texts()]
+    spans = [u for doc in pending for u in doc.plan.unit_spans()]
+    vectors, sums, counts = catalog.embedder.encode_units(texts, spans)
+    finished = []
+    at = 0
+    for doc in pending:
+        n = len(doc.plan.chunks)
+        pieces, found = finish(
+            doc.plan, vectors[at : at + n], sums[at : at + n], counts[at : at + n]
+        )
+        finished.append((doc, pieces, found))
+        at += n
+    missing = [
+        (k, i)
+        for k, (_, pieces, found) in enumerate(finished)
+        for i, v in enumerate(found)
+        if v is None
+    ]
+    if missing:
+        encoded = catalog.embedder.encode([finished[k][1][i].text for k, i in missing])
+        for (k, i), vector in zip(missing, encoded, strict=True):
+            finished[k][2][i] = vector
+    return [
+        PreparedDocument(
+            source=doc.source,
+            content_hash=doc.content_hash,
+            format=doc.format,
+            metadata=doc.metadata,
+            spans=[(p.start, p.end, p.text) for p in pieces],
+            vectors=np.vstack(found).astype(np.float32),
+        )
+        for doc, pieces, found in finished
+    ]
+
+
+def prepare(
+    catalog: KnowledgeCatalog,
+    source: str,
+    text: str,
+    content_hash: str,
+    fmt: str = "text",
+    metadata: dict[str, Any] | None = None,
+) -> PreparedDocument:
+    """Chunk and embed one document's text (slow; runs outside any transaction)."""
+    return _embed(catalog, [_plan(catalog, source, text, content_hash, fmt, metadata)])[0]
+
+
+def write_batch(
+    catalog: KnowledgeCatalog, batch: Sequence[PreparedDocument]
+) -> tuple[dict[str, str], dict[str, DocumentError]]:
+    """Write prepared documents in one commit; returns ({source: outcome}, {source: error}).
+
+    Each document goes in under a savepoint: one that fails is rolled back alone and reported,
+    the others commit together. Documents whose stored hash already matches are skipped.
+    """
+    results: dict[str, str] = {}
+    errors: dict[str, DocumentError] = {}
+    outcome: dict[str, Any] = {}
+
+    def write(root: Any) -> None:
+        results.clear()
+        errors.clear()
+        change = Change()
+        documents = catalog_root(root)["documents"]
+        archives = catalog_root(root)["archives"]
+        txn = root._p_jar.transaction_manager.get()
+        outcome["version"] = catalog.version(root)
+        for doc in batch:
+            existing = documents.get(doc.source)
+            if existing is not None and existing.content_hash == doc.content_hash:
+                results[doc.source] = "unchanged"
+                continue
+            savepoint = txn.savepoint()
+            try:
+                change.extend(catalog.put_document(root, doc))
+                # Summaries made from the old text would go on answering for it: drop them,
+                # and put back the other documents' chunks they covered (cold, to fold again).
+                for archive_id in existing.archives if existing is not None else ():
+                    if archive_id in archives:
+                        change.extend(unfold(catalog, root, archive_id)[0])
+            except TransientError:
+                raise  # the whole batch is retried on fresh state
+            except Exception as exc:
+                savepoint.rollback()
+                log.warning("could not write %s: %s", doc.source, exc)
+                errors[doc.source] = DocumentError(
+                    f"{doc.source} could not be written: {type(exc).__name__}: {exc}",
+                    hint="nothing of it was kept; fix the cause and ingest it again",
+                )
+                continue
+            results[doc.source] = "replaced" if existing is not None else "added"
+        outcome["change"] = change
+
+    catalog.image.transact(write, note=f"ingest {len(batch)} document(s)")
+    catalog.committed(outcome["change"], outcome["version"])
+    return dict(results), dict(errors)
+
+
+def ingest_paths(
+    catalog: KnowledgeCatalog,
+    paths: Iterable[Path],
+    *,
+    metadata: dict[str, Any] | None = None,
+    on_file: Callable[[Path, str, IngestReport], None] | None = None,
+) -> IngestReport:
+    """Ingest files (folders are walked).
+
+    ``on_file(path, outcome, report)`` is called for each file once its outcome is final
+    (written, skipped or failed), with the report so far.
+    """
+    started = time.monotonic()
+    report = IngestReport()
+    commit_chunks = settings.get_int("catalog_commit_chunks")
+    commit_seconds = settings.get_float("catalog_commit_seconds")
+    pending: list[_Pending] = []
+    ready: list[PreparedDocument] = []
+    paths_of: dict[str, Path] = {}
+    last_commit = time.monotonic()
+    writing = False
+    rate: float | None = None  # chunks embedded per second, once measured
+
+    def tell(path: Path, outcome: str) -> None:
+        report.seconds = time.monotonic() - started
+        if on_file is not None:
+            on_file(path, outcome, report)
+
+    def flush() -> None:
+        nonlocal last_commit, writing
+        if not ready:
+            return
+        writing = True
+        results, errors = write_batch(catalog, ready)
+        writing = False
+        last_commit = time.monotonic()
+        report.commits += 1
+        for doc in ready:
+            path = paths_of[doc.source]
+            if doc.source in errors:
+                report.failed.append((str(path), errors[doc.source]))
+                tell(path, "failed")
+                continue
+            status = results.get(doc.source, "unchanged")
+            getattr(report, status).append(str(path))
+            if status != "unchanged":
+                report.chunks += len(doc.spans)
+            tell(path, status)
+        ready.clear()
+
+    def embed() -> None:
+        nonlocal rate
+        if pending:
+            began = time.monotonic()
+            count = sum(len(d.plan.chunks) for d in pending)
+            ready.extend(_embed(catalog, pending))
+            pending.clear()
+            rate = count / max(time.monotonic() - began, 1e-6)
+        due = time.monotonic() - last_commit >= commit_seconds
+        if due or sum(len(d.spans) for d in ready) >= commit_chunks:
+            flush()
+
+    try:
+        for path in expand(paths):
+            try:
+                text, fmt, content_hash = read_document(path)
+                source = _source(path)
+                report.bytes += len(text.encode("utf-8", "surrogatepass"))
+                known = catalog.document(source)
+                # A file reached again under another name (a linked folder) is the same
+                # document: once in a run, or its outcomes would be told under one name.
+                if source in paths_of or (
+                    known is not None and known["content_hash"] == content_hash
+                ):
+                    report.unchanged.append(str(path))
+                    tell(path, "unchanged")
+                    continue
+                pending.append(_plan(catalog, source, text, content_hash, fmt, metadata))
+            except DocumentError as exc:
+                report.failed.append((str(path), exc))
+                tell(path, "failed")
+                continue
+            paths_of[source] = path
+            # A round of embedding takes about half the commit interval at the rate measured
+            # so far, so commits keep their pace on a slow or busy machine too.
+            size = FIRST_ROUND if rate is None else int(rate * commit_seconds / 2)
+            size = max(1, min(size, ENCODE_CHUNKS, commit_chunks))
+            waiting = sum(len(d.plan.chunks) for d in pending)
+            if waiting >= size or time.monotonic() - last_commit >= commit_seconds:
+                embed()
+        embed()
+        flush()
+    except Exception:
+        # Not one file's fault (the embedding model failing, say): the run ends, but the
+        # documents already embedded are whole, so they are written rather than lost.
+        if not writing:
+            flush()
+        raise
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _source(path: Path) -> str:
+    """The name a file's document is kept under: its absolute path, links resolved."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise DocumentError(f"cannot resolve {path}: {_reason(exc)}") from None
+
+
+def ingest_text(
+    catalog: KnowledgeCatalog,
+    source: str,
+    text: str,
+    *,
+    fmt: str = "text",
+    metadata: dict[str, Any] | None = None,
+) -> str:
+    """Ingest a text held in memory under the name ``source``; returns the outcome."""
+    text = _well_formed(text)
+    content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    known = catalog.document(source)
+    if known is not None and known["content_hash"] == content_hash:
+        return "unchanged"
+    if not text.strip():
+        raise DocumentError(f"{source} is empty", hint="nothing to ingest")
+    results, errors = write_batch(
+        catalog, [prepare(catalog, source, text, content_hash, fmt, metadata)]
+    )
+    if source in errors:
+        raise errors[source]
+    return results[source]

@@ -548,6 +548,13 @@ def get(name: str) -> object:
         ) from None
 
 
+def origin(name: str) -> str:
+    """Where setting ``name``'s value in force comes from: its environment variable's name when
+    that is set (and not empty), else ``"default"``."""
+    setting = SETTINGS[name]
+    return setting.env if os.environ.get(setting.env) else "default"
+
+
 def _typed(name: str, kind: type[object]) -> object:
     value = get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

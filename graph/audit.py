@@ -13,7 +13,10 @@ The verdict rule, on the weighted CEM (the earlier reports' components weighted 
 audit's weights, so a change of weights is never read as a decay): **decay** when it fell by
 more than ``audit_decay`` since the previous report; **stagnation** when it moved by less than
 ``audit_decay / 10`` over each of the last three reports; **steady** otherwise; **unknown**
-with no previous reading.
+with no previous reading; **idle** when no cycle was committed since the previous report. An
+idle audit measures nothing new, so it judges no mission, starts none, keeps the weights and
+does not ask ALFRED's model to narrate: its report says why (``reason``), and the verdict rule
+reads only the reports that are not idle — an image nobody uses is not stagnating.
 
 The weights: the ``cem_weights`` setting until the first report; then each report's
 ``weights_next`` — ``cem.step_weights`` on the missions it judged — is what the next audit
@@ -37,6 +40,7 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError
 from graph import cem, missions, prompts, records
+from graph.cycle import CYCLES_KEY
 from store.core.image import LivingImage
 
 log = logging.getLogger("batos.audit")
@@ -63,6 +67,9 @@ class AuditState(TypedDict, total=False):
     narrative: str
     report_id: int
     mission: dict[str, Any] | None
+    cycles_total: int
+    newest_cycle: str | None
+    reason: str | None
 
 
 def verdict(history: list[float | None], current: float | None, decay: float) -> str:
@@ -96,6 +103,39 @@ def valid_reports(root: Any, newest: int | None = None) -> list[dict[str, Any]]:
     chosen = keys if newest is None else keys[-newest:] if newest > 0 else []
     checked = (_checked(k, found[k]) for k in chosen)
     return [r for r in checked if r is not None]
+
+
+def measured_reports(root: Any, newest: int) -> list[dict[str, Any]]:
+    """The ``newest`` well-formed reports that are not idle, oldest first: the readings the
+    verdict rule compares."""
+    found = reports(root)
+    chosen: list[dict[str, Any]] = []
+    for number in reversed(list(found.keys())):
+        if len(chosen) >= newest:
+            break
+        report = _checked(number, found[number])
+        if report is not None and report["verdict"] != "idle":
+            chosen.append(report)
+    return chosen[::-1]
+
+
+def cycles_seen(root: Any) -> tuple[int, str | None]:
+    """How many cycle records the image holds and the newest one's id: what tells an audit
+    whether anything happened since the last."""
+    cycles = root.get(CYCLES_KEY)
+    if cycles is None or not len(cycles):
+        return 0, None
+    return len(cycles), cycles.maxKey()
+
+
+def idle_since(last: Mapping[str, Any] | None, seen: tuple[int, str | None]) -> str | None:
+    """Why an audit with ``seen`` cycles after report ``last`` is idle, or None when it is not
+    (a report from before reports recorded what they had seen is never idle's reference)."""
+    if last is None or "cycles_total" not in last:
+        return None
+    if (last["cycles_total"], last.get("newest_cycle")) != seen:
+        return None
+    return f"no new cycles since audit {last['id']}"
 
 
 def newest_report(root: Any) -> dict[str, Any] | None:
@@ -146,16 +186,15 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         size = settings.get_int("audit_window")
         with image.read() as root:
             weights = current_weights(root)
+            seen = cycles_seen(root)
             records = cem.window(root, size)
             declared, methods = cem.image_structure(root)
             metrics = cem.compute(
                 records, facet_space=declared, methods=methods, weights=weights
             ).as_dict()
-            previous = newest_report(root)
-            recent = [r["metrics"] for r in valid_reports(root, STAGNANT_REPORTS)]
-            judgements = missions.assess(root, metrics, weights, image)
-            # One mission at a time, each from a reading no other mission's change is in.
-            busy = bool(judgements)
+            reason = idle_since(newest_report(root), seen)
+            recent = measured_reports(root, STAGNANT_REPORTS)
+            previous = recent[-1] if recent else None
             old = dict(previous["metrics"]) if previous else {}
             if old:
                 old["cem"] = cem.weighted(old, weights)
@@ -165,16 +204,24 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
                 else round(metrics[name] - old[name], 6)
                 for name in (*cem.COMPONENTS, "cem")
             }
-            history = [cem.weighted(m, weights) for m in recent]
-            rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
-            chosen = None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
+            if reason is not None:  # nothing happened: nothing to judge, learn or mend
+                judgements, rule, chosen = [], "idle", None
+            else:
+                judgements = missions.assess(root, metrics, weights, image)
+                history = [cem.weighted(r["metrics"], weights) for r in recent]
+                rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
+                # One mission at a time, each from a reading no other mission's change is in.
+                busy = bool(judgements)
+                chosen = (
+                    None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
+                )
         weights_next = cem.step_weights(
             weights,
             missions.evidence(judgements),
             rate=settings.get_float("cem_weight_rate"),
             max_step=settings.get_float("cem_weight_step"),
         )
-        return {
+        measured: AuditState = {
             "metrics": metrics,
             "previous": previous,
             "deltas": deltas,
@@ -182,7 +229,13 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             "weights_next": weights_next,
             "judgements": [j.as_dict() for j in judgements],
             "plan": chosen.as_dict() if chosen else None,
+            "cycles_total": seen[0],
+            "newest_cycle": seen[1],
+            "reason": reason,
         }
+        if reason is not None:
+            measured["narrative"] = f"Nothing to audit: {reason}. No verdict, no mission."
+        return measured
 
     def narrate(state: AuditState) -> AuditState:
         if models is not None:
@@ -229,6 +282,9 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             "previous": state["previous"]["id"] if state.get("previous") else None,
             "weights_next": state["weights_next"],
             "judged": {o["id"]: o["status"] for o in outcomes},
+            "cycles_total": state["cycles_total"],
+            "newest_cycle": state["newest_cycle"],
+            "reason": state.get("reason"),
         }
 
         def write(root: Any) -> int:
@@ -272,7 +328,12 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
     builder.add_node("record", record)
     builder.add_node("improve", improve)
     builder.add_edge(START, "measure")
-    builder.add_edge("measure", "narrate")
+    # An idle audit has its narrative from measure: the model is not asked about nothing.
+    builder.add_conditional_edges(
+        "measure",
+        lambda state: "record" if state.get("reason") else "narrate",
+        ["narrate", "record"],
+    )
     builder.add_edge("narrate", "record")
     builder.add_edge("record", "improve")
     builder.add_edge("improve", END)

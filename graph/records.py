@@ -230,6 +230,11 @@ class AuditReport(_Open):
     weights_next: dict[str, Finite]
     judged: dict[Natural, str] = {}
     mission: Natural | None = None
+    #: What the audit had seen (absent in reports written before they recorded it).
+    cycles_total: Natural | None = None
+    newest_cycle: str | None = None
+    #: Why an idle audit measured nothing new.
+    reason: str | None = None
 
 
 class Hypothesis(_Open):

@@ -5,8 +5,8 @@ Five jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audi
 clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does),
 ``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``) and ``methods``
 (every generated method's stored examples run again; one that fails them is taken out:
-``graph.rejection``). They live in the image
-(``store.core.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
+``graph.rejection``). They live in
+the image (``store.core.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
 into one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
 for it (or, with ``once``, says who holds it and stops).
@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +33,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from batos import settings
-from batos.errors import BatosError
+from batos.errors import BatosError, ConfigurationError
 from store.core.image import LivingImage
 from store.core.jobstore import ImageJobStore, acquire_lease, lease_holder, release_lease
 
@@ -49,19 +49,37 @@ class LeaseHeld(BatosError):
     exit_code = 3
 
 
-def _audit(image: LivingImage, models: Callable[..., Any] | None) -> str:
+@dataclass
+class Decided:
+    """What one job run decided: a sentence for people and the same facts as data."""
+
+    said: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _audit(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     from graph import audit
 
     report = audit.run(image, models)
-    said = f"audit report {report['id']}: CEM {report['metrics']['cem']} ({report['verdict']})"
+    cem = report["metrics"]["cem"]
+    said = f"audit report {report['id']}: CEM {'n/a' if cem is None else f'{cem:.3f}'}"
+    said += f" ({report['verdict']}" + (f": {report['reason']})" if report.get("reason") else ")")
     for number, status in (report.get("judged") or {}).items():
         said += f"; mission {number} {status}"
     if report.get("mission"):
         said += f"; mission {report['mission']} started"
-    return said
+    facts = {
+        "report": report["id"],
+        "cem": cem,
+        "verdict": report["verdict"],
+        "reason": report.get("reason"),
+        "judged": {str(k): v for k, v in (report.get("judged") or {}).items()},
+        "mission": report.get("mission"),
+    }
+    return Decided(said, facts)
 
 
-def _curate(image: LivingImage, models: Callable[..., Any] | None) -> str:
+def _curate(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     from graph.curation import babs_summarizer
     from store.knowledge.catalog import KnowledgeCatalog
     from store.knowledge.curator import Curator
@@ -71,24 +89,30 @@ def _curate(image: LivingImage, models: Callable[..., Any] | None) -> str:
         report = Curator(catalog, babs_summarizer(models)).run()
     finally:
         catalog.close()
-    return f"curated: {report.archived_chunks} chunk(s) folded into {len(report.archives)}"
+    return Decided(
+        f"curated: {report.archived_chunks} chunk(s) folded into {len(report.archives)}",
+        {"archived_chunks": report.archived_chunks, "archives": len(report.archives)},
+    )
 
 
-def _prune(image: LivingImage, models: Callable[..., Any] | None) -> str:
+def _prune(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     from store.checkpoint.saver import ZODBSaver
 
     keep = settings.get_int("heartbeat_prune_keep")
     with ZODBSaver(image) as saver:
         deleted = saver.trim(None, keep=keep)
-    return f"pruned {deleted} checkpoint(s), kept {keep} per namespace"
+    return Decided(
+        f"pruned {deleted} checkpoint(s), kept {keep} per namespace",
+        {"deleted": deleted, "keep": keep},
+    )
 
 
-def _facets(image: LivingImage, models: Callable[..., Any] | None) -> str:
+def _facets(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     from graph import facet_writing
 
     todo = facet_writing.due(image)
     if not todo:
-        return "facets: none due"
+        return Decided("facets: none due", {"due": 0, "wrote": [], "failed": []})
     done = facet_writing.write_all(image, models, todo[: facet_writing.PER_RUN])
     wrote = [w.key for w in done if w.ok]
     failed = [w.key for w in done if not w.ok]
@@ -96,24 +120,28 @@ def _facets(image: LivingImage, models: Callable[..., Any] | None) -> str:
     if failed:
         said += f"; {len(failed)} could not be written ({', '.join(failed)}): tried again later"
     left = len(todo) - len(done)
-    return said + (f"; {left} still due" if left else "")
+    said += f"; {left} still due" if left else ""
+    return Decided(said, {"due": len(todo), "wrote": wrote, "failed": failed})
 
 
-def _methods(image: LivingImage, models: Callable[..., Any] | None) -> str:
+def _methods(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     from graph import rejection
 
     report = rejection.check_methods(image)
     said = f"methods: {report.checked} checked against their examples"
-    if report.removed:
-        names = ", ".join(f"{r.path}.{r.selector}" for r in report.removed)
-        said += f"; took out {len(report.removed)} that fail them ({names})"
+    removed = [f"{r.path}.{r.selector}" for r in report.removed]
+    if removed:
+        said += f"; took out {len(removed)} that fail them ({', '.join(removed)})"
     if report.unchecked:
         said += f"; {len(report.unchecked)} could not be checked ({report.unchecked[0]})"
-    return said
+    return Decided(
+        said,
+        {"checked": report.checked, "removed": removed, "unchecked": len(report.unchecked)},
+    )
 
 
 #: job id → (what it does, the setting holding its interval in seconds).
-JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], str], str]] = {
+JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], Decided], str]] = {
     "audit": (_audit, "heartbeat_audit_seconds"),
     "facets": (_facets, "heartbeat_facets_seconds"),
     "curate": (_curate, "heartbeat_curate_seconds"),
@@ -136,21 +164,83 @@ def run_job(name: str) -> str:
 
 @dataclass
 class Outcome:
+    """One job run: the record behind both the terminal line and the JSON line."""
+
     job: str
     ok: bool
     said: str
     seconds: float
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    decided: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.started.isoformat(timespec="seconds"),
+            "job": self.job,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "said": self.said,
+            "decided": self.decided,
+        }
+
+    def line(self) -> str:
+        """The record as one line for people: local time, ✓/✗, job, duration, decision."""
+        when = self.started.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        return f"{when} {'✓' if self.ok else '✗'} {self.job} ({self.seconds:.1f}s): {self.said}"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A job's interval in seconds and where it came from: ``--every``, a variable, default."""
+
+    seconds: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A job as the heartbeat will run it: ``next_run`` None means due as soon as it starts
+    (a job new to the image); ``stored`` is the interval in the image when it differs."""
+
+    job: str
+    interval: Interval
+    next_run: datetime | None
+    stored: float | None = None
+    corrupt: str | None = None
+
+
+def _seconds(job: Any) -> float | None:
+    """A stored job's interval in seconds; None for a job with no interval trigger."""
+    interval = getattr(getattr(job, "trigger", None), "interval", None)
+    return None if interval is None else interval.total_seconds()
 
 
 @dataclass
 class Heartbeat:
+    """The scheduler over ``image``'s job store. ``intervals`` (job → seconds) overrides the
+    interval settings; ``on_outcome`` hears every job run as it ends, from the job's thread."""
+
     image: LivingImage
     models: Callable[..., Any] | None = None
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
+    intervals: Mapping[str, float] = field(default_factory=dict)
+    on_outcome: Callable[[Outcome], None] | None = None
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.intervals) - set(JOBS))
+        if unknown:
+            raise ConfigurationError(
+                f"no heartbeat job {', '.join(map(repr, unknown))}",
+                hint=f"the jobs are {', '.join(JOBS)}",
+            )
+        bad = [f"{k}={v}" for k, v in self.intervals.items() if not 0 < v < float("inf")]
+        if bad:
+            raise ConfigurationError(
+                f"a job's interval must be a positive number of seconds, not {', '.join(bad)}",
+                hint="for example --every audit=600",
+            )
         self.store = ImageJobStore(self.image)
         self.scheduler = BackgroundScheduler(
             jobstores={"default": self.store},
@@ -162,24 +252,43 @@ class Heartbeat:
 
     # -- the jobs -------------------------------------------------------------------------
 
+    def interval(self, name: str) -> Interval:
+        """Job ``name``'s interval: the ``intervals`` given, else its setting."""
+        if name in self.intervals:
+            return Interval(float(self.intervals[name]), "--every")
+        setting = settings.SETTINGS[JOBS[name][1]]
+        return Interval(settings.get_float(setting.name), settings.origin(setting.name))
+
     def run(self, name: str) -> str:
-        started = time.monotonic()
+        started, clock = datetime.now(UTC), time.monotonic()
         try:
-            said = JOBS[name][0](self.image, self.models)
+            decided = JOBS[name][0](self.image, self.models)
         except Exception as exc:
-            seconds = time.monotonic() - started
-            self.outcomes.append(Outcome(name, False, f"{type(exc).__name__}: {exc}", seconds))
+            seconds = time.monotonic() - clock
+            error = f"{type(exc).__name__}: {exc}"
+            self._heard(Outcome(name, False, error, seconds, started, {"error": error}))
             log.error("job %s failed after %.1f s: %s", name, seconds, exc)
             raise
-        self.outcomes.append(Outcome(name, True, said, time.monotonic() - started))
-        log.info("job %s: %s", name, said)
-        return said
+        outcome = Outcome(name, True, decided.said, time.monotonic() - clock, started)
+        outcome.decided = decided.facts
+        self._heard(outcome)
+        log.info("job %s (%.1f s): %s", name, outcome.seconds, decided.said)
+        return decided.said
+
+    def _heard(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.on_outcome is None:
+            return
+        try:
+            self.on_outcome(outcome)
+        except Exception as exc:  # whoever listens must not make a job that ran look failed
+            log.warning("could not report job %s: %s", outcome.job, exc)
 
     def ensure_jobs(self) -> None:
         """Add the jobs the image lacks (due at once); give changed intervals to the others.
         Call with the scheduler started (paused or not) so the changes reach the image."""
-        for name, (_, setting) in JOBS.items():
-            trigger = IntervalTrigger(seconds=settings.get_float(setting), timezone=UTC)
+        for name in JOBS:
+            trigger = IntervalTrigger(seconds=self.interval(name).seconds, timezone=UTC)
             job = self.store.lookup_job(name)
             if job is None and name not in self.store.corrupt:
                 self.scheduler.add_job(
@@ -193,14 +302,37 @@ class Heartbeat:
             elif job is not None and job.trigger.interval != trigger.interval:
                 self.scheduler.reschedule_job(name, trigger=trigger)
 
-    def jobs(self) -> list[tuple[str, str, datetime | None, str | None]]:
-        """(id, trigger, next run time, why it is corrupt) of every stored job."""
+    def plan(self) -> list[Planned]:
+        """What the heartbeat will run and when, read from the image without changing it: every
+        job with its interval in force, then any stored record that is not one of them."""
+        stored = {
+            job_id: (job, self.store.corrupt.get(job_id)) for job_id, _, job in self.store.records()
+        }
         rows = []
-        for job_id, _, job in self.store.records():
+        for name in JOBS:
+            job, corrupt = stored.pop(name, (None, None))
+            interval = self.interval(name)
             if job is None:
-                rows.append((job_id, "?", None, self.store.corrupt.get(job_id)))
-            else:
-                rows.append((job_id, str(job.trigger), job.next_run_time, None))
+                rows.append(Planned(name, interval, None, corrupt=corrupt))
+                continue
+            had = _seconds(job)
+            rows.append(
+                Planned(
+                    name,
+                    interval,
+                    job.next_run_time,
+                    stored=None if had == interval.seconds else had,
+                )
+            )
+        for job_id, (job, corrupt) in stored.items():  # written by another version of BAT OS
+            rows.append(
+                Planned(
+                    job_id,
+                    Interval(_seconds(job) or 0.0, "image"),
+                    job.next_run_time if job is not None else None,
+                    corrupt=corrupt or "not a job this version runs",
+                )
+            )
         return rows
 
     # -- running --------------------------------------------------------------------------

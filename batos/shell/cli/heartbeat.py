@@ -1,26 +1,31 @@
 """``batos heartbeat`` and ``batos audit``: the image's upkeep, and what ALFRED's audits found.
 
 ``heartbeat`` runs the scheduled jobs until SIGINT/SIGTERM (the running job finishes, then
-exit 0); ``--once`` runs the due jobs and exits; ``--list`` shows the jobs. ``audit report``
-prints the CEM, its weights and the missions over time (``--json``, ``--png FILE`` for a
-chart); ``audit show ID`` one report.
+exit 0), one line per job run as it ends (``--json``: one JSON object per line, from the same
+record); ``--once`` runs the due jobs and exits; ``--list`` shows what will run and when;
+``--every JOB=SECONDS`` overrides a job's interval setting. ``audit report`` prints the CEM,
+its weights and the missions over time in a layout that fits 80 columns (``--json``,
+``--png FILE`` for a chart); ``audit show ID`` one report.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.table import Table
+from rich.text import Text
 
-from batos.errors import BatosError
-from batos.shell.cli.app import console, image_uri, model_factory
-from batos.shell.cli.terminal import shown
-from batos.shell.heartbeat import Heartbeat
+from batos.errors import BatosError, ConfigurationError
+from batos.shell.cli.app import console, err_console, image_uri, model_factory
+from batos.shell.cli.terminal import json_text, plain, shown
+from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
 from graph import audit as audits
 from graph import cem, missions
 from graph.boot import open_image
@@ -28,48 +33,163 @@ from graph.boot import open_image
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
 
 
-def _when(timestamp: float | dt.datetime | None) -> str:
+def _when(timestamp: float | dt.datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     if timestamp is None:
         return "-"
     if isinstance(timestamp, dt.datetime):
         timestamp = timestamp.timestamp()
-    return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(timestamp).strftime(fmt)
+
+
+def _every(seconds: float) -> str:
+    """An interval as people say it: 15 min, 1 h 30 min, 1 day, 0.3 s."""
+    if seconds < 60 or not float(seconds).is_integer():
+        return f"{seconds:g} s"
+    whole = int(seconds)
+    parts = []
+    for size, unit in ((86400, "day"), (3600, "h"), (60, "min"), (1, "s")):
+        count, whole = divmod(whole, size)
+        if count:
+            parts.append(f"{count} {unit}" + ("s" if unit == "day" and count > 1 else ""))
+    return " ".join(parts)
+
+
+def _intervals(every: list[str] | None) -> dict[str, float]:
+    """``--every JOB=SECONDS`` options as job → seconds."""
+    found: dict[str, float] = {}
+    for text in every or ():
+        job, sep, seconds = text.partition("=")
+        job = job.strip()
+        try:
+            value = float(seconds) if sep else math.nan
+        except ValueError:
+            value = math.nan
+        if not sep or not 0 < value < math.inf:
+            raise ConfigurationError(
+                f"--every {text!r} is not JOB=SECONDS with a positive number of seconds",
+                hint="for example --every audit=600 --every methods=300",
+            )
+        if job not in JOBS:
+            raise ConfigurationError(
+                f"--every names no heartbeat job {job!r}", hint=f"the jobs are {', '.join(JOBS)}"
+            )
+        found[job] = value
+    return found
+
+
+def _next_run(row: Planned, now: dt.datetime) -> str:
+    if row.next_run is None:
+        return "at start" if row.corrupt is None else "-"
+    if row.stored is not None:  # rescheduled when the heartbeat starts: from then on
+        return f"start + {_every(row.interval.seconds)}"
+    shown_at = _when(row.next_run)
+    return f"{shown_at} (due)" if row.next_run <= now else shown_at
+
+
+def _list(beat: Heartbeat, uri: str, as_json: bool) -> None:
+    rows = beat.plan()
+    now = dt.datetime.now(dt.UTC)
+    if as_json:
+        for row in rows:
+            line = {
+                "job": row.job,
+                "seconds": row.interval.seconds,
+                "source": row.interval.source,
+                "next_run": None if row.next_run is None else row.next_run.isoformat(),
+                "due_at_start": row.next_run is None or row.next_run <= now,
+                "stored_seconds": row.stored,
+                "corrupt": row.corrupt,
+            }
+            console.print(json_text(line, "a job"), markup=False, highlight=False, soft_wrap=True)
+        return
+    console.print(f"Heartbeat jobs of {shown(uri)} (local times)")
+    table = _narrow_table()
+    for column in ("job", "every", "next run", "interval from"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(
+            plain(row.job),
+            _every(row.interval.seconds),
+            _next_run(row, now),
+            plain(row.interval.source),
+        )
+    console.print(table)
+    notes = []
+    for row in rows:
+        if row.corrupt is not None:
+            notes.append(f"{row.job}: skipped, its record cannot be restored ({row.corrupt})")
+        elif row.stored is not None:
+            notes.append(
+                f"{row.job}: the image holds every {_every(row.stored)}; the heartbeat changes "
+                f"it to every {_every(row.interval.seconds)} when it starts"
+            )
+    if any(row.next_run is None and row.corrupt is None for row in rows):
+        notes.append("'at start': new to this image, run as soon as a heartbeat starts")
+    for note in notes:
+        console.paragraph(note)
+
+
+def _printer(as_json: bool):
+    """Prints each job run as one line, whichever thread it ends in."""
+    lock = threading.Lock()
+
+    def say(outcome: Outcome) -> None:
+        if as_json:
+            line: Text | str = json_text(outcome.as_dict(), "a job's record")
+        else:
+            line = plain(outcome.line())
+            mark = line.plain.index("✓" if outcome.ok else "✗")
+            line.stylize("green" if outcome.ok else "red", mark, mark + 1)
+        with lock:
+            # One line per run however narrow the terminal: a log, not a paragraph.
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return say
 
 
 def heartbeat(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Run every due job once, then exit."),
-    list_jobs: bool = typer.Option(False, "--list", help="Show the jobs and their next runs."),
+    list_jobs: bool = typer.Option(
+        False, "--list", help="Show what will run and when: job, interval, next run."
+    ),
+    every: list[str] = typer.Option(
+        None,
+        "--every",
+        metavar="JOB=SECONDS",
+        help=f"A job's interval, over its BATOS_HEARTBEAT_*_SECONDS variable; repeatable. "
+        f"Jobs: {', '.join(JOBS)}.",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object per line: per job run (per job with --list)."
+    ),
 ) -> int:
-    """Run the image's upkeep — ALFRED's audit, memory curation, checkpoint pruning — on
-    their intervals until stopped (Ctrl-C or SIGTERM). Examples: batos heartbeat ·
-    batos heartbeat --once · batos heartbeat --list
+    """Run the image's upkeep — ALFRED's audit, facet writing, memory curation, checkpoint
+    pruning, method checks — on their intervals until stopped (Ctrl-C or SIGTERM), printing
+    one line per job run. Examples: batos heartbeat · batos heartbeat --once --json ·
+    batos heartbeat --list --every audit=600
     """
+    intervals = _intervals(every)
     with open_image(image_uri(ctx)) as image:
-        beat = Heartbeat(image, model_factory(ctx))
+        beat = Heartbeat(
+            image, model_factory(ctx), intervals=intervals, on_outcome=_printer(as_json)
+        )
         if list_jobs:
-            table = Table(title=f"Heartbeat jobs of {image.uri}")
-            for column in ("job", "trigger", "next run", "note"):
-                table.add_column(column)
-            for job_id, trigger, after, corrupt in beat.jobs():
-                note = f"[red]corrupt, skipped: {shown(corrupt)}[/]" if corrupt else ""
-                table.add_row(shown(job_id), shown(trigger), _when(after), note)
-            console.print(table)
+            _list(beat, image.uri, as_json)
             return 0
+        # With --json, stdout holds the records alone; what else is said goes to stderr.
+        say = err_console if as_json else console
         if once:
             outcomes = beat.once()
-            for o in outcomes:
-                mark = "[green]✓[/]" if o.ok else "[red]✗[/]"
-                console.print(f"{mark} {shown(o.job)} ({o.seconds:.1f}s): {shown(o.said)}")
             if not outcomes:
-                console.print("no job was due")
+                say.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        console.print(f"heartbeat on {image.uri}; Ctrl-C stops it", markup=False)
+        say.print(f"heartbeat on {image.uri}; Ctrl-C stops it", markup=False)
         beat.forever(stop)
-        console.print("heartbeat stopped")
+        say.print("heartbeat stopped")
     return 0
 
 
@@ -83,10 +203,49 @@ def _weights(weights: dict[str, float] | None) -> str:
     return " ".join(f"{weights.get(c, 0.0):.3f}" for c in cem.COMPONENTS)
 
 
-def _mission_rows(found: list[dict[str, Any]]) -> Table:
-    table = Table(title="Self-improvement missions")
-    for column in ("id", "audit", "mission", "hypothesis", "outcome"):
-        table.add_column(column, overflow="fold")
+def _narrow_table() -> Table:
+    """A table of few rules and one space each side of a column divider: ten short columns
+    fit in 80 characters, so a pipe or a narrow terminal gets whole cells."""
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+
+
+def _audits_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per audit, columns narrow enough for 80: the CEM, its components, the verdict
+    and the mission it started."""
+    table = _narrow_table()
+    for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict"):
+        table.add_column(column, no_wrap=True)
+    for r in rows:
+        m = r["metrics"]
+        table.add_row(
+            str(r["id"]),
+            _when(r["time"], "%m-%d %H:%M"),
+            str(m["cycles"]),
+            *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
+            plain(r["verdict"] + (f" → m{r['mission']}" if r.get("mission") else "")),
+        )
+    return table
+
+
+def _weights_table(rows: list[dict[str, Any]]) -> Table:
+    """The weights each audit used, a row only where they changed: they move seldom."""
+    table = _narrow_table()
+    for column in ("from", *cem.COMPONENTS):
+        table.add_column(column, no_wrap=True)
+    last = None
+    for r in rows:
+        weights = r["metrics"].get("weights") or {}
+        shown_weights = _weights(weights)
+        if shown_weights != last:
+            table.add_row(f"audit {r['id']}", *(_num(weights.get(c)) for c in cem.COMPONENTS))
+            last = shown_weights
+    return table
+
+
+def _print_missions(found: list[dict[str, Any]]) -> None:
+    """Each mission as a short block: lines wrap at the terminal's width under an indent,
+    never as the cells of a table."""
+    console.print(Text("Self-improvement missions", style="italic"))
     for m in found:
         what = f"{m['persona']}.{m['selector']}" if m.get("selector") else m["persona"]
         if m["kind"] == "raise_prior" and "prior_after" in m:
@@ -96,16 +255,13 @@ def _mission_rows(found: list[dict[str, Any]]) -> Table:
         why = judged.get("why") or m.get("error") or ""
         if judged.get("error"):
             why += f" ({judged['error']})"
-        table.add_row(
-            str(m["id"]),
-            str(m["report"]),
-            shown(f"{m['kind']} {what}"),
-            shown(
-                f"{h['component']} ≥ {_num(h['baseline'])}{h['gain']:+g} after {h['cycles']} cycles"
-            ),
-            shown(f"{m['status']}: {why}" if why else m["status"]),
-        )
-    return table
+        console.print(plain(f"mission {m['id']} (audit {m['report']}): {m['kind']} {what}"))
+        for line in (
+            f"expects {h['component']} ≥ {_num(h['baseline'])}{h['gain']:+g} "
+            f"after {h['cycles']} cycles",
+            f"{m['status']}: {why}" if why else m["status"],
+        ):
+            console.paragraph(line)
 
 
 @audit_app.command("report")
@@ -114,31 +270,29 @@ def report(
     png: Path = typer.Option(None, "--png", help="Write a chart of the CEM over time here."),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
 ) -> None:
-    """The CEM and its components over time, one row per audit. Example: batos audit
-    report --png cem.png"""
+    """The CEM and its components over time, one row per audit; the weights where they
+    changed; the missions. Example: batos audit report --png cem.png"""
     with open_image(image_uri(ctx)) as image:
         rows = _rows(image)
         found = missions.history(image)
     if as_json:
         console.print_value_json({"audits": rows, "missions": found}, "the audit reports")
+    elif not rows:
+        console.print("audits: none yet (the heartbeat's audit job writes them)")
     else:
-        table = Table(title="Audits")
-        weights = "weights (" + " ".join(cem.COMPONENTS) + ")"
-        for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict", weights):
-            table.add_column(column)
-        for r in rows:
-            m = r["metrics"]
-            table.add_row(
-                str(r["id"]),
-                _when(r["time"]),
-                str(m["cycles"]),
-                *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
-                shown(r["verdict"] + (f" → mission {r['mission']}" if r.get("mission") else "")),
-                _weights(m.get("weights")),
+        console.print(Text("Audits", style="italic"))
+        console.print(_audits_table(rows))
+        if any(r.get("mission") for r in rows):
+            console.paragraph("→ mN: the audit started mission N (see the missions below)")
+        if any(r["verdict"] == "idle" for r in rows):
+            console.paragraph(
+                "idle: no new cycles since the audit before; nothing judged or started"
             )
-        console.print(table)
+        console.print(Text("CEM weights, from the audit where they changed", style="italic"))
+        console.print(_weights_table(rows))
+    if not as_json:
         if found:
-            console.print(_mission_rows(found))
+            _print_missions(found)
             kept = sum(m["status"] == "kept" for m in found)
             undone = sum(m["status"] == "undone" for m in found)
             console.print(f"missions: {len(found)} started, {kept} kept, {undone} undone")
@@ -154,39 +308,118 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+#: How a mission's start is marked on the chart, by what became of it.
+MISSION_MARKS = {
+    "kept": ("tab:green", "mission started, kept"),
+    "undone": ("tab:red", "mission started, undone"),
+}
+OTHER_MISSION = ("tab:gray", "mission started, open or failed")
+#: Where a component's undefined (n/a) readings are drawn: under the 0 line, hollow.
+UNDEFINED_Y = -0.06
+
+
+def draw_chart(rows: list[dict[str, Any]], found: list[dict[str, Any]]) -> Any:
+    """The matplotlib figure of ``audit report --png``: above, every component and the CEM per
+    audit, n/a readings as hollow markers under the axis, dotted lines where missions started;
+    below, the weights. Every line drawn has its legend entry and every entry a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed or used
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    fig, (ax, wax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(2, 1))
+    ids = [r["id"] for r in rows]
+    shapes = dict(zip((*cem.COMPONENTS, "cem"), ("o", "s", "^", "D", "*"), strict=True))
+    # Fixed, and apart from the missions' green, red and grey: a colour means one thing.
+    colours = dict(
+        zip(
+            (*cem.COMPONENTS, "cem"),
+            ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "black"),
+            strict=True,
+        )
+    )
+    for name in (*cem.COMPONENTS, "cem"):
+        values = [r["metrics"].get(name) for r in rows]
+        label = "CEM" if name == "cem" else name
+        undefined = [i for i, v in zip(ids, values, strict=True) if v is None]
+        if undefined:
+            label += f" (n/a in {len(undefined)} of {len(ids)})"
+        # Drawn whatever its values: a constant component is a flat line with markers (its
+        # own marker shape, so it shows where it lies on another), and one never defined
+        # still gets its line, of hollow markers only.
+        ax.plot(
+            ids,
+            [math.nan if v is None else v for v in values],
+            color=colours[name],
+            marker=shapes[name],
+            linewidth=2.5 if name == "cem" else 1.2,
+            markersize=7 if name == "cem" else 5,
+            label=label if len(undefined) < len(ids) else "_nolegend_",
+        )
+        if undefined:
+            ax.plot(
+                undefined,
+                [UNDEFINED_Y] * len(undefined),
+                linestyle="none",
+                marker=shapes[name],
+                markerfacecolor="none",
+                color=colours[name],
+                clip_on=False,
+                label=label if len(undefined) == len(ids) else "_nolegend_",
+            )
+    handles, _ = ax.get_legend_handles_labels()
+    seen = set()
+    for m in found:  # where each mission started, coloured by what became of it
+        colour, label = MISSION_MARKS.get(m["status"], OTHER_MISSION)
+        ax.axvline(m["report"], color=colour, linestyle=":", linewidth=1.5)
+        if label not in seen:
+            seen.add(label)
+            handles.append(Line2D([], [], color=colour, linestyle=":", label=label))
+    if any(r["metrics"].get(c) is None for r in rows for c in (*cem.COMPONENTS, "cem")):
+        ax.axhline(0, color="0.8", linewidth=0.8)
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="o",
+                markerfacecolor="none",
+                color="0.4",
+                label="hollow, under 0: n/a (undefined)",
+            )
+        )
+    ax.set_ylim(UNDEFINED_Y - 0.04, 1.05)
+    ax.set_ylabel("reading (0 to 1)")
+    ax.set_title("Composite Entropy Metric and its components, per audit")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    # Stacked, because the weights sum to 1: equal weights drawn as lines would lie on one
+    # another and show as one; as bands each keeps its own, as thick as its weight.
+    wax.stackplot(
+        ids,
+        [[r["metrics"]["weights"].get(name, 0.0) for r in rows] for name in cem.COMPONENTS],
+        labels=cem.COMPONENTS,
+        colors=[colours[name] for name in cem.COMPONENTS],
+        alpha=0.6,
+    )
+    wax.set_ylim(0, 1)
+    wax.set_ylabel("weights (stacked)")
+    wax.set_xlabel("audit")
+    wax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    wax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    return fig
+
+
 def _chart(rows: list[dict[str, Any]], found: list[dict[str, Any]], path: Path) -> None:
     if not rows:
         raise BatosError(
             "there are no audit reports to chart",
             hint="run an audit first: batos heartbeat --once",
         )
-    import matplotlib
+    fig = draw_chart(rows, found)
+    import matplotlib.pyplot as plt  # after draw_chart chose the Agg backend
 
-    matplotlib.use("Agg")  # files only: no display is needed or used
-    import matplotlib.pyplot as plt
-
-    fig, (ax, wax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
-    ids = [r["id"] for r in rows]
-    for name in (*cem.COMPONENTS, "cem"):
-        values = [r["metrics"].get(name) for r in rows]
-        ax.plot(
-            ids,
-            [float("nan") if v is None else v for v in values],
-            marker="o",
-            linewidth=2.5 if name == "cem" else 1.2,
-            label="CEM" if name == "cem" else name,
-        )
-    colours = {"kept": "tab:green", "undone": "tab:red"}
-    for m in found:  # where each mission started, coloured by what became of it
-        ax.axvline(m["report"], color=colours.get(m["status"], "tab:gray"), linestyle=":")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("Composite Entropy Metric (dotted: missions; green kept, red undone)")
-    ax.legend(loc="best", fontsize="small")
-    for name in cem.COMPONENTS:
-        wax.plot(ids, [r["metrics"]["weights"].get(name, 0.0) for r in rows], label=name)
-    wax.set_ylabel("weight")
-    wax.set_xlabel("audit")
-    wax.legend(loc="best", fontsize="small")
     try:
         fig.savefig(path, format="png")
     except OSError as exc:
@@ -211,7 +444,10 @@ def show(ctx: typer.Context, report_id: int = typer.Argument(..., help="Audit re
             f"  {persona:8} share {terms['share']:.2f} · H_cog term {terms['H_cog_term']:.3f}"
             f" · novelty {_num(terms['H_sol_mean'])}"
         )
-    console.print(f"verdict: {r['verdict']}", markup=False)
+    console.print(
+        f"verdict: {r['verdict']}" + (f" ({r['reason']})" if r.get("reason") else ""),
+        markup=False,
+    )
     console.print(f"weights: {_weights(m.get('weights'))} → next {_weights(r.get('weights_next'))}")
     for number, status in (r.get("judged") or {}).items():
         console.print(f"mission {number} judged: {status}", markup=False)

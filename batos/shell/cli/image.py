@@ -8,11 +8,12 @@ from typing import Any
 import typer
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
 from batos import settings
 from batos.errors import BatosError, ImageURIError
 from batos.shell.cli.app import console, image_uri
-from batos.shell.cli.terminal import shown, visible
+from batos.shell.cli.terminal import plain, shown, visible
 from graph.boot import open_image
 from prototypes.bounded import bounded_repr
 from prototypes.incarnation import personas
@@ -305,17 +306,27 @@ def repair(ctx: typer.Context) -> None:
 
 
 @image_app.command("config")
-def config_cmd() -> None:
-    """Show every setting: its environment variable, the value in force and what it does."""
-    table = Table(title="Settings")
-    for column in ("setting", "variable", "value", "help"):
-        table.add_column(column)
-    for name, setting in settings.SETTINGS.items():
-        value = str(settings.get(name))
+def config_cmd(
+    names: list[str] = typer.Argument(None, help="Settings to show (default: all)."),
+) -> None:
+    """Show every setting as a block: its value in force, where that comes from (its
+    environment variable or the default) and what it does. Example: batos config audit_window
+    """
+    for name in names or settings.SETTINGS:
+        value = str(settings.get(name))  # an unknown name fails here, listing the known ones
+        setting = settings.SETTINGS[name]
         if "key" in name and value:
             value = "***"
-        table.add_row(name, setting.env, shown(value), shown(setting.help))
-    console.print(table)
+        origin = settings.origin(name)
+        source = f"from {origin}" if origin != "default" else f"default; {setting.env} overrides"
+        # A long value (a path, a URI) stays on one line, whole: wrapped, it could not be
+        # copied back; the help is prose and wraps under an indent.
+        console.print(
+            Text.assemble((name, "bold"), " = ", plain(value)), soft_wrap=True, highlight=False
+        )
+        console.paragraph(f"({source})", indent=4)
+        console.paragraph(setting.help, indent=4)
+        console.print()
 
 
 @zeo_app.command("start")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from typing import Any
 
 from rich.console import Console
@@ -82,6 +83,13 @@ class TerminalConsole(Console):
 
     def render_str(self, text: str, **options: Any) -> Text:
         return super().render_str(visible(text), **options)
+
+    def paragraph(self, text: str, indent: int = 2) -> None:
+        """``text`` as prose wrapped at words to the console's width under ``indent`` spaces:
+        no line padded with trailing spaces, controls visible, markup not read."""
+        width = max(20, self.width - indent)
+        for line in textwrap.wrap(visible(text), width, break_on_hyphens=False) or [""]:
+            self.print(" " * indent + line, markup=False, highlight=False, soft_wrap=True)
 
     def print_value_json(self, value: Any, what: str) -> None:
         """``value`` as indented, highlighted JSON (``json_text``'s checks), non-ASCII escaped

@@ -91,8 +91,10 @@ def test_the_heartbeat_writes_a_few_due_facets_per_run(image: LivingImage) -> No
     from batos.shell.heartbeat import JOBS
 
     job = JOBS["facets"][0]
-    said = job(image, drafting())
+    decided = job(image, drafting())
+    said = decided.said
     assert said.startswith(f"facets: wrote {facet_writing.PER_RUN}")
+    assert len(decided.facts["wrote"]) == facet_writing.PER_RUN and decided.facts["due"] == ALL
     assert f"{ALL - facet_writing.PER_RUN} still due" in said
     with image.read() as root:
         assert len(facet_writing.missing(root)) == ALL - facet_writing.PER_RUN

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +16,8 @@ from fakes import FakeModels, ScriptedChatModel
 from test_mind import responder
 
 from batos.shell.cli import main
-from batos.shell.heartbeat import Heartbeat, LeaseHeld
+from batos.shell.cli.heartbeat import draw_chart
+from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld
 from graph import audit
 from graph.cycle import CYCLES_KEY
 from store.core.image import LivingImage
@@ -30,6 +35,26 @@ def run(capsys, *argv: str, models=None) -> tuple[int, str, str]:
 def image(capsys, file_uri: str) -> str:
     assert run(capsys, "--image", file_uri, "init")[0] == 0
     return file_uri
+
+
+def piped(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``batos ARGV`` in a process of its own, its output a pipe 80 columns wide."""
+    return subprocess.run(
+        [sys.executable, "-m", "batos.shell.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", **env},
+        timeout=120,
+    )
+
+
+def fits_80_columns(out: str, *whole: str) -> None:
+    """Every line of ``out`` fits in 80 columns, but a line holding one of ``whole`` alone:
+    a value (a path, a URI) is kept whole on its own line rather than broken."""
+    assert out.strip()
+    for line in out.splitlines():
+        assert len(line) <= 80 or line.strip() in whole, line
+    assert "…" not in out  # nothing cut short to fit
 
 
 def alfred(*replies: str):
@@ -109,7 +134,8 @@ def test_once_runs_due_jobs_then_none_and_lists_them(capsys, image: str) -> None
     code, out, _ = run(capsys, "--image", image, "heartbeat", "--once", models=alfred())
     assert code == 0 and "no job was due" in out
     code, out, _ = run(capsys, "--image", image, "heartbeat", "--list")
-    assert code == 0 and "audit" in out and "interval[1:00:00]" in out
+    audit_row = next(line for line in out.splitlines() if line.startswith("audit "))
+    assert code == 0 and "1 h" in audit_row and "default" in audit_row
 
 
 def test_a_second_heartbeat_with_once_is_told_who_acts(capsys, image: str) -> None:
@@ -125,7 +151,8 @@ def test_forever_runs_unattended_waits_for_the_lease_and_stops_cleanly(
     monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.3")
     monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "1.5")
     with LivingImage.open(image) as img:
-        first = Heartbeat(img, alfred(*["Steady."] * 50))
+        heard = []
+        first = Heartbeat(img, alfred(*["Steady."] * 50), on_outcome=heard.append)
         second = Heartbeat(img, alfred(*["Steady."] * 50))
         stop_first, stop_second = threading.Event(), threading.Event()
         a = threading.Thread(target=first.forever, args=(stop_first,))
@@ -141,6 +168,7 @@ def test_forever_runs_unattended_waits_for_the_lease_and_stops_cleanly(
         stop_first.set()
         a.join(10)
         assert not a.is_alive()
+        assert heard == first.outcomes  # the scheduler's threads report every run as it ends
         deadline = time.monotonic() + 20
         while not any(o.job == "audit" for o in second.outcomes):  # it takes over
             assert time.monotonic() < deadline
@@ -168,3 +196,220 @@ def test_end_to_end_ask_heartbeat_report(capsys, image: str, tmp_path) -> None:
     assert code == 0 and "verdict:" in out and "ALFRED:" in out
     code, _, err = run(capsys, "--image", image, "audit", "show", "9")
     assert code != 0 and "no audit report 9" in err
+
+
+def test_list_on_a_new_image_says_what_will_run_and_when(capsys, image: str) -> None:
+    with LivingImage.open(image) as img:
+        before = len(img.history(100))
+    listed = piped(
+        "--image",
+        image,
+        "heartbeat",
+        "--list",
+        "--every",
+        "audit=600",
+        BATOS_HEARTBEAT_AUDIT_SECONDS="120",
+        BATOS_HEARTBEAT_METHODS_SECONDS="300",
+    )
+    assert listed.returncode == 0, listed.stderr
+    fits_80_columns(listed.stdout, image)
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line.split()}
+    for job in JOBS:
+        assert "at start" in rows[job], listed.stdout
+    assert "10 min" in rows["audit"] and "--every" in rows["audit"]  # the option wins
+    assert "5 min" in rows["methods"] and "BATOS_HEARTBEAT_METHODS_SECONDS" in rows["methods"]
+    assert "15 min" in rows["facets"] and "default" in rows["facets"]
+    with LivingImage.open(image) as img:
+        assert len(img.history(100)) == before  # listing wrote nothing
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--list", "--json")
+    planned = {r["job"]: r for r in map(json.loads, out.splitlines())}
+    assert code == 0 and set(planned) == set(JOBS), out + err
+    assert planned["audit"]["seconds"] == 3600 and planned["audit"]["source"] == "default"
+    assert all(r["due_at_start"] and r["next_run"] is None for r in planned.values())
+
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0, out + err
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list", "--json")
+    planned = {r["job"]: r for r in map(json.loads, out.splitlines())}
+    assert all(not r["due_at_start"] and r["next_run"] for r in planned.values())
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list", "--every", "audit=60")
+    assert code == 0 and "start + 1 min" in out and "changes it to every 1 min" in out
+
+
+@pytest.mark.parametrize("every", ["nope=5", "audit=-1", "audit", "audit=soon"])
+def test_every_refuses_what_is_not_a_job_and_an_interval(capsys, image: str, every) -> None:
+    code, _, err = run(capsys, "--image", image, "heartbeat", "--list", "--every", every)
+    assert code != 0 and "--every" in err and "hint:" in err
+
+
+def test_each_job_run_is_one_line_or_one_json_object(capsys, image: str, tmp_path) -> None:
+    code, out, err = run(
+        capsys, "--image", image, "heartbeat", "--once", "--json", models=alfred("Ok.")
+    )
+    assert code == 0, out + err
+    records = [json.loads(line) for line in out.splitlines()]  # stdout holds records only
+    assert sorted(r["job"] for r in records) == sorted(JOBS)
+    for r in records:
+        assert r["ok"] and r["seconds"] >= 0 and r["said"] and r["time"]
+    audited = next(r for r in records if r["job"] == "audit")
+    assert audited["decided"]["report"] == 1 and audited["decided"]["verdict"] == "unknown"
+    assert audited["decided"]["mission"] is None
+    pruned = next(r for r in records if r["job"] == "prune")
+    assert pruned["decided"]["keep"] == 50
+
+    other = f"file://{tmp_path / 'other' / 'live_image.fs'}"
+    assert run(capsys, "--image", other, "init")[0] == 0
+    code, out, err = run(capsys, "--image", other, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0, out + err
+    lines = out.splitlines()
+    pattern = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ✓ (\w+) \(\d+\.\ds\): (.+)"
+    matched = [re.fullmatch(pattern, line) for line in lines]
+    assert all(matched) and sorted(m.group(1) for m in matched) == sorted(JOBS), out
+    said = {m.group(1): m.group(2) for m in matched}
+    assert said["audit"] == "audit report 1: CEM n/a (unknown)"
+
+
+def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:
+    def broken(persona: str, **options):
+        return ScriptedChatModel().enqueue(RuntimeError("model is down"))
+
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0))])
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", "--json", models=broken)
+    assert code == 1, out + err
+    audited = next(json.loads(line) for line in out.splitlines() if '"audit"' in line)
+    assert not audited["ok"] and "model is down" in audited["decided"]["error"]
+
+
+def test_an_audit_without_new_cycles_is_idle_and_starts_nothing(capsys, image: str) -> None:
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0)), ("ROBIN", (0, 1, 0)), ("BRICK", (0, 0, 1))])
+        first = audit.run(img, alfred("Within bounds."))
+        # Three more readings of the same cycles would be stagnation by the verdict rule; with
+        # no cycle since, each is idle, and ALFRED's model is not asked (it has no reply).
+        assert audit.verdict([first["metrics"]["cem"]] * 3, first["metrics"]["cem"], 0.05) == (
+            "stagnation"
+        )
+        for number in (2, 3, 4):
+            idle = audit.run(img, alfred())
+            assert idle["id"] == number and idle["verdict"] == "idle"
+            assert idle["reason"] == f"no new cycles since audit {number - 1}"
+            assert idle.get("mission") is None and idle["judged"] == {}
+            assert idle["weights_next"] == first["weights_next"]
+        add_cycles(img, [("ROBIN", (0, 1, 0))])
+        fresh = audit.run(img, alfred("One new cycle."))
+        # Compared with the last reading that measured something: audit 1, not the idle ones.
+        assert fresh["verdict"] != "idle" and fresh["previous"] == 1
+        assert fresh["narrative"] == "One new cycle."
+    code, out, _ = run(capsys, "--image", image, "audit", "show", "3")
+    assert code == 0 and "verdict: idle (no new cycles since audit 2)" in out
+
+
+def _decayed_with_a_mission(image: str) -> None:
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0)), ("ROBIN", (0, 1, 0)), ("BRICK", (0, 0, 1))])
+        audit.run(img, alfred("Within bounds."))
+        add_cycles(img, [("ALFRED", (1, 0, 0))] * 6)
+        decayed = audit.run(img, alfred("Novelty has fallen."))
+        assert decayed["verdict"] == "decay" and decayed["mission"] == 1
+        audit.run(img, alfred())  # idle: nothing since
+
+
+def test_audit_report_reads_whole_at_80_columns_in_a_pipe(image: str) -> None:
+    _decayed_with_a_mission(image)
+    shown = piped("--image", image, "audit", "report")
+    assert shown.returncode == 0, shown.stderr
+    fits_80_columns(shown.stdout)
+    lines = shown.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("id "))
+    assert header.split() == [
+        "id",
+        "time",
+        "cycles",
+        "H_rel",
+        "H_cog",
+        "H_sol",
+        "H_struc",
+        "CEM",
+        "verdict",
+    ]
+    rows = [line.split() for line in lines if re.match(r"\d+ +\d\d-\d\d ", line)]
+    assert [r[0] for r in rows] == ["1", "2", "3"]  # one line per audit
+    assert rows[1][-3:] == ["decay", "→", "m1"] and rows[2][-1] == "idle"
+    assert rows[0][7] == "n/a"  # H_struc (the time is two words): no facet was called
+    assert any(line.startswith("mission 1 (audit 2): raise_prior") for line in lines)
+    assert "missions: 1 started, 0 kept, 0 undone" in lines
+
+
+def test_config_reads_whole_at_80_columns_in_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batos import settings
+    from batos.settings import SETTINGS
+
+    monkeypatch.setenv("BATOS_AUDIT_WINDOW", "7")
+    shown = piped("config")
+    assert shown.returncode == 0, shown.stderr
+    blocks = [b.splitlines() for b in shown.stdout.strip("\n").split("\n\n")]
+    assert [b[0].split(" = ")[0] for b in blocks] == list(SETTINGS)  # one block per setting
+    for block in blocks:
+        name, value = block[0].split(" = ", 1)
+        setting = SETTINGS[name]
+        # The value stays whole on its first line, however long; the rest fits in 80.
+        assert value == ("***" if "key" in name and value else str(settings.get(name)))
+        assert block[1] in (f"    (from {setting.env})", f"    (default; {setting.env} overrides)")
+        assert all(len(line) <= 80 and line.startswith("    ") for line in block[1:]), block
+        assert " ".join(line.strip() for line in block[2:]) == setting.help  # wrapped, not cut
+    by_name = {b[0].split(" = ")[0]: b for b in blocks}
+    assert by_name["audit_window"][:2] == ["audit_window = 7", "    (from BATOS_AUDIT_WINDOW)"]
+    assert by_name["audit_decay"][0] == "audit_decay = 0.05"
+
+
+def test_config_shows_the_settings_named(capsys) -> None:
+    code, out, _ = run(capsys, "config", "audit_window", "heartbeat_audit_seconds")
+    assert code == 0 and out.startswith("audit_window = 50\n")
+    assert [line for line in out.splitlines() if " = " in line] == [
+        "audit_window = 50",
+        "heartbeat_audit_seconds = 3600.0",
+    ]
+    code, _, err = run(capsys, "config", "audit_windows")
+    assert code != 0 and "unknown setting 'audit_windows'" in err and "audit_window" in err
+
+
+def test_the_chart_labels_its_axes_and_draws_every_legend_entry(image: str) -> None:
+    from matplotlib.collections import PolyCollection
+
+    _decayed_with_a_mission(image)
+    with LivingImage.open(image) as img:
+        rows = audit.history(img)
+    assert all(r["metrics"]["H_struc"] is None for r in rows)  # the component with no line
+    kept, undone = {"report": 1, "status": "kept"}, {"report": 2, "status": "undone"}
+    fig = draw_chart(rows, [kept, undone, {"report": 3, "status": "pending"}])
+    try:
+        ax, wax = fig.axes[0], fig.axes[1]
+        assert ax.get_ylabel() and wax.get_ylabel() and wax.get_xlabel() == "audit"
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels[:5] == ["H_rel", "H_cog", "H_sol", "H_struc (n/a in 3 of 3)", "CEM"]
+        for label in labels[:5]:  # one line per component, with something to see
+            drawn = [line for line in ax.get_lines() if line.get_label() == label]
+            assert len(drawn) == 1, label
+            assert any(y == y for y in drawn[0].get_ydata()), label  # not all NaN
+        marks = {
+            "mission started, kept": 1,
+            "mission started, undone": 2,
+            "mission started, open or failed": 3,
+        }
+        for label, report in marks.items():  # the legend explains the dotted lines drawn
+            handle = ax.get_legend().legend_handles[labels.index(label)]
+            assert any(
+                line.get_linestyle() == ":"
+                and list(line.get_xdata()) == [report, report]
+                and line.get_color() == handle.get_color()
+                for line in ax.get_lines()
+            ), label
+        assert "hollow, under 0: n/a (undefined)" in labels
+        bands = [c for c in wax.collections if isinstance(c, PolyCollection)]
+        weight_labels = [t.get_text() for t in wax.get_legend().get_texts()]
+        assert weight_labels == ["H_rel", "H_cog", "H_sol", "H_struc"] and len(bands) == 4
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

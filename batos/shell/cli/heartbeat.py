@@ -102,7 +102,8 @@ def _list(beat: Heartbeat, uri: str, as_json: bool) -> None:
             }
             console.print(json_text(line, "a job"), markup=False, highlight=False, soft_wrap=True)
         return
-    console.print(f"Heartbeat jobs of {shown(uri)} (local times)")
+    console.print("Heartbeat jobs (local times) of the image")
+    console.print(f"  {shown(uri)}", soft_wrap=True)  # whole on its line, to copy
     table = _narrow_table()
     for column in ("job", "every", "next run", "interval from"):
         table.add_column(column, no_wrap=True)

@@ -11,6 +11,12 @@ into one, a job never overlaps itself (``max_instances=1``), and a job that rais
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
 for it (or, with ``once``, says who holds it and stops).
 
+Each job returns what it decided (``Decided``: a sentence and the same facts as data); each run
+becomes one ``Outcome`` — job, start, duration, ok, decision — handed to ``on_outcome`` as it
+ends, which ``batos heartbeat`` prints as a line or a JSON object. A job's interval is its
+setting unless ``intervals`` names it (``--every``); ``plan()`` says what will run and when
+without writing to the image.
+
 The image may be served by ZEO beside ``batos serve``; when it cannot be reached, lease renewal
 is retried with doubling pauses (up to a minute) and each failure is logged, and APScheduler
 retries reading its job store on its own; neither crashes the process.

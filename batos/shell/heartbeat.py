@@ -5,8 +5,8 @@ Five jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audi
 clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does),
 ``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``) and ``methods``
 (every generated method's stored examples run again; one that fails them is taken out:
-``graph.rejection``). They live in
-the image (``store.core.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
+``graph.rejection``). They live in the image
+(``store.core.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
 into one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
 for it (or, with ``once``, says who holds it and stops).

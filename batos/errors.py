@@ -27,6 +27,9 @@
      ├── CatalogError                 the knowledge catalog cannot do what was asked
      │    ├── DocumentError           one input document cannot be ingested
      │    └── ArchiveError            a curator archive is missing or unreadable
+     ├── ToolError                    a tool proxy's call to an outside service failed
+     │    ├── ToolRefused             the request is outside tools_allow / tools_secrets
+     │    └── ToolCallFailed          the service timed out, failed or sent an unreadable body
      ├── MindError                    a request to the mind cannot be answered
      │    ├── RoutingError            a request the router cannot route (empty, too large)
      │    ├── CycleFailed             a cycle ended FAILED; the image is unchanged
@@ -208,6 +211,22 @@ class DocumentError(CatalogError):
 
 class ArchiveError(CatalogError):
     """A curator archive does not exist or cannot be read back."""
+
+
+class ToolError(BatosError):
+    """A tool proxy's request to an outside service could not be made or read."""
+
+    exit_code = 11
+
+
+class ToolRefused(ToolError):
+    """The request is outside the policy (``tools_allow``, ``tools_secrets``); nothing was
+    sent. The hint names the setting that would allow it."""
+
+
+class ToolCallFailed(ToolError):
+    """The service was asked and did not answer usefully: timeout, connection refused, a body
+    over ``tools_max_bytes`` or one that does not parse as the request expected."""
 
 
 class MindError(BatosError):

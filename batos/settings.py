@@ -7,6 +7,7 @@ change without a restart; ``batos config`` prints the table with the values in f
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,47 @@ def _choice(*allowed: str) -> Callable[[str], str]:
         return text
 
     return parse
+
+
+_HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?$")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+_SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+
+
+def _tools_allow(text: str) -> str:
+    """Normalised text of an allow-list (see the setting's help); each entry checked."""
+    entries = []
+    for raw in text.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        scheme = "https"
+        if "://" in entry:
+            scheme, entry = entry.split("://", 1)
+            if scheme not in ("http", "https"):
+                raise ValueError(f"{raw.strip()!r}: only http:// and https:// hosts")
+        host, _, methods = entry.partition("/")
+        if not _HOST.match(host):
+            raise ValueError(f"{raw.strip()!r}: {host!r} is not a host name[:port]")
+        names = [m.upper() for m in methods.split("+") if m] or ["GET"]
+        unknown = sorted(set(names) - _METHODS)
+        if unknown:
+            raise ValueError(f"{raw.strip()!r}: unknown method(s) {', '.join(unknown)}")
+        entries.append(f"{scheme}://{host}/{'+'.join(names)}")
+    return ",".join(entries)
+
+
+def _tools_secrets(text: str) -> str:
+    entries = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name, at, host = entry.partition("@")
+        if not at or not _SECRET_NAME.match(name) or not _HOST.match(host.lower()):
+            raise ValueError(f"{entry!r} is not NAME@HOST[:PORT] (NAME in capitals)")
+        entries.append(f"{name}@{host.lower()}")
+    return ",".join(entries)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -262,6 +304,38 @@ SETTINGS: dict[str, Setting] = {
             "method doesNotUnderstand wrote must reach to be installed; below it the mission "
             "refuses, or asks for an example where it can. 'off' installs the best draft.",
             _off_or_unit,
+        ),
+        Setting(
+            "tools_allow",
+            "BATOS_TOOLS_ALLOW",
+            lambda: "",
+            "Hosts tool proxies may call, comma-separated: HOST[:PORT] (https, GET), "
+            "http://HOST[:PORT] for plain http, /METHODS to allow more, e.g. "
+            "'api.open-meteo.com, http://127.0.0.1:8080/GET+POST'. Empty: none.",
+            _tools_allow,
+        ),
+        Setting(
+            "tools_secrets",
+            "BATOS_TOOLS_SECRETS",
+            lambda: "",
+            "Environment variables a tool request may name as 'env:NAME', and the one host "
+            "each may be sent to: 'NAME@HOST[:PORT]', comma-separated. The value is read at "
+            "call time and never stored in the image.",
+            _tools_secrets,
+        ),
+        Setting(
+            "tools_timeout",
+            "BATOS_TOOLS_TIMEOUT",
+            lambda: "10",
+            "Seconds a tool proxy's call may take, redirects and reading the body included.",
+            _positive_float,
+        ),
+        Setting(
+            "tools_max_bytes",
+            "BATOS_TOOLS_MAX_BYTES",
+            lambda: "1000000",
+            "Largest response body a tool proxy's call reads, in bytes; a longer one fails.",
+            _positive_int,
         ),
         Setting(
             "sandbox_seconds",

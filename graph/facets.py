@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from batos.errors import GeneratedCodeError, MindError, MissionFailed
-from prototypes import kernel, sandbox
+from batos.errors import GeneratedCodeError, MindError, MissionFailed, ToolError
+from prototypes import kernel, sandbox, tools
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
-from prototypes.incarnation import personas
+from prototypes.incarnation import OBJECTS_KEY, personas
 from prototypes.kernel import AttemptRecord, MissionBrief
 from prototypes.uvm import Method, UvmObject
 
@@ -55,13 +55,17 @@ class Instruction:
 
     text: str
     options: dict[str, Any] = field(default_factory=dict)
+    #: A tool call the facet asked the host to make; its answer joins the instruction.
+    tool: tools.ToolCall | None = None
 
 
 def instruction_from(result: Any) -> Instruction:
     """A facet's result as an ``Instruction``; ``ValueError`` saying what is wrong.
 
     Accepted: a non-empty string, or a dict with 'instruction' and optionally 'temperature'
-    and 'num_predict' within bounds. Nothing else crosses from generated code to the model.
+    and 'num_predict' within bounds, and 'tool': a call of a tool proxy the host makes for
+    the facet (``{"name": "weather", "selector": "today", "args": ["Oslo"]}``). Nothing else
+    crosses from generated code to the model.
     """
     if isinstance(result, str):
         result = {"instruction": result}
@@ -69,10 +73,10 @@ def instruction_from(result: Any) -> Instruction:
         raise ValueError(
             f"a facet must return a dict with 'instruction', not a {type(result).__name__}"
         )
-    unknown = sorted(set(map(str, result)) - {"instruction", "temperature", "num_predict"})
+    unknown = sorted(set(map(str, result)) - {"instruction", "temperature", "num_predict", "tool"})
     if unknown:
         raise ValueError(
-            f"a facet's dict takes instruction, temperature and num_predict, not {unknown}"
+            f"a facet's dict takes instruction, temperature, num_predict and tool, not {unknown}"
         )
     text = result.get("instruction")
     if not isinstance(text, str) or not text.strip():
@@ -96,7 +100,8 @@ def instruction_from(result: Any) -> Instruction:
         if not low <= num_predict <= high:
             raise ValueError(f"'num_predict' must be between {low} and {high}")
         options["num_predict"] = num_predict
-    return Instruction(text.strip(), options)
+    tool = tools.read_call(result["tool"]) if result.get("tool") is not None else None
+    return Instruction(text.strip(), options, tool)
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,34 @@ def _install_here(receiver: UvmObject, written: WrittenMethod) -> Method:
     return receiver._add_method(method)
 
 
+#: Characters of a tool's answer added to a facet's instruction.
+MAX_TOOL_ANSWER_CHARS = 2000
+
+
+def _with_tool_answer(instruction: Instruction, receiver: UvmObject, where: str) -> Instruction:
+    """The instruction with the answer of the tool call it names, made by the host now; a
+    ``FacetError`` (the facet then degrades) when the call cannot be made."""
+    spec = instruction.tool
+    if spec is None:
+        return instruction
+    jar = receiver._p_jar
+    toolbox = jar.root()[OBJECTS_KEY].get(tools.TOOLBOX) if jar is not None else None
+    if toolbox is None:
+        raise FacetError(f"facet {where} names a tool, but the image has no tools object")
+    try:
+        answer = tools.call(toolbox, spec)
+    except (ToolError, GeneratedCodeError) as exc:
+        raise FacetError(f"facet {where}'s tool call {spec.text()} failed", [exc.message]) from exc
+    except LookupError as exc:
+        raise FacetError(f"facet {where}'s tool call {spec.text()} failed", [str(exc)]) from exc
+    shown = kernel.json_text(
+        {k: answer.get(k) for k in ("status", "json", "text") if k in answer},
+        MAX_TOOL_ANSWER_CHARS,
+    )
+    text = f"{instruction.text}\n\nThe tool {spec.text()} answered: {shown}"
+    return Instruction(text, instruction.options, spec)
+
+
 def _call(method: Method, receiver: UvmObject, query: str, persona: str, selector: str) -> Any:
     try:
         result = method.bind(receiver)(query)
@@ -331,11 +364,12 @@ def _call(method: Method, receiver: UvmObject, query: str, persona: str, selecto
             f"facet {persona}.{selector} failed", [sandbox.describe_exception(exc)]
         ) from exc
     try:
-        return instruction_from(result)
+        instruction = instruction_from(result)
     except ValueError as exc:
         raise FacetError(
             f"facet {persona}.{selector} returned something the mind cannot use", [str(exc)]
         ) from exc
+    return _with_tool_answer(instruction, receiver, f"{persona}.{selector}")
 
 
 def _plain(value: Any) -> Any:

@@ -43,7 +43,7 @@ from batos import settings
 from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
 from prototypes import examples as examples_module
-from prototypes import guardian, kernel, trust
+from prototypes import guardian, kernel, tools, trust
 from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
@@ -281,6 +281,8 @@ def messages_for(
         call=_call_text(brief),
         intent=brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
     )
+    if brief.tool:
+        task += "\n\n" + tool_text(p["tool_task"])
     last = feedback or (attempts[-1] if attempts else None)
     if last is not None:
         template = p["dispute"] if last.stage == "examples" else p["feedback"]
@@ -296,6 +298,15 @@ def messages_for(
         )
     messages.append(HumanMessage(task))
     return messages
+
+
+def tool_text(template: str) -> str:
+    """The tool section of a draft's task: the capability and what the policy allows now."""
+    policy = tools.ToolPolicy.from_settings()
+    return template.format(
+        allowed=policy.described(),
+        secrets=", ".join(f"env:{name}" for name in sorted(policy.secrets)) or "none",
+    )
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -878,7 +889,9 @@ def _after_invoke(state: JitState) -> str:
 def _after_brief(state: JitState) -> str:
     if state.get("status") == "failed":
         return END
-    return "examples" if _context().examples else "draft"
+    # A tool method's result is a request description: examples of input → output would
+    # ask the author to guess it twice; its drafts are judged by agreement and the policy.
+    return "examples" if _context().examples and not _mission().tool else "draft"
 
 
 def build_graph(checkpointer: Any = None) -> Any:

@@ -38,7 +38,7 @@ from batos.errors import (
     GeneratedCodeError,
     MissionFailed,
 )
-from prototypes import examples, guardian, isolation, rejected, sandbox
+from prototypes import examples, guardian, isolation, rejected, sandbox, tools
 from prototypes.bounded import bounded_repr
 from prototypes.codex import INTENTS_SLOT, PERSONAS, load_codex
 from prototypes.uvm import Method, UvmObject, restore_state, set_compile_hook, set_dnu_handler
@@ -47,6 +47,8 @@ log = logging.getLogger("batos.kernel")
 
 #: The persona who writes methods for objects that belong to no persona.
 DEFAULT_AUTHOR = "BRICK"
+#: Compilers of methods that went through the gate: plain sandboxed ones and tool methods.
+GATED_COMPILERS = frozenset({"sandbox", tools.TOOL_COMPILER})
 #: Characters of a slot value's repr shown in a mission brief.
 BRIEF_VALUE_CHARS = 120
 
@@ -67,6 +69,8 @@ class MissionBrief:
     slots: dict[str, str]
     parents: tuple[str, ...]
     inherited: tuple[str, ...]
+    #: Whether the receiver is a tool proxy: its method builds a request the host sends.
+    tool: bool = False
     #: The same arguments and state slots spelled as JSON where they are plain data: the
     #: examples are written in JSON, and a Python repr's quotes were copied into them.
     args_json: tuple[str, ...] = ()
@@ -192,6 +196,7 @@ def build_brief(
         # bookkeeping (the intent is shown apart), and a model asked to start from the slots
         # as they are copies whatever it is shown.
         slots_json={name: json_text(value) for name, value in sorted(data_slots(receiver).items())},
+        tool=tools.is_tool(receiver),
     )
 
 
@@ -271,6 +276,10 @@ class Mission:
         self.intent, holder = intent_for(receiver, selector)
         self.target = holder if holder is not None else receiver
         self.author = author_for(receiver)
+        # A tool proxy's method returns a request description the host checks and sends
+        # (``prototypes.tools``); it is tried and installed through the same gate.
+        self.tool = tools.is_tool(self.target)
+        self.compiler = tools.TOOL_COMPILER if self.tool else "sandbox"
         self.transaction = transaction or current_transaction(receiver)
         # An optional check of the first result (a caller's acceptance test): a draft whose
         # result fails it is rolled back like any other failed draft. The check returns True,
@@ -349,16 +358,27 @@ class Mission:
             self.target, self.receiver, self.selector, source, function, args, kwargs, slots
         )
 
+    def compile_draft(self, source: str) -> Callable[..., Any]:
+        """A draft's sandboxed function as the trial runs it: for a tool proxy, the part
+        that builds the request (nothing is sent before the method is installed)."""
+        if self.tool:
+            return tools.compile_request_builder(self.selector, source)
+        return sandbox.compile_sandboxed(self.selector, source)
+
     def trial(self, source: str) -> list[str]:
         """Compile in the sandbox, run on the call's arguments in an isolated process with OS
         limits, then on every example: a draft that gets through joins ``candidates``."""
         try:
-            function = sandbox.compile_sandboxed(self.selector, source)
+            function = self.compile_draft(source)
         except GeneratedCodeError as exc:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
         call = self.observe(source, function, self.args, self.kwargs, {})
         if not call.ok:
             return self._record(source, "trial", call.error.split("; ")).findings
+        if self.tool:  # the request it built, held to its shape and the policy; nothing sent
+            refused = tools.trial_findings(call.result)
+            if refused:
+                return self._record(source, "trial", refused).findings
         observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
         record = self._record(source, "candidate", [])
         candidate = examples.Candidate(record.number, source, call, observed)
@@ -442,7 +462,7 @@ class Mission:
         kept = []
         for candidate in self.candidates:
             try:
-                function = sandbox.compile_sandboxed(self.selector, candidate.source)
+                function = self.compile_draft(candidate.source)
             except GeneratedCodeError:  # it compiled when it became a candidate
                 continue
             seen = self.observe(candidate.source, function, example.args, {}, example.slots)
@@ -472,7 +492,7 @@ class Mission:
             source,
             intent=self.intent,
             author=self.author,
-            compiler="sandbox",
+            compiler=self.compiler,
             audit={
                 **guardian.audit(self.selector, source).as_dict(),
                 "attempt": number or len(self.attempts) + 1,
@@ -705,7 +725,7 @@ def _recheck_on_compile(method: Method, receiver: UvmObject) -> None:
     # source or the runtime differs from the last check, the examples run again. A generated
     # method that fails them is only noted: this transaction is whoever loaded it, and the
     # method is taken out in one of its own (graph.rejection) once that one is over.
-    if method.compiler != "sandbox" or sandbox.in_sandbox() or isolation.inside_child():
+    if method.compiler not in GATED_COMPILERS or sandbox.in_sandbox() or isolation.inside_child():
         return
     if not method.examples or not examples_are_stale(method):
         return
@@ -723,7 +743,7 @@ HAND_AUTHOR = "human"
 
 def is_generated(method: Method) -> bool:
     """Whether a model wrote the method (it went through the sandbox gate, not by hand)."""
-    return method.compiler == "sandbox" and method.author != HAND_AUTHOR
+    return method.compiler in GATED_COMPILERS and method.author != HAND_AUTHOR
 
 
 def _describe(exc: BaseException) -> str:
@@ -756,11 +776,20 @@ def add_method(
 ) -> Method:
     """Audit, compile in the sandbox and install a hand-written method (``AuditRejected``)."""
     report = guardian.check(selector, source)
-    sandbox.compile_sandboxed(selector, source)
+    tool = tools.is_tool(target)
+    if tool:
+        tools.compile_request_builder(selector, source)
+    else:
+        sandbox.compile_sandboxed(selector, source)
     if not intent:
         intent, _ = intent_for(target, selector)
     method = Method(
-        selector, source, intent=intent, author=author, compiler="sandbox", audit=report.as_dict()
+        selector,
+        source,
+        intent=intent,
+        author=author,
+        compiler=tools.TOOL_COMPILER if tool else "sandbox",
+        audit=report.as_dict(),
     )
     previous = target._slots().get(selector)
     if isinstance(previous, Method) and previous.examples:
@@ -772,7 +801,9 @@ def add_method(
 
 def generated_methods(obj: UvmObject) -> list[Method]:
     """The receiver's own methods that went through the sandbox gate."""
-    return [m for m in obj._slots().values() if isinstance(m, Method) and m.compiler == "sandbox"]
+    return [
+        m for m in obj._slots().values() if isinstance(m, Method) and m.compiler in GATED_COMPILERS
+    ]
 
 
 # -- doesNotUnderstand ------------------------------------------------------------------------
@@ -813,6 +844,10 @@ def install_handler(runner: MissionRunner | None) -> None:
     def handler(receiver: UvmObject, selector: str) -> Any:
         if sandbox.in_sandbox():
             raise DoesNotUnderstand(receiver, selector)
+        if tools.is_toolbox(receiver):
+            # ``tools.weather`` names a service: its proxy is data (no code), made at once;
+            # the message sent to it next is what gets written.
+            return tools.open_proxy(receiver, selector)
         return PendingMessage(receiver, selector, runner)
 
     set_dnu_handler(handler)

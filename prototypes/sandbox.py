@@ -511,12 +511,20 @@ def _as_load(target: ast.AST) -> ast.AST:
     return ast.copy_location(clone, target)
 
 
-def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Callable[..., Any]:
+def compile_sandboxed(
+    selector: str,
+    source: str,
+    *,
+    audit: bool = True,
+    capabilities: dict[str, Callable[..., Any]] | None = None,
+) -> Callable[..., Any]:
     """Audit, compile under the policy and define ``selector``; returns its guarded function.
 
     Raises ``AuditRejected`` (every finding of the guardian and of RestrictedPython) or
     ``SandboxViolation`` if defining the function fails. ``audit=False`` skips the guardian
-    (only to test that the run-time layers hold on their own).
+    (only to test that the run-time layers hold on their own). ``capabilities`` are host
+    functions the code may call by name (a tool method's ``request``); each must only build
+    plain data, since it runs inside the sandbox's limits with the code's arguments.
     """
     if audit:
         guardian.check(selector, source)
@@ -540,6 +548,7 @@ def compile_sandboxed(selector: str, source: str, *, audit: bool = True) -> Call
             hint="fix every finding listed and submit the method again",
         )
     namespace = sandbox_globals(selector)
+    namespace.update(capabilities or {})
     call_limited(exec, result.code, namespace)
     fn = namespace.get(selector)
     if not isinstance(fn, types.FunctionType):

@@ -100,7 +100,7 @@ def compile_plain(selector: str, source: str) -> Callable[..., Any]:
 _COMPILERS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"plain": compile_plain}
 #: Where a compiler named by stored methods is defined: its module registers it when imported,
 #: on the first method that needs it, so opening an image is enough to call every method in it.
-_COMPILER_MODULES = {"sandbox": "prototypes.sandbox"}
+_COMPILER_MODULES = {"sandbox": "prototypes.sandbox", "tool": "prototypes.tools"}
 
 
 #: Called with (method, receiver) after a method is compiled for a send (see ``set_compile_hook``).

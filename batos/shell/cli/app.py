@@ -95,6 +95,7 @@ FEATURES: tuple[str, ...] = (
     "batos.shell.cli.models",
     "batos.shell.cli.threads",
     "batos.shell.cli.kernel",
+    "batos.shell.cli.tools",
     "batos.shell.cli.memory",
     "batos.shell.cli.personas",
     "batos.shell.cli.route",

@@ -1,0 +1,534 @@
+"""Tool proxies: objects of the image whose methods ask an outside service, within a policy.
+
+A tool proxy is a prototype under the image's ``tools`` object (``tools.weather``), made the
+first time a message names it. Its methods are written by doesNotUnderstand like any other,
+through the same gate (guardian, sandbox compiler, isolated trial, install), with one
+difference: the code never reaches the network. It builds a *request description* with the
+``request(...)`` capability the sandbox gives it — plain data: method, URL, parameters,
+headers, secret headers *by name*, a JSON body — and returns it. The method's compiler
+(``tool``) reads that description again as hostile data in the host, checks it against the
+policy (``tools_allow``, ``tools_secrets``), reads each named secret from the environment at
+that moment (a secret's value is never in the image, nor in the generated code), and hands it
+to the one audited client (``prototypes.tool_client``), which answers with bounded data:
+``{"status", "url", "headers", "json" | "text"}``.
+
+Nothing here guards the network from the host's own code: the policy binds what *generated*
+code asks for. A tool method called from inside the sandbox (by another generated method)
+is refused: calls happen in the host, one level deep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from persistent.mapping import PersistentMapping
+
+from batos import settings
+from batos.errors import SandboxViolation, SlotError, ToolRefused
+from prototypes import isolation, sandbox
+from prototypes.bounded import bounded_repr
+from prototypes.uvm import Method, UvmObject, register_compiler
+
+#: The compiler name of a tool proxy's methods (``Method.compiler``).
+TOOL_COMPILER = "tool"
+#: The key a request description carries, so a stray dict is not taken for one.
+REQUEST_KEY = "tool_request"
+#: The methods a request may name (the policy narrows them per host).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+#: Bounds of a request description (it comes from generated code: hostile).
+MAX_URL_CHARS = 2_048
+MAX_FIELDS = 32
+MAX_FIELD_CHARS = 1_024
+MAX_BODY_CHARS = 64_000
+MAX_BODY_NODES = 2_000
+#: Headers a request may not set by value: credentials go by secret name, framing is the
+#: client's.
+FORBIDDEN_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+    }
+)
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+#: A secret reference: ``env:NAME``, optionally after a scheme word (``Bearer env:NAME``).
+_SECRET_REF = re.compile(r"^(?:(Bearer|Token|Basic) )?env:([A-Z_][A-Z0-9_]{0,63})$")
+_EXPECT = ("json", "text")
+
+
+# -- the capability: what generated code may call ------------------------------------------------
+
+
+def request(
+    method: str,
+    url: str,
+    params: Any = None,
+    json: Any = None,  # noqa: A002 - the name generated code is told to use
+    headers: Any = None,
+    secret_headers: Any = None,
+    secret_params: Any = None,
+    expect: str = "json",
+) -> dict[str, Any]:
+    """A request description (plain data). It sends nothing: the host does, after checking it.
+
+    ``secret_headers`` / ``secret_params`` map a header or parameter to a secret's *name*,
+    ``"env:NAME"`` (or ``"Bearer env:NAME"``); ``expect`` is ``"json"`` or ``"text"``.
+    """
+    return {
+        REQUEST_KEY: 1,
+        "method": method,
+        "url": url,
+        "params": params or {},
+        "json": json,
+        "headers": headers or {},
+        "secret_headers": secret_headers or {},
+        "secret_params": secret_params or {},
+        "expect": expect,
+    }
+
+
+#: What the sandbox adds to a tool method's globals.
+CAPABILITIES: dict[str, Any] = {"request": request}
+
+
+# -- reading a description back, as hostile data -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A request description that passed every check of its shape (not yet the policy's)."""
+
+    method: str
+    url: str
+    params: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    secret_headers: tuple[tuple[str, str], ...] = ()
+    secret_params: tuple[tuple[str, str], ...] = ()
+    body: Any = None
+    expect: str = "json"
+
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        return origin_of(self.url)
+
+    def secrets(self) -> list[str]:
+        """The environment variables this request names."""
+        refs = [*self.secret_headers, *self.secret_params]
+        return [_secret_name(ref) for _, ref in refs]
+
+    def summary(self) -> str:
+        return f"{self.method} {bounded_repr(self.url, 200)[1:-1]}"
+
+
+def origin_of(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL; ``ValueError`` when it has none."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{bounded_repr(url, 120)} is not an http:// or https:// URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname.lower(), port
+
+
+def _secret_name(ref: str) -> str:
+    match = _SECRET_REF.match(ref)
+    assert match is not None, "checked by read_request"
+    return match.group(2)
+
+
+def _text_field(value: Any, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{what} must be text or a number, not a {type(value).__name__}")
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) > MAX_FIELD_CHARS:
+        raise ValueError(f"{what} is over {MAX_FIELD_CHARS} characters")
+    if any(c in text for c in "\r\n\0"):
+        raise ValueError(f"{what} holds a line break or NUL")
+    return text
+
+
+def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a dict, not a {type(value).__name__}")
+    if len(value) > MAX_FIELDS:
+        raise ValueError(f"{what} has over {MAX_FIELDS} entries")
+    return tuple(
+        (_text_field(k, f"a key of {what}"), _text_field(v, f"{what}[{bounded_repr(k, 40)}]"))
+        for k, v in list(value.items())
+    )
+
+
+def _body(value: Any) -> Any:
+    budget = [MAX_BODY_NODES]
+
+    def plain(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 20:
+            raise ValueError(f"the JSON body has over {MAX_BODY_NODES} values or 20 levels")
+        if v is None or isinstance(v, bool | str | int):
+            return v
+        if isinstance(v, float) and math.isfinite(v):
+            return v
+        if isinstance(v, Mapping):
+            if len(v) > budget[0] or not all(isinstance(k, str) for k in v):
+                raise ValueError("the JSON body's objects need text keys and few entries")
+            return {k: plain(x, depth + 1) for k, x in list(v.items())}
+        if isinstance(v, list | tuple):
+            if len(v) > budget[0]:
+                raise ValueError(f"the JSON body has over {MAX_BODY_NODES} values")
+            return [plain(x, depth + 1) for x in list(v)]
+        raise ValueError(f"the JSON body holds a {type(v).__name__}, which is not JSON")
+
+    body = plain(value, 0)
+    if len(json.dumps(body)) > MAX_BODY_CHARS:
+        raise ValueError(f"the JSON body is over {MAX_BODY_CHARS} characters")
+    return body
+
+
+def read_request(value: Any) -> ToolRequest:
+    """A method's result as a ``ToolRequest``; ``ValueError`` saying what is wrong with it."""
+    if not isinstance(value, Mapping) or value.get(REQUEST_KEY) != 1:
+        raise ValueError(
+            f"a tool method must return request(...), not {bounded_repr(value, 120)}: "
+            "build the request with request(method, url, params=..., ...) and return it"
+        )
+    method = value.get("method")
+    if not isinstance(method, str) or method.upper() not in METHODS:
+        raise ValueError(f"the method must be one of {', '.join(sorted(METHODS))}")
+    url = value.get("url")
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS:
+        raise ValueError(f"the url must be text of at most {MAX_URL_CHARS} characters")
+    parts = urlsplit(url)
+    origin_of(url)
+    if parts.username or parts.password:
+        raise ValueError("the url may not hold a user or password: name a secret instead")
+    if parts.fragment or any(c in url for c in "\r\n\0 "):
+        raise ValueError("the url may not hold a fragment, spaces or line breaks")
+    headers = _pairs(value.get("headers") or {}, "headers")
+    for name, _ in headers:
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{bounded_repr(name, 60)} is not a header name")
+        if name.lower() in FORBIDDEN_HEADERS:
+            raise ValueError(
+                f"header {name!r} may not be set by value: put credentials in "
+                "secret_headers as 'env:NAME'"
+            )
+    secret_headers = _pairs(value.get("secret_headers") or {}, "secret_headers")
+    secret_params = _pairs(value.get("secret_params") or {}, "secret_params")
+    for name, ref in (*secret_headers, *secret_params):
+        if not _SECRET_REF.match(ref):
+            raise ValueError(
+                f"the secret for {bounded_repr(name, 60)} must be 'env:NAME' (NAME in "
+                f"capitals), not {bounded_repr(ref, 60)}"
+            )
+    for name, _ in secret_headers:
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{bounded_repr(name, 60)} is not a header name")
+    expect = value.get("expect", "json")
+    if expect not in _EXPECT:
+        raise ValueError("expect must be 'json' or 'text'")
+    return ToolRequest(
+        method=method.upper(),
+        url=url,
+        params=_pairs(value.get("params") or {}, "params"),
+        headers=headers,
+        secret_headers=secret_headers,
+        secret_params=secret_params,
+        body=_body(value.get("json")),
+        expect=expect,
+    )
+
+
+# -- the policy ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """What tool proxies may ask for: the settings ``tools_*``, read when a call is made."""
+
+    #: (scheme, host, port) → the methods allowed there.
+    allow: Mapping[tuple[str, str, int], frozenset[str]]
+    #: secret name → the (host, port) it may be sent to.
+    secrets: Mapping[str, tuple[str, int | None]]
+    timeout: float
+    max_bytes: int
+
+    @classmethod
+    def from_settings(cls) -> ToolPolicy:
+        allow: dict[tuple[str, str, int], frozenset[str]] = {}
+        for entry in filter(None, settings.get_str("tools_allow").split(",")):
+            scheme, rest = entry.split("://", 1)
+            where, methods = rest.split("/", 1)
+            host, _, port = where.partition(":")
+            key = (scheme, host, int(port) if port else (443 if scheme == "https" else 80))
+            allow[key] = allow.get(key, frozenset()) | frozenset(methods.split("+"))
+        secrets: dict[str, tuple[str, int | None]] = {}
+        for entry in filter(None, settings.get_str("tools_secrets").split(",")):
+            name, where = entry.split("@", 1)
+            host, _, port = where.partition(":")
+            secrets[name] = (host, int(port) if port else None)
+        return cls(
+            allow,
+            secrets,
+            settings.get_float("tools_timeout"),
+            settings.get_int("tools_max_bytes"),
+        )
+
+    def described(self) -> str:
+        """The allowed origins and methods, as the prompt and the hints show them."""
+        shown = [
+            f"{'+'.join(sorted(m))} {scheme}://{host}:{port}"
+            for (scheme, host, port), m in sorted(self.allow.items())
+        ]
+        return "; ".join(shown) or "none (BATOS_TOOLS_ALLOW is empty)"
+
+    def check(self, method: str, url: str) -> None:
+        """``ToolRefused`` unless ``method`` may be sent to ``url``'s origin."""
+        scheme, host, port = origin_of(url)
+        allowed = self.allow.get((scheme, host, port))
+        entry = host if (scheme, port) == ("https", 443) else f"{scheme}://{host}:{port}"
+        if allowed is None:
+            raise ToolRefused(
+                f"host {host} ({scheme}, port {port}) is not in tools_allow; nothing was sent",
+                hint=f"add it with BATOS_TOOLS_ALLOW='{_joined(entry)}' ('batos config' shows "
+                "the value in force)",
+            )
+        if method not in allowed:
+            raise ToolRefused(
+                f"{method} is not allowed to {host} by tools_allow (allowed: "
+                f"{', '.join(sorted(allowed))}); nothing was sent",
+                hint=f"allow it with BATOS_TOOLS_ALLOW='{_joined(entry + '/' + method)}'",
+            )
+
+    def check_secret(self, name: str, url: str) -> None:
+        _, host, port = origin_of(url)
+        where = self.secrets.get(name)
+        if where is None:
+            raise ToolRefused(
+                f"secret {name} is not in tools_secrets; nothing was sent",
+                hint=f"let it go to {host} with BATOS_TOOLS_SECRETS='{name}@{host}' and "
+                f"set {name} in the environment",
+            )
+        if where[0] != host or (where[1] is not None and where[1] != port):
+            raise ToolRefused(
+                f"secret {name} may only be sent to {where[0]}, not to {host}; nothing was sent",
+                hint="tools_secrets names the one host each secret may go to",
+            )
+
+    def check_request(self, req: ToolRequest) -> None:
+        """Every check of the policy for ``req``: origin, method, each secret's host."""
+        self.check(req.method, req.url)
+        for name in req.secrets():
+            self.check_secret(name, req.url)
+
+
+def _joined(entry: str) -> str:
+    current = settings.get_str("tools_allow")
+    shown = ",".join(e.replace("https://", "").replace("/GET", "") for e in current.split(","))
+    return f"{shown},{entry}" if current else entry
+
+
+def secret_value(name: str) -> str:
+    """A secret's value, read from the environment now; ``ToolRefused`` if it is not set."""
+    value = os.environ.get(name)
+    if not value:
+        raise ToolRefused(
+            f"secret {name} is not set in the environment; nothing was sent",
+            hint=f"export {name}=... in the environment of the process that calls the tool",
+        )
+    return value
+
+
+def trial_findings(result: Any) -> list[str]:
+    """What is wrong with a draft's request, in words its author can act on ([]: nothing)."""
+    try:
+        req = read_request(result)
+        ToolPolicy.from_settings().check_request(req)
+    except ToolRefused as exc:
+        allowed = ToolPolicy.from_settings().described()
+        return [f"{exc.message} (the allowed services are: {allowed})"]
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
+# -- the proxies in the image ---------------------------------------------------------------------
+
+#: Name of the toolbox among the image's top-level objects.
+TOOLBOX = "tools"
+#: Private markers: the ``tools`` object, and the prototype every proxy inherits from.
+_TOOLBOX_MARK = "_toolbox"
+_PROTOTYPE_MARK = "_tool_prototype"
+_PROTOTYPE_SLOT = "_prototype"
+
+
+def make_toolbox() -> UvmObject:
+    """A new ``tools`` object: proxies become its slots, all children of one prototype."""
+    prototype = UvmObject(
+        name="tool",
+        about="A proxy for an outside service; its methods return request(...) descriptions "
+        "that the host sends within tools_allow.",
+    )
+    setattr(prototype, _PROTOTYPE_MARK, True)
+    toolbox = UvmObject(
+        name="tools",
+        about="Tool proxies: send tools.NAME.method(...) and a proxy and its method are "
+        "written on first use. Declare what a proxy is for in intents (NAME → text).",
+        intents=PersistentMapping(),
+    )
+    setattr(toolbox, _TOOLBOX_MARK, True)
+    setattr(toolbox, _PROTOTYPE_SLOT, prototype)
+    return toolbox
+
+
+def _marked(obj: UvmObject, mark: str) -> bool:
+    obj._p_activate()
+    return obj.__dict__.get(mark) is True
+
+
+def is_toolbox(obj: Any) -> bool:
+    return isinstance(obj, UvmObject) and _marked(obj, _TOOLBOX_MARK)
+
+
+def is_tool(obj: Any) -> bool:
+    """Whether ``obj`` is a tool proxy (a descendant of the toolbox's prototype)."""
+    if not isinstance(obj, UvmObject):
+        return False
+    return any(_marked(a, _PROTOTYPE_MARK) for a in obj._ancestors())
+
+
+def proxies(toolbox: UvmObject) -> dict[str, UvmObject]:
+    """The toolbox's proxies by name."""
+    return {k: v for k, v in sorted(toolbox._slots().items()) if is_tool(v)}
+
+
+def open_proxy(toolbox: UvmObject, name: str) -> UvmObject:
+    """The proxy ``name``, made now if the toolbox has none (in the caller's transaction):
+    its ``about`` is the toolbox's declared intent for the name, if any."""
+    existing = toolbox._slots().get(name)
+    if is_tool(existing):
+        return existing
+    if existing is not None:
+        raise SlotError(f"tools.{name} is not a tool proxy", hint="choose another name")
+    intents = toolbox._slots().get("intents") or {}
+    about = intents.get(name, "") if isinstance(intents, Mapping) else ""
+    proxy = UvmObject(
+        toolbox.__dict__[_PROTOTYPE_SLOT],
+        name=name,
+        about=str(about) or f"the outside service called {name!r}",
+        intents=PersistentMapping(),
+    )
+    setattr(toolbox, name, proxy)
+    return proxy
+
+
+# -- the compiler: a sandboxed method whose request the host sends ------------------------------
+
+
+def compile_request_builder(selector: str, source: str) -> Any:
+    """The sandboxed function of a tool method: it returns a request description."""
+    return sandbox.compile_sandboxed(selector, source, capabilities=CAPABILITIES)
+
+
+def compile_tool(selector: str, source: str) -> Any:
+    """A tool method as a callable: run the sandboxed code for its request, then send it."""
+    build = compile_request_builder(selector, source)
+
+    def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
+        if sandbox.in_sandbox() or isolation.inside_child():
+            raise SandboxViolation(
+                "a tool is called only by the host",
+                [
+                    f"{selector} is a tool method: generated code cannot call it; return what "
+                    "you need and let the host send the request"
+                ],
+            )
+        return perform(build(receiver, *args, **kwargs), f"{selector}")
+
+    call.__name__ = call.__qualname__ = selector
+    call.__wrapped__ = build  # type: ignore[attr-defined]
+    return call
+
+
+def perform(described: Any, what: str) -> dict[str, Any]:
+    """Check a request description against the policy and send it; the bounded response."""
+    from prototypes import tool_client
+
+    try:
+        req = read_request(described)
+    except ValueError as exc:
+        raise SandboxViolation(f"tool method {what} built no usable request", [str(exc)]) from None
+    policy = ToolPolicy.from_settings()
+    policy.check_request(req)
+    return tool_client.send(req, policy)
+
+
+register_compiler(TOOL_COMPILER, compile_tool)
+
+
+# -- a tool call named as data (by a facet) ---------------------------------------------------------
+
+#: Arguments a tool call named as data may carry, and characters of their JSON.
+MAX_CALL_ARGS = 8
+MAX_CALL_CHARS = 4_000
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call of a proxy's method that generated code asked the host to make (plain data)."""
+
+    name: str
+    selector: str
+    args: tuple[Any, ...] = ()
+
+    def text(self) -> str:
+        shown = ", ".join(json.dumps(a) for a in self.args)
+        return f"tools.{self.name}.{self.selector}({shown})"
+
+
+def read_call(value: Any) -> ToolCall:
+    """``{"name", "selector", "args"}`` from generated code as a ``ToolCall``; ``ValueError``."""
+    if not isinstance(value, Mapping):
+        raise ValueError("'tool' must be a dict with 'name', 'selector' and 'args'")
+    unknown = sorted(set(map(str, value)) - {"name", "selector", "args"})
+    if unknown:
+        raise ValueError(f"'tool' takes name, selector and args, not {unknown}")
+    name, selector, args = value.get("name"), value.get("selector"), value.get("args", [])
+    for what, text in (("name", name), ("selector", selector)):
+        if not isinstance(text, str) or not text.isidentifier() or text.startswith("_"):
+            raise ValueError(f"the tool's {what} must be a public name")
+    if not isinstance(args, list | tuple) or len(args) > MAX_CALL_ARGS:
+        raise ValueError(f"the tool's args must be a list of at most {MAX_CALL_ARGS} values")
+    try:
+        encoded = json.dumps(_body(list(args)))
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("the JSON body", "the tool's args")) from None
+    if len(encoded) > MAX_CALL_CHARS:
+        raise ValueError(f"the tool's args are over {MAX_CALL_CHARS} characters")
+    return ToolCall(name, selector, tuple(json.loads(encoded)))
+
+
+def call(toolbox: UvmObject, spec: ToolCall) -> dict[str, Any]:
+    """Make ``spec`` through an installed proxy method (never writes one: that is slow work,
+    done ahead of time); the bounded response. ``ToolError`` / ``LookupError`` say why not."""
+    proxy = toolbox._slots().get(spec.name)
+    if not is_tool(proxy):
+        known = ", ".join(proxies(toolbox)) or "none yet"
+        raise LookupError(f"there is no tool {spec.name!r} (tools: {known})")
+    found = proxy._lookup(spec.selector)
+    if found is None or not isinstance(found[1], Method) or found[1].compiler != TOOL_COMPILER:
+        raise LookupError(
+            f"tools.{spec.name} has no method {spec.selector!r} yet; write it first with "
+            f"'batos send tools.{spec.name} {spec.selector} ARGS...'"
+        )
+    return getattr(proxy, spec.selector)(*spec.args)

@@ -1,0 +1,292 @@
+"""Tool proxies: methods written through the JIT gate that build requests, sent by the host
+within the policy, against real HTTP services on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fakes import ScriptedChatModel
+from tool_services import SLOW_SECONDS, WEATHER_KEY, service
+
+from batos.errors import MissionFailed, SandboxViolation, ToolCallFailed, ToolRefused
+from graph import jit
+from graph.boot import open_image
+from prototypes import kernel, tools
+from prototypes.uvm import Method
+from store.image import LivingImage
+
+WEATHER = (
+    "def today(self, city):\n"
+    "    return request('GET', '{base}/weather', params={{'city': city}},\n"
+    "                   secret_headers={{'X-Api-Key': 'env:WEATHER_API_KEY'}})\n"
+)
+
+
+@pytest.fixture
+def base(monkeypatch) -> Iterator[tuple[str, list]]:
+    """The loopback service, allowed (GET and POST) with the weather key for it alone."""
+    with service() as (url, seen):
+        where = url.removeprefix("http://")
+        monkeypatch.setenv("BATOS_TOOLS_ALLOW", f"{url}/GET+POST")
+        monkeypatch.setenv("BATOS_TOOLS_SECRETS", f"WEATHER_API_KEY@{where}")
+        monkeypatch.setenv("WEATHER_API_KEY", WEATHER_KEY)
+        monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
+        yield url, seen
+
+
+@pytest.fixture
+def image() -> Iterator[LivingImage]:
+    living = open_image("memory://")
+    yield living
+    living.close()
+
+
+@pytest.fixture
+def enabled() -> Iterator[None]:
+    yield
+    jit.disable()
+
+
+def with_tool(image: LivingImage, name: str, selector: str, source: str) -> None:
+    """A proxy with a method added by hand: through the same gate, no model needed."""
+
+    def add(root: Any) -> None:
+        proxy = tools.open_proxy(root["objects"]["tools"], name)
+        kernel.add_method(proxy, selector, source)
+
+    image.transact(add)
+
+
+def call(image: LivingImage, name: str, selector: str, *args: Any) -> Any:
+    return image.transact(lambda root: getattr(root["objects"]["tools"]._slots()[name], selector)(*args))
+
+
+def test_a_missing_tool_and_method_are_written_and_the_host_calls_the_service(
+    image, base, enabled
+) -> None:
+    url, seen = base
+    image.transact(
+        lambda root: root["objects"]["tools"].intents.__setitem__(
+            "weather", f"Weather by city at {url}/weather?city=NAME, key in the X-Api-Key header"
+        )
+    )
+    model = ScriptedChatModel().enqueue("```python\n" + WEATHER.format(base=url) + "```")
+    jit.enable(model)
+    answer = image.transact(lambda root: root["objects"]["tools"].weather.today("Oslo"))
+    assert answer["status"] == 200
+    assert answer["json"] == {"city": "Oslo", "temp_c": 6, "sky": "clear"}
+    # The model was told the capability and what the policy allows; no examples were asked.
+    prompt = model.history[0][-1].content
+    assert "request(method, url" in prompt and url.removeprefix("http://") in prompt
+    assert "env:WEATHER_API_KEY" in prompt and model.calls == 1
+    # The key went to the service, read from the environment; the image never holds it.
+    assert seen[-1][2]["X-Api-Key"] == WEATHER_KEY
+    with image.read() as root:
+        proxy = root["objects"]["tools"]._slots()["weather"]
+        method = proxy._slots()["today"]
+        assert isinstance(method, Method) and method.compiler == tools.TOOL_COMPILER
+        assert kernel.is_generated(method) and "Weather by city" in proxy.about
+    storage = image.db.storage
+    records = b"".join(r.data or b"" for txn in storage.iterator() for r in txn)
+    assert WEATHER_KEY.encode() not in records
+    # Installed: the next call sends again, with no model.
+    again = image.transact(lambda root: root["objects"]["tools"].weather.today("Bergen"))
+    assert again["json"]["city"] == "Bergen" and model.calls == 1
+
+
+def test_a_draft_outside_the_policy_goes_back_with_the_hint_and_nothing_is_sent(
+    image, base, enabled
+) -> None:
+    url, seen = base
+    wrong = "def today(self, city):\n    return request('GET', 'https://api.example.com/w')\n"
+    model = ScriptedChatModel().enqueue(
+        f"```python\n{wrong}```", "```python\n" + WEATHER.format(base=url) + "```"
+    )
+    # Two drafts of which one was refused do not reach the default trust gate (0.25 < 0.3):
+    # this test is about the feedback, tests/test_trust.py about trusting.
+    kernel.install_handler(jit.JitRunner(model, attempts=2, trust=None))
+    answer = image.transact(lambda root: root["objects"]["tools"].weather.today("Rome"))
+    assert answer["json"]["city"] == "Rome"
+    feedback = model.history[1][-1].content
+    assert "host api.example.com (https, port 443) is not in tools_allow" in feedback
+    assert url.removeprefix("http://") in feedback  # the allowed services, to choose from
+    assert all("example.com" not in path for _, path, _ in seen)
+
+
+def test_every_draft_refused_leaves_the_image_unchanged(image, base, enabled) -> None:
+    forged = (
+        "def today(self, city):\n"
+        "    return request('GET', '{base}/weather', headers={{'Authorization': 'Bearer x'}})\n"
+    )
+    model = ScriptedChatModel().enqueue(
+        "```python\n" + forged.format(base=base[0]) + "```",
+        "```python\ndef today(self, city):\n    return {'url': city}\n```",
+    )
+    jit.enable(model, attempts=2)
+
+    def send(root: Any) -> None:
+        root["objects"]["tools"].weather.today("Oslo")
+
+    with pytest.raises(MissionFailed) as failed:
+        image.transact(send)
+    text = str(failed.value)
+    assert "may not be set by value" in text and "must return request(...)" in text
+    with image.read() as root:
+        assert "weather" not in root["objects"]["tools"]._slots()
+
+
+def test_a_slow_service_times_out_with_what_to_do(image, base, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_TOOLS_TIMEOUT", "0.3")
+    with_tool(image, "lag", "wait", f"def wait(self):\n    return request('GET', '{base[0]}/slow')\n")
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "lag", "wait")
+    assert "did not answer within 0.3 s" in failed.value.message
+    assert "BATOS_TOOLS_TIMEOUT" in failed.value.hint
+    assert SLOW_SECONDS > 0.3 * 3  # the service really was slower than the limit
+
+
+def test_garbage_is_a_clear_parse_error(image, base) -> None:
+    with_tool(image, "junk", "read", f"def read(self):\n    return request('GET', '{base[0]}/garbage')\n")
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "junk", "read")
+    assert "not JSON" in failed.value.message and "<html>" in failed.value.message
+    assert "expect='text'" in failed.value.hint
+    # Read as text, the same body is data.
+    with_tool(
+        image,
+        "junk",
+        "read_text",
+        f"def read_text(self):\n    return request('GET', '{base[0]}/garbage', expect='text')\n",
+    )
+    assert call(image, "junk", "read_text")["text"].startswith("<html>")
+
+
+def test_a_redirect_off_the_allow_list_is_refused_and_one_on_it_followed(image, base) -> None:
+    url, seen = base
+    with_tool(
+        image,
+        "hop",
+        "go",
+        "def go(self, where):\n"
+        f"    return request('GET', '{url}/' + where,\n"
+        "                   secret_headers={'X-Api-Key': 'env:WEATHER_API_KEY'})\n",
+    )
+    with pytest.raises(ToolRefused) as refused:
+        call(image, "hop", "go", "away")
+    assert "redirected to http://localhost:" in refused.value.message
+    assert "not in tools_allow" in refused.value.message
+    assert "BATOS_TOOLS_ALLOW=" in refused.value.hint
+    assert [path for _, path, _ in seen] == ["/away"]  # the refused hop was never asked
+    moved = call(image, "hop", "go", "moved")
+    assert moved["json"]["city"] == "Moved" and moved["url"].endswith("city=Moved")
+
+
+def test_a_flood_stops_at_the_byte_limit(image, base, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_TOOLS_MAX_BYTES", "100000")
+    with_tool(image, "big", "all", f"def all(self):\n    return request('GET', '{base[0]}/flood')\n")
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "big", "all")
+    assert "over 100000 bytes" in failed.value.message
+
+
+def test_secrets_go_only_where_tools_secrets_says(image, base, monkeypatch) -> None:
+    url, seen = base
+    source = (
+        "def peek(self):\n"
+        f"    return request('GET', '{url}/echo', secret_params={{'k': 'env:HOME'}})\n"
+    )
+    with_tool(image, "leak", "peek", source)
+    with pytest.raises(ToolRefused) as refused:
+        call(image, "leak", "peek")
+    assert "secret HOME is not in tools_secrets" in refused.value.message and not seen
+    monkeypatch.delenv("WEATHER_API_KEY")
+    with_tool(image, "weather", "today", WEATHER.format(base=url))
+    with pytest.raises(ToolRefused) as unset:
+        call(image, "weather", "today", "Oslo")
+    assert "WEATHER_API_KEY is not set" in unset.value.message and not seen
+
+
+def test_a_post_sends_its_json_body_and_a_method_outside_the_allow_list_is_refused(
+    image, base, monkeypatch
+) -> None:
+    url, _ = base
+    source = f"def note(self, text):\n    return request('POST', '{url}/echo', json={{'t': text}})\n"
+    with_tool(image, "notes", "note", source)
+    assert call(image, "notes", "note", "hi")["json"] == {
+        "method": "POST",
+        "query": {},
+        "body": {"t": "hi"},
+    }
+    monkeypatch.setenv("BATOS_TOOLS_ALLOW", url)  # GET only
+    with pytest.raises(ToolRefused) as refused:
+        call(image, "notes", "note", "hi")
+    assert "POST is not allowed" in refused.value.message
+    assert "/POST" in refused.value.hint
+
+
+def test_generated_code_cannot_call_a_tool_itself(image, base) -> None:
+    with_tool(image, "weather", "today", WEATHER.format(base=base[0]))
+
+    def add(root: Any) -> None:
+        kernel.add_method(
+            root["objects"]["brick"],
+            "sneak",
+            "def sneak(self, tools):\n    return tools.weather.today('Oslo')\n",
+        )
+
+    image.transact(add)
+    with pytest.raises(SandboxViolation) as refused:
+        image.transact(
+            lambda root: root["objects"]["brick"].sneak(root["objects"]["tools"])
+        )
+    assert "only by the host" in str(refused.value) and not base[1]
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ({"url": "x"}, "must return request(...)"),
+        (tools.request("GET", "ftp://h/x"), "not an http:// or https:// URL"),
+        (tools.request("GET", "https://u:p@h/x"), "may not hold a user or password"),
+        (tools.request("TRACE", "https://h/x"), "the method must be one of"),
+        (tools.request("GET", "https://h/x", headers={"Cookie": "a"}), "may not be set"),
+        (tools.request("GET", "https://h/x", headers={"X": "a\r\nB: c"}), "line break"),
+        (tools.request("GET", "https://h/x", secret_params={"k": "hunter2"}), "'env:NAME'"),
+        (tools.request("GET", "https://h/" + "x" * 3000), "at most 2048"),
+        (tools.request("GET", "https://h/x", params={str(i): i for i in range(40)}), "over 32"),
+        (tools.request("POST", "https://h/x", json={"a": {1, 2}}), "not JSON"),
+        (tools.request("GET", "https://h/x", expect="xml"), "expect must be"),
+    ],
+)
+def test_a_hostile_request_description_is_refused_with_the_reason(value, why) -> None:
+    with pytest.raises(ValueError, match=None) as refused:
+        tools.read_request(value)
+    assert why in str(refused.value)
+
+
+def test_the_allow_list_setting_is_checked_when_it_is_read(monkeypatch) -> None:
+    from batos import settings
+    from batos.errors import ConfigurationError
+
+    monkeypatch.setenv("BATOS_TOOLS_ALLOW", "API.Example.com, http://127.0.0.1:8080/get+post")
+    assert settings.get_str("tools_allow") == (
+        "https://api.example.com/GET,http://127.0.0.1:8080/GET+POST"
+    )
+    for bad in ("ftp://h", "h/TRACE", "bad host"):
+        monkeypatch.setenv("BATOS_TOOLS_ALLOW", bad)
+        with pytest.raises(ConfigurationError):
+            settings.get_str("tools_allow")
+    monkeypatch.setenv("BATOS_TOOLS_SECRETS", "lower@h")
+    with pytest.raises(ConfigurationError):
+        settings.get_str("tools_secrets")
+
+
+def test_an_answer_is_plain_bounded_data(image, base) -> None:
+    with_tool(image, "weather", "today", WEATHER.format(base=base[0]))
+    answer = call(image, "weather", "today", "Oslo")
+    assert set(answer) == {"status", "url", "headers", "json"}
+    assert json.loads(json.dumps(answer)) == answer
+    assert all(len(v) <= 1024 for v in answer["headers"].values())

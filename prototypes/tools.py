@@ -67,7 +67,7 @@ _SECRET_REF = re.compile(r"^(?:(Bearer|Token|Basic) )?env:([A-Z_][A-Z0-9_]{0,63}
 _EXPECT = ("json", "text")
 
 
-# -- the capability: what generated code may call ------------------------------------------------
+# -- the capability: what generated code may call ----------------------------------------------
 
 
 def request(
@@ -102,7 +102,7 @@ def request(
 CAPABILITIES: dict[str, Any] = {"request": request}
 
 
-# -- reading a description back, as hostile data -------------------------------------------------
+# -- reading a description back, as hostile data -----------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def read_request(value: Any) -> ToolRequest:
     )
 
 
-# -- the policy ---------------------------------------------------------------------------------
+# -- the policy --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ def trial_findings(result: Any) -> list[str]:
     return []
 
 
-# -- the proxies in the image ---------------------------------------------------------------------
+# -- the proxies in the image ------------------------------------------------------------------
 
 #: Name of the toolbox among the image's top-level objects.
 TOOLBOX = "tools"
@@ -432,7 +432,7 @@ def open_proxy(toolbox: UvmObject, name: str) -> UvmObject:
     return proxy
 
 
-# -- the compiler: a sandboxed method whose request the host sends ------------------------------
+# -- the compiler: a sandboxed method whose request the host sends -----------------------------
 
 
 def compile_request_builder(selector: str, source: str) -> Any:
@@ -476,7 +476,7 @@ def perform(described: Any, what: str) -> dict[str, Any]:
 register_compiler(TOOL_COMPILER, compile_tool)
 
 
-# -- a tool call named as data (by a facet) ---------------------------------------------------------
+# -- a tool call named as data (by a facet) ----------------------------------------------------
 
 #: Arguments a tool call named as data may carry, and characters of their JSON.
 MAX_CALL_ARGS = 8

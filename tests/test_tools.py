@@ -16,7 +16,7 @@ from graph import jit
 from graph.boot import open_image
 from prototypes import kernel, tools
 from prototypes.uvm import Method
-from store.image import LivingImage
+from store.core.image import LivingImage
 
 WEATHER = (
     "def today(self, city):\n"
@@ -61,7 +61,9 @@ def with_tool(image: LivingImage, name: str, selector: str, source: str) -> None
 
 
 def call(image: LivingImage, name: str, selector: str, *args: Any) -> Any:
-    return image.transact(lambda root: getattr(root["objects"]["tools"]._slots()[name], selector)(*args))
+    return image.transact(
+        lambda root: getattr(root["objects"]["tools"]._slots()[name], selector)(*args)
+    )
 
 
 def test_a_missing_tool_and_method_are_written_and_the_host_calls_the_service(
@@ -140,7 +142,9 @@ def test_every_draft_refused_leaves_the_image_unchanged(image, base, enabled) ->
 
 def test_a_slow_service_times_out_with_what_to_do(image, base, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_TOOLS_TIMEOUT", "0.3")
-    with_tool(image, "lag", "wait", f"def wait(self):\n    return request('GET', '{base[0]}/slow')\n")
+    with_tool(
+        image, "lag", "wait", f"def wait(self):\n    return request('GET', '{base[0]}/slow')\n"
+    )
     with pytest.raises(ToolCallFailed) as failed:
         call(image, "lag", "wait")
     assert "did not answer within 0.3 s" in failed.value.message
@@ -149,7 +153,9 @@ def test_a_slow_service_times_out_with_what_to_do(image, base, monkeypatch) -> N
 
 
 def test_garbage_is_a_clear_parse_error(image, base) -> None:
-    with_tool(image, "junk", "read", f"def read(self):\n    return request('GET', '{base[0]}/garbage')\n")
+    with_tool(
+        image, "junk", "read", f"def read(self):\n    return request('GET', '{base[0]}/garbage')\n"
+    )
     with pytest.raises(ToolCallFailed) as failed:
         call(image, "junk", "read")
     assert "not JSON" in failed.value.message and "<html>" in failed.value.message
@@ -186,7 +192,9 @@ def test_a_redirect_off_the_allow_list_is_refused_and_one_on_it_followed(image, 
 
 def test_a_flood_stops_at_the_byte_limit(image, base, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_TOOLS_MAX_BYTES", "100000")
-    with_tool(image, "big", "all", f"def all(self):\n    return request('GET', '{base[0]}/flood')\n")
+    with_tool(
+        image, "big", "all", f"def all(self):\n    return request('GET', '{base[0]}/flood')\n"
+    )
     with pytest.raises(ToolCallFailed) as failed:
         call(image, "big", "all")
     assert "over 100000 bytes" in failed.value.message
@@ -213,7 +221,9 @@ def test_a_post_sends_its_json_body_and_a_method_outside_the_allow_list_is_refus
     image, base, monkeypatch
 ) -> None:
     url, _ = base
-    source = f"def note(self, text):\n    return request('POST', '{url}/echo', json={{'t': text}})\n"
+    source = (
+        f"def note(self, text):\n    return request('POST', '{url}/echo', json={{'t': text}})\n"
+    )
     with_tool(image, "notes", "note", source)
     assert call(image, "notes", "note", "hi")["json"] == {
         "method": "POST",
@@ -239,9 +249,7 @@ def test_generated_code_cannot_call_a_tool_itself(image, base) -> None:
 
     image.transact(add)
     with pytest.raises(SandboxViolation) as refused:
-        image.transact(
-            lambda root: root["objects"]["brick"].sneak(root["objects"]["tools"])
-        )
+        image.transact(lambda root: root["objects"]["brick"].sneak(root["objects"]["tools"]))
     assert "only by the host" in str(refused.value) and not base[1]
 
 
@@ -290,3 +298,77 @@ def test_an_answer_is_plain_bounded_data(image, base) -> None:
     assert set(answer) == {"status", "url", "headers", "json"}
     assert json.loads(json.dumps(answer)) == answer
     assert all(len(v) <= 1024 for v in answer["headers"].values())
+
+
+def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, base) -> None:
+    from batos.shell.cli import main
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = main(["--image", file_uri, *argv])
+        return code, capsys.readouterr().out
+
+    assert run("init")[0] == 0
+    code, out = run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")
+    assert code == 0 and "declared tools.weather" in out
+    source = WEATHER.format(base=base[0])
+    with LivingImage.open(file_uri) as img:
+        img.transact(
+            lambda root: kernel.add_method(root["objects"]["tools"].weather, "today", source)
+        )
+    code, out = run("send", "tools.weather", "today", '"Oslo"', "--json")
+    assert code == 0 and json.loads(out)["json"]["city"] == "Oslo"
+    code, out = run("tools", "--json")
+    rows = json.loads(out)
+    assert [r["name"] for r in rows] == ["weather"]
+    assert rows[0]["methods"][0]["selector"] == "today"
+    code, out = run("tools", "show", "weather")
+    assert code == 0 and "secret_headers" in out and "Weather at" in out
+    code, out = run("tools", "remove", "weather")
+    assert code == 0 and "removed tools.weather and 1 method(s)" in out
+    assert main(["--image", file_uri, "tools", "show", "weather"]) == 4
+    capsys.readouterr()
+    with LivingImage.open(file_uri) as img:
+        tid = img.history(1)[0].tid
+    assert run("undo", tid)[0] == 0
+    code, out = run("tools", "--json")
+    assert [r["name"] for r in json.loads(out)] == ["weather"]
+
+
+def test_babs_uses_a_tool_inside_a_facet(image, base) -> None:
+    """A facet names the call as data; the host makes it and the answer joins the
+    instruction. A failing call degrades the facet to the persona, with the reason."""
+    from graph import facets
+    from prototypes.incarnation import personas
+
+    with_tool(image, "weather", "today", WEATHER.format(base=base[0]))
+    facet = (
+        "def facet_research(self, query):\n"
+        "    return {'instruction': 'Answer from the weather data: ' + query,\n"
+        "            'tool': {'name': 'weather', 'selector': 'today', 'args': ['Oslo']}}\n"
+    )
+    image.transact(lambda root: kernel.add_method(personas(root)["BABS"], "facet_research", facet))
+
+    def prepare(root: Any) -> facets.Prepared:
+        return facets.prepare(
+            root,
+            "BABS",
+            "facet_research",
+            "is it cold in Oslo?",
+            draft=lambda brief, attempts: "",
+            attempts=1,
+            cycle_id="c1",
+            writers=facets.FacetWriters(),
+        )
+
+    with image.read() as root:
+        prepared = prepare(root)
+    assert not prepared.degraded
+    text = prepared.instruction.text
+    assert text.startswith("Answer from the weather data: is it cold in Oslo?")
+    assert 'The tool tools.weather.today("Oslo") answered:' in text and '"temp_c": 6' in text
+    base[1].clear()
+    image.transact(lambda root: delattr(root["objects"]["tools"].weather, "today"))
+    with image.read() as root:
+        prepared = prepare(root)
+    assert "has no method 'today' yet" in prepared.degraded
+    assert "is it cold in Oslo?" in prepared.instruction.text and not base[1]

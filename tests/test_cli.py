@@ -28,7 +28,7 @@ def test_init_creates_and_shows_personas(capsys, file_uri):
     code, out, _ = run(capsys, "--image", file_uri, "init")
     assert code == 0
     codex = f"codex-{load_codex().version}"
-    for name in ("ROBIN", "BRICK", "BABS", "ALFRED", "root-1", codex):
+    for name in ("ROBIN", "BRICK", "BABS", "ALFRED", "root-1", "tools-1", codex):
         assert name in out
 
 
@@ -103,6 +103,8 @@ def test_schema_and_config(capsys, file_uri):
         ["prune", "--keep", "1"],
         ["pack"],
         ["methods"],
+        ["tools"],
+        ["tools", "remove", "weather"],
         ["send", "brick", "x"],
         ["search", "anything"],
         ["curate", "--dry-run"],

@@ -333,9 +333,14 @@ class ToolPolicy:
 
 
 def _joined(entry: str) -> str:
-    current = settings.get_str("tools_allow")
-    shown = ",".join(e.replace("https://", "").replace("/GET", "") for e in current.split(","))
-    return f"{shown},{entry}" if current else entry
+    """The allow-list in force, as a user writes it, with ``entry`` added."""
+    current = [e for e in settings.get_str("tools_allow").split(",") if e]
+    shown = []
+    for normal in current:  # scheme://host/METHODS, written back in its shortest form
+        where, _, methods = normal.rpartition("/")
+        where = where.removeprefix("https://")
+        shown.append(where if methods == "GET" else f"{where}/{methods}")
+    return ",".join([*shown, entry])
 
 
 def secret_value(name: str) -> str:

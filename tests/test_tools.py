@@ -234,7 +234,7 @@ def test_a_post_sends_its_json_body_and_a_method_outside_the_allow_list_is_refus
     with pytest.raises(ToolRefused) as refused:
         call(image, "notes", "note", "hi")
     assert "POST is not allowed" in refused.value.message
-    assert "/POST" in refused.value.hint
+    assert f"BATOS_TOOLS_ALLOW='{url},{url}/POST'" in refused.value.hint
 
 
 def test_generated_code_cannot_call_a_tool_itself(image, base) -> None:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from batos.errors import ConfigurationError
 
@@ -140,7 +141,7 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "image",
             "BATOS_IMAGE",
-            lambda: f"file://{Path(get('home')) / 'live_image.fs'}",
+            lambda: f"file://{Path(get_str('home')) / 'live_image.fs'}",
             "URI of the living image: file://PATH.fs, zeo://HOST:PORT, postgres://… or memory://.",
         ),
         Setting(
@@ -629,7 +630,10 @@ def origin(name: str) -> str:
     return setting.env if os.environ.get(setting.env) else "default"
 
 
-def _typed(name: str, kind: type[object]) -> object:
+_T = TypeVar("_T")
+
+
+def _typed(name: str, kind: type[_T]) -> _T:
     value = get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise TypeError(f"setting {name!r} is a {type(value).__name__}, not a {kind.__name__}")
@@ -638,12 +642,12 @@ def _typed(name: str, kind: type[object]) -> object:
 
 def get_str(name: str) -> str:
     """Setting ``name`` as text (paths, URIs, choices)."""
-    return _typed(name, str)  # type: ignore[return-value]
+    return _typed(name, str)
 
 
 def get_int(name: str) -> int:
     """Setting ``name`` as an integer (counts, sizes)."""
-    return _typed(name, int)  # type: ignore[return-value]
+    return _typed(name, int)
 
 
 def get_float(name: str) -> float:

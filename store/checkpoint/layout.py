@@ -43,7 +43,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import ormsgpack
 from BTrees.OOBTree import OOBTree, OOTreeSet
@@ -92,7 +92,8 @@ class Payload(Persistent):
         if self.blob is not None:
             with self.blob.open("r") as handle:
                 return self.type, handle.read()
-        return self.type, self.data
+        # data holds the bytes whenever there is no blob
+        return self.type, cast(bytes, self.data)
 
 
 def encode(typed: Typed, *, blob_threshold: int | None) -> Any:
@@ -164,7 +165,7 @@ class CheckpointRecord(Persistent):
         checkpoint: Typed,
         metadata: Typed,
         *,
-        checkpoint_id: str,
+        checkpoint_id: str | None,
         parent_id: str | None,
         run_id: str | None,
         versions: dict[str, str],
@@ -242,7 +243,7 @@ class CheckpointRecord(Persistent):
             and isinstance(values, dict)
         ):
             raise _damaged("fields of the wrong types")
-        vars(self).update(
+        self.__dict__.update(
             _v_packed=(data, refs),
             checkpoint_id=checkpoint_id,
             previous=previous,
@@ -449,7 +450,7 @@ class CheckpointIndex(Persistent):
             and (newest is None) == (not ids)
         ):
             raise _damaged("a checkpoint index whose ids are out of order or miss their records")
-        vars(self).update(_ids=ids, _newest=newest, older=older)
+        self.__dict__.update(_ids=ids, _newest=newest, older=older)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -645,6 +646,10 @@ class CheckpointTree(Persistent):
         self.threads = OOBTree()
         self.runs = OOBTree()
 
+    @overload
+    def thread(self, thread_id: str, *, create: Literal[True]) -> ThreadRecord: ...
+    @overload
+    def thread(self, thread_id: str, *, create: bool = False) -> ThreadRecord | None: ...
     def thread(self, thread_id: str, *, create: bool = False) -> ThreadRecord | None:
         record = self.threads.get(thread_id)
         if record is None and create:

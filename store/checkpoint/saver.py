@@ -26,6 +26,7 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import random
 import threading
@@ -402,6 +403,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         checkpoint_id = _checkpoint_id(config)
+        named: RunnableConfig | None = config
         with self._reading(writer=True) as tree:
             thread = tree.threads.get(thread_id)
             checkpoints = thread.namespaces.get(ns) if thread is not None else None
@@ -409,11 +411,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 return None
             if checkpoint_id is None:
                 checkpoint_id = checkpoints.maxKey()
-                config = None
+                named = None
             record = checkpoints.get(checkpoint_id)
             if record is None:
                 return None
-            return self._tuple(thread_id, ns, checkpoint_id, record, config)
+            return self._tuple(thread_id, ns, checkpoint_id, record, named)
 
     def require(self, config: RunnableConfig) -> CheckpointTuple:
         """Like ``get_tuple``, but an unknown thread or checkpoint raises ``CheckpointNotFound``."""
@@ -450,7 +452,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
-    ) -> list[CheckpointTuple]:
+    ) -> builtins.list[CheckpointTuple]:
         # Collected inside one read transaction, so the caller never holds a connection.
         configurable = (config or {}).get("configurable") or {}
         wanted_ns = configurable.get("checkpoint_ns") if config else None
@@ -551,11 +553,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-    ) -> Callable[[list[TaskWrites], CheckpointTree], None]:
+    ) -> Callable[[builtins.list[TaskWrites], CheckpointTree], None]:
         """Serialize everything a put stores, before its transaction begins; returns the
         function the transaction runs."""
         checkpoint_id = checkpoint["id"]
-        body = dict(checkpoint)
+        body: dict[str, Any] = dict(checkpoint)
         values = body.pop("channel_values")
         # a channel in new_versions without a value was emptied at that version
         new_values = {
@@ -758,7 +760,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
     # -- inspection -------------------------------------------------------------------------
 
-    def threads(self) -> list[ThreadSummary]:
+    def threads(self) -> builtins.list[ThreadSummary]:
         """One summary per thread, in thread id order."""
         with self._reading() as tree:
             return [

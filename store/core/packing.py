@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from store.core.image import LivingImage
 
@@ -34,7 +35,7 @@ class PackReport:
     notes: tuple[str, ...] = ()
 
 
-def _relstorage(image: LivingImage) -> object | None:
+def _relstorage(image: LivingImage) -> Any:
     if not image.uri.startswith("postgres"):
         return None
     from relstorage.storage import RelStorage
@@ -49,7 +50,7 @@ def footprint(image: LivingImage) -> Footprint:
     if storage is None:
         return Footprint(bytes=image.db.getSize())
 
-    def count(_conn: object, cursor: object) -> tuple[int, int, int]:
+    def count(_conn: object, cursor: Any) -> tuple[int, int, int]:
         cursor.execute("SELECT count(*), coalesce(sum(state_size), 0) FROM object_state")
         rows, size = cursor.fetchone()
         cursor.execute("SELECT count(*) FROM blob_chunk")

@@ -158,10 +158,11 @@ def prometheus_text(snapshot: dict[str, Any]) -> str:
             for name, (kind, help_text, label_names) in metrics.METRICS.items():
                 full = f"batos_{name}"
                 if kind == metrics.COUNTER:
-                    family = CounterMetricFamily(full, help_text, labels=label_names)
+                    counter = CounterMetricFamily(full, help_text, labels=label_names)
                     rows = counters.get(name) or ([] if label_names else [({}, 0.0)])
                     for labels, value in rows:
-                        family.add_metric([labels[k] for k in label_names], value)
+                        counter.add_metric([labels[k] for k in label_names], value)
+                    yield counter
                 else:
                     family = HistogramMetricFamily(full, help_text, labels=label_names)
                     for labels, row in timings.get(name, []):
@@ -172,7 +173,7 @@ def prometheus_text(snapshot: dict[str, Any]) -> str:
                             cumulative += hits
                             buckets.append((bound, cumulative))
                         family.add_metric([labels[k] for k in label_names], buckets, row[1])
-                yield family
+                    yield family
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Totals())

@@ -136,10 +136,10 @@ class ZeoServer:
             )
         self._prepare_image()
         self._log = tempfile.TemporaryFile()
-        self.spawn(stderr=self._log)
+        process = self.spawn(stderr=self._log)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.host, self.port):
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 err = self.output()
                 self._cleanup()
                 if "LockError" in err:

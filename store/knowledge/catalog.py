@@ -664,6 +664,7 @@ class KnowledgeCatalog:
             sets = [values[str(v)] for v in accepted if values is not None and str(v) in values]
             members = family32.IF.multiunion(sets) if sets else IFTreeSet()
             result = members if result is None else family32.IF.intersection(result, members)
+        assert result is not None  # filters is not empty
         # The tree set iterates in ascending order, which the caches' lookups rely on.
         allowed = np.fromiter(result.keys(), dtype=np.int64, count=len(result))
         self._last_filter = (key, allowed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -314,7 +314,8 @@ def chunk_and_embed(
         for i, vector in zip(missing, encoded, strict=True):
             found[i] = vector
     dims = vectors.shape[1] if vectors.ndim == 2 else 0
-    matrix = np.vstack(found).astype(np.float32) if found else np.zeros((0, dims), np.float32)
+    filled = cast(list[np.ndarray], found)  # every missing vector was encoded above
+    matrix = np.vstack(filled).astype(np.float32) if found else np.zeros((0, dims), np.float32)
     return pieces, matrix
 
 
@@ -341,7 +342,11 @@ def _split_sentence(
     """A sentence over the budget, cut into pieces within it (the model would truncate it)."""
     import semchunk
 
-    _, offsets = semchunk.chunk(text[start:end], max_tokens, encoder.count_tokens, offsets=True)
+    # with offsets=True semchunk returns (chunks, offsets); its annotation is the union of both
+    _, offsets = cast(
+        tuple[list[str], list[tuple[int, int]]],
+        semchunk.chunk(text[start:end], max_tokens, encoder.count_tokens, offsets=True),
+    )
     pieces = []
     for a, b in offsets:
         a, b = _strip(text, start + a, start + b)

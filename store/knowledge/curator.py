@@ -152,7 +152,8 @@ class Curator:
         candidates = [c for c in cold if c.id in self.catalog.vectors][:REDUNDANCY_SCAN]
         if len(candidates) < 2:
             return []
-        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in candidates])
+        # every candidate has a vector: kept above only if it is in the vector store
+        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in candidates])  # type: ignore[misc]
         similar = (vectors @ vectors.T) >= self.similarity
         free = np.ones(len(candidates), dtype=bool)
         clusters = []
@@ -176,7 +177,8 @@ class Curator:
         pool = [c for c in ordered if c.id in self.catalog.vectors][: min(needed, REDUNDANCY_SCAN)]
         if len(pool) < 2:
             return []
-        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in pool])
+        # every member of the pool has a vector: kept above only if it is in the vector store
+        vectors = np.vstack([self.catalog.vectors.vector(c.id) for c in pool])  # type: ignore[misc]
         similarity = vectors @ vectors.T
         free = np.ones(len(pool), dtype=bool)
         groups: list[Cluster] = []

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from transaction.interfaces import TransientError
@@ -368,7 +368,8 @@ def _embed(catalog: KnowledgeCatalog, pending: Sequence[_Pending]) -> list[Prepa
             format=doc.format,
             metadata=doc.metadata,
             spans=[(p.start, p.end, p.text) for p in pieces],
-            vectors=np.vstack(found).astype(np.float32),
+            # every missing vector was encoded above
+            vectors=np.vstack(cast(list[np.ndarray], found)).astype(np.float32),
         )
         for doc, pieces, found in finished
     ]

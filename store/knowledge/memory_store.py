@@ -135,7 +135,7 @@ class ImageStore(BaseStore):
 
     # -- embedding (outside the transaction: it is the slow part) ----------------------
 
-    def _embed(self, ops: Sequence[Op]) -> dict[int, tuple[np.ndarray | None, ...]]:
+    def _embed(self, ops: Sequence[Op]) -> dict[int, tuple[np.ndarray, ...]]:
         """{op index: query vector (search) or field vectors (put)}."""
         texts: list[str] = []
         wanted: dict[int, list[int]] = {}
@@ -161,7 +161,7 @@ class ImageStore(BaseStore):
     # -- operations ------------------------------------------------------------------
 
     def _apply(
-        self, root: Any, ops: Sequence[Op], embedded: dict[int, tuple[np.ndarray | None, ...]]
+        self, root: Any, ops: Sequence[Op], embedded: dict[int, tuple[np.ndarray, ...]]
     ) -> list[Result]:
         tree = root[MEMORY_KEY]
         results: list[Result] = []

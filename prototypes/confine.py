@@ -393,7 +393,8 @@ def _never_root() -> None:
 def _seccomp() -> None:
     pid = struct.pack("=I", os.getpid())
     for offset in _SELF_AT:
-        _PROGRAM[offset : offset + 4] = pid
+        # a char buffer takes bytes of the slice's length (typeshed types only single chars)
+        _PROGRAM[offset : offset + 4] = pid  # type: ignore[call-overload]
     _check(
         _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_FPROG), 0, 0) == 0,
         "the seccomp filter",

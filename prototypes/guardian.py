@@ -423,7 +423,7 @@ class PersistenceGuardian(ast.NodeVisitor):
             for target in targets:
                 slot = _self_slot(target)
                 if slot is not None:
-                    reassigned_after[slot] = node.lineno
+                    reassigned_after[slot] = node.lineno  # type: ignore[attr-defined]  # an assignment
         mutated: dict[str, ast.AST] = {}
         for change in in_place_slot_changes(fn):
             mutated[change.slot] = change.node
@@ -534,7 +534,7 @@ def _in_place_targets(node: ast.AST) -> list[ast.AST]:
 def _walk_in_order(fn: ast.FunctionDef) -> list[ast.AST]:
     """Every node of ``fn``'s body in source order (line, column)."""
     nodes = [n for n in ast.walk(fn) if hasattr(n, "lineno") and n is not fn]
-    return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
+    return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))  # type: ignore[attr-defined]
 
 
 def audit(selector: str, source: str) -> AuditReport:

@@ -238,7 +238,7 @@ _search_budget = 0
 #: Members searched per call: past it, containers are no longer looked into.
 SEARCH_BUDGET = 1_000_000
 _CONTAINERS = (list, tuple, set, frozenset, dict)
-_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
+_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))  # type: ignore[var-annotated]  # dict views of any item types
 
 
 def touch(value: Any) -> None:
@@ -342,7 +342,7 @@ class _Discard:
 
 def _members(obj: Any, state: Any) -> list[Any]:
     """The persistent objects ``obj``'s state holds, each shared part visited once."""
-    pickler = IdentityPickler(_Discard(), obj)  # type: ignore[arg-type]
+    pickler = IdentityPickler(_Discard(), obj)
     try:
         pickler.dump(state)
     except Exception:  # a value the image cannot store: the report refuses it
@@ -407,6 +407,7 @@ def _child_main(
             result = run()
             changed = [o for o in watched if state_digests(o) != digests[id(o)]]
             if jar is not None:
+                assert storage is not None  # made above whenever there is a jar
                 kept, findings = _changed_in_place(jar, storage, skip, {id(o) for o in watched})
                 if findings:
                     raise SandboxViolation("the method broke a rule of the image", findings)

@@ -82,7 +82,7 @@ MAX_FINDINGS = 50
 _BIGINT = 1  # msgpack extension code
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 #: New persistent objects a child may create (by ``clone()`` or a container's ``copy()``).
-_NEW_KINDS: dict[str, type] = {
+_NEW_KINDS: dict[str, type[Any]] = {
     "UvmObject": UvmObject,
     "PersistentList": PersistentList,
     "PersistentMapping": PersistentMapping,
@@ -469,7 +469,8 @@ class Decoder:
             if type(kind) is not str or kind not in _NEW_KINDS:
                 raise ReportRefused("a new object of a kind a method cannot create")
             cls = _NEW_KINDS[kind]
-            self.news.append(cls.__new__(cls))
+            # each kind's own __new__ (Persistent's for persistent kinds), as unpickling does
+            self.news.append(cls.__new__(cls))  # type: ignore[call-overload]
         self._reserve(1)
         result = self.value(wire, 0)
         states = []

@@ -178,6 +178,7 @@ class _SlotWriter:
     persistence covenant, then assigns the slot the ordinary way."""
 
     __slots__ = ("_target",)
+    _target: UvmObject
 
     def __init__(self, target: UvmObject) -> None:
         object.__setattr__(self, "_target", target)
@@ -201,7 +202,8 @@ def _record_write(target: UvmObject, name: str) -> None:
 def watch_writes() -> Iterator[set[tuple[int, str]]]:
     """Collect (id(object), slot) of every slot a method assigns in this thread meanwhile."""
     previous = getattr(_state, "writes", None)
-    _state.writes = writes = set()
+    writes: set[tuple[int, str]] = set()
+    _state.writes = writes
     try:
         yield writes
     finally:
@@ -506,7 +508,7 @@ class BatosPolicy(RestrictingNodeTransformer):
         return super().visit_ExceptHandler(node)
 
 
-def _as_load(target: ast.AST) -> ast.AST:
+def _as_load(target: ast.expr) -> ast.expr:
     clone = ast.parse(ast.unparse(target), mode="eval").body
     return ast.copy_location(clone, target)
 
@@ -714,7 +716,8 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     )
     window = _NO_WINDOW if in_child else _MEMORY
     _state.depth = 1
-    _state.violations = violations = []
+    violations: list[str] = []
+    _state.violations = violations
     dog = _Watchdog(seconds)
     try:
         try:

@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 from urllib.parse import urlsplit
 
 from persistent.mapping import PersistentMapping
@@ -405,7 +405,7 @@ def is_toolbox(obj: Any) -> bool:
     return isinstance(obj, UvmObject) and _marked(obj, _TOOLBOX_MARK)
 
 
-def is_tool(obj: Any) -> bool:
+def is_tool(obj: Any) -> TypeGuard[UvmObject]:
     """Whether ``obj`` is a tool proxy (a descendant of the toolbox's prototype)."""
     if not isinstance(obj, UvmObject):
         return False
@@ -520,7 +520,8 @@ def read_call(value: Any) -> ToolCall:
         raise ValueError(str(exc).replace("the JSON body", "the tool's args")) from None
     if len(encoded) > MAX_CALL_CHARS:
         raise ValueError(f"the tool's args are over {MAX_CALL_CHARS} characters")
-    return ToolCall(name, selector, tuple(json.loads(encoded)))
+    # both checked to be public names above
+    return ToolCall(cast(str, name), cast(str, selector), tuple(json.loads(encoded)))
 
 
 def call(toolbox: UvmObject, spec: ToolCall) -> dict[str, Any]:

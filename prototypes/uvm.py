@@ -438,7 +438,8 @@ def _copied(owner: UvmObject, slots: dict[str, Any]) -> dict[str, Any]:
             hint="keep only data, containers and persistent objects in slots",
         ) from exc
     unpickler = pickle.Unpickler(io.BytesIO(buffer.getvalue()))
-    unpickler.persistent_load = pickler.shared.__getitem__
+    # pickle's documented hook for persistent ids is an attribute set on the instance
+    unpickler.persistent_load = pickler.shared.__getitem__  # type: ignore[method-assign]
     return unpickler.load()
 
 
@@ -453,7 +454,7 @@ class UvmObject(_Tracked):
     _has_parents = True
 
     def __init__(self, *parents: UvmObject, **slots: Any) -> None:
-        self._methods = {}
+        self._methods: dict[str, Method] = {}
         for index, parent in enumerate(parents):
             setattr(self, "parent*" if index == 0 else f"parent{index + 1}*", parent)
         for name, value in slots.items():
@@ -571,12 +572,13 @@ class UvmObject(_Tracked):
                 hint=f"assign a UvmObject of the image; to remove the parent, delete the slot "
                 f"(delattr(obj, {name!r})): None does not remove it",
             )
-        if name in _answered_by_class(type(self)):
+        # classes are hashable; mypy cannot tell, as persistent ships no types for their metaclass
+        if name in _answered_by_class(type(self)):  # type: ignore[arg-type]
             raise SlotError(
                 f"{type(self).__name__} itself answers {name!r}: a slot of that name would be "
                 "stored but its own class attribute would always be found first",
                 hint=f"choose another name (these are taken: "
-                f"{', '.join(sorted(_answered_by_class(type(self))))})",
+                f"{', '.join(sorted(_answered_by_class(type(self))))})",  # type: ignore[arg-type]
             )
         methods = self._methods  # loads a ghost
         state = self.__dict__

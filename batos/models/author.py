@@ -128,7 +128,7 @@ def build(
     from batos.models.modelfile import persona_model
 
     parameters = persona_model(persona.name).parameters
-    params = {k: parameters[k] for k in _SERVED_PARAMETERS if k in parameters}
+    params: dict[str, Any] = {k: parameters[k] for k in _SERVED_PARAMETERS if k in parameters}
     params.update(options)
     if spec.backend == "ollama":
         from batos.models.ollama import OllamaAuthorChat

@@ -75,7 +75,8 @@ class PersonaChatModel(BaseChatModel):
         with self._measured(), map_exceptions(self.exception_table()):
             raise_if_cancelled(cancel_event())
             messages = with_system(messages, self.system_prompt())
-            return super()._generate(messages, *args, **kwargs)
+            # a mixin: the backend class after it in the MRO implements _generate
+            return super()._generate(messages, *args, **kwargs)  # type: ignore[safe-super]
 
     def _stream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
@@ -86,10 +87,11 @@ class PersonaChatModel(BaseChatModel):
             messages = with_system(messages, self.system_prompt())
             if getattr(super()._stream, "__func__", None) is BaseChatModel._stream:
                 # A backend that only writes whole replies streams each as one chunk.
-                yield first(_one_chunk(super()._generate(messages, *args, **kwargs)))
+                yield first(_one_chunk(super()._generate(messages, *args, **kwargs)))  # type: ignore[safe-super]
                 return
             # closing(): a cancelled call ends the backend's stream now, not when collected
-            with closing(super()._stream(messages, *args, **kwargs)) as chunks:
+            # the backends' _stream are generators, which close (Iterator does not say so)
+            with closing(super()._stream(messages, *args, **kwargs)) as chunks:  # type: ignore[type-var]
                 for chunk in chunks:
                     raise_if_cancelled(cancel)
                     yield first(chunk)
@@ -109,7 +111,8 @@ class PersonaChatModel(BaseChatModel):
         with self._measured() as first, map_exceptions(self.exception_table()):
             raise_if_cancelled(cancel)
             messages = with_system(messages, self.system_prompt())
-            async with aclosing(super()._astream(messages, *args, **kwargs)) as chunks:
+            # the backends' _astream are async generators, which close
+            async with aclosing(super()._astream(messages, *args, **kwargs)) as chunks:  # type: ignore[type-var]
                 async for chunk in chunks:
                     raise_if_cancelled(cancel)
                     yield first(chunk)
@@ -120,7 +123,7 @@ class PersonaChatModel(BaseChatModel):
         each streamed chunk, the first of which sets the time to first token."""
         backend = self._llm_type
         started = time.perf_counter()
-        seen = []
+        seen: list[bool] = []
 
         def first(chunk: ChatGenerationChunk) -> ChatGenerationChunk:
             if not seen:

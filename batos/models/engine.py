@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +130,7 @@ class _Stashed:
     data: bytes
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from batos import settings
 from batos.errors import ModelError
@@ -113,7 +114,7 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
     """Parse Modelfile ``text``; ``path`` names it in errors and anchors relative ADAPTERs."""
     name = str(path) if path else "<modelfile>"
     lines = text.splitlines()
-    fields: dict[str, object] = {"adapters": [], "parameters": {}, "messages": [], "license": []}
+    fields: dict[str, Any] = {"adapters": [], "parameters": {}, "messages": [], "license": []}
     from_: str | None = None
     i = 0
     while i < len(lines):
@@ -151,22 +152,22 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
                 raise ModelfileError(f"{where}: a second FROM", hint="a Modelfile has one FROM")
             from_ = _unquote(value, where)
         elif instruction == "ADAPTER":
-            fields["adapters"].append(_unquote(value, where))  # type: ignore[union-attr]
+            fields["adapters"].append(_unquote(value, where))
         elif instruction in ("SYSTEM", "TEMPLATE"):
             fields[instruction.lower()] = (
                 value if rest.startswith('"""') else _unquote(value, where)
             )
         elif instruction == "LICENSE":
-            fields["license"].append(value)  # type: ignore[union-attr]
+            fields["license"].append(value)
         elif instruction == "PARAMETER":
-            _parameter(fields["parameters"], value, where)  # type: ignore[arg-type]
+            _parameter(fields["parameters"], value, where)
         elif instruction == "MESSAGE":
             role, _, content = value.partition(" ")
             if role.lower() not in MESSAGE_ROLES:
                 raise ModelfileError(
                     f"{where}: MESSAGE role {role!r} is not one of {', '.join(MESSAGE_ROLES)}"
                 )
-            fields["messages"].append((role.lower(), _unquote(content.strip(), where)))  # type: ignore[union-attr]
+            fields["messages"].append((role.lower(), _unquote(content.strip(), where)))
     if from_ is None:
         raise ModelfileError(
             f"{name}: no FROM instruction", hint="start the Modelfile with FROM <model or file>"
@@ -174,12 +175,12 @@ def parse(text: str, path: Path | None = None) -> Modelfile:
     return Modelfile(
         from_=from_,
         path=path,
-        adapters=tuple(fields["adapters"]),  # type: ignore[arg-type]
+        adapters=tuple(fields["adapters"]),
         system=fields.get("system"),
-        template=fields.get("template"),  # type: ignore[arg-type]
-        parameters=fields["parameters"],  # type: ignore[arg-type]
+        template=fields.get("template"),
+        parameters=fields["parameters"],
         messages=tuple(fields["messages"]),
-        license=tuple(fields["license"]),  # type: ignore[arg-type]
+        license=tuple(fields["license"]),
     )
 
 

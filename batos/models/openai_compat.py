@@ -53,7 +53,8 @@ def served(
     params = dict(params)
     schema = params.pop("format", None)
     extra = {k: params[k] for k in ("top_k", "min_p", "repeat_penalty") if k in params}
-    return _chat_class()(
+    # the class is ChatOpenAI's subclass, built on first use; its fields are ChatOpenAI's
+    return _chat_class()(  # type: ignore[call-arg]
         model=model,
         base_url=base_url,
         api_key=api_key or "not-needed",

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from batos import settings
 from batos.errors import ConfigurationError, ModelError
@@ -196,7 +196,8 @@ def load_base(model: str, device: str = "cpu") -> tuple[PreTrainedModel, PreTrai
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     base.config.architectures = [type(base).__name__]
-    return base.to(device), tokenizer
+    # transformers' decorator on to() hides that it takes a device name
+    return base.to(device), tokenizer  # type: ignore[arg-type]
 
 
 def resolve_device(device: str | None) -> str:
@@ -223,7 +224,8 @@ def encode(
     full = tokenizer.apply_chat_template(
         [*messages, {"role": "assistant", "content": example.reply}], tokenize=False
     )
-    if not full.startswith(prefix):
+    # tokenize=False: both are the rendered text
+    if not cast(str, full).startswith(cast(str, prefix)):
         raise TrainingError(
             "the model's chat template does not extend the prompt with the reply",
             hint="train on a model with a ChatML-like template",
@@ -316,7 +318,7 @@ def train_persona(
     device = resolve_device(plan.device)
     torch.manual_seed(plan.seed)
     model, tokenizer = base or load_base(plan.model, device)
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # as in load_base
     system = system_prompt(persona)
     rows = [encode(tokenizer, system, ex, plan.max_tokens) for ex in examples]
     layers = int(model.config.num_hidden_layers)

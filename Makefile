@@ -14,6 +14,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports --no-cache
+	.venv/bin/mypy
 
 bench: setup
 	.venv/bin/python bench/uvm.py

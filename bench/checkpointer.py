@@ -41,15 +41,15 @@ from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver  # noqa: E402
-from langgraph.graph import END, START, StateGraph  # noqa: E402
-from persistent.mapping import PersistentMapping  # noqa: E402
+from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import END, START, StateGraph
+from persistent.mapping import PersistentMapping
 
-from store.checkpoint.saver import ZODBSaver  # noqa: E402
-from store.core.image import LivingImage  # noqa: E402
+from store.checkpoint.saver import ZODBSaver
+from store.core.image import LivingImage
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUNDS = 5

@@ -103,7 +103,7 @@ class Journal:
     """Acknowledgements, one JSON line each, on disk before the next operation starts."""
 
     def __init__(self, path: Path) -> None:
-        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the worker)
+        self.handle = open(path, "a", encoding="utf-8")
 
     def ack(self, **entry: Any) -> None:
         self.handle.write(json.dumps(entry) + "\n")

@@ -37,10 +37,10 @@ from persistent.mapping import PersistentMapping
 # Run as a script, only bench/ is on the path; the sets and checks live in bench/jit.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from batos import settings  # noqa: E402
-from bench import jit as bench_jit  # noqa: E402
-from graph import jit  # noqa: E402
-from prototypes.kernel import Mission  # noqa: E402
+from batos import settings
+from bench import jit as bench_jit
+from graph import jit
+from prototypes.kernel import Mission
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batos.models.engine import Engine, Sampling  # noqa: E402
-from batos.models.modelfile import adapter_path  # noqa: E402
-from store.core.model_files import model_path  # noqa: E402
+from batos.models.engine import Engine, Sampling
+from batos.models.modelfile import adapter_path
+from store.core.model_files import model_path
 
 PROMPT = [
     {"role": "system", "content": "You are BRICK, the engineer of BAT OS."},

@@ -53,16 +53,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
-from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langgraph.checkpoint.memory import InMemorySaver
 
-from graph.boot import open_image  # noqa: E402
-from graph.mind import MindServices, build_graph, run_config  # noqa: E402
-from prototypes import kernel  # noqa: E402
-from prototypes.incarnation import personas  # noqa: E402
-from store.checkpoint.saver import ZODBSaver  # noqa: E402
+from graph.boot import open_image
+from graph.mind import MindServices, build_graph, run_config
+from prototypes import kernel
+from prototypes.incarnation import personas
+from store.checkpoint.saver import ZODBSaver
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAST = "hello there"

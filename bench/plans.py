@@ -24,13 +24,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langchain_core.messages import HumanMessage  # noqa: E402
+from langchain_core.messages import HumanMessage
 
-from batos import settings  # noqa: E402
-from batos.models import chat_model  # noqa: E402
-from graph import prompts  # noqa: E402
-from graph.mind_nodes import PLAN_TOKENS  # noqa: E402
-from graph.plan import (  # noqa: E402
+from batos import settings
+from batos.models import chat_model
+from graph import prompts
+from graph.mind_nodes import PLAN_TOKENS
+from graph.plan import (
     PlanRejected,
     depth_for,
     facets_of,
@@ -38,7 +38,7 @@ from graph.plan import (  # noqa: E402
     plan_quality,
     plan_schema,
 )
-from prototypes.codex import load_codex  # noqa: E402
+from prototypes.codex import load_codex
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REQUESTS = Path(__file__).resolve().parent / "data" / "usefulness" / "requests.jsonl"

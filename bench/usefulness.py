@@ -51,13 +51,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from bench.answers import judge  # noqa: E402
-from graph.mind_state import MindServices, ModelFactory  # noqa: E402
-from graph.request import content_text  # noqa: E402
-from store.core.image import LivingImage  # noqa: E402
-from store.knowledge.catalog import KnowledgeCatalog  # noqa: E402
+from bench.answers import judge
+from graph.mind_state import MindServices, ModelFactory
+from graph.request import content_text
+from store.core.image import LivingImage
+from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"

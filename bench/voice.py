@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batos.models.modelfile import adapter_path, modelfiles_dir  # noqa: E402
+from batos.models.modelfile import adapter_path, modelfiles_dir
 
 PERSONAS = ("ROBIN", "BRICK", "BABS", "ALFRED")
 CONDITIONS = ("adapter", "system", "both")

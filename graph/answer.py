@@ -125,7 +125,8 @@ def focus(passages: Sequence[Mapping[str, Any]], question: str, words: int) -> l
         if not keep:
             out.append(dict(passage))
             continue
-        pieces, last = [], -1
+        pieces: list[str] = []
+        last = -1
         for i in sorted(keep):
             if pieces and i != last + 1:
                 pieces.append("…")
@@ -146,7 +147,8 @@ def answer_prompt(
 ) -> str:
     """The weave prompt for ``request`` from the cycle's ``partials`` (in plan order)."""
     p = prompts()
-    context, rules, items = "", "", []
+    context, rules = "", ""
+    items: list[str] = []
     if passages:
         context += p["weave_passages"].format(passages=passages_text(passages))
         rules += p["rule_passages"]

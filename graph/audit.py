@@ -279,7 +279,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             "deltas": state["deltas"],
             "verdict": state["verdict"],
             "narrative": state["narrative"],
-            "previous": state["previous"]["id"] if state.get("previous") else None,
+            "previous": previous["id"] if (previous := state.get("previous")) else None,
             "weights_next": state["weights_next"],
             "judged": {o["id"]: o["status"] for o in outcomes},
             "cycles_total": state["cycles_total"],

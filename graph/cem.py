@@ -181,11 +181,11 @@ def _by_persona(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, flo
 
 
 def weighted(values: Mapping[str, float | None], weights: Mapping[str, float]) -> float | None:
-    defined = [(values[c], weights.get(c, 0.0)) for c in COMPONENTS if values.get(c) is not None]
+    defined = [(v, weights.get(c, 0.0)) for c in COMPONENTS if (v := values.get(c)) is not None]
     total = sum(w for _, w in defined)
     if not defined or total <= 0:
         return None
-    return _rounded(sum(v * w for v, w in defined) / total)  # type: ignore[operator]
+    return _rounded(sum(v * w for v, w in defined) / total)
 
 
 def compute(
@@ -265,7 +265,7 @@ def step_weights(
     biggest = float(np.abs(move).max())
     if biggest > max_step:
         scale = max_step / biggest
-    for i in np.flatnonzero(move < 0):
+    for i in np.flatnonzero(move < 0).tolist():
         room = max(0.0, old[i] - MIN_WEIGHT)
         scale = min(scale, room / -move[i])
     new = old + scale * move

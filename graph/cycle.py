@@ -84,8 +84,10 @@ def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, A
     persona = _persona(root, effect)
     selector, source = effect.get("selector"), effect.get("source")
     intents = persona._slots().get(INTENTS_SLOT) or {}
-    if not selector.startswith(FACET_PREFIX):
+    if not isinstance(selector, str) or not selector.startswith(FACET_PREFIX):
         raise _bad(effect, f"{selector!r} is not a facet selector")
+    if not isinstance(source, str):
+        raise _bad(effect, "the method's source is not text")
     if selector not in intents:
         raise _bad(effect, f"{effect['persona']} declares no facet {selector!r}")
     found = persona._lookup(selector)

@@ -499,7 +499,7 @@ def _draft_options(sample: int, repair: bool) -> dict[str, Any]:
 
 
 def brief(state: JitState) -> JitState:
-    runtime_context = get_runtime().context
+    runtime_context: Any = get_runtime().context
     try:
         live = runtime_context.get(LIVE) if isinstance(runtime_context, dict) else None
         context = live if isinstance(live, JitContext) else _served(runtime_context, state)
@@ -508,7 +508,7 @@ def brief(state: JitState) -> JitState:
         # stays usable, with no task left pending.
         return {"status": "failed", "error": str(exc), "history": []}
     context.mission = Mission(
-        context.receiver,
+        context.receiver,  # type: ignore[arg-type]  # _served and a live run's caller set it
         state["selector"],
         context.args,
         context.kwargs,
@@ -792,7 +792,7 @@ def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
     call), the author's examples read again as hostile data."""
     context = _served(dict(state.get("request") or {}), state)
     mission = Mission(
-        context.receiver,
+        context.receiver,  # type: ignore[arg-type]  # _served sets it
         state["selector"],
         context.args,
         context.kwargs,

@@ -86,7 +86,8 @@ def build_graph(
     builder = StateGraph(MindState, context_schema=MindContext, input_schema=MindInput)
     builder.add_node("route", mind.route)
     builder.add_node("decompose", mind.decompose)
-    builder.add_node("facet", mind.facet)
+    # the facet node is sent its task (Send), not the state
+    builder.add_node("facet", mind.facet)  # type: ignore[arg-type]
     builder.add_node("synthesize", mind.synthesize)
     builder.add_node("gate", mind.gate)
     builder.add_node("complete", mind.complete)
@@ -127,7 +128,7 @@ def ask(
     from store.checkpoint.saver import ZODBSaver
 
     owned = not isinstance(image, LivingImage)
-    living = open_image(image) if owned else image  # type: ignore[arg-type]
+    living = image if isinstance(image, LivingImage) else open_image(image)
     try:
         with ZODBSaver(living) as saver:
             compiled = build_graph(services, checkpointer=saver)

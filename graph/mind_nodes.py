@@ -145,8 +145,8 @@ class Mind:
         saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
         if isinstance(saver, ZODBSaver):
             image = saver.image
-        elif self._services().image is not None:
-            image = self._services().image
+        elif (given := self._services().image) is not None:
+            image = given
         else:
             from store.core.image import acquire_shared
 
@@ -261,7 +261,7 @@ class Mind:
 
     def route(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
-        cycle_state = {
+        cycle_state: dict[str, Any] = {
             "id": str(uuid6()),
             "thread_id": str((config.get("configurable") or {}).get("thread_id") or ""),
             "started": time.time(),
@@ -808,7 +808,7 @@ class Mind:
         text = f"I could not answer: {failure['reason']}"
         if failure.get("hint"):
             text += f" (hint: {failure['hint']})"
-        update = {
+        update: dict[str, Any] = {
             "status": "FAILED",
             "effects": {"replace": []},
             "commit": None,

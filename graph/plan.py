@@ -197,8 +197,9 @@ def parse_plan(
     try:
         # strict=False: the grammar lets a raw newline or tab into a string; it is harmless.
         data = json.loads(text, strict=False)
-    except ValueError as exc:
-        raise PlanRejected(f"the reply is not JSON ({exc.msg}, character {exc.pos})") from None
+    except ValueError as exc:  # a JSONDecodeError, or an integer over the digit limit
+        reason = f"{exc.msg}, character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else exc
+        raise PlanRejected(f"the reply is not JSON ({reason})") from None
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list) or not steps:
         raise PlanRejected('the JSON needs a non-empty list under "steps"')
@@ -210,7 +211,7 @@ def parse_plan(
         if not isinstance(step, dict):
             raise PlanRejected(f"step {number} is not an object with facet and query")
         facet, query = step.get("facet"), step.get("query")
-        if facet not in facets:
+        if not isinstance(facet, str) or facet not in facets:
             raise PlanRejected(
                 f"step {number} names facet {facet!r}; choose one of {', '.join(facets)}"
             )

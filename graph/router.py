@@ -85,7 +85,9 @@ PRIORS_KEY = "router_priors"
 MAX_PRIOR = 2.0
 
 #: Per image (database, URI): the stored record's (oid, serial) and the router built from it.
-_cache: dict[tuple[int, str], tuple[tuple[bytes, bytes], Router]] = {}
+_cache: dict[
+    tuple[int, str], tuple[tuple[bytes, bytes, tuple[tuple[str, float], ...]], Router]
+] = {}
 #: Codexes whose digest is known, newest last; a codex is immutable once loaded.
 _digests: list[tuple[Codex, str]] = []
 _cache_lock = threading.Lock()
@@ -325,7 +327,8 @@ def _checked(text: object) -> str:
 
 def training_set(codex: Codex) -> tuple[list[str], list[str]]:
     """(texts, persona labels) of the codex's router examples, in codex order."""
-    texts, labels = [], []
+    texts: list[str] = []
+    labels: list[str] = []
     for name, spec in codex.personas.items():
         if len(spec.router_examples) < MIN_EXAMPLES:
             raise RoutingError(

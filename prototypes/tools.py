@@ -74,7 +74,7 @@ def request(
     method: str,
     url: str,
     params: Any = None,
-    json: Any = None,  # noqa: A002 - the name generated code is told to use
+    json: Any = None,
     headers: Any = None,
     secret_headers: Any = None,
     secret_params: Any = None,

@@ -51,7 +51,7 @@ class FakeOllama:
                     return len(raw)
                 return json.loads(raw) if raw else None
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 with fake.lock:
                     fake.requests.append(("GET", self.path, None))
                 if self.path == "/api/version":
@@ -76,7 +76,7 @@ class FakeOllama:
                 else:
                     self._send(404, {"error": "not found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self._body()
                 with fake.lock:
                     fake.requests.append(("POST", self.path, body))
@@ -169,7 +169,7 @@ class FakeOpenAI:
         class Handler(JsonHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 with fake.lock:
                     fake.requests.append(("GET", self.path, None))
                 if self.path == "/v1/models":
@@ -178,7 +178,7 @@ class FakeOpenAI:
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 size = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(size) or b"null")
                 with fake.lock:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-import plans  # noqa: E402
+import plans
 
 
 def test_raw_steps_are_read_as_written_and_junk_gives_none() -> None:

@@ -150,7 +150,7 @@ def test_backends_out_of_reach_fail_with_what_to_do(monkeypatch) -> None:
 @pytest.fixture
 def answering_server() -> Iterator[int]:
     class Ok(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server protocol)
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/ok" else 404)
             self.end_headers()
 

@@ -683,6 +683,17 @@ def test_an_over_long_plan_query_is_cut_at_a_word_not_rejected() -> None:
     assert long.startswith(step["query"])
 
 
+def test_a_plan_json_cannot_parse_is_rejected_with_the_parser_reason() -> None:
+    from graph.plan import PlanRejected, parse_plan
+
+    facets = {"BRICK.facet_steps": "steps"}
+    with pytest.raises(PlanRejected, match=r"not JSON \(Expecting value, character 10\)"):
+        parse_plan('{"steps": ]}', facets, 3)
+    # a ValueError that is not a JSONDecodeError: an integer over Python's digit limit
+    with pytest.raises(PlanRejected, match="not JSON.*integer string conversion"):
+        parse_plan('{"steps": ' + "1" * 5000 + "}", facets, 3)
+
+
 # -- computations and memory ---------------------------------------------------------------
 
 MUFFINS = "A bakery sells 36 muffins a day at $2.75 each. How much does it take in over 2 weeks?"

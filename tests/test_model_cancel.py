@@ -41,7 +41,7 @@ class SlowChatServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 ollama = self.path == "/api/chat"
                 self.send_response(200)

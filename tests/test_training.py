@@ -128,7 +128,7 @@ def test_an_adapter_for_another_base_is_refused() -> None:
     default = catalog()["default"]
     try:
         base = model_path("default")
-    except Exception:  # noqa: BLE001 - the default weights are an optional install
+    except Exception:
         pytest.skip(f"the default model ({default.description}) is not installed")
     with pytest.raises(lora_gguf.ConversionError, match="refused"):
         lora_gguf.verify_adapter(base, SHIPPED / "robin.gguf", "You are ROBIN.", PROMPT, 4)

@@ -21,7 +21,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Every request the server saw: (method, path, headers), for tests that check what was sent.
     seen: list[tuple[str, str, dict[str, str]]]
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: object) -> None:
         pass  # the tests read what they need from ``seen``
 
     def _json(self, status: int, value: object) -> None:
@@ -32,10 +32,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._route("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._route("POST")
 
     def _route(self, method: str) -> None:

@@ -383,7 +383,7 @@ def check_scheduler(uri: str) -> list[Check]:
         return []  # the image check already said why
     with image:
         store = ImageJobStore(image)
-        store.start(None, "default")  # type: ignore[arg-type]  # reading needs no scheduler
+        store.start(None, "default")  # reading needs no scheduler
         jobs = store.get_all_jobs()
         lease = lease_holder(image)
     found: list[Check] = []

@@ -477,7 +477,7 @@ class CheckpointIndex(Persistent):
     def __bool__(self) -> bool:
         return bool(self._ids) or bool(self.older)
 
-    def maxKey(self) -> str:  # noqa: N802 (the name BTrees give it)
+    def maxKey(self) -> str:
         """The newest checkpoint id; ValueError when there is none, as a BTree's."""
         if self._ids:
             return self._ids[-1]
@@ -485,7 +485,7 @@ class CheckpointIndex(Persistent):
             return self.older.maxKey()
         raise ValueError("empty checkpoint index")
 
-    def keys(self, *, max: str | None = None, excludemax: bool = False) -> list[str]:  # noqa: A002
+    def keys(self, *, max: str | None = None, excludemax: bool = False) -> list[str]:
         """Checkpoint ids oldest → newest, those below (or up to) ``max`` when given."""
         ids = _below(self._ids, max, excludemax)
         if self.older:

@@ -28,7 +28,7 @@ class UpgradeStep:
 
     name: str
     description: str
-    apply: Callable[[Any], None]
+    apply: Callable[[Any], object]  # what it returns is not used
 
 
 def applied(root: Any) -> dict[str, dict[str, Any]]:

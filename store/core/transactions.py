@@ -33,7 +33,7 @@ FIRST_PAUSE_S = 0.005
 MAX_PAUSE_S = 0.5
 
 
-class Unchanged(Exception):  # noqa: N818 (a verdict, not a failure)
+class Unchanged(Exception):
     """Raised by a transaction's function that found nothing to change: ``run_in_transaction``
     aborts the transaction instead of committing an empty one, and returns ``result``."""
 

@@ -436,7 +436,7 @@ def send(
         )
         with status:
             result = _plain(runner.send(receiver, selector, tuple(values), {}), "the result")
-        written.append(receiver._lookup(selector)[1])
+        written.append(receiver._lookup(selector)[1])  # type: ignore[index]  # the send found it
         return result
 
     written: list[Method] = []

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import typer
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END
 from rich.table import Table
@@ -78,7 +79,7 @@ class Session:
     def cycle(
         self,
         text: str,
-        config: dict[str, Any],
+        config: RunnableConfig,
         context: dict[str, Any],
         *,
         show: bool = True,
@@ -113,7 +114,7 @@ class Session:
     def _stream(
         self,
         text: str,
-        config: dict[str, Any],
+        config: RunnableConfig,
         context: dict[str, Any],
         show: bool,
         answer: list[str],
@@ -150,7 +151,7 @@ class Session:
                 if show:
                     _show_update(node, update or {})
 
-    def mark_interrupted(self, config: dict[str, Any], answered: str) -> bool | None:
+    def mark_interrupted(self, config: RunnableConfig, answered: str) -> bool | None:
         """End the thread's stopped cycle as FAILED, in a checkpoint of its own, with an answer
         marked interrupted (``batos_interrupted``; ``batos_failed``, so later cycles leave it
         out of the history they show the model) holding what was answered so far: the thread
@@ -371,7 +372,7 @@ def chat_loop(
     """Read requests until /quit or end of input (Ctrl-D); each is one cycle on the current
     thread. Lines come from ``reader`` (by default readline's, on a terminal)."""
     reader = reader or LineReader(COMMANDS)
-    config: dict[str, Any] = run_config(thread_id)
+    config: RunnableConfig = run_config(thread_id)
     console.print(f"[dim]thread {thread_id} · {CHAT_HELP}[/]")
     while True:
         try:
@@ -431,7 +432,7 @@ def chat_loop(
         config = run_config(config["configurable"]["thread_id"])
 
 
-def _show_history(session: Session, config: dict[str, Any]) -> None:
+def _show_history(session: Session, config: RunnableConfig) -> None:
     messages = session.graph.get_state(config).values.get("messages") or []
     if not messages:
         console.print("[dim](no messages yet)[/]")
@@ -440,7 +441,7 @@ def _show_history(session: Session, config: dict[str, Any]) -> None:
         console.print(f"[bold]{shown(who)}:[/] {shown(content_text(message.content))}")
 
 
-def _undo(session: Session, config: dict[str, Any]) -> dict[str, Any]:
+def _undo(session: Session, config: RunnableConfig) -> RunnableConfig:
     """Fork the thread from just before its last request; the image keeps what was learned."""
     for snapshot in session.graph.get_state_history(config):
         if snapshot.metadata and snapshot.metadata.get("source") == "input":
@@ -482,8 +483,9 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     from graph import cycle
 
     with image.read() as root:
-        rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
-    if cycle_id and rows[0] is None:
+        found = cycle.get(root, cycle_id) if cycle_id else None
+        rows = [found] if found is not None else [] if cycle_id else cycle.recent(root, limit)
+    if cycle_id and not rows:
         raise MindError(
             f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
             hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
@@ -562,11 +564,11 @@ def cycles(
         if cycle_id:
             console.print_value_json(rows[0], "the cycle")
             return
-        for failed in _failed_threads(image, limit):
+        for stopped in _failed_threads(image, limit):
             console.print(
-                f"[red]FAILED[/] thread {shown(failed['thread_id'])} "
-                f"cycle {shown(failed['cycle'])} at {shown(failed.get('node'))}: "
-                f"{shown(failed['reason'])}"
+                f"[red]FAILED[/] thread {shown(stopped['thread_id'])} "
+                f"cycle {shown(stopped['cycle'])} at {shown(stopped.get('node'))}: "
+                f"{shown(stopped['reason'])}"
             )
 
 

@@ -15,7 +15,9 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -38,7 +40,7 @@ class ProgressReport:
         self.done = 0
         self.note = ""
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._started = time.monotonic()
         self._printed_at: float | None = None
         self._printed: tuple[int, str] | None = None
@@ -46,7 +48,7 @@ class ProgressReport:
     def __enter__(self) -> ProgressReport:
         self._started = time.monotonic()
         if self.console.is_terminal:
-            columns = [SpinnerColumn()] if self.total is None else []
+            columns: list[ProgressColumn] = [SpinnerColumn()] if self.total is None else []
             columns += [TextColumn(f"[bold]{self.title}[/]")]
             if self.total is not None:
                 columns += [BarColumn(), MofNCompleteColumn()]
@@ -63,7 +65,7 @@ class ProgressReport:
             self.done = done
         if note is not None:
             self.note = note
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=self.done, description=visible(self.note))
             return
         now = time.monotonic()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
+from langchain_core.runnables import RunnableConfig
 from rich.table import Table
 
 from batos.shell.cli.app import console, image_uri
@@ -26,7 +27,7 @@ def _saver(ctx: typer.Context) -> Iterator[ZODBSaver]:
         yield saver
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -70,7 +71,7 @@ def threads(
         )
         for column in ("namespace", "checkpoint", "step", "source", "run", "writes", "parent"):
             table.add_column(column)
-        config = {"configurable": {"thread_id": thread_id}}
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
         for item in saver.list(config, limit=limit):
             conf = item.config["configurable"]
             parent = item.parent_config and item.parent_config["configurable"]["checkpoint_id"]

@@ -72,6 +72,14 @@ class AuditState(TypedDict, total=False):
     reason: str | None
 
 
+class AuditInput(TypedDict, total=False):
+    """What a client sends to start an audit: nothing; the nodes measure the image."""
+
+
+class AuditContext(TypedDict, total=False):
+    """The run context an audit takes: none; the thresholds are settings."""
+
+
 def verdict(history: list[float | None], current: float | None, decay: float) -> str:
     """The rule of the module docstring; ``history`` is the earlier CEMs, oldest first."""
     known = [h for h in history if h is not None]
@@ -322,7 +330,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         image.transact(note, note=f"audit {state['report_id']}: mission {started['id']}")
         return {"mission": started}
 
-    builder = StateGraph(AuditState)
+    builder = StateGraph(AuditState, input_schema=AuditInput, context_schema=AuditContext)
     builder.add_node("measure", measure)
     builder.add_node("narrate", narrate)
     builder.add_node("record", record)

@@ -36,6 +36,7 @@ from ZODB.POSException import ConflictError, POSKeyError, ReadOnlyError, StateLo
 
 from batos import metrics, settings
 from batos.errors import (
+    ConfigurationError,
     ImageCorruptError,
     ImageError,
     ImageLockedError,
@@ -572,8 +573,25 @@ class _SharedImages:
 _SHARED = _SharedImages()
 
 
+def _refuse_blocking_detector(uri: str) -> None:
+    """A ZEO client reads its cache file in its own event loop, by design; the LangGraph dev
+    server's blocking-call detector (on unless ``--allow-blocking``, which it records in this
+    variable) raises there, so every load would fail and end as a misleading conflict."""
+    if urlsplit(uri).scheme == "zeo" and os.environ.get("LANGGRAPH_ALLOW_BLOCKING") == "false":
+        raise ConfigurationError(
+            f"the LangGraph dev server cannot serve the ZEO image {_cut(uri)} with its "
+            "blocking-call detector on",
+            hint="run 'langgraph dev --allow-blocking', or 'batos serve' (which passes it for "
+            "zeo:// images)",
+        )
+
+
 def acquire_shared(uri: str) -> LivingImage:
-    """The process's one open image at ``uri`` (opened on first use); pair with release."""
+    """The process's one open image at ``uri`` (opened on first use); pair with release.
+
+    Raises ``ConfigurationError`` for a ``zeo://`` image in a LangGraph dev server that
+    detects blocking calls (it needs ``--allow-blocking``)."""
+    _refuse_blocking_detector(uri)
     return _SHARED.acquire(uri)
 
 
@@ -591,6 +609,7 @@ async def shared_image(uri: str | None = None) -> AsyncIterator[LivingImage]:
     langgraph.json's checkpointer and store factories both hold the image through this.
     """
     uri = uri or default_uri()
+    _refuse_blocking_detector(uri)
     loop = asyncio.get_running_loop()
     image = await loop.run_in_executor(None, _SHARED.acquire, uri)
     try:

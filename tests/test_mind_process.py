@@ -107,7 +107,7 @@ def _stats(uri: str) -> dict:
 
 @pytest.mark.slow
 def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_uri: str) -> None:
-    with open_image(file_uri) as image, ZODBSaver(image):  # every layout in place
+    with open_image(file_uri, create=True) as image, ZODBSaver(image):  # every layout in place
         before = image_digest(image.db, exclude=("checkpoints",))
     signal_file = tmp_path / "in-synthesis"
     victim = _run(tmp_path, file_uri, "hang", "k9", SIGNAL_FILE=str(signal_file))

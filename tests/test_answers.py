@@ -429,7 +429,7 @@ def test_every_example_request_of_the_docs_is_in_the_readme_set() -> None:
     readme = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     examples = set(re.findall(r'batos ask "([^"]+)"', readme))
     examples |= set(re.findall(r"batos ask ([^\s\"-][^\s]*)", readme))
-    examples |= set(re.findall(r'\bask\("([^"]+)"', readme))
+    examples |= set(re.findall(r'\bask\(\s*"([^"]+)"', readme))
     examples |= set(re.findall(r'\("user", "([^"]+)"\)', readme))
     examples |= set(re.findall(r'"role": "user", "content": "([^"…]+)"', readme))
     assert len(examples) >= 4, examples

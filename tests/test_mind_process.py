@@ -66,7 +66,7 @@ if mode == "kill-after-commit":
     logging.getLogger("batos.mind").addHandler(KillAfterCommit())
 services = MindServices(models=FakeModels(respond), router=FakeRouter(("BRICK",)),
                         embedder=FakeEmbedder())
-with open_image(uri) as image, ZODBSaver(image) as saver:
+with open_image(uri, create=True) as image, ZODBSaver(image) as saver:
     graph = build_graph(services, checkpointer=saver)
     for thread in threads:
         payload = None if mode == "resume" else {

@@ -269,3 +269,21 @@ def test_the_architecture_picture_follows_the_import_contract() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for layer in layers:
         assert f"`{layer}`" in readme and f"`{layer}`" in text, layer
+
+
+def _anchors(page: Path) -> set[str]:
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text(encoding="utf-8")), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_between_pages_reach_a_page_and_a_heading() -> None:
+    for page in [*PAGES, ROOT / "bench" / "RESULTS.md"]:
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), (_name(page), target)
+            if anchor and linked.suffix == ".md":
+                assert anchor in _anchors(linked), (_name(page), target)

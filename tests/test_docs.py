@@ -62,7 +62,6 @@ def _name(page: Path) -> str:
 def test_the_pages_are_found_and_the_readme_stays_short() -> None:
     assert {p.name for p in PAGES} >= {"README.md", "cli.md", "python-api.md", "architecture.md"}
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 160
-    assert all(blocks(page) for page in PAGES if page.name != "configuration.md") or True
 
 
 def test_skipped_blocks_are_rare_and_say_why() -> None:

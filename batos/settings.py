@@ -299,7 +299,7 @@ SETTINGS: dict[str, Setting] = {
             "jit_trust",
             "BATOS_JIT_TRUST",
             # Chosen on bench/jit.py's unseen11 set (the highest precision, 0.75 against 0.46
-            # with the gate off); see README, "Installing only what it can trust".
+            # with the gate off); see docs/self-extension.md, "Installing only what it can trust".
             lambda: "0.3",
             "The trust score (0-1: drafts agreeing, examples passed, the reviewer's reading) a "
             "method doesNotUnderstand wrote must reach to be installed; below it the mission "

@@ -142,7 +142,7 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
     os.environ["BATOS_JIT_DRAFTS"] = "1"
     drafts = ScriptedChatModel()
     jit.enable(drafts)
-    with open_image(uri) as image, ZODBSaver(image) as saver:
+    with open_image(uri, create=True) as image, ZODBSaver(image) as saver:
         graph = build_graph(services, checkpointer=saver)
         catalog = KnowledgeCatalog.open(image, WordEmbedder())
         for thread in unfinished_threads(saver):
@@ -277,7 +277,7 @@ def prepare(uri: str) -> None:
     from store.checkpoint.saver import ZODBSaver
     from store.knowledge.catalog import KnowledgeCatalog
 
-    with open_image(uri) as image, ZODBSaver(image):
+    with open_image(uri, create=True) as image, ZODBSaver(image):
         image.transact(lambda root: root.__setitem__(CALC, UvmObject(name="calc")))
         KnowledgeCatalog.open(image, WordEmbedder())
 

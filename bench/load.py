@@ -217,7 +217,7 @@ def run_backend(
     run = BackendRun(backend)
     given = contextlib.nullcontext(uri) if uri is not None else None
     with given or BACKENDS[backend](workdir) as uri:
-        with open_image(uri) as image, ZODBSaver(image):
+        with open_image(uri, create=True) as image, ZODBSaver(image):
             pass  # incarnated and laid out once, before the server's first run
         seen: list[str] = []
         with serve(uri, workdir) as (base, retries):

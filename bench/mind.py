@@ -156,7 +156,7 @@ def orchestration(cycles: int) -> dict[str, dict[str, float]]:
     services = MindServices(models=instant_models, router=FixedRouter(embedder), embedder=embedder)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        with open_image(f"file://{folder}/bench.fs") as image:
+        with open_image(f"file://{folder}/bench.fs", create=True) as image:
             install_facets(image)
             services.image = image
             with ZODBSaver(image) as saver:
@@ -188,7 +188,10 @@ def with_model(cycles: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {"model": settings.get_str("model"), "cycles": []}
     with tempfile.TemporaryDirectory() as folder:
-        with open_image(f"file://{folder}/bench.fs") as image, ZODBSaver(image) as saver:
+        with (
+            open_image(f"file://{folder}/bench.fs", create=True) as image,
+            ZODBSaver(image) as saver,
+        ):
             graph = build_graph(MindServices(), checkpointer=saver)
             plan = [("full (writes facets)", FULL, "full")]
             plan += [("fast", FAST, "fast")] * cycles + [("full", FULL, "full")] * cycles

@@ -111,7 +111,7 @@ def fresh_image(folder: Path) -> LivingImage:
     """A new file image in ``folder``, laid out and with the personas incarnated."""
     from graph.boot import open_image
 
-    return open_image(f"file://{folder / 'usefulness.fs'}")
+    return open_image(f"file://{folder / 'usefulness.fs'}", create=True)
 
 
 def ingest_corpus(image: LivingImage, corpus: Path) -> tuple[KnowledgeCatalog, dict[str, Any]]:

@@ -380,7 +380,10 @@ def mind_replies(
     ]
     if missing and not speaker.offline:
         with tempfile.TemporaryDirectory(prefix="batos-voice-") as folder:
-            with open_image(f"file://{folder}/voice.fs") as image, ZODBSaver(image) as saver:
+            with (
+                open_image(f"file://{folder}/voice.fs", create=True) as image,
+                ZODBSaver(image) as saver,
+            ):
                 graph = build_graph(MindServices(models=capped, image=image), checkpointer=saver)
                 for i, (prompt, persona) in enumerate(missing, 1):
                     started = time.perf_counter()

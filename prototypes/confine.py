@@ -300,7 +300,7 @@ def require_supported() -> None:
             "process isolation needs the sandbox's system-call allow list, which exists for "
             f"Linux on x86-64 only (this is {sys.platform} on {platform.machine()})",
             hint="run BAT OS on Linux x86-64, or set BATOS_SANDBOX_ISOLATION=host to run "
-            "generated methods in process (weaker: see the README's Self-extension section)",
+            "generated methods in process (weaker: see docs/self-extension.md)",
         )
 
 

@@ -28,8 +28,8 @@ installed and again each time it is loaded from the image — and every call of 
    (``prototypes.report``), which the host checks in full before applying any. A method's
    trial before installation runs the same way and applies nothing.
 
-What it guarantees with process isolation, and what it does not, is written once, in the
-README's "Self-extension" section. With ``BATOS_SANDBOX_ISOLATION=host`` calls run in the host
+What it guarantees with process isolation, and what it does not, is written once, in
+docs/self-extension.md. With ``BATOS_SANDBOX_ISOLATION=host`` calls run in the host
 process (no fork): a single slow C-level operation then cannot be interrupted, the memory limit
 is process-wide while a call runs, an interpreter crash takes the host down, a method that
 breaks the covenant has already changed the objects in memory when its error is raised, and a

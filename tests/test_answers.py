@@ -422,13 +422,14 @@ def test_the_fifty_requests_are_varied() -> None:
     assert lengths[0] <= 5 and 500 <= lengths[-1] < 1000
 
 
-def test_every_example_request_of_the_readme_is_in_the_readme_set() -> None:
+def test_every_example_request_of_the_docs_is_in_the_readme_set() -> None:
     from batos.shell.cli.mind import SAMPLE_REQUEST
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    readme = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     examples = set(re.findall(r'batos ask "([^"]+)"', readme))
     examples |= set(re.findall(r"batos ask ([^\s\"-][^\s]*)", readme))
-    examples |= set(re.findall(r'\bask\("([^"]+)"', readme))
+    examples |= set(re.findall(r'\bask\(\s*"([^"]+)"', readme))
     examples |= set(re.findall(r'\("user", "([^"]+)"\)', readme))
     examples |= set(re.findall(r'"role": "user", "content": "([^"…]+)"', readme))
     assert len(examples) >= 4, examples

@@ -1,6 +1,6 @@
 """The Synaptic Bridge on a real ZeroMQ socket on loopback, with the scripted model: a
-streamed conversation, requests in flight side by side, the README's client example, and
-malformed requests answered with the server's errors while the image stays as it was."""
+streamed conversation, requests in flight side by side, the client example of docs/serving.md,
+and malformed requests answered with the server's errors while the image stays as it was."""
 
 from __future__ import annotations
 

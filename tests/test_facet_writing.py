@@ -111,7 +111,7 @@ def test_init_prepare_writes_every_facet_and_doctor_says_so(capsys, file_uri: st
 
 
 def test_doctor_names_a_facet_that_failed_and_when_it_is_tried_again(file_uri: str) -> None:
-    with open_image(file_uri) as image:
+    with open_image(file_uri, create=True) as image:
         bad = drafting(lambda s: f"def {s}(self, query):\n    return self.__class__\n")
         facet_writing.write_one(image, "ROBIN", "facet_feelings", bad)
     checks = check_facets(file_uri)

@@ -144,7 +144,7 @@ def mind_image() -> Iterator[LivingImage]:
 @pytest.fixture(scope="module")
 def jit_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     uri = f"file://{tmp_path_factory.mktemp('hostile-jit') / 'live_image.fs'}"
-    open_image(uri).close()
+    open_image(uri, create=True).close()
     image = acquire_shared(uri)
     yield uri
     del image

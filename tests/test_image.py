@@ -240,7 +240,7 @@ def test_failed_upgrade_step_is_not_recorded(memory_image):
 
 
 def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
-    with open_image(file_uri) as image:
+    with open_image(file_uri, create=True) as image:
         with image.read() as root:
             found = personas(root)
             assert sorted(found) == ["ALFRED", "BABS", "BRICK", "ROBIN"]
@@ -274,7 +274,7 @@ def _codex(version: int, drop_intent: str | None = None):
 
 
 def test_new_codex_drops_the_intents_it_no_longer_declares(file_uri):
-    with open_image(file_uri) as image:
+    with open_image(file_uri, create=True) as image:
         image.transact(
             lambda root: root["objects"]["robin"].intents.__setitem__("hum", "hum a tune")
         )
@@ -289,7 +289,9 @@ def test_new_codex_drops_the_intents_it_no_longer_declares(file_uri):
 def test_intents_of_an_image_without_the_record_are_taken_as_the_codex(file_uri):
     from prototypes.incarnation import CODEX_INTENTS
 
-    with open_image(file_uri) as image:  # as an image incarnated before the record was kept
+    with open_image(
+        file_uri, create=True
+    ) as image:  # as an image incarnated before the record was kept
         image.transact(lambda root: delattr(root["objects"]["robin"], CODEX_INTENTS))
     with open_image(file_uri, codex=_codex(NEWER, drop_intent="gentle_reframe")) as image:
         with image.read() as root:
@@ -297,7 +299,7 @@ def test_intents_of_an_image_without_the_record_are_taken_as_the_codex(file_uri)
 
 
 def test_an_older_codex_never_overwrites_a_newer_incarnation(file_uri):
-    with open_image(file_uri, codex=_codex(NEWER)):
+    with open_image(file_uri, codex=_codex(NEWER), create=True):
         pass
     with pytest.raises(ImageError, match=f"codex version {NEWER}, newer than"):
         open_image(file_uri)  # the shipped codex, one version older

@@ -604,7 +604,7 @@ def test_a_commit_the_image_refuses_leaves_nothing(image) -> None:
 
 def test_without_a_zodb_saver_the_cycle_commits_its_own_transaction(file_uri) -> None:
     models = FakeModels(responder())
-    with open_image(file_uri) as image:
+    with open_image(file_uri, create=True) as image:
         graph = build_graph(mind(models, image=image), checkpointer=InMemorySaver())
         state = graph.invoke({"messages": [HumanMessage("hello")]}, run_config("mem"))
         assert state["status"] == "COMPLETE"

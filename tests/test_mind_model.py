@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
     ],
 )
 def test_requests_complete_on_the_test_model(file_uri: str, request_text: str, depth) -> None:
-    with open_image(file_uri) as image:
+    with open_image(file_uri, create=True) as image:
         state = ask(request_text, image=image, depth=depth)
     assert state["status"] == "COMPLETE", state.get("failure")
     assert state["response"].strip()

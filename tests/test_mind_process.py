@@ -66,7 +66,7 @@ if mode == "kill-after-commit":
     logging.getLogger("batos.mind").addHandler(KillAfterCommit())
 services = MindServices(models=FakeModels(respond), router=FakeRouter(("BRICK",)),
                         embedder=FakeEmbedder())
-with open_image(uri) as image, ZODBSaver(image) as saver:
+with open_image(uri, create=True) as image, ZODBSaver(image) as saver:
     graph = build_graph(services, checkpointer=saver)
     for thread in threads:
         payload = None if mode == "resume" else {
@@ -107,7 +107,7 @@ def _stats(uri: str) -> dict:
 
 @pytest.mark.slow
 def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_uri: str) -> None:
-    with open_image(file_uri) as image, ZODBSaver(image):  # every layout in place
+    with open_image(file_uri, create=True) as image, ZODBSaver(image):  # every layout in place
         before = image_digest(image.db, exclude=("checkpoints",))
     signal_file = tmp_path / "in-synthesis"
     victim = _run(tmp_path, file_uri, "hang", "k9", SIGNAL_FILE=str(signal_file))

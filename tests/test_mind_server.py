@@ -180,7 +180,9 @@ def test_a_served_jit_run_whose_drafting_fails_reports_why(tmp_path: Path) -> No
     command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
     # The persona model cannot load: every draft fails before a word is written.
     missing_model = str(tmp_path / "no-such-model.gguf")
-    open_image(f"file://{image}").close()  # the personas incarnated, as 'batos init' does
+    open_image(
+        f"file://{image}", create=True
+    ).close()  # the personas incarnated, as 'batos init' does
     with _serve(command, tmp_path, image, BATOS_MODEL=missing_model) as base:
         client = get_sync_client(url=base)
         thread = client.threads.create()["thread_id"]

@@ -36,7 +36,7 @@ def services() -> MindServices:
 @pytest.fixture
 def image(file_uri: str) -> Iterator[LivingImage]:
     """A file image with two committed cycles, for the CLI and the audit to read."""
-    living = open_image(file_uri)
+    living = open_image(file_uri, create=True)
     with ZODBSaver(living) as saver:
         graph = build_graph(services(), checkpointer=saver)
         for n, text in enumerate(("hello there", "hello again")):

@@ -371,7 +371,7 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     from store.core.image import _SHARED as shared_images
     from store.core.image import acquire_shared, release_shared
 
-    open_image(file_uri).close()
+    open_image(file_uri, create=True).close()
     monkeypatch.setenv("BATOS_IMAGE", file_uri)
     monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
     monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")

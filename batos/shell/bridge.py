@@ -72,7 +72,7 @@ RECEIVE_QUEUE = 16
 LOOPBACK_PREFIXES = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "ipc://", "inproc://")
 _REQUEST_HINT = (
     'send [b"BATOS/1", request_id, body] with body {"input": {"messages": [{"role": "user", '
-    '"content": "..."}]}, "context": {"persona": "robin"}, "thread_id": "t1"} (README: '
+    '"content": "..."}]}, "context": {"persona": "robin"}, "thread_id": "t1"} (docs/serving.md: '
     "The Synaptic Bridge)"
 )
 

@@ -67,8 +67,9 @@ class TransactionRecord:
     description: str
 
 
-#: Whether opening a file image that does not exist creates it, where the caller does not say.
-_CREATING: contextvars.ContextVar[bool] = contextvars.ContextVar("creating", default=True)
+#: Whether opening a file image that does not exist creates it, where the caller does not say;
+#: None where no ``creating`` block is in force (``LivingImage.open`` then creates it).
+_CREATING: contextvars.ContextVar[bool | None] = contextvars.ContextVar("creating", default=None)
 
 
 @contextmanager
@@ -83,6 +84,11 @@ def creating(allowed: bool) -> Iterator[None]:
         yield
     finally:
         _CREATING.reset(token)
+
+
+def creating_in_force() -> bool | None:
+    """What the innermost ``creating`` block allows, or None outside any."""
+    return _CREATING.get()
 
 
 #: The command changing the image, as the command line names it ("batos init").
@@ -398,10 +404,12 @@ class LivingImage:
         """Open the image at ``uri`` (default: the ``image`` setting).
 
         A file:// image that does not exist is created only when ``create`` is true; left
-        out, ``create`` follows ``creating()`` (true unless a caller said otherwise).
+        out, ``create`` follows ``creating()`` (true outside any ``creating`` block).
         """
         uri = uri or default_uri()
-        db = _open_db(uri, create=_CREATING.get() if create is None else create)
+        if create is None:
+            create = _CREATING.get() is not False
+        db = _open_db(uri, create=create)
         log.info("opened image %s", uri)
         return cls(db, uri)
 

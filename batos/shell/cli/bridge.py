@@ -16,7 +16,7 @@ def bridge(
     bind: str = typer.Option(DEFAULT_BIND, "--bind", help="ZeroMQ endpoint, loopback only."),
 ) -> None:
     """Serve the mind to ZeroMQ clients (DEALER sockets) until Ctrl-C or SIGTERM;
-    the message format is in the README (The Synaptic Bridge).
+    the message format is in docs/serving.md (The Synaptic Bridge).
 
     Example: batos bridge --bind tcp://127.0.0.1:5555 · python examples/bridge_client.py hello
     """

@@ -68,7 +68,7 @@ def route(
 ) -> None:
     """Rank the personas for each request with calibrated scores, and say who answers.
 
-    A second persona answers too when its score comes close to the best one's (README: Routing).
+    A second persona answers too when its score comes close to the best one's (docs/mind.md).
 
     Examples: batos route "why do I feel so restless?" · batos route --file requests.txt --json
     """

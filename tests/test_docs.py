@@ -94,7 +94,7 @@ def test_python_examples_run(page: Path, fresh_folder: Path) -> None:
             if block.lang != "python" or block.skip:
                 continue
             code = compile(block.code, f"{_name(page)}:{block.line}", "exec")
-            exec(code, namespace)  # noqa: S102 - the docs' own examples
+            exec(code, namespace)
     finally:
         os.environ.clear()
         os.environ.update(environ)

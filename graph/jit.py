@@ -21,6 +21,7 @@ holds only what Studio can show.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import logging
 import re
@@ -100,6 +101,9 @@ class JitContext:
     #: (question → answer, as ``batos send`` prompts), "interrupt" (LangGraph's interrupt():
     #: Studio and the Python API with a checkpointer), or None: it refuses.
     ask: Callable[[dict[str, Any]], Any] | str | None = None
+    #: How a draft's model call is made when the caller measures its calls (the mind streams
+    #: them and counts their tokens): ``call(model, messages)`` → the reply's text.
+    call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None
 
 
 class JitRequest(TypedDict, total=False):
@@ -616,11 +620,23 @@ def _served_failure(node: str, exc: Exception) -> JitState:
     return {"error": f"{node} failed: {exc}"}
 
 
+def _reply(context: JitContext, model: BaseChatModel, messages: list[BaseMessage]) -> str:
+    if context.call is not None:
+        return context.call(model, messages)
+    return _text(model.invoke(messages))
+
+
+async def _areply(context: JitContext, model: BaseChatModel, messages: list[BaseMessage]) -> str:
+    if context.call is not None:
+        return await asyncio.to_thread(context.call, model, messages)
+    return _text(await model.ainvoke(messages))
+
+
 def draft(state: JitState) -> JitState:
     context = _context()
     try:
         calls, attempt = _round(state)
-        sources = [extract_code(_text(m.invoke(msgs)), state["selector"]) for m, msgs in calls]
+        sources = [extract_code(_reply(context, m, msgs), state["selector"]) for m, msgs in calls]
     except Exception as exc:
         if context.connection is None:
             raise
@@ -638,7 +654,7 @@ async def adraft(state: JitState) -> JitState:
     try:
         calls, attempt = _round(state)
         sources = [
-            extract_code(_text(await m.ainvoke(msgs)), state["selector"]) for m, msgs in calls
+            extract_code(await _areply(context, m, msgs), state["selector"]) for m, msgs in calls
         ]
     except Exception as exc:
         if context.connection is None:
@@ -921,6 +937,10 @@ def build_graph(checkpointer: Any = None) -> Any:
 
 
 graph = build_graph()
+#: The graph the runner below invokes: with no checkpointer of its own, and none borrowed when
+#: it runs inside another graph's node (a mind cycle writing a facet): a mission's state is
+#: its caller's to keep, never a checkpoint in the caller's thread.
+_embedded = build_graph(checkpointer=False)
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -941,6 +961,7 @@ class JitRunner:
         trust: float | None | str = "setting",
         review: bool = False,
         ask: Callable[[dict[str, Any]], Any] | None = None,
+        call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None,
     ) -> None:
         #: Asked for one example (``question_for``'s question → an answer, JSON text or an
         #: object, or None) when the method is not trusted; None: refuse at once.
@@ -955,6 +976,9 @@ class JitRunner:
         self.acceptance = acceptance
         self.drafts = drafts
         self.examples = examples
+        #: ``call(model, messages)`` → reply text, when the caller makes the drafts' model
+        #: calls itself (to stream and measure them); None: the model is invoked.
+        self.call = call
 
     def _start(
         self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
@@ -974,6 +998,7 @@ class JitRunner:
             trust=trust.threshold() if self.trust == "setting" else self.trust,  # type: ignore[arg-type]
             review=self.review,
             ask=self.ask,
+            call=self.call,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )
@@ -993,13 +1018,13 @@ class JitRunner:
     ) -> Any:
         """Write, install and run ``selector`` for ``receiver``; its result."""
         state, context, config = self._start(receiver, selector, args, kwargs or {})
-        return self._finish(graph.invoke(state, config=config, context=context), context)
+        return self._finish(_embedded.invoke(state, config=config, context=context), context)
 
     async def asend(
         self, receiver: UvmObject, selector: str, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         state, context, config = self._start(receiver, selector, args, kwargs or {})
-        return self._finish(await graph.ainvoke(state, config=config, context=context), context)
+        return self._finish(await _embedded.ainvoke(state, config=config, context=context), context)
 
 
 def enable(

@@ -55,9 +55,9 @@ from batos.errors import BatosError, ImageError
 from graph import cem, records
 from graph.cycle import CYCLES_KEY
 from graph.router import MAX_PRIOR, PRIORS_KEY
-from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
+from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.core.image import LivingImage
 
@@ -293,11 +293,13 @@ def _write_facet(
         held = target._lookup(selector)
         if held is not None and isinstance(held[1], Method):
             raise MissionError(f"{chosen.persona}.{selector} was written meanwhile")
-        report = guardian.check(selector, source)
-        sandbox.compile_sandboxed(selector, source)
-        audit = {**report.as_dict(), "mission": note, "attempts": attempts}
-        target._add_method(
-            Method(selector, source, intent=intent, author=author, compiler="sandbox", audit=audit)
+        install_method(
+            target,
+            selector,
+            source,
+            intent=intent,
+            author=author,
+            audit={"mission": note, "attempts": attempts},
         )
 
     image.transact(install, note=note)

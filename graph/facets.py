@@ -248,7 +248,10 @@ def prepare(
                 )
         if isinstance(writing.made, FacetError):
             return Prepared(fallback(query), None, writing.made.message)
-        method = _install_here(receiver, writing.made)
+        try:
+            method = _install_here(receiver, writing.made)
+        except GeneratedCodeError as exc:  # refused by the install step's gate: degrade
+            return Prepared(fallback(query), None, exc.message)
         prepared = _run_or_fall_back(method, receiver, query, persona, selector)
         # The first branch to use it carries the effect that installs it at COMPLETE.
         effect, writing.claimed = (None if writing.claimed else writing.made), True

@@ -87,7 +87,7 @@ class JitContext:
     drafts: int = 1
     examples: bool = True
     transaction: Any = None
-    acceptance: Callable[[Any], bool] | None = None
+    acceptance: Callable[[Any], bool | str] | None = None
     mission: Mission | None = None
     #: A served run's own connection: committed when the method works, else aborted.
     connection: Any = None
@@ -955,7 +955,7 @@ class JitRunner:
         *,
         model_factory: ModelFactory | None = None,
         attempts: int | None = None,
-        acceptance: Callable[[Any], bool] | None = None,
+        acceptance: Callable[[Any], bool | str] | None = None,
         drafts: int | None = None,
         examples: bool = True,
         trust: float | None | str = "setting",

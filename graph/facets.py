@@ -1,7 +1,7 @@
 """Facets: small generated methods through which a persona takes on one sub-query.
 
 A facet is a method of a persona prototype (``facet_*``), declared by an intent in the codex and
-written by doesNotUnderstand ahead of use — ``batos init --prepare`` or the heartbeat's
+written by the JIT's mission (``writer``) ahead of use — ``batos init --prepare`` or the heartbeat's
 ``facets`` job (``graph.facet_writing``), never on the user's clock unless asked. It runs in the
 sandbox like every generated method and turns the sub-query into an *instruction* for the
 persona's model, with sampling options; the mind's DELEGATING node then uses it, so every model
@@ -13,7 +13,8 @@ reason travels with the partial answer.
 
 Nothing here commits. A facet method is written and tried on a connection whose transaction
 is always aborted: the approved source comes back as data (``WrittenMethod``), installed by the
-caller (the cycle at COMPLETE, in the checkpoint's transaction; the writer in its own).
+caller through ``prototypes.install`` (the cycle at COMPLETE, in the checkpoint's transaction;
+the writer in its own).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ with no working draft, the graph ends in ``failed`` and the entry point raises
 Objects, the model and the mission travel in the run's context (``JitContext``); the state
 holds only what Studio can show.
 
+This is the one pipeline that writes methods: facets (``graph.facets.writer``) and
+self-improvement missions (``graph.missions``) run it too, differing only in its parameters —
+who writes, whether examples are asked for, the trust threshold, whether the user may be asked.
+The winner is installed through ``prototypes.install``, as every method is.
+
     enable()                      # obj.unknown(1, 2) now writes, installs and runs 'unknown'
     JitRunner(model=m).send(obj, "unknown", (1, 2), {})
     await JitRunner(model=m).asend(obj, "unknown", (1, 2), {})

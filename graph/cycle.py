@@ -16,9 +16,10 @@ per cycle id. A FAILED cycle writes no commit, so the image is as it was. The ki
 Every effect is checked in full before anything is written (a server client can write state
 too): its kind's schema in ``graph.records`` (types and bounds), then the applier's checks of
 what the image must hold; facet methods pass the PersistenceGuardian and the sandbox compiler
-again. Counters only ever add, so a put retried after a write conflict re-applies them to the
-fresh state and no concurrent cycle's update is lost. The readers below check each stored record
-against ``records.CycleRecord`` and skip, with a warning, one that does not fit.
+again (``prototypes.install``). Counters only ever add, so a put retried after a write conflict
+re-applies them to the fresh state and no concurrent cycle's update is lost. The readers below
+check each stored record against ``records.CycleRecord`` and skip, with a warning, one that does
+not fit.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import CheckpointError
 from graph import records
-from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
+from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.checkpoint import effects
 from store.knowledge.embeddings import DIMS, from_bytes, to_bytes
@@ -94,21 +95,18 @@ def _install_method(root: Any, effect: Mapping[str, Any], commit: Mapping[str, A
     if found is not None and isinstance(found[1], Method):
         log.info("facet %s.%s was installed meanwhile; kept", effect["persona"], selector)
         return
-    # The same gate a hand-written method passes: what arrives here is data from state.
-    report = guardian.check(selector, source)
-    sandbox.compile_sandboxed(selector, source)
-    audit = {**(effect.get("audit") or {}), **report.as_dict(), "cycle": commit["id"]}
+    audit = {**(effect.get("audit") or {}), "cycle": commit["id"]}
     if _json_size(effect, audit) > MAX_RECORD_BYTES:
         raise _bad(effect, "the audit record is too large")
-    persona._add_method(
-        Method(
-            selector,
-            source,
-            intent=str(intents[selector]),
-            author=str(effect.get("author") or effect["persona"])[:40],
-            compiler="sandbox",
-            audit=audit,
-        )
+    # The same gate a hand-written method passes: what arrives here is data from state.
+    install_method(
+        persona,
+        selector,
+        source,
+        intent=str(intents[selector]),
+        author=str(effect.get("author") or effect["persona"])[:40],
+        audit=audit,
+        compiler="sandbox",
     )
 
 

@@ -2,9 +2,10 @@
 
 ``batos init --prepare`` writes every facet the image lacks, with progress; the heartbeat's
 ``facets`` job writes the ones that are due. Each facet is drafted by the model that writes
-its persona's methods (``batos.models.author_model``) as doesNotUnderstand's mission (guardian,
-sandbox, trial on neutral sample questions) on a connection that is aborted, then installed
-in a short transaction of its own after the same gate again. A facet that cannot be written
+its persona's methods (``batos.models.author_model``) through the JIT's mission
+(``facets.writer``: guardian, sandbox, trial on neutral sample questions) on a connection that
+is aborted, then installed in a short transaction of its own by ``prototypes.install``, which
+runs the guardian and the sandbox compiler again. A facet that cannot be written
 is recorded with its reason and tried again later, the wait doubling with each failure
 (``store.core.method_queue``); ``batos doctor`` shows it.
 """
@@ -20,9 +21,9 @@ from typing import Any
 from batos import settings
 from batos.errors import BatosError
 from graph import facets
-from prototypes import guardian, sandbox
 from prototypes.codex import load_codex
 from prototypes.incarnation import personas
+from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.core import method_queue
 from store.core.image import LivingImage
@@ -45,33 +46,6 @@ class Written:
     next_try: float | None = None
 
 
-def drafter(
-    models: Callable[..., Any],
-    persona: str,
-    selector: str,
-    ask: Callable[[Any, list], str] | None = None,
-) -> facets.Draft:
-    """A draft function for doesNotUnderstand's mission: ``models(persona, **options)`` (the
-    author model, or a test double) writes the method. ``ask(model, messages)`` makes the
-    call when given (the mind streams and measures its calls); otherwise the model is
-    invoked."""
-    from graph import jit
-
-    def draft(brief: Any, attempts: list) -> str:
-        options: dict[str, Any] = {"num_predict": jit.DRAFT_MAX_TOKENS}
-        if attempts:  # a retry samples hotter so it does not repeat the rejected draft
-            options["temperature"] = jit.SAMPLE_TEMPERATURE
-        model, messages = models(persona, **options), jit.messages_for(brief, attempts)
-        if ask is not None:
-            text = ask(model, messages)
-        else:
-            content = model.invoke(messages).content
-            text = content if isinstance(content, str) else str(content)
-        return jit.extract_code(text, selector)
-
-    return draft
-
-
 def codex_facets() -> list[tuple[str, str]]:
     """(persona, selector) of every facet the codex declares, in codex order."""
     codex = load_codex()
@@ -91,23 +65,20 @@ def missing(root: Any) -> list[tuple[str, str]]:
 
 
 def install(root: Any, written: facets.WrittenMethod) -> bool:
-    """Install an approved facet method after the guardian and the sandbox compiler pass it
-    again; False when the persona has the method already (another writer got there)."""
+    """Install an approved facet method (``prototypes.install``: the guardian and the sandbox
+    compiler pass it again); False when the persona has the method already (another writer
+    got there)."""
     receiver = personas(root)[written.persona]
     found = receiver._lookup(written.selector)
     if found is not None and isinstance(found[1], Method):
         return False
-    report = guardian.check(written.selector, written.source)
-    sandbox.compile_sandboxed(written.selector, written.source)
-    receiver._add_method(
-        Method(
-            written.selector,
-            written.source,
-            intent=written.intent,
-            author=written.author,
-            compiler="sandbox",
-            audit={**written.audit, **report.as_dict(), "written": "ahead of use"},
-        )
+    install_method(
+        receiver,
+        written.selector,
+        written.source,
+        intent=written.intent,
+        author=written.author,
+        audit={**written.audit, "written": "ahead of use"},
     )
     return True
 
@@ -122,11 +93,10 @@ def write_one(
         models = author_model
     key = facets.facet_key(persona, selector)
     started = time.monotonic()
-    draft = drafter(models, persona, selector)
     try:
         with image.connection() as conn:  # the mission's trial installs here: never committed
             written = facets.write_facet(
-                conn.root(), persona, selector, draft, settings.get_int("facet_attempts")
+                conn.root(), persona, selector, models, settings.get_int("facet_attempts")
             )
     except Exception as exc:  # the model or the image failed: recorded, tried again later
         reason = exc.message if isinstance(exc, BatosError) else f"{type(exc).__name__}: {exc}"

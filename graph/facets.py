@@ -1,7 +1,7 @@
 """Facets: small generated methods through which a persona takes on one sub-query.
 
 A facet is a method of a persona prototype (``facet_*``), declared by an intent in the codex and
-written by doesNotUnderstand ahead of use — ``batos init --prepare`` or the heartbeat's
+written by the JIT's mission (``writer``) ahead of use — ``batos init --prepare`` or the heartbeat's
 ``facets`` job (``graph.facet_writing``), never on the user's clock unless asked. It runs in the
 sandbox like every generated method and turns the sub-query into an *instruction* for the
 persona's model, with sampling options; the mind's DELEGATING node then uses it, so every model
@@ -13,7 +13,8 @@ reason travels with the partial answer.
 
 Nothing here commits. A facet method is written and tried on a connection whose transaction
 is always aborted: the approved source comes back as data (``WrittenMethod``), installed by the
-caller (the cycle at COMPLETE, in the checkpoint's transaction; the writer in its own).
+caller through ``prototypes.install`` (the cycle at COMPLETE, in the checkpoint's transaction;
+the writer in its own).
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+
 from batos.errors import GeneratedCodeError, MindError, MissionFailed, ToolError
-from prototypes import kernel, sandbox, tools
+from graph import jit
+from prototypes import install, kernel, sandbox, tools
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
 from prototypes.incarnation import OBJECTS_KEY, personas
-from prototypes.kernel import AttemptRecord, MissionBrief
 from prototypes.uvm import Method, UvmObject
 
 #: Longest instruction a facet may return, in characters.
@@ -37,7 +41,8 @@ MAX_INSTRUCTION_CHARS = 2000
 TEMPERATURE_RANGE = (0.0, 1.5)
 NUM_PREDICT_RANGE = (16, 1024)
 
-Draft = Callable[[MissionBrief, list[AttemptRecord]], str]
+#: ``call(model, messages)`` → the reply's text: how the mind makes (and measures) a draft's call.
+ModelCall = Callable[[BaseChatModel, list[BaseMessage]], str]
 
 
 class FacetError(MindError):
@@ -212,16 +217,18 @@ def prepare(
     selector: str,
     query: str,
     *,
-    draft: Draft,
+    models: Callable[..., BaseChatModel],
     attempts: int,
     cycle_id: str,
     writers: FacetWriters,
     write: bool = False,
+    call: ModelCall | None = None,
 ) -> Prepared:
     """Facet ``selector`` of ``persona`` on ``query``, run in the sandbox. A facet whose method
     is missing is written here only when ``write`` (otherwise it waits for ``batos init
     --prepare`` or the heartbeat); one that is missing, cannot be written or fails degrades to
-    ``fallback``. ``root`` is from a connection the caller aborts."""
+    ``fallback``. ``models(persona, **options)`` writes it, through ``call`` when given (see
+    ``write_facet``). ``root`` is from a connection the caller aborts."""
     receiver = _receiver(root, persona, selector)
     found = receiver._lookup(selector)
     if found is not None and isinstance(found[1], Method):
@@ -232,7 +239,7 @@ def prepare(
     with writing.lock:
         if writing.made is None:
             try:
-                writing.made = write_facet(root, persona, selector, draft, attempts)
+                writing.made = write_facet(root, persona, selector, models, attempts, call)
             except FacetError as exc:
                 writing.made = exc
             except Exception as exc:  # its model failed: no other branch tries again
@@ -242,7 +249,10 @@ def prepare(
                 )
         if isinstance(writing.made, FacetError):
             return Prepared(fallback(query), None, writing.made.message)
-        method = _install_here(receiver, writing.made)
+        try:
+            method = _install_here(receiver, writing.made)
+        except GeneratedCodeError as exc:  # refused by the install step's gate: degrade
+            return Prepared(fallback(query), None, exc.message)
         prepared = _run_or_fall_back(method, receiver, query, persona, selector)
         # The first branch to use it carries the effect that installs it at COMPLETE.
         effect, writing.claimed = (None if writing.claimed else writing.made), True
@@ -258,18 +268,41 @@ def _run_or_fall_back(
         return Prepared(fallback(query), None, exc.message)
 
 
+def writer(
+    models: Callable[..., BaseChatModel], attempts: int, call: ModelCall | None = None
+) -> jit.JitRunner:
+    """The JIT's mission as facets use it: ``models(persona, **options)`` (the author model,
+    or a test double) writes one draft a round, each retry told the last one's findings, for
+    at most ``attempts`` rounds; no examples are asked for (the trial on ``SAMPLE_QUERIES``
+    judges a facet), and the method passing the gate is installed without a trust threshold
+    or a question to the user — it is written ahead of use, with nobody to ask."""
+    return jit.JitRunner(
+        model_factory=models,
+        attempts=attempts,
+        drafts=1,
+        examples=False,
+        trust=None,
+        ask=None,
+        acceptance=_carries(SAMPLE_QUERIES[0]),
+        call=call,
+    )
+
+
 def write_facet(
-    root: Any, persona: str, selector: str, draft: Draft, attempts: int
+    root: Any,
+    persona: str,
+    selector: str,
+    models: Callable[..., BaseChatModel],
+    attempts: int,
+    call: ModelCall | None = None,
 ) -> WrittenMethod:
-    """Write facet ``selector`` of ``persona`` and try it on ``SAMPLE_QUERIES`` (an approved
-    method must return an instruction that carries each); nothing is installed: the approved
-    source comes back as data. ``FacetError`` with the findings when no draft passes."""
+    """Write facet ``selector`` of ``persona`` (``writer``) and try it on ``SAMPLE_QUERIES``
+    (an approved method must return an instruction that carries each); the method is
+    installed on ``root``'s connection only, which the caller aborts: the approved source
+    comes back as data. ``FacetError`` with the findings when no draft passes."""
     receiver = _receiver(root, persona, selector)
-    acceptance = _carries(SAMPLE_QUERIES[0])
     try:
-        kernel.run_mission(
-            receiver, selector, (SAMPLE_QUERIES[0],), {}, draft, attempts, acceptance=acceptance
-        )
+        writer(models, attempts, call).send(receiver, selector, (SAMPLE_QUERIES[0],))
     except MissionFailed as exc:
         raise FacetError(
             f"the method for facet {persona}.{selector} could not be written",
@@ -313,15 +346,14 @@ def _carries(query: str) -> Callable[[Any], bool | str]:
 
 
 def _install_here(receiver: UvmObject, written: WrittenMethod) -> Method:
-    method = Method(
+    return install.install_method(
+        receiver,
         written.selector,
         written.source,
         intent=written.intent,
         author=written.author,
-        compiler="sandbox",
-        audit=dict(written.audit),
+        audit=written.audit,
     )
-    return receiver._add_method(method)
 
 
 #: Characters of a tool's answer added to a facet's instruction.

@@ -13,6 +13,11 @@ with no working draft, the graph ends in ``failed`` and the entry point raises
 Objects, the model and the mission travel in the run's context (``JitContext``); the state
 holds only what Studio can show.
 
+This is the one pipeline that writes methods: facets (``graph.facets.writer``) and
+self-improvement missions (``graph.missions``) run it too, differing only in its parameters —
+who writes, whether examples are asked for, the trust threshold, whether the user may be asked.
+The winner is installed through ``prototypes.install``, as every method is.
+
     enable()                      # obj.unknown(1, 2) now writes, installs and runs 'unknown'
     JitRunner(model=m).send(obj, "unknown", (1, 2), {})
     await JitRunner(model=m).asend(obj, "unknown", (1, 2), {})
@@ -21,6 +26,7 @@ holds only what Studio can show.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import logging
 import re
@@ -86,7 +92,7 @@ class JitContext:
     drafts: int = 1
     examples: bool = True
     transaction: Any = None
-    acceptance: Callable[[Any], bool] | None = None
+    acceptance: Callable[[Any], bool | str] | None = None
     mission: Mission | None = None
     #: A served run's own connection: committed when the method works, else aborted.
     connection: Any = None
@@ -100,6 +106,9 @@ class JitContext:
     #: (question → answer, as ``batos send`` prompts), "interrupt" (LangGraph's interrupt():
     #: Studio and the Python API with a checkpointer), or None: it refuses.
     ask: Callable[[dict[str, Any]], Any] | str | None = None
+    #: How a draft's model call is made when the caller measures its calls (the mind streams
+    #: them and counts their tokens): ``call(model, messages)`` → the reply's text.
+    call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None
 
 
 class JitRequest(TypedDict, total=False):
@@ -616,11 +625,23 @@ def _served_failure(node: str, exc: Exception) -> JitState:
     return {"error": f"{node} failed: {exc}"}
 
 
+def _reply(context: JitContext, model: BaseChatModel, messages: list[BaseMessage]) -> str:
+    if context.call is not None:
+        return context.call(model, messages)
+    return _text(model.invoke(messages))
+
+
+async def _areply(context: JitContext, model: BaseChatModel, messages: list[BaseMessage]) -> str:
+    if context.call is not None:
+        return await asyncio.to_thread(context.call, model, messages)
+    return _text(await model.ainvoke(messages))
+
+
 def draft(state: JitState) -> JitState:
     context = _context()
     try:
         calls, attempt = _round(state)
-        sources = [extract_code(_text(m.invoke(msgs)), state["selector"]) for m, msgs in calls]
+        sources = [extract_code(_reply(context, m, msgs), state["selector"]) for m, msgs in calls]
     except Exception as exc:
         if context.connection is None:
             raise
@@ -638,7 +659,7 @@ async def adraft(state: JitState) -> JitState:
     try:
         calls, attempt = _round(state)
         sources = [
-            extract_code(_text(await m.ainvoke(msgs)), state["selector"]) for m, msgs in calls
+            extract_code(await _areply(context, m, msgs), state["selector"]) for m, msgs in calls
         ]
     except Exception as exc:
         if context.connection is None:
@@ -921,6 +942,10 @@ def build_graph(checkpointer: Any = None) -> Any:
 
 
 graph = build_graph()
+#: The graph the runner below invokes: with no checkpointer of its own, and none borrowed when
+#: it runs inside another graph's node (a mind cycle writing a facet): a mission's state is
+#: its caller's to keep, never a checkpoint in the caller's thread.
+_embedded = build_graph(checkpointer=False)
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -935,12 +960,13 @@ class JitRunner:
         *,
         model_factory: ModelFactory | None = None,
         attempts: int | None = None,
-        acceptance: Callable[[Any], bool] | None = None,
+        acceptance: Callable[[Any], bool | str] | None = None,
         drafts: int | None = None,
         examples: bool = True,
         trust: float | None | str = "setting",
         review: bool = False,
         ask: Callable[[dict[str, Any]], Any] | None = None,
+        call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None,
     ) -> None:
         #: Asked for one example (``question_for``'s question → an answer, JSON text or an
         #: object, or None) when the method is not trusted; None: refuse at once.
@@ -955,6 +981,9 @@ class JitRunner:
         self.acceptance = acceptance
         self.drafts = drafts
         self.examples = examples
+        #: ``call(model, messages)`` → reply text, when the caller makes the drafts' model
+        #: calls itself (to stream and measure them); None: the model is invoked.
+        self.call = call
 
     def _start(
         self, receiver: UvmObject, selector: str, args: tuple, kwargs: dict
@@ -974,6 +1003,7 @@ class JitRunner:
             trust=trust.threshold() if self.trust == "setting" else self.trust,  # type: ignore[arg-type]
             review=self.review,
             ask=self.ask,
+            call=self.call,
             # Captured here, in the caller's thread: nodes may run in worker threads.
             transaction=kernel.current_transaction(receiver),
         )
@@ -993,13 +1023,13 @@ class JitRunner:
     ) -> Any:
         """Write, install and run ``selector`` for ``receiver``; its result."""
         state, context, config = self._start(receiver, selector, args, kwargs or {})
-        return self._finish(graph.invoke(state, config=config, context=context), context)
+        return self._finish(_embedded.invoke(state, config=config, context=context), context)
 
     async def asend(
         self, receiver: UvmObject, selector: str, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         state, context, config = self._start(receiver, selector, args, kwargs or {})
-        return self._finish(await graph.ainvoke(state, config=config, context=context), context)
+        return self._finish(await _embedded.ainvoke(state, config=config, context=context), context)
 
 
 def enable(

@@ -528,11 +528,12 @@ class Mind:
                 persona,
                 selector,
                 query,
-                draft=self._drafter(persona, selector, metrics),
+                models=self.authors,
                 attempts=settings.get_int("jit_attempts"),
                 cycle_id=cycle_state["id"],
                 writers=self.writers,
                 write=settings.get_str("mind_write_facets") == "inline",
+                call=self._draft_call(persona, selector, metrics),
             )
         partial.update(degraded=prepared.degraded, wrote=prepared.written is not None)
         found = [prepared.written.effect()] if prepared.written is not None else []
@@ -590,8 +591,8 @@ class Mind:
         if not result.ok:
             partial["degraded"] = f"the program could not be run: {result.reason}"
 
-    def _drafter(self, persona: str, selector: str, metrics: list) -> facets.Draft:
-        from graph.facet_writing import drafter
+    def _draft_call(self, persona: str, selector: str, metrics: list) -> facets.ModelCall:
+        """A facet draft's model call, streamed and measured like every call of the cycle."""
 
         def ask(model: BaseChatModel, messages: list[BaseMessage]) -> str:
             reply, metric = self.call(
@@ -600,7 +601,7 @@ class Mind:
             metrics.append(metric)
             return reply
 
-        return drafter(self.authors, persona, selector, ask)
+        return ask
 
     def synthesize(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()

@@ -55,9 +55,9 @@ from batos.errors import BatosError, ImageError
 from graph import cem, records
 from graph.cycle import CYCLES_KEY
 from graph.router import MAX_PRIOR, PRIORS_KEY
-from prototypes import guardian, sandbox
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
+from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.core.image import LivingImage
 
@@ -288,20 +288,39 @@ def _write_facet(
         source, intent, author = written.source, written.intent, written.author
         attempts = int(written.audit.get("attempt") or 1)
 
-    def install(root: Any) -> None:
-        target = personas(root)[chosen.persona]
-        held = target._lookup(selector)
-        if held is not None and isinstance(held[1], Method):
-            raise MissionError(f"{chosen.persona}.{selector} was written meanwhile")
-        report = guardian.check(selector, source)
-        sandbox.compile_sandboxed(selector, source)
-        audit = {**report.as_dict(), "mission": note, "attempts": attempts}
-        target._add_method(
-            Method(selector, source, intent=intent, author=author, compiler="sandbox", audit=audit)
-        )
-
-    image.transact(install, note=note)
+    image.transact(
+        lambda root: _install_facet(
+            root, chosen.persona, selector, source, intent, author, note, attempts
+        ),
+        note=note,
+    )
     return {"source": source, "attempts": attempts, "query": query}
+
+
+def _install_facet(
+    root: Any,
+    persona: str,
+    selector: str,
+    source: str,
+    intent: str,
+    author: str,
+    note: str,
+    attempts: int,
+) -> None:
+    """Install the facet method a mission wrote (``prototypes.install``: the guardian and the
+    sandbox compiler again), unless the persona has one by now."""
+    target = personas(root)[persona]
+    held = target._lookup(selector)
+    if held is not None and isinstance(held[1], Method):
+        raise MissionError(f"{persona}.{selector} was written meanwhile")
+    install_method(
+        target,
+        selector,
+        source,
+        intent=intent,
+        author=author,
+        audit={"mission": note, "attempts": attempts},
+    )
 
 
 #: Mission kind → the function that makes its change in one transaction noted ``note``.

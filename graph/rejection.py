@@ -33,6 +33,7 @@ all at once as well, while no later transaction has changed the same objects.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -44,9 +45,10 @@ from ZODB.POSException import POSKeyError
 
 from batos.errors import BatosError, ObjectPathError
 from graph.facets import facet_key
-from prototypes import guardian, kernel, rejected, sandbox
+from prototypes import kernel, rejected
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
 from prototypes.incarnation import OBJECTS_KEY, personas
+from prototypes.install import install_method
 from prototypes.paths import prototype
 from prototypes.uvm import Method, UvmObject
 from store.core import method_queue
@@ -369,7 +371,7 @@ def _dispute_failing(method: Method, holder: UvmObject) -> list[str]:
 
 def restore(image: LivingImage, path: str, selector: str) -> Restored:
     """Put back the newest rejected method ``selector`` of ``path`` (or an ancestor), through
-    the guardian and the sandbox compiler, in a transaction of its own.
+    ``prototypes.install`` (the guardian and the sandbox compiler), in a transaction of its own.
 
     ``RejectionError`` when there is none or the slot is taken again; ``AuditRejected`` when
     the guardian refuses the code now; either way nothing was written.
@@ -379,16 +381,23 @@ def restore(image: LivingImage, path: str, selector: str) -> Restored:
 
     def put(root: Any) -> Restored:
         record, holder = _restorable(root, path, selector)
-        method = record["method"].copy()
-        guardian.check(selector, method.source)
-        sandbox.compile_sandboxed(selector, method.source)
-        disputed = _dispute_failing(method, holder)
+        kept = record["method"]
         by = actor()
-        method.audit = {
-            **method.audit,
-            "restored": {"record": record["id"], "by": by, "at": time.time()},
-        }
-        holder._add_method(method)
+        method = install_method(
+            holder,
+            selector,
+            kept.source,
+            intent=kept.intent,
+            author=kept.author,
+            audit={
+                **copy.deepcopy(dict(kept.audit)),
+                "restored": {"record": record["id"], "by": by, "at": time.time()},
+            },
+            compiler=kept.compiler,
+            examples=copy.deepcopy(list(kept.examples)),
+            created=kept.created,
+        )
+        disputed = _dispute_failing(method, holder)
         rejected.mark_restored(root, record["id"], by)
         key = _facet(root, holder, selector)
         if key is not None:

@@ -2,10 +2,12 @@
 
 A ``Mission`` holds one such message (receiver, selector, arguments) and the gate every draft
 passes: audit (``guardian``) → compile in the sandbox → isolated trial (a forked process with
-OS limits) → install on a savepoint of the caller's transaction → invoke → check the
-persistence covenant. A draft that fails anywhere is rolled back to the savepoint, so the image
-is as it was; its findings are recorded for the next draft. ``run_mission`` is the plain loop;
-``graph.jit`` runs the same steps as a LangGraph graph with a chat model writing the drafts.
+OS limits) → install on a savepoint of the caller's transaction (``prototypes.install``, the
+step every method enters the image through) → invoke → check the persistence covenant. A draft
+that fails anywhere is rolled back to the savepoint, so the image is as it was; its findings are
+recorded for the next draft. ``graph.jit`` runs these steps as a LangGraph graph with a chat
+model writing the drafts: the one pipeline that writes methods, for facets and self-improvement
+missions as for unknown messages.
 
 Where the method goes: to the nearest object (the receiver or an ancestor) whose ``intents``
 slot declares the selector — so every object that inherits the intent shares the method — else
@@ -38,7 +40,7 @@ from batos.errors import (
     GeneratedCodeError,
     MissionFailed,
 )
-from prototypes import examples, guardian, isolation, rejected, sandbox, tools
+from prototypes import examples, guardian, install, isolation, rejected, sandbox, tools
 from prototypes.bounded import bounded_repr
 from prototypes.codex import INTENTS_SLOT, PERSONAS, load_codex
 from prototypes.uvm import Method, UvmObject, restore_state, set_compile_hook, set_dnu_handler
@@ -48,7 +50,7 @@ log = logging.getLogger("batos.kernel")
 #: The persona who writes methods for objects that belong to no persona.
 DEFAULT_AUTHOR = "BRICK"
 #: Compilers of methods that went through the gate: plain sandboxed ones and tool methods.
-GATED_COMPILERS = frozenset({"sandbox", tools.TOOL_COMPILER})
+GATED_COMPILERS = install.GATED_COMPILERS
 #: Characters of a slot value's repr shown in a mission brief.
 BRIEF_VALUE_CHARS = 120
 
@@ -487,34 +489,35 @@ class Mission:
             restore = self.transaction.savepoint()
         else:
             restore = _Snapshot([self.receiver, self.target])
-        method = Method(
+        audit: dict[str, Any] = {
+            "attempt": number or len(self.attempts) + 1,
+            "mission_seconds": None,
+        }
+        if self.verdict is not None:
+            audit["trust"] = self.verdict.as_dict()
+        if self.candidates:
+            audit["drafts"] = len(self.candidates)
+            if self.choice is not None:
+                audit["agreement"] = self.choice.support
+        failed = set(self.choice.failed) if self.choice is not None else set()
+        method = install.install_method(
+            self.target,
             self.selector,
             source,
             intent=self.intent,
             author=self.author,
             compiler=self.compiler,
-            audit={
-                **guardian.audit(self.selector, source).as_dict(),
-                "attempt": number or len(self.attempts) + 1,
-                "mission_seconds": None,
-            },
-        )
-        if self.verdict is not None:
-            method.audit["trust"] = self.verdict.as_dict()
-        if self.candidates:
-            method.audit["drafts"] = len(self.candidates)
-            if self.choice is not None:
-                method.audit["agreement"] = self.choice.support
-        if self.examples:
-            failed = set(self.choice.failed) if self.choice is not None else set()
-            method.examples = [
+            audit=audit,
+            examples=[
                 {**e.as_dict(), "status": "disputed" if i in failed else "agreed"}
                 for i, e in enumerate(self.examples)
-            ]
-            method.audit["examples_check"] = check_record(
-                method, len(self.examples) - len(failed), []
-            )
-        self.target._add_method(method)
+            ],
+        )
+        if self.examples:
+            method.audit = {
+                **method.audit,
+                "examples_check": check_record(method, len(self.examples) - len(failed), []),
+            }
         self._pending = (restore, method, number)
 
     def invoke(self) -> list[str]:
@@ -616,9 +619,7 @@ def observe(
             setattr(obj, name, copy.deepcopy(value))
         # In its slot, so a method that calls itself, or another object that inherits it,
         # finds it as it will for real.
-        trial_method = Method(selector, source, compiler="sandbox")
-        trial_method._v_function = function
-        target._add_method(trial_method)
+        install.trial_slot(target, selector, source, function)
         try:
             result = function(obj, *call_args, **call_kwargs)
         finally:
@@ -750,24 +751,6 @@ def _describe(exc: BaseException) -> str:
     return "calling it, " + sandbox.describe_exception(exc)
 
 
-def run_mission(
-    receiver: UvmObject,
-    selector: str,
-    args: tuple,
-    kwargs: Mapping[str, Any] | None,
-    draft: Callable[[MissionBrief, list[AttemptRecord]], str],
-    attempts: int,
-    acceptance: Callable[[Any], bool | str] | None = None,
-) -> Any:
-    """Draft, gate and install until one draft works; its result, or ``MissionFailed``."""
-    mission = Mission(receiver, selector, args, kwargs, acceptance=acceptance)
-    for _ in range(attempts):
-        source = draft(mission.brief(), mission.attempts)
-        if not mission.attempt(source):
-            return mission.result
-    raise mission.failure()
-
-
 # -- hand-written methods ---------------------------------------------------------------------
 
 
@@ -775,28 +758,17 @@ def add_method(
     target: UvmObject, selector: str, source: str, *, author: str = "human", intent: str = ""
 ) -> Method:
     """Audit, compile in the sandbox and install a hand-written method (``AuditRejected``)."""
-    report = guardian.check(selector, source)
-    tool = tools.is_tool(target)
-    if tool:
-        tools.compile_request_builder(selector, source)
-    else:
-        sandbox.compile_sandboxed(selector, source)
     if not intent:
         intent, _ = intent_for(target, selector)
-    method = Method(
-        selector,
-        source,
-        intent=intent,
-        author=author,
-        compiler=tools.TOOL_COMPILER if tool else "sandbox",
-        audit=report.as_dict(),
-    )
     previous = target._slots().get(selector)
-    if isinstance(previous, Method) and previous.examples:
+    kept = list(previous.examples) if isinstance(previous, Method) else []
+    method = install.install_method(
+        target, selector, source, intent=intent, author=author, examples=kept
+    )
+    if kept:
         # A new source for the same selector is held to the examples the old one kept.
-        method.examples = list(previous.examples)
-        method.audit["examples_check"] = check_examples(method, target)
-    return target._add_method(method)
+        method.audit = {**method.audit, "examples_check": check_examples(method, target)}
+    return method
 
 
 def generated_methods(obj: UvmObject) -> list[Method]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import TypedDict
 
 import pytest
 from fakes import ScriptedChatModel, image_digest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
 from persistent.mapping import PersistentMapping
 
 from batos.errors import MissionFailed
@@ -550,3 +553,27 @@ def test_the_first_draft_keeps_the_personas_sampling_and_the_others_are_sampled_
     for o in others:
         assert o["temperature"] == jit.SAMPLE_TEMPERATURE == 0.4
         assert o["repeat_penalty"] == jit.SAMPLE_REPEAT_PENALTY == 1.0
+
+
+def test_a_mission_run_inside_another_graphs_node_writes_no_checkpoint_there(image) -> None:
+    """A mind cycle writes a facet from inside a node: the mission must not borrow the cycle's
+    checkpointer and leave its own steps in the cycle's thread."""
+
+    class Outer(TypedDict, total=False):
+        result: int
+
+    def write(state: Outer) -> Outer:
+        runner = jit.JitRunner(ScriptedChatModel().enqueue(NO_EXAMPLES, GOOD), drafts=1)
+        with image.connection() as conn:  # never committed, as the mind's facets are
+            return {"result": runner.send(conn.root()["o"], "double", (4,))}
+
+    builder = StateGraph(Outer)
+    builder.add_node("write", write)
+    builder.add_edge(START, "write")
+    builder.add_edge("write", END)
+    saver = InMemorySaver()
+    outer = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "outer"}}
+    assert outer.invoke({}, config)["result"] == 9
+    namespaces = {c.config["configurable"]["checkpoint_ns"] for c in saver.list(None)}
+    assert namespaces == {""}

@@ -28,6 +28,15 @@ def _world(image: LivingImage) -> None:
     image.transact(build)
 
 
+def _mission(receiver, selector, args, draft, attempts):
+    """The kernel's gate for one draft at a time, each draft told the attempts before it."""
+    mission = kernel.Mission(receiver, selector, args)
+    for _ in range(attempts):
+        if not mission.attempt(draft(mission.brief(), mission.attempts)):
+            return mission.result
+    raise mission.failure()
+
+
 def _scripted(*drafts: str):
     queue = list(drafts)
     seen: list[list[kernel.AttemptRecord]] = []
@@ -44,9 +53,7 @@ def test_good_code_installs_on_the_intent_holder_runs_and_persists(file_uri: str
     image = LivingImage.open(file_uri)
     _world(image)
     draft = _scripted(ADD_ITEM)
-    result = image.transact(
-        lambda root: kernel.run_mission(root["box"], "add_item", (7,), {}, draft, 3)
-    )
+    result = image.transact(lambda root: _mission(root["box"], "add_item", (7,), draft, 3))
     assert result == 2
     image.close()
     with LivingImage.open(file_uri) as image, image.read() as root:  # recompiled after load
@@ -67,9 +74,7 @@ def test_retries_recover_and_are_fed_the_findings(memory_image: LivingImage) -> 
         "def add_item(self, x):\n    return x / 0\n",  # trial
         ADD_ITEM,
     )
-    result = memory_image.transact(
-        lambda root: kernel.run_mission(root["box"], "add_item", (3,), {}, draft, 3)
-    )
+    result = memory_image.transact(lambda root: _mission(root["box"], "add_item", (3,), draft, 3))
     assert result == 2
     fed = draft.seen
     assert [len(a) for a in fed] == [0, 1, 2]
@@ -87,9 +92,7 @@ def test_failure_leaves_the_image_unchanged_and_lists_every_finding(memory_image
         "def add_item(self, x):\n    s = self.items\n    t = s\n    t.append(x)\n    return 1\n",
     )
     with pytest.raises(MissionFailed) as caught:
-        memory_image.transact(
-            lambda root: kernel.run_mission(root["box"], "add_item", (5,), {}, draft, 2)
-        )
+        memory_image.transact(lambda root: _mission(root["box"], "add_item", (5,), draft, 2))
     findings = caught.value.findings
     assert any("attempt 1 (audit)" in f and "'os'" in f for f in findings)
     assert any("attempt 1 (audit)" in f and "'eval'" in f for f in findings)
@@ -186,12 +189,7 @@ def test_a_method_that_calls_itself_passes_its_trial(memory_image) -> None:
     draft = _scripted(
         "def fact(self, n):\n    if n <= 1:\n        return 1\n    return n * self.fact(n - 1)\n"
     )
-    assert (
-        memory_image.transact(
-            lambda root: kernel.run_mission(root["calc"], "fact", (5,), {}, draft, 1)
-        )
-        == 120
-    )
+    assert memory_image.transact(lambda root: _mission(root["calc"], "fact", (5,), draft, 1)) == 120
     with memory_image.read() as root:
         assert root["calc"].fact(6) == 720
 

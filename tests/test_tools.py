@@ -354,7 +354,7 @@ def test_babs_uses_a_tool_inside_a_facet(image, base) -> None:
             "BABS",
             "facet_research",
             "is it cold in Oslo?",
-            draft=lambda brief, attempts: "",
+            models=lambda persona, **options: ScriptedChatModel(),  # nothing to write: it exists
             attempts=1,
             cycle_id="c1",
             writers=facets.FacetWriters(),

@@ -532,6 +532,59 @@ SETTINGS: dict[str, Setting] = {
             _positive_float,
         ),
         Setting(
+            "heartbeat_learn_seconds",
+            "BATOS_HEARTBEAT_LEARN_SECONDS",
+            lambda: "21600",
+            "Interval of the heartbeat's job that retrains a persona's adapter on the examples "
+            "it learnt from accepted cycles, and serves it only if it is better "
+            "(graph.learning).",
+            _positive_float,
+        ),
+        Setting(
+            "learning_min_examples",
+            "BATOS_LEARNING_MIN_EXAMPLES",
+            lambda: "20",
+            "New accepted examples a persona needs before its adapter is retrained.",
+            _positive_int,
+        ),
+        Setting(
+            "learning_max_lessons",
+            "BATOS_LEARNING_MAX_LESSONS",
+            lambda: "500",
+            "Candidate examples kept per persona; past it the oldest not marked good go first.",
+            _positive_int,
+        ),
+        Setting(
+            "learning_voice_margin",
+            "BATOS_LEARNING_VOICE_MARGIN",
+            lambda: "0.05",
+            "How much more of its evaluation replies a retrained adapter must have in the "
+            "persona's voice (a share, 0-1) than the served one to replace it; fixed before "
+            "any retraining, never tuned on its outcome.",
+            _unit_interval,
+        ),
+        Setting(
+            "learning_train_seconds",
+            "BATOS_LEARNING_TRAIN_SECONDS",
+            lambda: "1800",
+            "Longest a retraining may train (it stops after the step that passes it).",
+            _positive_float,
+        ),
+        Setting(
+            "learning_steps",
+            "BATOS_LEARNING_STEPS",
+            lambda: "0",
+            "Optimiser steps of a retraining; 0 means as many as the served adapter had.",
+            _non_negative_int,
+        ),
+        Setting(
+            "learning_eval_prompts",
+            "BATOS_LEARNING_EVAL_PROMPTS",
+            lambda: "20",
+            "Held-out prompts each adapter answers when a retrained one is judged.",
+            _positive_int,
+        ),
+        Setting(
             "heartbeat_prune_keep",
             "BATOS_HEARTBEAT_PRUNE_KEEP",
             lambda: "50",

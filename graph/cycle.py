@@ -12,6 +12,8 @@ per cycle id. A FAILED cycle writes no commit, so the image is as it was. The ki
     catalog_retrieved  retrieval times of the catalog chunks BABS's facets cited
     cycle_record       what ``batos cycles`` (and later the CEM) reads: route, plan, timings,
                        tokens, the request and response embeddings
+    lesson, feedback   the exchange as a training example, a user's mark on an earlier cycle
+                       (registered by ``graph.learning``)
 
 Every effect is checked in full before anything is written (a server client can write state
 too): its kind's schema in ``graph.records`` (types and bounds), then the applier's checks of
@@ -36,7 +38,7 @@ from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
 from batos.errors import CheckpointError
-from graph import records
+from graph import learning, records
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.install import install_method
@@ -289,6 +291,7 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
             },
         }
     )
+    found.extend(learning.effects_for(state, cycle_state))
     note = (
         f"mind cycle {cycle_state['id']}: COMPLETE ({', '.join(personas)}; "
         f"{len(partials)} facets, {len(written)} methods written)"

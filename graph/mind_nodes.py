@@ -789,7 +789,7 @@ class Mind:
             name=lead.lower(),
             additional_kwargs={"batos_cycle": cycle_state["id"]},
         )
-        update = {"status": "COMPLETE", "commit": commit, "messages": [message]}
+        update = {"status": "COMPLETE", "commit": commit, "messages": [message], "feedback": None}
         self._transition("complete", cycle_state["id"], update, started)
         return update
 

@@ -75,3 +75,6 @@ class MindState(TypedDict, total=False):
     metrics: Annotated[list[dict[str, Any]], accumulate]
     cem: dict[str, Any]
     commit: dict[str, Any] | None
+    #: ``{"cycle": id, "verdict": "good" | "bad"}``, set by a client (``update_state``): the
+    #: next COMPLETE cycle records it (``graph.learning``) and clears it.
+    feedback: dict[str, Any] | None

@@ -1,11 +1,12 @@
 """The heartbeat: APScheduler runs the image's upkeep unattended.
 
-Five jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
+Six jobs, each on an interval set in settings — ``audit`` (ALFRED's self-audit,
 ``graph.audit``), ``facets`` (the codex's facet methods the image lacks, written off the user's
 clock: ``graph.facet_writing``), ``curate`` (memory curation, what ``batos curate`` does),
 ``prune`` (the checkpoints of every thread trimmed to ``heartbeat_prune_keep``) and ``methods``
 (every generated method's stored examples run again; one that fails them is taken out:
-``graph.rejection``). They live in the image
+``graph.rejection``) and ``learn`` (a persona with enough new accepted lessons gets its adapter
+retrained, served only if better: ``graph.learning``). They live in the image
 (``store.core.jobstore.ImageJobStore``), so they survive restarts; missed runs are coalesced
 into one, a job never overlaps itself (``max_instances=1``), and a job that raises is logged while
 the scheduler goes on. Only the holder of the image's lease runs jobs: a second heartbeat waits
@@ -146,6 +147,29 @@ def _methods(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     )
 
 
+def _learn(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
+    from graph import learning
+
+    restored = learning.reconcile(image)
+    todo = learning.due(image)
+    if not todo:
+        return Decided("learn: no persona has enough new accepted lessons", {"due": []})
+    persona, count = todo[0]  # one retraining per run: it is the heaviest job there is
+    mission = learning.retrain_mission(image, persona)
+    said = f"learn: mission {mission['id']} retrained {persona} on {count} new lessons, "
+    said += mission["status"]
+    why = (mission.get("evaluation") or {}).get("why") or mission.get("error")
+    said += f" ({why})" if why else ""
+    facts = {
+        "due": [p for p, _ in todo],
+        "mission": mission["id"],
+        "status": mission["status"],
+        "evaluation": mission.get("evaluation"),
+        "restored": restored,
+    }
+    return Decided(said, facts)
+
+
 #: job id → (what it does, the setting holding its interval in seconds).
 JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], Decided], str]] = {
     "audit": (_audit, "heartbeat_audit_seconds"),
@@ -153,6 +177,7 @@ JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], Decided
     "curate": (_curate, "heartbeat_curate_seconds"),
     "prune": (_prune, "heartbeat_prune_seconds"),
     "methods": (_methods, "heartbeat_methods_seconds"),
+    "learn": (_learn, "heartbeat_learn_seconds"),
 }
 
 #: The heartbeat acting in this process; the stored jobs name ``run_job`` by reference (that is

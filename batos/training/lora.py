@@ -290,11 +290,16 @@ def train_persona(
     examples: list[Example] | None = None,
     out_dir: Path | None = None,
     on_step: StepCallback | None = None,
+    deadline: float | None = None,
+    keep_peft: bool = True,
 ) -> TrainingResult:
     """Train one persona's adapter and install it, GGUF and manifest entry, in ``out_dir``.
 
     ``base`` lets several personas share one loaded base model (its weights are never
     changed: the LoRA is unloaded again afterwards). Nothing is written before training ends.
+    ``deadline`` (a ``time.monotonic()`` value) ends training after the step that passes it,
+    with what was learnt so far; ``keep_peft`` False leaves the peft weights ``fuse`` reads as
+    they were (a candidate adapter that may never be used).
     """
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -366,6 +371,9 @@ def train_persona(
                 )
             if on_step:
                 on_step(step + 1, plan.steps, losses[-1])
+            if deadline is not None and time.monotonic() >= deadline:
+                log.info("%s: time is up after step %d of %d", persona, step + 1, plan.steps)
+                break
         peft_model.eval()
         with warnings.catch_warnings():
             # peft looks for a config.json beside the GGUF to see whether the vocabulary
@@ -382,12 +390,15 @@ def train_persona(
             lora_gguf.convert_lora(lora_dir, base_dir, gguf_tmp)
             adapter = copy_file(gguf_tmp, out_dir / adapter_path(plan.model, persona).name)
             keep = peft_dir(plan.model, persona)
-            _replace_dir(lora_dir, keep)
+            if keep_peft:
+                _replace_dir(lora_dir, keep)
     finally:
         # Give the shared base model its plain modules back for the next persona.
         peft_model.unload()
     final = sum(losses[-10:]) / len(losses[-10:])
-    _record(out_dir, plan, data_path, examples, adapter, final, time.monotonic() - started)
+    _record(
+        out_dir, plan, data_path, examples, adapter, final, time.monotonic() - started, len(losses)
+    )
     return TrainingResult(persona, adapter, keep, final, losses, time.monotonic() - started)
 
 
@@ -430,6 +441,7 @@ def _record(
     adapter: Path,
     final_loss: float,
     seconds: float,
+    steps_run: int,
 ) -> None:
     specs = catalog()
     base = model_path(plan.model)
@@ -449,6 +461,7 @@ def _record(
         "data_sha256": file_sha256(data_path),
         "examples": len(examples),
         "system_sha256": hashlib.sha256(system_prompt(plan.persona).encode()).hexdigest(),
+        "steps_run": steps_run,
         "final_loss": round(final_loss, 4),
         "seconds": round(seconds, 1),
         "adapter_file": adapter.name,

@@ -242,9 +242,15 @@ def undo(
 
     Example: batos undo 03f1c2a9b4e5d600
     """
+    from graph import learning
+
     with LivingImage.open(image_uri(ctx)) as image:
         image.undo(tid)
+        # An undone adapter swap (a retraining mission) serves the previous file again.
+        restored = learning.reconcile(image)
     console.print(f"undid transaction {tid}", markup=False)
+    for key in restored:
+        console.print(f"adapter {key}: the version the image names is served again", markup=False)
 
 
 @image_app.command("schema")

@@ -353,10 +353,21 @@ def ask(
     _outcome(state, as_json=as_json)
 
 
-COMMANDS = ("thread", "history", "undo", "persona", "depth", "cycles", "help", "quit")
+COMMANDS = (
+    "thread",
+    "history",
+    "undo",
+    "good",
+    "bad",
+    "persona",
+    "depth",
+    "cycles",
+    "help",
+    "quit",
+)
 CHAT_HELP = (
-    "commands: /thread [ID|new]  /history  /undo  /persona NAME|auto  /depth auto|fast|full  "
-    "/cycles  /help  /quit  (anything else is a request)\n"
+    "commands: /thread [ID|new]  /history  /undo  /good  /bad  /persona NAME|auto  "
+    "/depth auto|fast|full  /cycles  /help  /quit  (anything else is a request)\n"
     "keys: ↑/↓ earlier lines  Tab completes a /command  Ctrl-C stops an answer (at the prompt: "
     "clears the line)  Ctrl-D quits"
 )
@@ -405,6 +416,8 @@ def chat_loop(
                 _show_history(session, config)
             elif command == "undo":
                 config = _undo(session, config)
+            elif command in ("good", "bad"):
+                _mark(session, config, command)
             elif command == "persona":
                 persona = None if argument in ("", "auto") else argument.upper()
                 console.print(f"persona {shown(persona or 'routed')}")
@@ -439,6 +452,30 @@ def _show_history(session: Session, config: RunnableConfig) -> None:
     for message in messages:
         who = "you" if message.type == "human" else (message.name or "batos")
         console.print(f"[bold]{shown(who)}:[/] {shown(content_text(message.content))}")
+
+
+def _mark(session: Session, config: RunnableConfig, verdict: str) -> None:
+    """Mark the thread's last answer good or bad: what its persona learns from (or never)."""
+    from graph import learning
+
+    messages = session.graph.get_state(config).values.get("messages") or []
+    cycles = [m.additional_kwargs.get("batos_cycle") for m in messages if m.type == "ai"]
+    cycle_id = next((c for c in reversed(cycles) if c), None)
+    if cycle_id is None:
+        console.print("no answer to mark yet")
+        return
+    try:
+        lesson = learning.mark(
+            session.image, config["configurable"]["thread_id"], cycle_id, verdict
+        )
+    except BatosError as exc:
+        console.print(f"[red]{shown(exc.message)}[/]")
+        return
+    console.print(
+        f"marked {verdict}: {shown(lesson['persona'])} learns from cycle {cycle_id}"
+        if verdict == "good"
+        else f"marked bad: cycle {cycle_id} is never trained on"
+    )
 
 
 def _undo(session: Session, config: RunnableConfig) -> RunnableConfig:

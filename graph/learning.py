@@ -1,0 +1,439 @@
+"""Personas that learn from accepted cycles: lessons kept in the image, a retraining mission.
+
+**Lessons** (``root['lessons']``: persona → cycle id → lesson). Every COMPLETE cycle's commit
+carries a ``lesson`` effect: the request and the answer of the persona that led it, with its
+provenance (thread, cycle id, time, persona, base model) and ``source`` 'cycle'. A cycle the
+audit's readings flag — part of it degraded (a facet, the quality gate, retrieval), or its
+answer cut short — is kept out. A user marks a cycle good or bad (``mark``: ``/good`` and
+``/bad`` in ``batos chat``; a LangGraph client sets the thread's ``feedback`` state, which the
+next cycle's commit records); marking a cycle that left no lesson makes one from its cycle
+record, with ``source`` 'user'. Bad lessons are never trained on; good ones count twice and
+are the last to go when a persona holds more than ``learning_max_lessons``.
+
+**The mission** (``learn``, the heartbeat's ``learn`` job). A persona with at least
+``learning_min_examples`` accepted lessons newer than its last retraining gets one
+(``batos.training.retrain``): a candidate adapter on its original data plus its lessons,
+judged against the served adapter on held-out prompts, and served only when it is better by
+``learning_voice_margin``. The mission is recorded with the others (``root['missions']``, kind
+``retrain_adapter``, status ``kept`` or ``declined``, both evaluations) and, like them, its
+change is one transaction of its own (note ``mission N: retrain_adapter …``): it sets which
+adapter version is served (``root['adapters']``). ``undo`` (or ``batos undo TID``) reverts
+that transaction and ``reconcile`` puts the previous version's file back in place; the
+versions themselves are never deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from BTrees.OOBTree import OOBTree
+from persistent.mapping import PersistentMapping
+from pydantic import Field
+
+from batos import settings
+from batos.errors import BatosError, CheckpointError, ImageError
+from graph import records
+from prototypes.codex import PERSONAS
+from store.checkpoint import effects
+from store.core.image import LivingImage
+
+log = logging.getLogger("batos.learning")
+
+#: Root key of the lessons: persona → OOBTree(cycle id → lesson dict).
+LESSONS_KEY = "lessons"
+#: Root key of the adapter versions served: "<model>/<persona>" → {"sha256", "mission", …}.
+ADAPTERS_KEY = "adapters"
+#: Characters of a lesson's request and answer.
+MAX_REQUEST_CHARS = 2000
+MAX_ANSWER_CHARS = 4000
+MISSION_KIND = "retrain_adapter"
+VERDICTS = ("good", "bad")
+
+
+class LearningError(BatosError):
+    """A lesson or a retraining that cannot be had; nothing was changed."""
+
+
+class LessonEffect(records._Closed):
+    kind: Literal["lesson"]
+    persona: records.Name
+    model: Annotated[str, Field(max_length=256)]
+    thread_id: Annotated[str, Field(max_length=256)]
+    request: Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_CHARS)]
+    answer: Annotated[str, Field(min_length=1, max_length=MAX_ANSWER_CHARS)]
+
+
+class FeedbackEffect(records._Closed):
+    kind: Literal["feedback"]
+    thread_id: Annotated[str, Field(max_length=256)]
+    cycle: records.Name
+    verdict: Literal["good", "bad"]
+
+
+# -- at commit --------------------------------------------------------------------------------
+
+
+def flags(cycle_state: Mapping[str, Any]) -> list[str]:
+    """Why a cycle is no example to learn from (empty: it is one)."""
+    found = [f"{d.get('where')}: {d.get('what')}" for d in cycle_state.get("degraded") or []]
+    if cycle_state.get("truncated"):
+        found.append("the answer was cut short")
+    return found
+
+
+def effects_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The learning effects of a COMPLETE cycle: its lesson unless it is flagged, and the
+    feedback a client left in the thread's state since the previous cycle."""
+    out: list[dict[str, Any]] = []
+    chosen = (state.get("route") or {}).get("chosen") or []
+    request, answer = str(cycle_state.get("request") or ""), str(state.get("response") or "")
+    if chosen and request.strip() and answer.strip() and not flags(cycle_state):
+        out.append(
+            {
+                "kind": "lesson",
+                "persona": chosen[0],
+                "model": settings.get_str("model"),
+                "thread_id": cycle_state["thread_id"],
+                "request": request.strip()[:MAX_REQUEST_CHARS],
+                "answer": answer.strip()[:MAX_ANSWER_CHARS],
+            }
+        )
+    feedback = state.get("feedback")
+    if feedback is not None and not (
+        isinstance(feedback, Mapping)
+        and feedback.get("verdict") in VERDICTS
+        and isinstance(feedback.get("cycle"), str)
+        and 0 < len(feedback["cycle"]) <= 128
+    ):
+        log.warning("feedback %.200r in thread %s ignored", feedback, cycle_state["thread_id"])
+    elif feedback is not None:
+        out.append(
+            {
+                "kind": "feedback",
+                "thread_id": cycle_state["thread_id"],
+                "cycle": feedback["cycle"],
+                "verdict": feedback.get("verdict"),
+            }
+        )
+    return out
+
+
+def _lessons(root: Any, persona: str) -> Any:
+    found = root.get(LESSONS_KEY)
+    if found is None:
+        found = root[LESSONS_KEY] = PersistentMapping()
+    tree = found.get(persona)
+    if tree is None:
+        tree = found[persona] = OOBTree()
+    return tree
+
+
+def _bound(tree: Any) -> None:
+    """At most ``learning_max_lessons``: the oldest not marked good go first."""
+    most = settings.get_int("learning_max_lessons")
+    while len(tree) > most:
+        victim = next((k for k, v in tree.items() if v.get("verdict") != "good"), tree.minKey())
+        del tree[victim]
+
+
+def _lesson(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    if effect["persona"] not in PERSONAS:
+        raise CheckpointError(
+            f"a lesson names the unknown persona {effect['persona']!r}; nothing was written",
+            hint="effects are written by graph.mind",
+        )
+    tree = _lessons(root, effect["persona"])
+    tree[commit["id"]] = {
+        "cycle": commit["id"],
+        "thread_id": effect["thread_id"],
+        "time": time.time(),
+        "persona": effect["persona"],
+        "model": effect["model"],
+        "request": effect["request"],
+        "answer": effect["answer"],
+        "source": "cycle",
+        "verdict": None,
+    }
+    _bound(tree)
+
+
+def _feedback(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
+    try:
+        mark_in(root, effect["thread_id"], effect["cycle"], effect["verdict"])
+    except LearningError as exc:  # a client's mistake must not cost the cycle its commit
+        log.warning("feedback left in thread %s ignored: %s", effect["thread_id"], exc.message)
+
+
+effects.register("lesson", _lesson, LessonEffect)
+effects.register("feedback", _feedback, FeedbackEffect)
+
+
+# -- marking ----------------------------------------------------------------------------------
+
+
+def find(root: Any, cycle_id: str) -> dict[str, Any] | None:
+    """The lesson a cycle left, whichever persona holds it."""
+    for tree in (root.get(LESSONS_KEY) or {}).values():
+        found = tree.get(cycle_id)
+        if found is not None:
+            return dict(found)
+    return None
+
+
+def mark_in(root: Any, thread_id: str, cycle_id: str, verdict: str) -> dict[str, Any]:
+    """Mark ``cycle_id`` of ``thread_id`` good or bad in ``root``; the lesson as marked."""
+    from graph.cycle import CYCLES_KEY
+
+    if verdict not in VERDICTS:
+        raise LearningError(f"unknown verdict {verdict!r}", hint="mark a cycle good or bad")
+    record = (root.get(CYCLES_KEY) or {}).get(cycle_id)
+    if record is None or record.get("thread_id") != thread_id:
+        raise LearningError(
+            f"thread {thread_id!r} has no committed cycle {cycle_id!r}",
+            hint="'batos cycles' lists the committed cycles and their threads",
+        )
+    lesson = find(root, cycle_id)
+    if lesson is None:
+        route = record.get("route") or {}
+        persona = ((route.get("chosen") or []) or record.get("personas") or [None])[0]
+        if persona not in PERSONAS:
+            raise LearningError(f"cycle {cycle_id} names no persona that answered it")
+        lesson = {
+            "cycle": cycle_id,
+            "thread_id": thread_id,
+            "time": time.time(),
+            "persona": persona,
+            "model": settings.get_str("model"),
+            "request": str(record.get("request") or "")[:MAX_REQUEST_CHARS],
+            "answer": str(record.get("response") or "")[:MAX_ANSWER_CHARS],
+            "source": "user",
+        }
+    lesson.update(verdict=verdict, marked=time.time())
+    tree = _lessons(root, lesson["persona"])
+    tree[cycle_id] = lesson
+    _bound(tree)
+    return lesson
+
+
+def mark(image: LivingImage, thread_id: str, cycle_id: str, verdict: str) -> dict[str, Any]:
+    """Mark one committed cycle good or bad, in a transaction of its own; the lesson.
+
+    Example: ``mark(image, "chat-1", state["cycle"]["id"], "good")``
+    """
+    return image.transact(
+        lambda root: mark_in(root, thread_id, cycle_id, verdict),
+        note=f"lesson: cycle {cycle_id} marked {verdict}",
+    )
+
+
+def lessons(root: Any, persona: str) -> list[dict[str, Any]]:
+    """Every lesson of ``persona``, oldest first."""
+    tree = (root.get(LESSONS_KEY) or {}).get(persona)
+    return [dict(v) for v in tree.values()] if tree is not None else []
+
+
+def accepted(root: Any, persona: str, model: str | None = None) -> list[dict[str, Any]]:
+    """The lessons to train on: not marked bad, of base ``model`` when given, oldest first."""
+    return [
+        x
+        for x in lessons(root, persona)
+        if x.get("verdict") != "bad" and (model is None or x.get("model") == model)
+    ]
+
+
+# -- the mission ------------------------------------------------------------------------------
+
+
+def _last_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
+    from graph.missions import valid_missions
+
+    done = [
+        m
+        for m in valid_missions(root)
+        if m["kind"] == MISSION_KIND and m["persona"] == persona and m.get("model") == model
+    ]
+    return done[-1] if done else None
+
+
+def new_accepted(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
+    """Accepted lessons newer than the persona's last retraining on ``model``."""
+    last = _last_mission(root, persona, model)
+    through = (last or {}).get("lessons_through") or ""
+    return [x for x in accepted(root, persona, model) if x["cycle"] > through]
+
+
+def due(image: LivingImage, model: str | None = None) -> list[tuple[str, int]]:
+    """(persona, new accepted lessons) of the personas due a retraining, most first."""
+    model = model or settings.get_str("model")
+    least = settings.get_int("learning_min_examples")
+    with image.read() as root:
+        counts = [(p, len(new_accepted(root, p, model))) for p in PERSONAS]
+    return sorted(((p, n) for p, n in counts if n >= least), key=lambda x: -x[1])
+
+
+def _key(model: str, persona: str) -> str:
+    return f"{model}/{persona}"
+
+
+def _note(number: int, persona: str) -> str:
+    return f"mission {number}: {MISSION_KIND} {persona} for voice"
+
+
+def retrain_mission(
+    image: LivingImage,
+    persona: str,
+    *,
+    model: str | None = None,
+    evaluator: Any = None,
+    trainer: Any = None,
+) -> dict[str, Any]:
+    """Retrain ``persona``'s adapter on its lessons and serve it if it is better; the mission.
+
+    Raises ``LearningError`` (recording nothing) when the persona has fewer than
+    ``learning_min_examples`` new accepted lessons.
+    """
+    from batos.training import lora, retrain
+    from graph.audit import newest_report
+    from graph.missions import MISSIONS_KEY, prepare
+
+    model = model or settings.get_str("model")
+    least = settings.get_int("learning_min_examples")
+    if not image.db.supportsUndo():
+        raise LearningError(
+            f"the storage behind {image.uri} keeps no undo history, so a swap could not be "
+            "taken back",
+            hint="use a file:// image or a ZEO server over one",
+        )
+    with image.read() as root:
+        fresh = new_accepted(root, persona, model)
+        every = accepted(root, persona, model)
+    if len(fresh) < least:
+        raise LearningError(
+            f"{persona} has {len(fresh)} new accepted lessons on {model}, fewer than {least}",
+            hint="it is retrained once it has learnt more (BATOS_LEARNING_MIN_EXAMPLES)",
+        )
+    served = retrain.served_sha(model, persona)
+    margin = settings.get_float("learning_voice_margin")
+
+    def begin(root: Any) -> int:
+        prepare(root)
+        adapters = root.get(ADAPTERS_KEY)
+        if adapters is None:
+            adapters = root[ADAPTERS_KEY] = PersistentMapping()
+        if _key(model, persona) not in adapters and served is not None:
+            # What an undo of the swap returns to.
+            adapters[_key(model, persona)] = {"sha256": served, "mission": None}
+        found = root[MISSIONS_KEY]
+        number = found.maxKey() + 1 if len(found) else 1
+        report = newest_report(root)
+        found[number] = {
+            "id": number,
+            "started": time.time(),
+            "report": report["id"] if report else 0,
+            "kind": MISSION_KIND,
+            "target": "voice",
+            "persona": persona,
+            "reason": f"{len(fresh)} new accepted lessons",
+            "status": "running",
+            "hypothesis": {
+                "component": "voice",
+                "baseline": None,
+                "gain": margin,
+                "cycles": 0,
+                "text": f"the retrained adapter's voice beats the served one's by {margin:g}",
+            },
+            "baseline": {},
+            "tids": [],
+            "model": model,
+            "lessons_through": fresh[-1]["cycle"],
+        }
+        return number
+
+    number = image.transact(begin, note=f"mission: {MISSION_KIND} {persona}")
+
+    def finish(status: str, **changes: Any) -> dict[str, Any]:
+        def write(root: Any) -> dict[str, Any]:
+            found = root[MISSIONS_KEY]
+            found[number] = record = {**found[number], "status": status, **changes}
+            return record
+
+        return image.transact(write, note=f"mission {number}: {status}")
+
+    def example(x: Mapping[str, Any]) -> lora.Example:
+        return lora.Example(x["request"], x["answer"])
+
+    try:
+        evaluator = evaluator or retrain.VoiceEvaluator(model)
+        done = retrain.retrain(
+            model,
+            persona,
+            [example(x) for x in every if x.get("verdict") != "good"],
+            evaluator,
+            preferred=[example(x) for x in every if x.get("verdict") == "good"],
+            **({"trainer": trainer} if trainer else {}),
+        )
+    except Exception as exc:  # nothing served changed: the mission failed, the image is as was
+        log.warning("mission %d (%s %s) failed: %s", number, MISSION_KIND, persona, exc)
+        return finish("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+    result = done.as_dict()
+    if not done.decision.swap:
+        return finish("declined", evaluation=result)
+    note = _note(number, persona)
+
+    def swap(root: Any) -> None:
+        root[ADAPTERS_KEY][_key(model, persona)] = {
+            "sha256": done.candidate_sha256,
+            "mission": number,
+            "previous": done.current_sha256,
+            "entry": dict(done.entry),
+        }
+
+    image.transact(swap, note=note)
+    from graph.missions import find_tid
+
+    tid = find_tid(image, note)
+    reconcile(image)
+    return finish("kept", evaluation=result, tids=[tid] if tid else [])
+
+
+def reconcile(image: LivingImage) -> list[str]:
+    """Put in place the adapter version the image says each persona is served with (after an
+    undo, or a crash between a swap and its file); what was changed, as 'model/persona'."""
+    from batos.training import retrain
+
+    with image.read() as root:
+        wanted = {k: dict(v) for k, v in (root.get(ADAPTERS_KEY) or {}).items()}
+    changed = []
+    for key, served in wanted.items():
+        model, _, persona = key.partition("/")
+        try:
+            if retrain.served_sha(model, persona) == served["sha256"]:
+                continue
+            retrain.install_version(model, persona, served["sha256"], served.get("entry"))
+        except BatosError as exc:
+            log.warning("cannot serve %s's adapter version: %s", key, exc.message)
+            continue
+        changed.append(key)
+    return changed
+
+
+def undo(image: LivingImage, number: int) -> dict[str, Any]:
+    """Take a kept retraining back: undo its swap, serve the previous adapter again."""
+    from graph.missions import Judgement, apply, valid_missions
+
+    with image.read() as root:
+        found = {m["id"]: m for m in valid_missions(root)}.get(number)
+    if found is None or found["kind"] != MISSION_KIND or found["status"] != "kept":
+        raise LearningError(
+            f"mission {number} is no kept {MISSION_KIND} mission",
+            hint="'batos audit report' lists the missions",
+        )
+    tids = tuple(t for t in found.get("tids") or [] if t)
+    done = apply(image, [Judgement(number, "undone", "undone by hand", {}, None, tids)], 0)
+    if done and done[0]["status"] == "undo-failed":
+        raise ImageError(f"mission {number} could not be undone: {done[0]['judged']['error']}")
+    reconcile(image)
+    return done[0]

@@ -337,7 +337,7 @@ def test_a_real_retraining_on_the_test_model_goes_through_evaluate_and_decide(
         rank=2,
         alpha=4,
         batch_size=4,
-        max_tokens=96,
+        max_tokens=256,  # past the system prompt: the reply tokens carry the loss
         top_layers=1,
     )
     evaluator = retrain.VoiceEvaluator("test", prompts=2, tokens=12)

@@ -33,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batos.models.modelfile import modelfiles_dir  # noqa: E402
-from batos.training import retrain  # noqa: E402
-from batos.training.lora import Example, load_examples, persona_name  # noqa: E402
-from batos.training.voice import PERSONAS, wilson  # noqa: E402
+from batos.models.modelfile import modelfiles_dir
+from batos.training import retrain
+from batos.training.lora import Example, load_examples, persona_name
+from batos.training.voice import PERSONAS, wilson
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -41,7 +41,7 @@ def modelfiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def image(file_uri: str) -> Iterator[LivingImage]:
-    living = open_image(file_uri)  # a file image: missions need its undo history
+    living = open_image(file_uri, create=True)  # a file image: missions need its undo history
     yield living
     living.close()
 

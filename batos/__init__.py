@@ -18,3 +18,8 @@ The code lives in rooms, each a package that may import only the rooms below it 
 """
 
 __version__ = "0.1.0"
+
+# Images written before the code moved into these rooms name classes by their old modules.
+from batos import moved as _moved
+
+_moved.install()

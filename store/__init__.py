@@ -5,3 +5,8 @@ checkpointer that keeps threads in the image (``checkpoint``) and the knowledge 
 
 The bottom room: it imports only the shared ``batos`` modules.
 """
+
+# Old module names (before the rooms) stay importable: images written then name them.
+from batos import moved
+
+moved.install()

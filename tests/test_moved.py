@@ -59,7 +59,8 @@ def test_an_image_written_under_the_old_module_names_opens(tmp_path, monkeypatch
         from store.core.image import LivingImage
         image = LivingImage.open({path.as_uri()!r})
         tree = image.transact(lambda root: root["checkpoints"])
-        print(type(tree).__module__, sorted(image.transact(lambda root: list(root["checkpoints"].threads))))
+        threads = image.transact(lambda root: sorted(root["checkpoints"].threads))
+        print(type(tree).__module__, threads)
         image.close()
         """
     )

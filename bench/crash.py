@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from store.core import layout
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -126,8 +128,8 @@ def work(uri: str, journal_path: Path, seed: int, operations: int | None = None)
     """The worker's loop: resume what was cut short, then think, ingest and grow methods."""
     from langchain_core.messages import HumanMessage
 
+    from batos.shell.runtime import open_image
     from graph import jit
-    from graph.boot import open_image
     from graph.mind import MindServices, build_graph, run_config
     from store.checkpoint.saver import ZODBSaver
     from store.knowledge.catalog import KnowledgeCatalog
@@ -227,18 +229,16 @@ def check_files(path: Path) -> list[str]:
 
 def check_image(uri: str, journal: list[dict[str, Any]], findings: Findings) -> None:
     """Lost and partial operations, from the acknowledgements and the image's invariants."""
-    from graph.cycle import CYCLES_KEY
     from graph.mind import MindServices  # noqa: F401 (the image's classes, registered)
     from prototypes.incarnation import personas
     from prototypes.uvm import Method
     from store.core.image import LivingImage
-    from store.knowledge.catalog import CATALOG_KEY, catalog_root
-    from store.knowledge.memory_store import MEMORY_KEY
+    from store.knowledge.catalog import catalog_root
 
     with LivingImage.open(uri) as image, image.read() as root:
-        cycles = root.get(CYCLES_KEY) or {}
+        cycles = root.get(layout.CYCLES) or {}
         records = set(cycles.keys())
-        memory = root.get(MEMORY_KEY)
+        memory = root.get(layout.MEMORY)
         exchanges = memory.get(("mind", "exchanges")) if memory is not None else None
         remembered = set(exchanges.keys()) if exchanges is not None else set()
         counted = int(personas(root)["BRICK"].stats.get("cycles", 0))
@@ -247,7 +247,7 @@ def check_image(uri: str, journal: list[dict[str, Any]], findings: Findings) -> 
                 f"{len(records)} cycle records, {len(remembered)} remembered exchanges, "
                 f"BRICK counted {counted} cycles"
             )
-        cat = catalog_root(root) if CATALOG_KEY in root else None
+        cat = catalog_root(root) if layout.CATALOG in root else None
         calc = root.get(CALC)
         slots = calc._slots() if calc is not None else {}
         if cat is not None:
@@ -272,7 +272,7 @@ def check_image(uri: str, journal: list[dict[str, Any]], findings: Findings) -> 
 
 
 def prepare(uri: str) -> None:
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from prototypes.uvm import UvmObject
     from store.checkpoint.saver import ZODBSaver
     from store.knowledge.catalog import KnowledgeCatalog

@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from store.core import layout
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
@@ -188,14 +190,12 @@ def measure(
 
 def check(uri: str, seen: list[str], run: BackendRun) -> None:
     """Every acknowledged cycle in the image, and each applied exactly once."""
-    from graph.cycle import CYCLES_KEY
     from prototypes.incarnation import personas
     from store.core.image import LivingImage
-    from store.knowledge.memory_store import MEMORY_KEY
 
     with LivingImage.open(uri) as image, image.read() as root:
-        records = set((root.get(CYCLES_KEY) or {}).keys())
-        memory = root.get(MEMORY_KEY)
+        records = set((root.get(layout.CYCLES) or {}).keys())
+        memory = root.get(layout.MEMORY)
         exchanges = memory.get(("mind", "exchanges")) if memory is not None else None
         remembered = set(exchanges.keys()) if exchanges is not None else set()
         counted = int(personas(root)["BRICK"].stats.get("cycles", 0))
@@ -211,7 +211,7 @@ def run_backend(
     backend: str, clients: list[int], seconds: float, workdir: Path, uri: str | None = None
 ) -> BackendRun:
     """Measure ``backend`` with each client count; on ``uri`` if given, else on a new image."""
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from store.checkpoint.saver import ZODBSaver
 
     run = BackendRun(backend)

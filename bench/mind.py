@@ -58,7 +58,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from graph.mind import MindServices, build_graph, run_config
 from prototypes import kernel
 from prototypes.incarnation import personas

@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--requests", type=Path, default=REQUESTS)
     parser.add_argument("--limit", type=int, default=0, help="only the first N requests")
     args = parser.parse_args()
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from graph.router import load_router
 
     lines = args.requests.read_text(encoding="utf-8").splitlines()

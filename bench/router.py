@@ -34,12 +34,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from store.core import layout
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from graph.router import (  # noqa: E402
     FOLDS,
-    ROUTER_KEY,
     Router,
     encode_requests,
     fit_temperature,
@@ -205,7 +206,7 @@ def cold(router: Router, runs: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         uri = f"file://{folder}/live_image.fs"
         with LivingImage.open(uri) as image:
-            image.transact(lambda root: root.__setitem__(ROUTER_KEY, router.to_record()))
+            image.transact(lambda root: root.__setitem__(layout.ROUTER, router.to_record()))
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         for _ in range(runs):
             for encoder in rows:

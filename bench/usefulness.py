@@ -5,8 +5,8 @@ Three task families with checkable answers (``bench/data/usefulness/``, judged b
 computations a facet can write and run code for, and recall of a fact said earlier on the same
 thread. Three systems answer each question, on the configured model:
 
-- **mind**: ``graph.mind.ask`` on a thread of its own (for recall, each earlier turn through
-  ``ask`` on that thread first), judged on the final state's ``response``; a cycle that ends
+- **mind**: ``batos.shell.runtime.ask`` on a thread of its own (for recall, each earlier turn
+  through ``ask`` on that thread first), judged on the final state's ``response``; a cycle that ends
   FAILED is wrong, since its user is shown the failure instead.
 - **bare**: one call of BABS's chat model with the question alone (for recall, after the
   earlier turns, each followed by the bare model's own reply to it).
@@ -109,7 +109,7 @@ def load_items(
 
 def fresh_image(folder: Path) -> LivingImage:
     """A new file image in ``folder``, laid out and with the personas incarnated."""
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
 
     return open_image(f"file://{folder / 'usefulness.fs'}", create=True)
 
@@ -321,7 +321,7 @@ class Systems:
         return Answer(reply, seconds, extra)
 
     def mind(self, item: dict[str, Any]) -> Answer:
-        from graph.mind import ask
+        from batos.shell.runtime import ask
 
         thread = f"usefulness-{self.run_id}-{item['id']}"
         started = time.perf_counter()
@@ -551,7 +551,7 @@ def warm_up(world: Systems, systems: Sequence[str]) -> float:
     if "rag" in systems:
         world.catalog.search("warm up", RAG_PASSAGES, record=False)
     if "mind" in systems:
-        from graph.mind import ask
+        from batos.shell.runtime import ask
 
         ask(
             "hello",

@@ -224,7 +224,7 @@ def mind_replies(
     from langchain_core.messages import HumanMessage
 
     from batos.models import chat_model
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from graph.mind import MindServices, build_graph, run_config
     from store.checkpoint.saver import ZODBSaver
 

@@ -40,13 +40,11 @@ from typing_extensions import TypedDict
 from batos import settings
 from batos.errors import BatosError
 from graph import cem, missions, prompts, records
-from graph.cycle import CYCLES_KEY
+from store.core import layout
 from store.core.image import LivingImage
 
 log = logging.getLogger("batos.audit")
 
-#: Root key of the audit reports: report number → report dict.
-AUDIT_KEY = "audit_reports"
 #: Characters of ALFRED's narrative a report keeps.
 MAX_NARRATIVE_CHARS = 4000
 STAGNANT_REPORTS = 3
@@ -96,7 +94,8 @@ def verdict(history: list[float | None], current: float | None, decay: float) ->
 
 
 def reports(root: Any) -> Any:
-    return root.get(AUDIT_KEY) or IOBTree()
+    """The audit reports (report number → report dict); empty in an image without them."""
+    return layout.find(root, layout.AUDIT_REPORTS) or IOBTree()
 
 
 def _checked(number: Any, report: Any) -> dict[str, Any] | None:
@@ -130,7 +129,7 @@ def measured_reports(root: Any, newest: int) -> list[dict[str, Any]]:
 def cycles_seen(root: Any) -> tuple[int, str | None]:
     """How many cycle records the image holds and the newest one's id: what tells an audit
     whether anything happened since the last."""
-    cycles = root.get(CYCLES_KEY)
+    cycles = layout.find(root, layout.CYCLES)
     if cycles is None or not len(cycles):
         return 0, None
     return len(cycles), cycles.maxKey()
@@ -271,7 +270,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
 
     def record(state: AuditState) -> AuditState:
         def number_next(root: Any) -> int:
-            found = root.get(AUDIT_KEY)
+            found = layout.find(root, layout.AUDIT_REPORTS)
             return found.maxKey() + 1 if found is not None and len(found) else 1
 
         with image.read() as root:
@@ -296,10 +295,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         }
 
         def write(root: Any) -> int:
-            missions.prepare(root)
-            found = root.get(AUDIT_KEY)
-            if found is None:
-                found = root[AUDIT_KEY] = IOBTree()
+            found = layout.audit_reports(root)
             number = number_next(root)
             found[number] = {**report, "id": number}
             return number
@@ -324,7 +320,7 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             return {"mission": None}
 
         def note(root: Any) -> None:
-            found = root[AUDIT_KEY]
+            found = layout.audit_reports(root)
             found[state["report_id"]] = {**found[state["report_id"]], "mission": started["id"]}
 
         image.transact(note, note=f"audit {state['report_id']}: mission {started['id']}")

@@ -34,7 +34,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
 from batos.errors import CheckpointError
@@ -44,12 +43,11 @@ from prototypes.incarnation import personas
 from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.checkpoint import effects
+from store.core import layout
 from store.knowledge.embeddings import DIMS, from_bytes, to_bytes
 
 log = logging.getLogger("batos.mind")
 
-#: Root key of the cycle records: cycle id (uuid6, so in time order) → record dict.
-CYCLES_KEY = "cycles"
 #: Bounds on what one effect may carry (the schemas in ``graph.records`` hold them).
 MAX_RECORD_BYTES = records.MAX_RECORD_BYTES
 MAX_COUNT = records.MAX_COUNT
@@ -153,7 +151,7 @@ def _memory(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> 
 
 def _catalog_retrieved(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -> None:
     chunks = effect["chunks"]
-    cat = root.get("catalog")
+    cat = layout.find(root, layout.CATALOG)
     if cat is None:
         return
     now = int(time.time())
@@ -173,10 +171,8 @@ def _cycle_record(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any
         if stored.get(name) is not None:
             stored[name] = to_bytes(_vectors(effect, [stored[name]])[0])
     stored["committed"] = time.time()
-    cycles = root.get(CYCLES_KEY)
-    if cycles is None:
-        cycles = root[CYCLES_KEY] = OOBTree()
-    cycles[commit["id"]] = stored
+    # Cycle records: cycle id (uuid6, so in time order) → record dict.
+    layout.cycles(root)[commit["id"]] = stored
     _log_outcome(root, commit, record)
 
 
@@ -204,14 +200,18 @@ def _log_outcome(root: Any, commit: Mapping[str, Any], record: Mapping[str, Any]
     jar.transaction_manager.get().addAfterCommitHook(report)
 
 
-for _kind, _applier in {
-    "install_method": _install_method,
-    "persona_stats": _persona_stats,
-    "memory": _memory,
-    "catalog_retrieved": _catalog_retrieved,
-    "cycle_record": _cycle_record,
-}.items():
-    effects.register(_kind, _applier, records.EFFECTS[_kind])
+#: The effects a mind cycle's commit carries; whoever assembles the mind with a ``ZODBSaver``
+#: hands them to it (``build_graph`` does), so the saver applies them with the checkpoint.
+EFFECT_KINDS: dict[str, effects.EffectKind] = {
+    kind: effects.EffectKind(applier, records.EFFECTS[kind])
+    for kind, applier in {
+        "install_method": _install_method,
+        "persona_stats": _persona_stats,
+        "memory": _memory,
+        "catalog_retrieved": _catalog_retrieved,
+        "cycle_record": _cycle_record,
+    }.items()
+}
 
 
 def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,7 +306,7 @@ def stored(root: Any, newest: int) -> list[tuple[str, dict[str, Any]]]:
     """(cycle id, record) of the ``newest`` committed cycles, oldest first, embeddings as
     stored; a record with a field of the wrong type for ``records.CycleRecord`` is skipped
     with a warning (one lacking fields, from an older version, is kept)."""
-    cycles = root.get(CYCLES_KEY)
+    cycles = layout.find(root, layout.CYCLES)
     if cycles is None or newest <= 0:
         return []
     keys = cycles.keys()
@@ -345,7 +345,7 @@ def vectors(root: Any, cycle_id: str) -> tuple[np.ndarray | None, np.ndarray | N
 
 
 def _checked(root: Any, cycle_id: str) -> dict[str, Any] | None:
-    cycles = root.get(CYCLES_KEY)
+    cycles = layout.find(root, layout.CYCLES)
     record = cycles.get(cycle_id) if cycles is not None else None
     if record is None:
         return None

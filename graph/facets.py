@@ -32,8 +32,9 @@ from batos.errors import GeneratedCodeError, MindError, MissionFailed, ToolError
 from graph import jit
 from prototypes import install, kernel, sandbox, tools
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
-from prototypes.incarnation import OBJECTS_KEY, personas
+from prototypes.incarnation import personas
 from prototypes.uvm import Method, UvmObject
+from store.core import layout
 
 #: Longest instruction a facet may return, in characters.
 MAX_INSTRUCTION_CHARS = 2000
@@ -367,7 +368,7 @@ def _with_tool_answer(instruction: Instruction, receiver: UvmObject, where: str)
     if spec is None:
         return instruction
     jar = receiver._p_jar
-    toolbox = jar.root()[OBJECTS_KEY].get(tools.TOOLBOX) if jar is not None else None
+    toolbox = layout.objects(jar.root()).get(tools.TOOLBOX) if jar is not None else None
     if toolbox is None:
         raise FacetError(f"facet {where} names a tool, but the image has no tools object")
     try:

@@ -17,8 +17,12 @@ applied in the transaction of the checkpoint that records COMPLETE. FAILED keeps
 it was. Every model call streams and is measured; each transition logs one JSON line on
 ``batos.mind``.
 
-    from graph.mind import ask
+    from batos.shell.runtime import ask
     state = ask("how do I plan a garden?", thread_id="t1")   # opens the image, answers once
+
+The graph finds its image through what assembled it (``build_graph``'s checkpointer, services
+or ``served_image``), never through LangGraph's internals; ``batos.shell.runtime`` assembles
+it for every entry point.
 
 The run context (``MindContext``) holds JSON only: ``persona`` (force one) and ``depth``.
 Python callers may add ``services`` (a ``MindServices``: the chat-model factory, the router,
@@ -27,13 +31,13 @@ the embedder, the image), which the LangGraph server never passes on from client
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, StateGraph
 
+from graph import cycle
 from graph.mind_nodes import (
     ANSWER_TOKENS,
     FACET_TOKENS,
@@ -68,7 +72,6 @@ __all__ = [
     "MindState",
     "ModelFactory",
     "accumulate",
-    "ask",
     "build_graph",
     "check_thread_id",
     "content_text",
@@ -79,10 +82,20 @@ __all__ = [
 
 
 def build_graph(
-    services: MindServices | None = None, *, checkpointer: Any = None, store: Any = None
+    services: MindServices | None = None,
+    *,
+    checkpointer: Any = None,
+    store: Any = None,
+    served_image: Callable[[], LivingImage] | None = None,
 ) -> Any:
-    """The mind graph, compiled; with a ``ZODBSaver`` its commits join the checkpoints."""
-    mind = Mind(services)
+    """The mind graph, compiled; with a ``ZODBSaver`` its commits join the checkpoints (the
+    saver is handed the cycle's effect kinds). ``served_image`` is for a graph a server runs
+    with its own checkpointer, the ``ZODBSaver`` of the runtime whose image it returns."""
+    from store.checkpoint.saver import ZODBSaver
+
+    if isinstance(checkpointer, ZODBSaver):
+        checkpointer.accept(cycle.EFFECT_KINDS)
+    mind = Mind(services, checkpointer=checkpointer, served_image=served_image)
     builder = StateGraph(MindState, context_schema=MindContext, input_schema=MindInput)
     builder.add_node("route", mind.route)
     builder.add_node("decompose", mind.decompose)
@@ -103,6 +116,8 @@ def build_graph(
     return builder.compile(checkpointer=checkpointer, store=store, name="mind")
 
 
+#: The graph unassembled: its schemas (Studio's forms); running it needs an image, which an
+#: assembly gives (``batos.shell.runtime``, ``batos.shell.served``).
 graph = build_graph()
 
 
@@ -111,37 +126,3 @@ graph = build_graph()
 
 def run_config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": check_thread_id(thread_id)}, "recursion_limit": 40}
-
-
-def ask(
-    text: str,
-    *,
-    thread_id: str | None = None,
-    image: LivingImage | str | None = None,
-    persona: str | None = None,
-    depth: str | None = None,
-    services: MindServices | None = None,
-) -> dict[str, Any]:
-    """Answer one request in one cycle on the image (default: the ``image`` setting) and
-    return the cycle's final state (``status`` is 'COMPLETE' or 'FAILED')."""
-    from graph.boot import open_image
-    from store.checkpoint.saver import ZODBSaver
-
-    owned = not isinstance(image, LivingImage)
-    living = image if isinstance(image, LivingImage) else open_image(image)
-    try:
-        with ZODBSaver(living) as saver:
-            compiled = build_graph(services, checkpointer=saver)
-            context: dict[str, Any] = {}
-            if persona:
-                context["persona"] = persona
-            if depth:
-                context["depth"] = depth
-            return compiled.invoke(
-                {"messages": [HumanMessage(text)]},
-                run_config(f"ask-{uuid6()}" if thread_id is None else thread_id),
-                context=context,
-            )
-    finally:
-        if owned:
-            living.close()

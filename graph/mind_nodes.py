@@ -26,7 +26,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
-from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.runtime import get_runtime
 from langgraph.types import Send
 
@@ -84,19 +83,31 @@ def _failure(node: str, exc: BaseException) -> dict[str, Any]:
     return {"node": node, "reason": f"{type(exc).__name__}: {exc}", "hint": "see the log"}
 
 
-def _bring_up_to_date(image: LivingImage) -> None:
-    """The layouts and persona incarnation a served image may not have had yet."""
-    from graph.boot import upgrade_steps
-    from store.core.schema import upgrade
-
-    upgrade(image, upgrade_steps())
-
-
 class Mind:
-    """The graph's nodes, with the defaults ``build_graph`` was given."""
+    """The graph's nodes, with what ``build_graph`` was given.
 
-    def __init__(self, services: MindServices | None = None) -> None:
+    The image comes from the assembly, never from LangGraph's internals: a ``ZODBSaver``
+    checkpointer's image, else the run's or the defaults' ``services.image``, else
+    ``served_image()`` (a served graph: the image of the runtime whose saver the server
+    uses). With a ``ZODBSaver`` or a served image, COMPLETE's commit travels with the
+    checkpoint; otherwise COMPLETE applies it in a transaction of its own.
+    """
+
+    def __init__(
+        self,
+        services: MindServices | None = None,
+        *,
+        checkpointer: Any = None,
+        served_image: Callable[[], LivingImage] | None = None,
+    ) -> None:
+        from store.checkpoint.saver import ZODBSaver
+
         self.defaults = services or MindServices()
+        saver = checkpointer if isinstance(checkpointer, ZODBSaver) else None
+        self._saver_image = saver.image if saver is not None else None
+        self._served_image = served_image
+        #: Whether the checkpointer applies COMPLETE's commit with its checkpoint.
+        self.commits_with_checkpoint = saver is not None or served_image is not None
         self.writers = facets.FacetWriters()
         self._lock = threading.Lock()
         self._cached: dict[tuple[str, Any], Any] = {}
@@ -137,23 +148,21 @@ class Mind:
                 self._cached[slot] = (key, make())
             return self._cached[slot][1]
 
-    def image(self, config: RunnableConfig) -> LivingImage:
-        """The checkpointer's image if it is a ``ZODBSaver``, else the given one, else the
-        process's shared image at the ``image`` setting; brought up to date once."""
-        from store.checkpoint.saver import ZODBSaver
-
-        saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
-        if isinstance(saver, ZODBSaver):
-            image = saver.image
-        elif (given := self._services().image) is not None:
-            image = given
-        else:
-            from store.core.image import acquire_shared
-
-            uri = settings.get_str("image")
-            image = self._once("image", uri, lambda: acquire_shared(uri))
-        self._once("layout", image, lambda: _bring_up_to_date(image))
-        return image
+    def image(self, config: RunnableConfig | None = None) -> LivingImage:
+        """The image this run works on (the class docstring says which); it was brought up
+        to date by whoever opened it (``open_runtime``)."""
+        if self._saver_image is not None:
+            return self._saver_image
+        given = self._services().image
+        if given is not None:
+            return given
+        if self._served_image is not None:
+            return self._once("image", "served", self._served_image)
+        raise MindError(
+            "the mind was assembled without an image",
+            hint="assemble it with batos.shell.runtime.open_runtime(), or give build_graph a "
+            "ZODBSaver checkpointer or services.image",
+        )
 
     def models(self, persona: str, **options: Any) -> BaseChatModel:
         factory = self._services().models
@@ -773,15 +782,14 @@ class Mind:
         cycle_state = dict(state["cycle"])
         commit = cycle.commit_for(state, cycle_state)
         self.writers.forget(cycle_state["id"])
-        from store.checkpoint.saver import ZODBSaver
-
-        saver = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
-        if not isinstance(saver, ZODBSaver):
+        if not self.commits_with_checkpoint:
             # No saver to carry the commit: apply it here, as one transaction of its own.
-            checked = effects.check(commit)
+            kinds = cycle.EFFECT_KINDS
+            checked = effects.check(commit, kinds)
             where = (cycle_state["thread_id"], "", "")
             self.image(config).transact(
-                lambda root: effects.apply_commit(root, checked, where), note=commit["note"]
+                lambda root: effects.apply_commit(root, checked, where, kinds),
+                note=commit["note"],
             )
         lead = state["route"]["chosen"][0]
         message = AIMessage(

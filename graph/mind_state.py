@@ -31,8 +31,9 @@ class MindServices:
 
     ``models(persona, **options)`` → chat model (default ``batos.models.chat_model``); ``router``
     has ``route(text)`` (default ``graph.router.load_router(image)``); ``embedder`` has
-    ``encode(texts)`` → unit float32 rows (default the router's encoder); ``image`` is used when
-    the checkpointer is not a ``ZODBSaver`` (whose image always wins); ``catalog`` is what
+    ``encode(texts)`` → unit float32 rows (default the router's encoder); ``image``, brought up
+    to date by ``open_runtime``, is used when the checkpointer is not a ``ZODBSaver`` (whose
+    image always wins); ``catalog`` is what
     BABS's facets search (default ``KnowledgeCatalog.open(image)``).
     """
 

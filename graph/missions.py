@@ -23,7 +23,7 @@ change in the numbers can be put down to one mission). A change that one of the 
   protocols (invention, research) the seeds tie to solution novelty.
 - ``H_rel``: no mission kind acts on relevance yet; the next component is tried.
 
-**The record.** Each mission is kept in the image (``root['missions']``) with its hypothesis —
+**The record.** Each mission is kept in the image (``layout.MISSIONS``) with its hypothesis —
 the component, its reading when the mission started, the gain expected
 (``mission_min_gain``) and by when (the first audit after ``mission_cycles`` new cycles) —
 and the id of the one transaction that made its change (note ``mission N: …``). The record
@@ -48,23 +48,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from BTrees.IOBTree import IOBTree
-from persistent.mapping import PersistentMapping
 
 from batos import settings
 from batos.errors import BatosError, ImageError
 from graph import cem, records
-from graph.cycle import CYCLES_KEY
-from graph.router import MAX_PRIOR, PRIORS_KEY
+from graph.router import MAX_PRIOR
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT, PERSONAS
 from prototypes.incarnation import personas
 from prototypes.install import install_method
 from prototypes.uvm import Method
+from store.core import layout
 from store.core.image import LivingImage
 
 log = logging.getLogger("batos.audit")
 
-#: Root key of the missions: mission number → record dict.
-MISSIONS_KEY = "missions"
 #: Transactions searched for a mission's change (newest first).
 HISTORY_SEARCHED = 1000
 #: Characters of a request used as a facet's trial sub-query.
@@ -125,7 +122,7 @@ def _undone(root: Any) -> set[tuple[str, str, str | None]]:
 
 def _prior_plan(root: Any, metrics: Mapping[str, Any], target: str) -> Plan | None:
     among = list(PERSONAS) if target == "H_cog" else ["BRICK", "BABS"]
-    priors = root.get(PRIORS_KEY) or {}
+    priors = layout.find(root, layout.ROUTER_PRIORS) or {}
     avoid = _undone(root)
     for persona in _least_used(metrics, among):
         if ("raise_prior", persona, None) in avoid:
@@ -196,7 +193,8 @@ def plan(
 
 
 def missions(root: Any) -> Any:
-    return root.get(MISSIONS_KEY) or IOBTree()
+    """The missions (mission number → record dict); empty in an image without them."""
+    return layout.find(root, layout.MISSIONS) or IOBTree()
 
 
 def valid_missions(root: Any, newest: int | None = None) -> list[dict[str, Any]]:
@@ -209,18 +207,9 @@ def valid_missions(root: Any, newest: int | None = None) -> list[dict[str, Any]]
     return [m for m in checked if m is not None]
 
 
-def prepare(root: Any) -> None:
-    """Create the containers a mission changes, so that its own transaction changes only
-    them (and stays undoable after later transactions that add other root keys)."""
-    if root.get(MISSIONS_KEY) is None:
-        root[MISSIONS_KEY] = IOBTree()
-    if root.get(PRIORS_KEY) is None:
-        root[PRIORS_KEY] = PersistentMapping()
-
-
 def _update(image: LivingImage, number: int, note: str, **changes: Any) -> dict[str, Any]:
     def write(root: Any) -> dict[str, Any]:
-        found = root[MISSIONS_KEY]
+        found = layout.missions(root)
         record = {**found[number], **changes}
         found[number] = record
         return record
@@ -250,7 +239,7 @@ def _raise_prior(
     step = settings.get_float("mission_prior_step")
 
     def change(root: Any) -> dict[str, Any]:
-        priors = root[PRIORS_KEY]
+        priors = layout.router_priors(root)
         before = float(priors.get(chosen.persona, 0.0))
         after = min(MAX_PRIOR, before + step)
         priors[chosen.persona] = after
@@ -353,10 +342,9 @@ def start(
     baseline = {c: metrics.get(c) for c in (*cem.COMPONENTS, "cem")}
 
     def begin(root: Any) -> int:
-        prepare(root)
-        found = root[MISSIONS_KEY]
+        found = layout.missions(root)
         number = found.maxKey() + 1 if len(found) else 1
-        cycles = root.get(CYCLES_KEY)
+        cycles = layout.find(root, layout.CYCLES)
         found[number] = {
             "id": number,
             "started": time.time(),
@@ -421,7 +409,7 @@ def assess(
     """The judgement of every open mission on this reading (module docstring); reads only."""
     gain = settings.get_float("mission_min_gain")
     decay = settings.get_float("audit_decay")
-    cycles = root.get(CYCLES_KEY)
+    cycles = layout.find(root, layout.CYCLES)
     now = len(cycles) if cycles is not None else 0
     out = []
     for m in open_missions(root):

@@ -185,7 +185,7 @@ Embedding = Annotated[bytes, Field(min_length=DIMS * 4, max_length=DIMS * 4)]
 
 
 class CycleRecord(_CycleFields):
-    """A committed cycle record (``root['cycles']``): embeddings as float32 bytes."""
+    """A committed cycle record (``layout.CYCLES``): embeddings as float32 bytes."""
 
     request_vector: Embedding | None = None
     response_vector: Embedding | None = None
@@ -218,7 +218,7 @@ class CemReading(_Open):
 
 
 class AuditReport(_Open):
-    """An audit report (``root['audit_reports']``)."""
+    """An audit report (``layout.AUDIT_REPORTS``)."""
 
     id: Natural
     time: Timestamp
@@ -251,7 +251,7 @@ class Judged(_Open):
 
 
 class Mission(_Open):
-    """A self-improvement mission (``root['missions']``)."""
+    """A self-improvement mission (``layout.MISSIONS``)."""
 
     id: Natural
     started: Timestamp

@@ -47,11 +47,11 @@ from batos.errors import BatosError, ObjectPathError
 from graph.facets import facet_key
 from prototypes import kernel, rejected
 from prototypes.codex import FACET_PREFIX, INTENTS_SLOT
-from prototypes.incarnation import OBJECTS_KEY, personas
+from prototypes.incarnation import personas
 from prototypes.install import install_method
 from prototypes.paths import prototype
 from prototypes.uvm import Method, UvmObject
-from store.core import method_queue
+from store.core import layout, method_queue
 from store.core.image import LivingImage, actor
 from store.core.transactions import Unchanged
 
@@ -104,7 +104,7 @@ def walk(root: Any) -> Iterator[tuple[str, UvmObject]]:
     """(path, object) for every prototype reachable from the top-level ones through slots
     (parent slots included), each once, nearest path first."""
     seen: set[int] = set()
-    objects = root.get(OBJECTS_KEY) or {}
+    objects = layout.find(root, layout.OBJECTS) or {}
     frontier = [(str(name), objects[name]) for name in objects.keys()]
     while frontier:
         following = []
@@ -198,7 +198,7 @@ def _take_out(
     root: Any, holder: UvmObject, method: Method, *, path: str, reason: str, cause: str
 ) -> Rejection:
     """Remove ``method`` from ``holder``, record it and make its intent pending again, in the
-    caller's transaction (``_prepare`` made the containers)."""
+    caller's transaction (the image's upgrade steps made the containers)."""
     selector = method.selector
     delattr(holder, selector)
     declared = _declare_intent(holder, selector, method.intent)
@@ -219,18 +219,6 @@ def _take_out(
     return Rejection(number, path, selector, cause, reason, _rewritten_by(root, holder, selector))
 
 
-def _prepare(image: LivingImage) -> None:
-    """Create the record and the queue in a transaction of their own, if either is missing,
-    so a rejection's transaction never changes the root (``rejected.prepare``)."""
-
-    def create(root: Any) -> None:
-        made = [rejected.prepare(root), method_queue.prepare(root)]
-        if not any(made):
-            raise Unchanged()
-
-    image.transact(create, note="methods: the record of rejected methods")
-
-
 def reject(image: LivingImage, path: str, selector: str, *, reason: str = "") -> Rejection:
     """Take out the generated method ``path`` answers ``selector`` with (its own or an
     ancestor's), in a transaction of its own; what was done.
@@ -240,7 +228,6 @@ def reject(image: LivingImage, path: str, selector: str, *, reason: str = "") ->
     """
     with image.read() as root:  # every error before anything is written
         _generated(root, path, selector)
-    _prepare(image)
 
     def take(root: Any) -> Rejection:
         holder, method, where = _generated(root, path, selector)
@@ -284,8 +271,6 @@ def check_methods(
                     continue
                 if failures:
                     failing.append((where, key, kernel.source_digest(method.source)))
-    if failing:
-        _prepare(image)
     for where, (oid, selector), digest in failing:
 
         def take(root: Any, where=where, oid=oid, selector=selector, digest=digest) -> Any:

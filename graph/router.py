@@ -16,17 +16,16 @@ examples alone (lowest log-loss), then the model is refitted on all of them.
 probability is at least ``FLOOR`` and within ``MARGIN`` of the best — a request that spans two
 personas splits its probability between them — at most ``MAX_CHOSEN`` in all, best first.
 
-The trained router lives in the image under ``root['router']`` as plain data (weights as
+The trained router lives in the image (``layout.ROUTER``) as plain data (weights as
 bytes, the codex version and a digest of what it was trained on), so no class of ours is
 pickled. ``load_router`` trains and stores it, in its own transaction, when it is missing,
 damaged or was trained on other data; each process caches it per stored record (oid and
 serial), so a retrain by another process is picked up on the next call.
 
-**Priors.** ``root['router_priors']`` maps a persona to an offset added to its logit after the
-temperature (a log-prior ratio, bounded by ``MAX_PRIOR``): the audit's self-improvement
-missions raise an under-used persona's offset, and ``batos undo`` of such a mission takes it
-back. A change to the priors is picked up on the next ``load_router`` call, as a retrain is.
-"""
+**Priors.** The image's ``layout.ROUTER_PRIORS`` maps a persona to an offset added to its logit
+after the temperature (a log-prior ratio, bounded by ``MAX_PRIOR``): the audit's self-improvement
+missions raise an under-used persona's offset, and ``batos undo`` of such a mission takes it back. A
+change to the priors is picked up on the next ``load_router`` call, as a retrain is."""
 
 from __future__ import annotations
 
@@ -48,6 +47,7 @@ from persistent.mapping import PersistentMapping
 
 from batos.errors import BatosError, RoutingError
 from prototypes.codex import PERSONAS, Codex, load_codex
+from store.core import layout
 from store.knowledge.embeddings import DIMS, FLOAT32, INT8, Embedder
 
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batos.router")
 
-#: Where the image keeps the trained router.
-ROUTER_KEY = "router"
 #: Version of the stored record's layout and of the training recipe; a change retrains.
 #: 2: fitted on the int8 encoder's vectors (1: float32).
 FORMAT = 2
@@ -79,8 +77,6 @@ FOLDS = 5
 MIN_EXAMPLES = 8
 #: Digests of the training data kept per process (computing one costs about 1 ms).
 DIGESTS_KEPT = 8
-#: Where the image keeps the routing priors: persona → logit offset.
-PRIORS_KEY = "router_priors"
 #: Largest offset a prior may add to or take from a persona's logit.
 MAX_PRIOR = 2.0
 
@@ -522,8 +518,8 @@ def load_router(
     priors: dict[str, float] = {}
     for _ in range(2):
         with image.read() as root:
-            record = root.get(ROUTER_KEY)
-            priors = _priors(root.get(PRIORS_KEY))
+            record = layout.router_record(root)
+            priors = _priors(layout.find(root, layout.ROUTER_PRIORS))
             if record is not None and _current(record, codex, digest):
                 key = (record._p_oid, record._p_serial, tuple(sorted(priors.items())))
                 with _cache_lock:
@@ -544,14 +540,14 @@ def load_router(
         trained = train_router(codex, embedder=embedder)
 
         def store(root: Any, trained: Router = trained) -> None:
-            record = root.get(ROUTER_KEY)
+            record = layout.router_record(root)
             if record is not None and _current(record, codex, digest):
                 try:  # another process stored one for the same data meanwhile: keep it
                     Router.from_record(record)
                     return
                 except BatosError:
                     pass
-            root[ROUTER_KEY] = trained.to_record()
+            layout.set_router_record(root, trained.to_record())
 
         image.transact(store, note=f"router: trained on codex version {codex.version}")
     return trained.with_priors(priors)

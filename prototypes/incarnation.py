@@ -1,37 +1,29 @@
 """Incarnation: building the persona prototypes in the image from the codex, idempotently.
 
-The codex becomes objects under ``root['objects']``: ``traits`` (every persona's parent),
-``models`` (persona → model name) and one prototype per persona. Incarnating again with the
-same codex changes nothing; a new codex version rewrites the codex-derived slots, drops the
-intents it no longer declares, and keeps what the image grew by itself (methods the personas
-wrote, statistics, extra slots, intents added by hand). An older codex never overwrites what
-a newer one incarnated.
-"""
+The codex becomes objects in the image's registry of named objects: ``traits`` (every persona's
+parent), ``models`` (persona → model name) and one prototype per persona. Incarnating again with the
+same codex changes nothing; a new codex version rewrites the codex-derived slots, drops the intents
+it no longer declares, and keeps what the image grew by itself (methods the personas wrote,
+statistics, extra slots, intents added by hand). An older codex never overwrites what a newer one
+incarnated."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
 from batos.errors import ImageError
 from prototypes.codex import Codex, load_codex
 from prototypes.uvm import UvmObject
+from store.core import layout
+from store.core.layout import UpgradeStep
 
-OBJECTS_KEY = "objects"
 #: Slots incarnation owns on a persona; everything else on the object is the image's own.
 CODEX_SLOTS = ("name", "role", "inspirations", "activation", "model", "identity", "router_examples")
 #: Private slot of each persona: the intents (selector → text) the codex last declared, so a
 #: later codex can drop the ones it no longer has without touching intents added by hand.
 CODEX_INTENTS = "_codex_intents"
-
-
-def _objects(root: Any) -> OOBTree:
-    objects = root.get(OBJECTS_KEY)
-    if objects is None:
-        objects = root[OBJECTS_KEY] = OOBTree()
-    return objects
 
 
 _MISSING = object()
@@ -47,7 +39,7 @@ def _set_if_changed(obj: UvmObject, name: str, value: Any) -> bool:
 def incarnate(root: Any, codex: Codex | None = None) -> list[str]:
     """Bring the personas in ``root`` in line with ``codex``; returns what changed."""
     codex = codex or load_codex()
-    objects = _objects(root)
+    objects = layout.objects(root)
     changes: list[str] = []
 
     traits = objects.get("traits")
@@ -88,6 +80,17 @@ def incarnate(root: Any, codex: Codex | None = None) -> list[str]:
     return changes
 
 
+def incarnation_step(codex: Codex | None = None) -> UpgradeStep:
+    """The object model's step for ``codex`` (default: the shipped one): one per codex
+    version, so a new version is incarnated once on every image that opens."""
+    codex = codex or load_codex()
+    return UpgradeStep(
+        f"codex-{codex.version}",
+        f"incarnate the personas of codex version {codex.version}",
+        lambda root: incarnate(root, codex),
+    )
+
+
 def _update_intents(persona: UvmObject, key: str, declared: dict[str, str]) -> list[str]:
     changes = []
     intents = persona.intents
@@ -110,7 +113,7 @@ def _update_intents(persona: UvmObject, key: str, declared: dict[str, str]) -> l
 
 def personas(root: Any) -> dict[str, UvmObject]:
     """The incarnated persona prototypes by upper-case name."""
-    objects = root.get(OBJECTS_KEY, {})
+    objects = layout.find(root, layout.OBJECTS) or {}
     return {
         name.upper(): objects[name.lower()]
         for name in ("ROBIN", "BRICK", "BABS", "ALFRED")

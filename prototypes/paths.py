@@ -1,8 +1,7 @@
 """Dotted paths into the image: ``robin``, ``robin.intents``, ``robin.parent*.description``.
 
-The first name is a top-level object in ``root['objects']``; each further name is a slot of a
-prototype (its own first, then inherited, never generative) or a key of a mapping.
-"""
+The first name is a top-level object of the image's registry of named objects; each further name is
+a slot of a prototype (its own first, then inherited, never generative) or a key of a mapping."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ from typing import Any
 
 from batos.errors import ObjectPathError
 from prototypes.bounded import bounded_repr
-from prototypes.incarnation import OBJECTS_KEY
 from prototypes.uvm import UvmObject
+from store.core import layout
 
 
 def _names(obj: Any) -> list[str]:
@@ -25,7 +24,7 @@ def _names(obj: Any) -> list[str]:
 
 def resolve(root: Any, path: str) -> Any:
     """The object at ``path``; ``ObjectPathError`` naming the alternatives if there is none."""
-    objects = root.get(OBJECTS_KEY)
+    objects = layout.find(root, layout.OBJECTS)
     if objects is None:
         raise ObjectPathError("the image has no objects yet", hint="run 'batos init' first")
     names = [part for part in path.strip().split(".") if part]

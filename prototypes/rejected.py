@@ -2,13 +2,12 @@
 whole, with who took it out, when and why, so that it can be put back — and so that the same
 code is never installed on the same object again as it was.
 
-Records live in ``root['rejected_methods']`` (an ``OOBTree``: record number → plain dict,
-assigned again on every change), beside ``root['objects']``: like the objects themselves they
-belong to the object model. A record holds the ``Method`` itself (source, examples, audit) and
-the object that held it, by reference; its ``digest`` is ``code_digest`` of the source, which
-``refusal`` compares every new draft for that object and selector with while the record's
-status is ``rejected`` (``restored`` once a user put it back).
-"""
+Records live in the image's ``layout.REJECTED_METHODS`` container (an ``OOBTree``: record number →
+plain dict, assigned again on every change), beside its objects: like the objects themselves they
+belong to the object model. A record holds the ``Method`` itself (source, examples, audit) and the
+object that held it, by reference; its ``digest`` is ``code_digest`` of the source, which
+``refusal`` compares every new draft for that object and selector with while the record's status is
+``rejected`` (``restored`` once a user put it back)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from BTrees.OOBTree import OOBTree
-
 from prototypes.uvm import Method, UvmObject
+from store.core import layout
 
-REJECTED_KEY = "rejected_methods"
 #: Characters of a reason kept in a record, and shown in a refusal.
 MAX_REASON_CHARS = 2000
 REFUSAL_REASON_CHARS = 300
@@ -48,18 +45,8 @@ def code_digest(source: str) -> str:
 
 
 def records(root: Any) -> Any | None:
-    """The record container, or None in an image that never rejected a method."""
-    return root.get(REJECTED_KEY)
-
-
-def prepare(root: Any) -> bool:
-    """Create the record container; whether it was missing. Done in a transaction of its own
-    before the first rejection, so that a rejection's transaction never changes the root
-    (and stays undoable after later transactions that add other root keys)."""
-    if root.get(REJECTED_KEY) is not None:
-        return False
-    root[REJECTED_KEY] = OOBTree()
-    return True
+    """The record container, or None in an image that was never laid out for it."""
+    return layout.find(root, layout.REJECTED_METHODS)
 
 
 def add(
@@ -74,7 +61,7 @@ def add(
     declared_intent: bool = False,
 ) -> int:
     """Record ``method``, just taken out of ``holder``; the record's number."""
-    found = root[REJECTED_KEY]
+    found = layout.rejected_methods(root)
     number = found.maxKey() + 1 if len(found) else 1
     found[number] = {
         "id": number,
@@ -115,7 +102,7 @@ def newest(root: Any, holders: tuple[UvmObject, ...], selector: str) -> dict[str
 
 
 def mark_restored(root: Any, number: int, by: str) -> None:
-    found = root[REJECTED_KEY]
+    found = layout.rejected_methods(root)
     found[number] = {
         **found[number],
         "status": RESTORED,

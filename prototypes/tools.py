@@ -35,6 +35,8 @@ from batos.errors import SandboxViolation, SlotError, ToolRefused
 from prototypes import isolation, sandbox
 from prototypes.bounded import bounded_repr
 from prototypes.uvm import Method, UvmObject, register_compiler
+from store.core import layout
+from store.core.layout import UpgradeStep
 
 #: The compiler name of a tool proxy's methods (``Method.compiler``).
 TOOL_COMPILER = "tool"
@@ -394,6 +396,20 @@ def make_toolbox() -> UvmObject:
     setattr(toolbox, _TOOLBOX_MARK, True)
     setattr(toolbox, _PROTOTYPE_SLOT, prototype)
     return toolbox
+
+
+def _add_toolbox(root: Any) -> None:
+    objects = layout.objects(root)
+    if TOOLBOX not in objects:
+        objects[TOOLBOX] = make_toolbox()
+
+
+#: The object model's step: the toolbox among the image's objects.
+TOOLS_STEP = UpgradeStep(
+    "tools-1",
+    "the 'tools' object whose slots are tool proxies (prototypes.tools)",
+    _add_toolbox,
+)
 
 
 def _marked(obj: UvmObject, mark: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from images import open_laid_out
 from pgcluster import PostgresCluster, PostgresUnavailable
 
 from store.core.image import LivingImage
@@ -53,7 +54,8 @@ def batos_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def memory_image() -> Iterator[LivingImage]:
-    image = LivingImage.open("memory://")
+    """A memory:// image with the store's layout (``images.laid_out``)."""
+    image = open_laid_out("memory://")
     yield image
     image.close()
 
@@ -114,6 +116,6 @@ def shared_image_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
 
 @pytest.fixture
 def any_image(any_image_uri: str) -> Iterator[LivingImage]:
-    """An open image of each kind in turn."""
-    with LivingImage.open(any_image_uri) as image:
+    """An open image of each kind in turn, with the store's layout."""
+    with open_laid_out(any_image_uri) as image:
         yield image

@@ -24,8 +24,8 @@ from batos.models import author_model, chat_model, register_backend, unregister_
 from batos.models.embedded import EmbeddedChatModel
 from batos.shell.cli import main
 from batos.shell.doctor import check_author
+from batos.shell.runtime import open_image
 from graph import jit
-from graph.boot import open_image
 from prototypes.codex import load_codex
 from prototypes.incarnation import personas
 from prototypes.uvm import Method, UvmObject

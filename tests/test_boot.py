@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from prototypes import kernel
 
 SHOUT = "def shout(self, text):\n    return text.upper() + '!'\n"
@@ -17,7 +17,7 @@ SHOUT = "def shout(self, text):\n    return text.upper() + '!'\n"
 USER_SCRIPT = textwrap.dedent(
     """
     import sys
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
 
     with open_image(sys.argv[1]) as image:
         print(image.transact(lambda root: root["objects"]["brick"].shout("hello")))

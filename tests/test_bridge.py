@@ -22,8 +22,8 @@ from test_mind import responder
 
 from batos.shell.bridge import MAX_BODY_BYTES, MAX_MESSAGE_BYTES, MAX_PER_CLIENT, PROTOCOL, Bridge
 from batos.shell.cli import main
+from batos.shell.runtime import Runtime, open_image
 from graph import cycle
-from graph.boot import open_image
 from graph.mind import MindServices
 from store.core.image import LivingImage
 
@@ -54,7 +54,7 @@ def bridge(image: LivingImage) -> Iterator[Bridge]:
         router=FakeRouter(("ROBIN",)),
         embedder=FakeEmbedder(),
     )
-    server = Bridge(image, "tcp://127.0.0.1:*", services)
+    server = Bridge(Runtime.of(image), "tcp://127.0.0.1:*", services)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     assert server.bound.wait(10) and server.endpoint.startswith("tcp://127.0.0.1:")
@@ -278,13 +278,13 @@ def test_one_client_has_at_most_a_bounded_number_of_requests_in_flight(bridge, c
 FLOOD = """
 import resource, sys, threading, zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter
-from graph.boot import open_image
+from batos.shell.runtime import open_runtime
 from batos.shell.bridge import Bridge
 from graph.mind import MindServices
 
 services = MindServices(models=FakeModels(lambda call: "x"), router=FakeRouter(("ROBIN",)),
                         embedder=FakeEmbedder())
-server = Bridge(open_image("memory://"), "tcp://127.0.0.1:*", services)
+server = Bridge(open_runtime("memory://"), "tcp://127.0.0.1:*", services)
 threading.Thread(target=server.serve, daemon=True).start()
 assert server.bound.wait(10)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

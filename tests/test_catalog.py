@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from images import open_laid_out
 
 from batos.errors import CatalogError
 from graph.retrieval import cited_context, retrieval_node
@@ -220,13 +221,13 @@ def test_cited_context_fences_passages_as_data(catalog: KnowledgeCatalog) -> Non
 
 
 def test_catalog_survives_reopen(lasting_image_uri: str, embedder: Embedder) -> None:
-    with LivingImage.open(lasting_image_uri) as image:
+    with open_laid_out(lasting_image_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         ingest_text(catalog, "cats", CATS)
         ingest_text(catalog, "physics", PHYSICS)
         before = [(h.chunk_id, h.source) for h in catalog.search("entanglement", 2)]
         catalog.close()
-    with LivingImage.open(lasting_image_uri) as image:
+    with open_laid_out(lasting_image_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         assert [(h.chunk_id, h.source) for h in catalog.search("entanglement", 2)] == before
         assert len(catalog.vectors) == catalog.stats()["chunks"] == 2
@@ -234,7 +235,7 @@ def test_catalog_survives_reopen(lasting_image_uri: str, embedder: Embedder) -> 
 
 
 def test_cache_follows_writes_of_another_process(shared_image_uri: str, embedder: Embedder) -> None:
-    with LivingImage.open(shared_image_uri) as one, LivingImage.open(shared_image_uri) as two:
+    with open_laid_out(shared_image_uri) as one, open_laid_out(shared_image_uri) as two:
         writer = KnowledgeCatalog.open(one, embedder)
         reader = KnowledgeCatalog.open(two, embedder)
         ingest_text(writer, "cats", CATS)

@@ -19,7 +19,7 @@ import pytest
 
 from batos.shell.cli import main
 from batos.shell.cli.repl import clean_line
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from graph.mind import build_graph, run_config
 from store.checkpoint.saver import ZODBSaver
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from images import open_laid_out
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from persistent import Persistent
 from ZODB.ConflictResolution import PersistentReference
@@ -24,7 +25,6 @@ from ZODB.utils import get_pickle_metadata, p64
 from batos import metrics
 from batos.errors import ImageCorruptError
 from store.checkpoint.layout import (
-    CHECKPOINTS_KEY,
     RECENT,
     RECORD_FORMAT,
     CheckpointIndex,
@@ -32,6 +32,7 @@ from store.checkpoint.layout import (
     OlderCheckpoints,
 )
 from store.checkpoint.saver import ZODBSaver
+from store.core import layout
 from store.core.image import LivingImage
 from store.core.schema import SCHEMA_KEY, applied
 
@@ -77,7 +78,7 @@ def raw_state(image: LivingImage, obj: Persistent) -> Any:
 
 @pytest.fixture
 def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         yield saver
 
 
@@ -132,9 +133,9 @@ def test_put_writes_rewrites_only_its_record(file_saver: ZODBSaver) -> None:
 
 
 def test_latest_is_read_without_loading_the_tree_of_older_ids(file_uri: str) -> None:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         configs = put_chain(saver, "t", 5 * RECENT)
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         latest = saver.get_tuple(cfg("t"))
         assert latest.config == configs[-1] and latest.metadata["step"] == 5 * RECENT - 1
         with saver._reading(writer=True) as tree:
@@ -222,7 +223,7 @@ def test_the_chain_of_records_survives_every_change(file_saver: ZODBSaver) -> No
 
 
 def test_pack_frees_the_records_of_deleted_checkpoints(file_uri: str) -> None:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         configs = put_chain(saver, "p", 5 * RECENT)
         with saver._reading() as tree:
             oids = {key: record._p_oid for key, record in tree.threads["p"].namespaces[""].items()}
@@ -242,7 +243,7 @@ def test_pack_frees_the_records_of_deleted_checkpoints(file_uri: str) -> None:
 
 
 def test_every_write_of_a_saver_goes_through_one_connection(file_uri: str) -> None:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         opened = []
         open_ = image.db.open
 
@@ -328,7 +329,7 @@ def write_layout_3(image: LivingImage, monkeypatch: pytest.MonkeyPatch) -> None:
         patch.setattr(CheckpointRecord, "__getstate__", Persistent.__getstate__)
 
         def downgrade(root: Any) -> None:
-            for thread in root[CHECKPOINTS_KEY].threads.values():
+            for thread in root[layout.CHECKPOINTS].threads.values():
                 for ns, index in list(thread.namespaces.items()):
                     tree = OOBTree()
                     for checkpoint_id, record in index.items():
@@ -343,7 +344,7 @@ def write_layout_3(image: LivingImage, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_layout_3_image_gets_its_bucket_of_newest_ids_and_reads_the_same(
     file_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         configs = put_chain(saver, "old", 3 * RECENT)
         saver.put_writes(configs[-1], [("ch", "pending")], "task")
         saver.put_writes(configs[2], [("ch", "x" * 2000)], "task")
@@ -353,18 +354,18 @@ def test_layout_3_image_gets_its_bucket_of_newest_ids_and_reads_the_same(
     with LivingImage.open(file_uri) as image:
         with image.read() as root:
             assert "checkpoints-4" not in applied(root)
-            old = root[CHECKPOINTS_KEY].threads["old"].namespaces[""]
+            old = root[layout.CHECKPOINTS].threads["old"].namespaces[""]
             assert type(old).__name__ == "OOBTree"
             assert isinstance(raw_state(image, old[old.maxKey()]), dict)  # pickled attributes
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         with image.read() as root:
             assert "checkpoints-4" in applied(root)
-            index = root[CHECKPOINTS_KEY].threads["old"].namespaces[""]
+            index = root[layout.CHECKPOINTS].threads["old"].namespaces[""]
             assert isinstance(index, CheckpointIndex)
             assert index._ids == [c["configurable"]["checkpoint_id"] for c in configs][-RECENT:]
             assert_chain(index)
             assert isinstance(index.older, OlderCheckpoints) and len(index.older) == 2 * RECENT
-            assert len(root[CHECKPOINTS_KEY].threads["short"].namespaces[""].older or ()) == 0
+            assert len(root[layout.CHECKPOINTS].threads["short"].namespaces[""].older or ()) == 0
         assert {thread: history(saver, thread) for thread in expected} == expected
         # an old record changes: it is stored in the new form, and reads the same
         saver.put_writes(configs[-1], [("ch", "more")], "task-2")
@@ -466,7 +467,7 @@ def test_two_clients_putting_into_one_thread_keep_every_checkpoint(
     shared_image_uri: str,
 ) -> None:
     errors: list[BaseException] = []
-    with LivingImage.open(shared_image_uri) as first, LivingImage.open(shared_image_uri) as second:
+    with open_laid_out(shared_image_uri) as first, open_laid_out(shared_image_uri) as second:
         savers = [ZODBSaver(first), ZODBSaver(second)]
         start = threading.Barrier(2)
 

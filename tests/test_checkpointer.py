@@ -11,21 +11,21 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from images import open_laid_out
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from batos.errors import ImageCorruptError, ImageError, ImageURIError
-from store.checkpoint.layout import CHECKPOINTS_KEY, Payload
+from store.checkpoint.layout import Payload
 from store.checkpoint.saver import (
     CheckpointConfigError,
     CheckpointNotFound,
     CheckpointSerializationError,
     ZODBSaver,
-    generate_checkpointer,
 )
+from store.core import layout
 from store.core.image import LivingImage
 from store.core.zeo import ZeoServer
 
@@ -58,14 +58,14 @@ def saver(memory_image: LivingImage) -> Iterator[ZODBSaver]:
 
 @pytest.fixture
 def file_saver(file_uri: str) -> Iterator[ZODBSaver]:
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as s:
         yield s
 
 
 @pytest.fixture
 def lasting_saver(lasting_image_uri: str) -> Iterator[ZODBSaver]:
     """A saver on a file, a ZEO and a PostgreSQL image in turn."""
-    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(lasting_image_uri) as image, ZODBSaver(image) as s:
         yield s
 
 
@@ -85,7 +85,7 @@ def written(saver: ZODBSaver) -> tuple[int, list]:
 async def _conformance(uri_for_suite: Any) -> None:
     @checkpointer_test(name="ZODBSaver")
     async def factory():
-        image = LivingImage.open(uri_for_suite())
+        image = open_laid_out(uri_for_suite())
         saver = ZODBSaver(image)
         try:
             yield saver
@@ -125,12 +125,12 @@ async def test_conformance_on_postgres(postgres_cluster: Any) -> None:
 
 
 def test_graph_state_survives_reopening_the_image(lasting_image_uri: str) -> None:
-    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(lasting_image_uri) as image, ZODBSaver(image) as s:
         assert chain_graph(s).invoke({"n": 0, "log": []}, cfg("t1")) == {
             "n": 3,
             "log": ["n0", "n1", "n2"],
         }
-    with LivingImage.open(lasting_image_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(lasting_image_uri) as image, ZODBSaver(image) as s:
         graph = chain_graph(s)
         assert graph.get_state(cfg("t1")).values["n"] == 3
         out = graph.invoke({"n": 10, "log": []}, cfg("t1"))
@@ -211,7 +211,7 @@ def test_concurrent_writes_to_one_checkpoint_are_all_kept(
 
     uri = any_image_uri
     image_kind = uri.split(":", 1)[0]
-    with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(uri) as image, ZODBSaver(image) as saver:
         stored = saver.put(cfg("pw", checkpoint_ns=""), generate_checkpoint(), {"step": 0}, {})
         with caplog.at_level("INFO", logger="batos.checkpointer"):
             _race(*(partial(saver.put_writes, stored, [("ch", i)], f"task-{i}") for i in range(12)))
@@ -246,7 +246,7 @@ def latest_record(saver: ZODBSaver, thread: str) -> Any:
 
 def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> None:
     big = "x" * 100_000
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as s:
         chain_graph(s, nodes=1).invoke({"n": 0, "log": [big]}, cfg("big"))
         assert s.get_tuple(cfg("big")).checkpoint["channel_values"]["log"] == [big, "n0"]
         values = latest_record(s, "big").values
@@ -385,11 +385,11 @@ def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> 
     expected = history(memory)
     assert any(item[4] for item in expected)  # the interrupt is a pending write
     orphan = ("never-stored", "task", 0)
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         upgrade(image, CHECKPOINT_STEPS[:1])
 
         def write_layout_1(root: Any) -> None:
-            threads = root[CHECKPOINTS_KEY].threads
+            threads = root[layout.CHECKPOINTS].threads
             threads["old"] = _layout_1_thread(memory, "old")
             threads["old"].writes[("", *orphan)] = ("ch", ("json", b"1"), "")
             only_orphans = threads["orphans"] = ThreadRecord()
@@ -397,10 +397,10 @@ def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> 
             only_orphans.writes[("", *orphan)] = ("ch", ("json", b"1"), "")
 
         image.transact(write_layout_1)
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as s:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as s:
         with image.read() as root:
             assert {"checkpoints-2", "checkpoints-3"} <= set(applied(root))
-            assert set(root[CHECKPOINTS_KEY].threads) == {"old"}
+            assert set(root[layout.CHECKPOINTS].threads) == {"old"}
         assert history(s) == expected
         assert [t.thread_id for t in s.threads()] == ["old"]
         graph = builder.compile(checkpointer=s)
@@ -544,7 +544,7 @@ def test_non_serialisable_state_writes_nothing(file_uri: str) -> None:
     builder.add_node("node", node)
     builder.add_edge(START, "node")
     builder.add_edge("node", END)
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         graph = builder.compile(checkpointer=saver)
         graph.invoke({"n": 0, "log": []}, cfg("ok"))
         before = written(saver)
@@ -684,22 +684,6 @@ def test_writes_racing_their_put_are_stored_exactly_once(file_saver: ZODBSaver) 
     assert file_saver._parking.parked() == 0
 
 
-def test_image_that_cannot_be_opened(tmp_path: Path) -> None:
-    garbage = tmp_path / "garbage.fs"
-    garbage.write_bytes(b"this is not a FileStorage" * 10)
-
-    async def enter(uri: str) -> None:
-        async with generate_checkpointer(uri):
-            pass
-
-    with pytest.raises(ImageCorruptError):
-        asyncio.run(enter(f"file://{garbage}"))
-    with pytest.raises(ImageURIError):
-        asyncio.run(enter("nosuch://x"))
-    with pytest.raises(ImageError, match="no ZEO server"):
-        asyncio.run(enter("zeo://127.0.0.1:9?wait_timeout=1"))
-
-
 def test_unknown_prune_strategy_and_bad_keep(saver: ZODBSaver) -> None:
     from store.checkpoint.saver import CheckpointError
 
@@ -709,32 +693,10 @@ def test_unknown_prune_strategy_and_bad_keep(saver: ZODBSaver) -> None:
         saver.trim(None, keep=0)
 
 
-# -- the langgraph.json factory ----------------------------------------------------------
-
-
-async def test_factory_shares_one_file_image_and_closes_it(file_uri: str) -> None:
-    async with generate_checkpointer(file_uri) as first:
-        async with generate_checkpointer(file_uri) as second:  # another server thread
-            assert first.image is second.image
-            graph = chain_graph(second)
-            await graph.ainvoke({"n": 0, "log": []}, cfg("f"))
-        assert (await first.aget_tuple(cfg("f"))) is not None
-    with LivingImage.open(file_uri) as image:  # the lock was released
-        assert ZODBSaver(image).get_tuple(cfg("f")) is not None
-
-
-async def test_factory_reads_the_image_setting(
-    file_uri: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("BATOS_IMAGE", file_uri)
-    async with generate_checkpointer() as saver:
-        assert saver.image.uri == file_uri
-
-
 def test_reads_see_other_writers_without_a_transaction_of_their_own(file_uri: str) -> None:
     from transaction.interfaces import NoTransaction
 
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as reader:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as reader:
         graph = chain_graph(reader)
         graph.invoke({"n": 0, "log": []}, cfg("t"))
         assert reader.get_tuple(cfg("t")).checkpoint["channel_values"]["n"] == 3  # now cached

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from images import open_laid_out
 from servers import serving
 
 from batos.shell.cli import main as batos
 from store.checkpoint.saver import ZODBSaver
-from store.core.image import LivingImage
 from store.core.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,11 +56,15 @@ graph = builder.compile()
 RUNNER = """
 import json, sys
 from store.core.image import LivingImage
+from store.core.schema import upgrade
+from store.upgrades import STORE_STEPS
 from store.checkpoint.saver import ZODBSaver
 from tiny_graph import builder
 
 uri, thread, payload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-with LivingImage.open(uri) as image, ZODBSaver(image) as saver:
+with LivingImage.open(uri) as image:
+    upgrade(image, STORE_STEPS)
+    saver = ZODBSaver(image)
     graph = builder.compile(checkpointer=saver)
     print(json.dumps(graph.invoke(payload, {"configurable": {"thread_id": thread}})))
 """
@@ -94,7 +98,7 @@ def test_run_killed_mid_step_resumes_from_its_last_checkpoint(
     victim.send_signal(signal.SIGKILL)
     victim.wait()
 
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         latest = saver.get_tuple({"configurable": {"thread_id": "k9"}})
         assert latest is not None
         assert latest.checkpoint["channel_values"]["n"] == 2
@@ -124,7 +128,7 @@ def test_cli_lists_prunes_and_packs(
         from tiny_graph import builder
     finally:
         sys.path.remove(str(tmp_path))
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         graph = builder.compile(checkpointer=saver)
         for thread in ("alpha", "beta"):
             graph.invoke({"n": 1, "log": ["x" * 5000]}, {"configurable": {"thread_id": thread}})
@@ -144,7 +148,7 @@ def test_cli_lists_prunes_and_packs(
     assert batos(["--image", file_uri, "pack"]) == 0
     assert "packed" in capsys.readouterr().out
     assert Path(file_uri[len("file://") :]).stat().st_size < size_before
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         assert len(list(saver.list({"configurable": {"thread_id": "alpha"}}))) == 2
         assert (
             saver.get_tuple({"configurable": {"thread_id": "beta"}}).checkpoint["channel_values"][
@@ -206,6 +210,6 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
         if "checkpointer" in line.lower() and ("warn" in line.lower() or "error" in line.lower())
     ]
     assert not warnings, warnings
-    with LivingImage.open(f"file://{image}") as reopened, ZODBSaver(reopened) as saver:
+    with open_laid_out(f"file://{image}") as reopened, ZODBSaver(reopened) as saver:
         threads = {s.thread_id for s in saver.threads()}
         assert {thread, copy} <= threads

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
+from images import open_laid_out
 from rich.console import Console
 
 from batos.shell.cli import main
 from batos.shell.cli.progress import ProgressReport
-from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.curator import Curator
 from store.knowledge.embeddings import Embedder
@@ -78,7 +78,7 @@ def test_ingest_goes_on_past_missing_and_bad_files_and_exits_9(
     assert flat(f"no such file: {missing}") in flat(err) and flat("check the path") in flat(err)
     assert flat("not UTF-8") in flat(err) and "iconv" in err
     assert flat("2 of 4 file(s) were not ingested") in flat(err)
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog(image, Embedder())
         assert catalog.stats()["documents"] == 2
 
@@ -144,7 +144,7 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
     )
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--dry-run")
     assert code == 0 and "redundant: 3 chunks" in out and "1 cluster(s) would be folded" in out
-    with LivingImage.open(file_uri) as image:  # fold with a stand-in for BABS
+    with open_laid_out(file_uri) as image:  # fold with a stand-in for BABS
         catalog = KnowledgeCatalog.open(image)  # the encoder the ingest chose
         [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives
         catalog.close()

@@ -19,7 +19,7 @@ from test_mind import plan_of, responder
 from batos.errors import CycleInterrupted
 from batos.shell.cli import main
 from batos.shell.cli.mind import Session
-from graph.boot import open_image
+from batos.shell.runtime import open_runtime
 from graph.mind import run_config
 from store.core.image import LivingImage
 
@@ -184,13 +184,12 @@ def test_ctrl_c_stops_the_answer_commits_nothing_and_marks_the_request(capsys, i
     assert "interrupted: nothing was committed" in err and "marked interrupted" in err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C as before
 
-    with LivingImage.open(image) as living:
-        assert image_digest(living.db, exclude=("checkpoints",)) == before
-        session = Session(living, models)
-        try:
-            snapshot = session.graph.get_state(run_config("t1"))
-        finally:
-            session.close()
+    session = Session(open_runtime(image, models=models))
+    try:
+        assert image_digest(session.image.db, exclude=("checkpoints",)) == before
+        snapshot = session.graph.get_state(run_config("t1"))
+    finally:
+        session.close()
     assert snapshot.next == () and snapshot.values["status"] == "FAILED"
     request, mark = snapshot.values["messages"][-2:]
     assert request.content == "tell me slowly"
@@ -215,34 +214,33 @@ def test_ctrl_c_during_parallel_facets_stops_every_branch(capsys, file_uri, monk
     )
     models = Paced(responder(plan=plan), slow=lambda call: call_kind(call) == "draft")
     assert run(capsys, "--image", file_uri, "init")[0] == 0
-    with open_image(file_uri) as living:
-        session = Session(living, models)
-        try:
-            # a first cycle brings the image's layout up to date, which is no part of the test
-            session.cycle("hello there", run_config("hi"), {"persona": "BRICK"}, show=False)
-            before = image_digest(living.db, exclude=("checkpoints",))
-            interrupt_when(models.started)
-            started = time.monotonic()
-            with pytest.raises(CycleInterrupted, match="marked interrupted"):
-                session.cycle(
-                    "plan the steps to build a shed",
-                    run_config("shed"),
-                    {"persona": "BRICK", "depth": "full"},
-                    show=False,
-                )
-            assert time.monotonic() - started < STOP_BOUND_S
-            snapshot = session.graph.get_state(run_config("shed"))
-        finally:
-            session.close()
+    session = Session(open_runtime(file_uri, models=models))
+    try:
+        # a first cycle brings the image's layout up to date, which is no part of the test
+        session.cycle("hello there", run_config("hi"), {"persona": "BRICK"}, show=False)
+        before = image_digest(session.image.db, exclude=("checkpoints",))
+        interrupt_when(models.started)
+        started = time.monotonic()
+        with pytest.raises(CycleInterrupted, match="marked interrupted"):
+            session.cycle(
+                "plan the steps to build a shed",
+                run_config("shed"),
+                {"persona": "BRICK", "depth": "full"},
+                show=False,
+            )
+        assert time.monotonic() - started < STOP_BOUND_S
+        snapshot = session.graph.get_state(run_config("shed"))
         # the facet methods the cycle wrote are not installed: the image is as it was
-        assert image_digest(living.db, exclude=("checkpoints",)) == before
+        assert image_digest(session.image.db, exclude=("checkpoints",)) == before
+    finally:
+        session.close()
     assert snapshot.next == () and snapshot.values["failure"]["node"] == "facet"
     mark = snapshot.values["messages"][-1]
     assert mark.content == "(interrupted)" and mark.additional_kwargs["batos_interrupted"]
 
 
-def test_a_stop_before_the_request_reached_the_thread_drops_it(memory_image) -> None:
-    session = Session(memory_image, FakeModels(responder()))
+def test_a_stop_before_the_request_reached_the_thread_drops_it() -> None:
+    session = Session(open_runtime("memory://", models=FakeModels(responder())))
     config = run_config("early")
     try:
         assert session.cycle("hello there", config, {"persona": "ROBIN"}, show=False)

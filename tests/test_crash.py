@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from images import open_laid_out
 
 from bench import crash
 from prototypes.incarnation import personas
-from store.core.image import LivingImage
 
 
 @pytest.mark.slow
@@ -25,7 +25,7 @@ def test_twenty_kills_lose_nothing_and_leave_nothing_half_done(tmp_path: Path) -
     journal = crash.read_journal(tmp_path / "journal.jsonl")
     invented = {"op": "cycle", "thread": "t-never", "status": "COMPLETE", "cycle": "no-such"}
     uri = f"file://{tmp_path / 'live_image.fs'}"
-    with LivingImage.open(uri) as image:
+    with open_laid_out(uri) as image:
         image.transact(lambda root: personas(root)["BRICK"].stats.__setitem__("cycles", -1))
     seen = crash.Findings()
     crash.check_image(uri, [*journal, invented], seen)

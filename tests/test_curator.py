@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from images import open_laid_out
 
 from batos.errors import ArchiveError
 from store.core.image import LivingImage
@@ -53,7 +54,7 @@ def test_redundant_chunks_fold_into_a_summary_and_come_back(
     file_uri: str, embedder: Embedder
 ) -> None:
     summarize = FakeSummarizer()
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         _fill(catalog)
         before = {h.text for h in catalog.search("nightly backup to the NAS", 3, record=False)}
@@ -68,7 +69,7 @@ def test_redundant_chunks_fold_into_a_summary_and_come_back(
         assert all(h.kind == "summary" for h in catalog.search("backup NAS", 5, mode="lexical"))
         catalog.close()
     # The archive is a blob in a file image, and reads back after a reopen.
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog.open(image, embedder)
         with image.read() as root:
             assert root["catalog"]["archives"][archive_id].blob is not None

@@ -17,9 +17,9 @@ from persistent.mapping import PersistentMapping
 
 from batos.shell import doctor
 from batos.shell.cli import main
-from store.core import model_files
+from store.core import layout, model_files
 from store.core.image import LivingImage
-from store.core.jobstore import HEARTBEAT_KEY, acquire_lease
+from store.core.jobstore import acquire_lease
 from store.core.zeo import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_a_broken_job_record_and_a_stale_lease(image) -> None:
         acquire_lease(living, "heartbeat-on-a-dead-host", -60)  # expired a minute ago
 
         def corrupt(root) -> None:
-            root[HEARTBEAT_KEY]["jobs"]["audit"] = {"next": 0.0, "state": b"not a pickle"}
+            root[layout.HEARTBEAT]["jobs"]["audit"] = {"next": 0.0, "state": b"not a pickle"}
 
         living.transact(corrupt)
     checks = doctor.check_scheduler(image)

@@ -12,8 +12,8 @@ from test_mind import facet_source
 
 from batos.shell.cli import main
 from batos.shell.doctor import check_facets
+from batos.shell.runtime import open_image
 from graph import facet_writing
-from graph.boot import open_image
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store.core import method_queue

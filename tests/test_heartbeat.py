@@ -19,7 +19,7 @@ from batos.shell.cli import main
 from batos.shell.cli.heartbeat import draw_chart
 from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld
 from graph import audit
-from graph.cycle import CYCLES_KEY
+from store.core import layout
 from store.core.image import LivingImage
 from store.core.jobstore import acquire_lease
 from store.knowledge.embeddings import to_bytes
@@ -75,9 +75,9 @@ def add_cycles(image: LivingImage, rows: list[tuple[str, tuple[float, ...]]]) ->
     def write(root) -> None:
         from BTrees.OOBTree import OOBTree
 
-        cycles = root.get(CYCLES_KEY)
+        cycles = root.get(layout.CYCLES)
         if cycles is None:
-            cycles = root[CYCLES_KEY] = OOBTree()
+            cycles = root[layout.CYCLES] = OOBTree()
         for persona, answer in rows:
             cycles[f"{len(cycles):08d}"] = {
                 "personas": [persona],

@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 import zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
+from images import open_laid_out
 from test_mind import responder
 
 import batos.errors
 from batos.shell.bridge import PROTOCOL, Bridge
 from batos.shell.cli import main
-from graph.boot import open_image
+from batos.shell.runtime import Runtime, open_image
 from graph.mind import MindServices, build_graph
 from graph.retrieval import cited_context
 from store.checkpoint.saver import ZODBSaver
@@ -92,7 +93,7 @@ def flat(text: str) -> str:
 
 
 def digest_of(uri: str, exclude: list[str]) -> str:
-    with LivingImage.open(uri) as image:
+    with open_laid_out(uri) as image:
         return image_digest(image.db, exclude=exclude)
 
 
@@ -246,7 +247,7 @@ def _run_retrieval(case: dict[str, Any], tmp: Path) -> None:
 @pytest.fixture(scope="module")
 def bridge() -> Iterator[tuple[Bridge, LivingImage]]:
     image = open_image("memory://")
-    server = Bridge(image, "tcp://127.0.0.1:*", _mind_services())
+    server = Bridge(Runtime.of(image), "tcp://127.0.0.1:*", _mind_services())
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     assert server.bound.wait(10)
@@ -322,7 +323,7 @@ TERMINAL_CONTROLS |= {"\u202e", "\u2066", "\u200f"}
 def _run_output(case: dict[str, Any], uri: str, tmp: Path, capsys: Any) -> None:
     from prototypes import kernel
 
-    with LivingImage.open(uri) as image:
+    with open_laid_out(uri) as image:
 
         def put(root: Any) -> None:
             brick = root["objects"]["brick"]

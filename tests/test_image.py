@@ -12,7 +12,7 @@ import pytest
 from persistent.mapping import PersistentMapping
 
 from batos.errors import ImageCorruptError, ImageError, ImageLockedError, ImageURIError
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from prototypes.codex import load_codex
 from prototypes.incarnation import incarnate, personas
 from prototypes.uvm import Method
@@ -214,7 +214,8 @@ def test_missing_image_is_created_only_when_asked(tmp_path):
     assert path.exists()
 
 
-def test_upgrade_steps_apply_once_and_are_recorded(memory_image):
+def test_upgrade_steps_apply_once_and_are_recorded():
+    memory_image = LivingImage.open("memory://")  # bare: no step applied yet
     calls = []
     steps = [
         UpgradeStep("s-1", "first", lambda root: calls.append("s-1")),

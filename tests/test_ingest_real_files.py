@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from images import open_laid_out
 
 from batos.errors import DocumentError
-from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.ingest import expand, ingest_paths, read_document
 
@@ -61,7 +61,7 @@ def _real_files() -> list[Path]:
 def test_a_few_hundred_real_files_ingest_and_stay_searchable(file_uri: str) -> None:
     files = _real_files()
     began = time.monotonic()
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog.open(image)
         report = ingest_paths(catalog, files)
         catalog.close()
@@ -82,7 +82,7 @@ def test_a_few_hundred_real_files_ingest_and_stay_searchable(file_uri: str) -> N
     sources = {str(Path(p).resolve()) for p in report.added}
     assert all(str(Path(p).resolve()) in sources for p in report.unchanged)
 
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog.open(image)
         assert catalog.stats()["documents"] == len(sources)
         for source in sorted(sources):

@@ -12,8 +12,8 @@ import pytest
 from fakes import image_digest
 
 from batos.errors import AuditRejected
+from batos.shell.runtime import open_image
 from graph import facet_writing, facets, missions, rejection
-from graph.boot import open_image
 from prototypes import install, kernel, rejected, tools
 from prototypes.incarnation import personas
 from prototypes.uvm import UvmObject

@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from apscheduler.schedulers.background import BackgroundScheduler
+from images import open_laid_out
 
+from store.core import layout
 from store.core.image import LivingImage
 from store.core.jobstore import (
-    HEARTBEAT_KEY,
     ImageJobStore,
     acquire_lease,
     lease_holder,
@@ -64,7 +65,7 @@ def _clear() -> None:
 
 
 def test_jobs_run_unattended_and_survive_a_restart(file_uri: str) -> None:
-    image = LivingImage.open(file_uri, create=True)
+    image = open_laid_out(file_uri, create=True)
     s = scheduler(image)
     s.add_job(f"{__name__}:tick", "interval", seconds=0.3, args=["a"], id="a")
     s.start()
@@ -75,7 +76,7 @@ def test_jobs_run_unattended_and_survive_a_restart(file_uri: str) -> None:
         image.close()
     # A new process's scheduler over the reopened image finds the job and runs it.
     before = len(RUNS["a"])
-    image = LivingImage.open(file_uri)
+    image = open_laid_out(file_uri)
     s = scheduler(image)
     assert [j.id for j in s._jobstores["default"].get_all_jobs()] == ["a"]
     s.start()
@@ -136,7 +137,7 @@ def test_a_corrupt_job_record_is_reported_and_skipped(memory_image: LivingImage)
     s.add_job(f"{__name__}:tick", "interval", seconds=0.2, args=["bad"], id="bad")
 
     def damage(root) -> None:
-        root[HEARTBEAT_KEY]["jobs"]["bad"] = {"next": 0.0, "state": b"not a pickle"}
+        root[layout.HEARTBEAT]["jobs"]["bad"] = {"next": 0.0, "state": b"not a pickle"}
 
     memory_image.transact(damage)
     store = s._jobstores["default"]
@@ -165,7 +166,7 @@ def test_one_lease_for_two_holders(memory_image: LivingImage) -> None:
 
 
 def test_racing_holders_one_wins(file_uri: str) -> None:
-    image = LivingImage.open(file_uri, create=True)
+    image = open_laid_out(file_uri, create=True)
     won: list[str] = []
     barrier = threading.Barrier(4)
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
+from images import open_laid_out
 from langgraph.store.base import Item
 from langgraph.store.memory import InMemoryStore
 
 from store.core.image import LivingImage
 from store.knowledge.embeddings import Embedder
-from store.knowledge.memory_store import ImageStore, make_store
+from store.knowledge.memory_store import ImageStore
 
 
 @pytest.fixture(scope="module")
@@ -126,70 +126,9 @@ async def test_async_api_and_bound_transactions(
 
 
 def test_memories_survive_reopen(lasting_image_uri: str, embedder: Embedder) -> None:
-    with LivingImage.open(lasting_image_uri) as image:
+    with open_laid_out(lasting_image_uri) as image:
         ImageStore(image, embedder=embedder).put(("u",), "k", {"text": "remember the milk"})
-    with LivingImage.open(lasting_image_uri) as image:
+    with open_laid_out(lasting_image_uri) as image:
         store = ImageStore(image, embedder=embedder)
         assert store.get(("u",), "k").value == {"text": "remember the milk"}
         assert store.search(("u",), query="groceries to buy")[0].key == "k"
-
-
-def test_make_store_is_the_langgraph_json_factory(file_uri: str) -> None:
-    async def use() -> dict:
-        async with make_store(file_uri) as store:
-            await store.aput(("s",), "k", {"v": 1})
-            return (await store.aget(("s",), "k")).value
-
-    assert asyncio.run(use()) == {"v": 1}
-
-
-def test_make_store_shares_the_image_the_server_loaded_checkpointer_holds(file_uri: str) -> None:
-    """``langgraph dev`` loads ./store/checkpoint/saver.py under a module name of its own."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    import store.checkpoint.saver
-
-    spec = importlib.util.spec_from_file_location(
-        "__store__checkpointer", Path(store.checkpoint.saver.__file__)
-    )
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules["__store__checkpointer"] = loaded
-    spec.loader.exec_module(loaded)
-    try:
-
-        async def use() -> dict:
-            async with loaded.generate_checkpointer(file_uri) as saver:
-                async with make_store(file_uri) as memory:
-                    assert memory.image is saver.image  # borrowed, not reopened
-                    await memory.aput(("s",), "k", {"v": 2})
-                    value = (await memory.aget(("s",), "k")).value
-                with saver.image.read() as root:  # still open after the store has left
-                    assert ("s",) in root["memory"]
-                return value
-
-        assert asyncio.run(use()) == {"v": 2}
-    finally:
-        del sys.modules["__store__checkpointer"]
-
-
-def test_the_server_loading_this_file_by_path_still_pickles_canonical_classes(
-    file_uri: str,
-) -> None:
-    import importlib.util
-    from pathlib import Path
-
-    import store.knowledge.memory_store as canonical
-
-    spec = importlib.util.spec_from_file_location("xqzrandom", Path(canonical.__file__))
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-
-    async def use() -> type:
-        async with copy.make_store(file_uri) as memory:
-            await memory.aput(("s",), "k", {"v": 3})
-            with memory.image.read() as root:
-                return type(root["memory"][("s",)]["k"])
-
-    assert asyncio.run(use()) is canonical.MemoryItem

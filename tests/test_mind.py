@@ -14,10 +14,10 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.errors import CheckpointError, MindError, ModelError
+from batos.shell.runtime import ask, open_image
 from graph import cycle
 from graph.answer import repetition
-from graph.boot import open_image
-from graph.mind import MAX_ANSWER_CHARS, MindServices, ask, build_graph, run_config
+from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store.checkpoint import effects
@@ -615,12 +615,17 @@ def test_without_a_zodb_saver_the_cycle_commits_its_own_transaction(file_uri) ->
 
 def test_a_commit_is_applied_once_and_checked(image) -> None:
     state = run(image, mind(FakeModels(responder())), "hello")
-    commit = effects.check(state["commit"])
-    assert image.transact(lambda root: effects.apply_commit(root, commit, ("t", "", "x"))) is False
+    commit = effects.check(state["commit"], cycle.EFFECT_KINDS)
+    assert (
+        image.transact(
+            lambda root: effects.apply_commit(root, commit, ("t", "", "x"), cycle.EFFECT_KINDS)
+        )
+        is False
+    )
     with image.read() as root:
         assert personas(root)["ROBIN"].stats["cycles"] == 1
     with pytest.raises(CheckpointError, match="nothing applies"):
-        effects.check({"id": "x", "effects": [{"kind": "format_disk"}]})
+        effects.check({"id": "x", "effects": [{"kind": "format_disk"}]}, cycle.EFFECT_KINDS)
     with pytest.raises(CheckpointError, match="not a facet selector"):
         image.transact(
             lambda root: effects.apply_commit(
@@ -631,9 +636,11 @@ def test_a_commit_is_applied_once_and_checked(image) -> None:
                         "effects": [
                             {"kind": "persona_stats", "persona": "ROBIN", "facets": {"shout": 1}}
                         ],
-                    }
+                    },
+                    cycle.EFFECT_KINDS,
                 ),
                 ("t", "", "y"),
+                cycle.EFFECT_KINDS,
             )
         )
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from graph.boot import open_image
-from graph.mind import ask
+from batos.shell.runtime import ask, open_image
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

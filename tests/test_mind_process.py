@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from fakes import image_digest
+from images import open_laid_out
 
+from batos.shell.runtime import open_image
 from graph import cycle
-from graph.boot import open_image
 from prototypes.incarnation import personas
 from store.checkpoint.saver import ZODBSaver
-from store.core.image import LivingImage
 from store.core.zeo import ZeoServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ import json, logging, os, re, signal, sys, time
 from pathlib import Path
 from fakes import FakeEmbedder, FakeModels, FakeRouter, call_kind
 from langchain_core.messages import HumanMessage
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from graph.mind import MindServices, build_graph, run_config
 from store.checkpoint.saver import ZODBSaver
 
@@ -101,7 +101,7 @@ def _run(tmp_path: Path, uri: str, mode: str, threads: str, **env: str) -> subpr
 
 
 def _stats(uri: str) -> dict:
-    with LivingImage.open(uri) as image, image.read() as root:
+    with open_laid_out(uri) as image, image.read() as root:
         return dict(personas(root)["BRICK"].stats)
 
 
@@ -120,7 +120,7 @@ def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_
     victim.send_signal(signal.SIGKILL)
     victim.wait()
 
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         # killed mid-cycle: the facet method was written and its effect checkpointed, but the
         # image itself is as it was
         assert image_digest(image.db, exclude=("checkpoints",)) == before
@@ -137,7 +137,7 @@ def test_a_cycle_killed_mid_cycle_resumes_and_commits_once(tmp_path: Path, file_
     assert result["status"] == "COMPLETE"
     stats = _stats(file_uri)
     assert stats["cycles"] == 1 and stats["facets"] == {"facet_steps": 1, "facet_design": 1}
-    with LivingImage.open(file_uri) as image:
+    with open_laid_out(file_uri) as image:
         with image.read() as root:
             written = cycle.get(root, result["cycle"])["methods_written"]
             assert sorted(written) == ["BRICK.facet_design", "BRICK.facet_steps"]
@@ -156,7 +156,7 @@ def test_a_process_killed_right_after_its_commit_keeps_both(tmp_path: Path, file
     victim = _run(tmp_path, file_uri, "kill-after-commit", "k1")
     victim.communicate(timeout=120)
     assert victim.returncode == -signal.SIGKILL
-    with LivingImage.open(file_uri) as image, ZODBSaver(image) as saver:
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         latest = saver.get_tuple({"configurable": {"thread_id": "k1"}})
         # the checkpoint that records COMPLETE and the cycle's changes: both there
         assert latest.checkpoint["channel_values"]["status"] == "COMPLETE"
@@ -185,5 +185,5 @@ def test_concurrent_cycles_through_zeo_lose_no_update(tmp_path: Path) -> None:
         stats = _stats(server.uri)
         assert stats["cycles"] == 8  # every cycle's increment survived the conflicts
         assert stats["facets"]["facet_steps"] == 8
-        with LivingImage.open(server.uri) as image, image.read() as root:
+        with open_laid_out(server.uri) as image, image.read() as root:
             assert {r["id"] for r in cycle.recent(root, 20)} == {line["cycle"] for line in lines}

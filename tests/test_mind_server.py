@@ -14,8 +14,8 @@ import httpx
 import pytest
 from servers import serving
 
+from batos.shell.runtime import open_image
 from graph import cycle
-from graph.boot import open_image
 from prototypes.codex import load_codex
 from store.core.image import LivingImage
 from store.core.zeo import free_port

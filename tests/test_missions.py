@@ -13,10 +13,9 @@ from fakes import ScriptedChatModel
 
 from batos.shell.cli import main
 from graph import audit, cem, missions
-from graph.cycle import CYCLES_KEY
-from graph.router import PRIORS_KEY
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
+from store.core import layout
 from store.core.image import LivingImage
 from store.knowledge.embeddings import to_bytes
 
@@ -51,9 +50,9 @@ def add_cycles(img: LivingImage, rows: list[tuple[str, list[str], list[str]]]) -
     def write(root) -> None:
         from BTrees.OOBTree import OOBTree
 
-        cycles = root.get(CYCLES_KEY)
+        cycles = root.get(layout.CYCLES)
         if cycles is None:
-            cycles = root[CYCLES_KEY] = OOBTree()
+            cycles = root[layout.CYCLES] = OOBTree()
         for position, (persona, facets, written) in enumerate(rows):
             cycles[f"{len(cycles):08d}"] = {
                 "personas": [persona],
@@ -156,7 +155,7 @@ def test_a_mission_that_makes_things_worse_is_undone(capsys, image: str) -> None
             "BABS",
         )
         with img.read() as root:
-            assert dict(root[PRIORS_KEY]) == {"BABS": 0.5}
+            assert dict(root[layout.ROUTER_PRIORS]) == {"BABS": 0.5}
         # Things get worse: BRICK alone. The next audit undoes the mission.
         add_cycles(img, [("BRICK", [], [])] * 4)
         third = audit.run(img, models)
@@ -165,8 +164,8 @@ def test_a_mission_that_makes_things_worse_is_undone(capsys, image: str) -> None
         assert mission["judged"]["changes"]["H_cog"] < 0
         assert "H_cog moved" in mission["judged"]["why"]
         with img.read() as root:
-            assert dict(root[PRIORS_KEY]) == {}  # the image as it was before the mission
-            assert len(root[CYCLES_KEY]) == 12  # and nothing else was taken back
+            assert dict(root[layout.ROUTER_PRIORS]) == {}  # the image as it was before the mission
+            assert len(root[layout.CYCLES]) == 12  # and nothing else was taken back
         assert any(r.description == f"undo {mission['tids'][0]}" for r in img.history(20))
     code = main(["--image", image, "audit", "report"])
     out = capsys.readouterr().out
@@ -210,13 +209,15 @@ def test_an_undo_zodb_refuses_is_reported_and_the_change_stays(image: str) -> No
         add_cycles(img, [(p, [], []) for p in ("BRICK", "BRICK", "ROBIN", "BRICK")])
         audit.run(img, models)
         # A later change to the same object: the mission's transaction can no longer be undone.
-        img.transact(lambda root: root[PRIORS_KEY].__setitem__("ROBIN", 0.1), note="by hand")
+        img.transact(
+            lambda root: root[layout.ROUTER_PRIORS].__setitem__("ROBIN", 0.1), note="by hand"
+        )
         add_cycles(img, [("BRICK", [], [])] * 4)
         audit.run(img, models)
         [mission] = missions.history(img)
         assert mission["status"] == "undo-failed" and mission["judged"]["error"]
         with img.read() as root:
-            assert dict(root[PRIORS_KEY]) == {"BABS": 0.5, "ROBIN": 0.1}
+            assert dict(root[layout.ROUTER_PRIORS]) == {"BABS": 0.5, "ROBIN": 0.1}
 
 
 def test_no_mission_without_a_decay_or_while_one_waits(

@@ -19,11 +19,12 @@ from test_mind import responder
 
 from batos.errors import CheckpointError
 from batos.shell.cli import main
-from graph import audit, cem, cycle, missions
-from graph.boot import open_image
+from batos.shell.runtime import open_image
+from graph import audit, cem, cycle
 from graph.mind import MindServices, build_graph, run_config
 from store.checkpoint import effects
 from store.checkpoint.saver import ZODBSaver
+from store.core import layout
 from store.core.image import LivingImage
 
 
@@ -76,7 +77,7 @@ BAD_RECORDS = [
 @pytest.mark.parametrize("fields,message", BAD_RECORDS, ids=[next(iter(f)) for f, _ in BAD_RECORDS])
 def test_a_cycle_record_of_the_wrong_types_is_refused(image, fields, message) -> None:
     with pytest.raises(CheckpointError) as refused:
-        effects.check(with_record(a_commit(image), **fields))
+        effects.check(with_record(a_commit(image), **fields), cycle.EFFECT_KINDS)
     assert message in refused.value.message and "nothing was written" in refused.value.message
     assert refused.value.hint
 
@@ -96,21 +97,27 @@ BAD_EFFECTS = [
 @pytest.mark.parametrize("effect,message", BAD_EFFECTS)
 def test_every_effect_kind_is_checked_against_its_schema(effect, message) -> None:
     with pytest.raises(CheckpointError) as refused:
-        effects.check({"id": "c1", "effects": [effect]})
+        effects.check({"id": "c1", "effects": [effect]}, cycle.EFFECT_KINDS)
     assert message in refused.value.message, refused.value.message
 
 
 def test_a_record_may_carry_new_fields_within_the_size_bound(image) -> None:
     commit = a_commit(image)
     newer = with_record(commit, citations=[{"chunk": 3, "source": "a.md"}], answer_cut=True)
-    assert effects.check(newer)["id"] == "another-commit"
+    assert effects.check(newer, cycle.EFFECT_KINDS)["id"] == "another-commit"
     huge = with_record(commit, citations=["x" * cycle.MAX_RECORD_BYTES])
     with pytest.raises(CheckpointError, match="the record is over"):
-        image.transact(lambda root: effects.apply_commit(root, effects.check(huge), ("t", "", "")))
+        image.transact(
+            lambda root: effects.apply_commit(
+                root, effects.check(huge, cycle.EFFECT_KINDS), ("t", "", ""), cycle.EFFECT_KINDS
+            )
+        )
     not_json = with_record(commit, later_field={"when": object()})
     with pytest.raises(CheckpointError, match="not plain JSON data"):
         image.transact(
-            lambda root: effects.apply_commit(root, effects.check(not_json), ("t", "", ""))
+            lambda root: effects.apply_commit(
+                root, effects.check(not_json, cycle.EFFECT_KINDS), ("t", "", ""), cycle.EFFECT_KINDS
+            )
         )
 
 
@@ -142,13 +149,13 @@ def plant(image: LivingImage, key: Any, where: str, value: Any) -> None:
 
 def malformed_cycle(image: LivingImage) -> dict[str, Any]:
     with image.read() as root:
-        good = dict(root[cycle.CYCLES_KEY].values()[0])
+        good = dict(root[layout.CYCLES].values()[0])
     return {**good, "personas": 5, "started": "yesterday", "tokens": {"input": "many"}}
 
 
 def test_a_malformed_cycle_record_is_skipped_by_every_reader(image, capsys, caplog) -> None:
-    plant(image, "zzzz-malformed", cycle.CYCLES_KEY, malformed_cycle(image))
-    plant(image, "zzzz-older", cycle.CYCLES_KEY, {"personas": ["BRICK"], "facets": []})
+    plant(image, "zzzz-malformed", layout.CYCLES, malformed_cycle(image))
+    plant(image, "zzzz-older", layout.CYCLES, {"personas": ["BRICK"], "facets": []})
     caplog.set_level(logging.WARNING, logger="batos.records")
     with image.read() as root:
         listed = cycle.recent(root, 10)
@@ -177,9 +184,9 @@ def alfred(persona: str, **options: Any) -> ScriptedChatModel:
 def test_the_audit_goes_on_past_malformed_records(image, capsys, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="batos.records")
     first = audit.run(image, alfred)
-    plant(image, "zzzz-malformed", cycle.CYCLES_KEY, malformed_cycle(image))
-    plant(image, 99, audit.AUDIT_KEY, {**first, "id": 99, "metrics": {"cycles": "two"}})
-    plant(image, 7, missions.MISSIONS_KEY, {"id": 7, "status": "pending", "hypothesis": 3})
+    plant(image, "zzzz-malformed", layout.CYCLES, malformed_cycle(image))
+    plant(image, 99, layout.AUDIT_REPORTS, {**first, "id": 99, "metrics": {"cycles": "two"}})
+    plant(image, 7, layout.MISSIONS, {"id": 7, "status": "pending", "hypothesis": 3})
     second = audit.run(image, alfred)
     assert second["metrics"]["cycles"] == 2  # the malformed cycle is not counted
     assert second["previous"] == first["id"]  # the newest well-formed report
@@ -204,7 +211,7 @@ def test_what_a_cycle_degraded_is_typed_in_its_record(image) -> None:
         truncated=True,
         cited=["a.md:0-10"],
     )
-    assert effects.check(good)["id"] == "another-commit"
+    assert effects.check(good, cycle.EFFECT_KINDS)["id"] == "another-commit"
     for bad in (
         {"degraded": [{"where": "facet"}]},
         {"degraded": "everything"},
@@ -212,4 +219,4 @@ def test_what_a_cycle_degraded_is_typed_in_its_record(image) -> None:
         {"cited": [3]},
     ):
         with pytest.raises(CheckpointError, match="record"):
-            effects.check(with_record(commit, **bad))
+            effects.check(with_record(commit, **bad), cycle.EFFECT_KINDS)

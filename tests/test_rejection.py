@@ -15,8 +15,8 @@ from test_cli_kernel import run
 
 from batos.errors import AuditRejected, ObjectPathError
 from batos.shell.heartbeat import Heartbeat
+from batos.shell.runtime import open_image
 from graph import facet_writing, jit, rejection
-from graph.boot import open_image
 from prototypes import kernel, rejected
 from prototypes.incarnation import personas
 from prototypes.uvm import Method, UvmObject
@@ -282,7 +282,6 @@ def test_a_process_killed_mid_removal_leaves_all_of_it_or_none(file_image: str, 
             rejected.add = dying
         """,
         "mid-commit": """
-            rejection._prepare(image)  # the record's own transaction, before the removal's
             FileStorage._finish = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
         """,
     }[where]

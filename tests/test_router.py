@@ -25,7 +25,6 @@ from graph.router import (
     FLOOR,
     MARGIN,
     MAX_CHOSEN,
-    ROUTER_KEY,
     Route,
     Router,
     choose,
@@ -34,6 +33,7 @@ from graph.router import (
     train_router,
 )
 from prototypes.codex import PERSONAS, load_codex
+from store.core import layout
 from store.core.image import LivingImage
 from store.knowledge.embeddings import FLOAT32, INT8, Embedder
 
@@ -244,7 +244,7 @@ def test_stored_with_codex_version_and_reloaded_without_training(file_uri, route
         first = load_router(image, embedder=router.embedder)
         assert load_router(image) is first  # cached on the stored record
         with image.read() as root:
-            record = root[ROUTER_KEY]
+            record = root[layout.ROUTER]
             assert record["codex_version"] == codex.version == first.codex_version
             assert isinstance(record["weights"], bytes)
         assert _trainings(image) == 1
@@ -266,7 +266,7 @@ def test_retrained_when_the_codex_version_or_examples_change(file_uri, router):
         assert newer.codex_version == shipped.version + 1
         assert _trainings(image) == 2
         with image.read() as root:
-            assert root[ROUTER_KEY]["codex_version"] == shipped.version + 1
+            assert root[layout.ROUTER]["codex_version"] == shipped.version + 1
         edited = codex_with(shipped.version + 1, {"ROBIN": "my garden makes me feel alive"})
         third = load_router(image, codex=edited)
         assert third.digest not in (first.digest, newer.digest)
@@ -279,7 +279,7 @@ def test_a_router_stored_by_another_process_is_picked_up(file_uri, router):
         first = load_router(image, embedder=router.embedder)
         other = first.to_record()
         other["bias"] = np.array([9, 0, 0, 0], dtype="<f4").tobytes()  # favours the first persona
-        image.transact(lambda root: root.__setitem__(ROUTER_KEY, other))
+        image.transact(lambda root: root.__setitem__(layout.ROUTER, other))
         picked = load_router(image)
         assert picked is not first
         assert picked.route("sort a list").best == first.personas[0]
@@ -291,14 +291,14 @@ def test_a_damaged_stored_router_is_trained_again(file_uri, router):
         load_router(image, embedder=router.embedder)
 
         def damage(root):
-            root[ROUTER_KEY]["weights"] = b"\x00" * 12
+            root[layout.ROUTER]["weights"] = b"\x00" * 12
 
         image.transact(damage)
         repaired = load_router(image, embedder=router.embedder)
         assert repaired.route("is BAT OS healthy?").best == "ALFRED"
         assert _trainings(image) == 2
         with image.read() as root:
-            assert len(root[ROUTER_KEY]["weights"]) == 4 * 384 * 4
+            assert len(root[layout.ROUTER]["weights"]) == 4 * 384 * 4
 
 
 def test_record_checks_refuse_damage(router):
@@ -466,17 +466,17 @@ def test_cli_route_needs_an_existing_image(capsys, tmp_path):
 
 
 def test_priors_in_the_image_shift_the_route_and_their_undo_takes_it_back(file_uri, router):
-    from graph.router import MAX_PRIOR, PRIORS_KEY
+    from graph.router import MAX_PRIOR
 
     text = "what is the boiling point of mercury?"
     with LivingImage.open(file_uri) as image:
         plain = load_router(image, embedder=router.embedder)
         before = dict(plain.route(text).ranked)
         low = min(before, key=before.get)
-        image.transact(lambda root: root.__setitem__(PRIORS_KEY, {}), note="room")
+        image.transact(lambda root: root.__setitem__(layout.ROUTER_PRIORS, {}), note="room")
 
         def raise_prior(root):
-            root[PRIORS_KEY] = {low: 99.0, "NOBODY": 5.0}
+            root[layout.ROUTER_PRIORS] = {low: 99.0, "NOBODY": 5.0}
 
         image.transact(raise_prior, note="prior")
         shifted = load_router(image)

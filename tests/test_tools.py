@@ -12,8 +12,8 @@ from fakes import ScriptedChatModel
 from tool_services import SLOW_SECONDS, WEATHER_KEY, service
 
 from batos.errors import MissionFailed, SandboxViolation, ToolCallFailed, ToolRefused
+from batos.shell.runtime import open_image
 from graph import jit
-from graph.boot import open_image
 from prototypes import kernel, tools
 from prototypes.uvm import Method
 from store.core.image import LivingImage

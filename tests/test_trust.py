@@ -367,7 +367,7 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
 
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from store.core.image import _SHARED as shared_images
     from store.core.image import acquire_shared, release_shared
 

@@ -47,9 +47,9 @@ from typing import Any
 import zmq
 
 from batos.errors import BatosError, GraphRequestError
-from graph.mind import MindServices, build_graph
+from batos.shell.runtime import Runtime
+from graph.mind import MindServices
 from graph.request import check_thread_id, content_text
-from store.core.image import LivingImage
 
 log = logging.getLogger("batos.bridge")
 
@@ -170,19 +170,17 @@ class Bridge:
 
     def __init__(
         self,
-        image: LivingImage,
+        runtime: Runtime,
         address: str,
         services: MindServices | None = None,
         *,
         context: zmq.Context | None = None,
         workers: int = WORKERS,
     ) -> None:
-        from store.checkpoint.saver import ZODBSaver
-
         self.address = check_bind(address)
-        self.image = image
-        self.saver = ZODBSaver(image)
-        self.graph = build_graph(services, checkpointer=self.saver)
+        self.image = runtime.image
+        self.saver = runtime.saver
+        self.graph = runtime.mind(services)
         self.zmq = context or zmq.Context.instance()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bridge")
         self._outbox = f"inproc://batos-bridge-{uuid.uuid4().hex}"
@@ -246,8 +244,7 @@ class Bridge:
             for pusher in self._pushers:  # their threads are done: closing them is safe
                 pusher.close(linger=0)
             inbox.close(linger=0)
-            router.close()
-            self.saver.close()
+            router.close()  # the checkpointer is the runtime's: its owner closes it
 
     def stop(self) -> None:
         self._stopping.set()

@@ -143,7 +143,7 @@ def check_image(uri: str) -> list[Check]:
 
 
 def _summary(image: LivingImage) -> Check:
-    from graph.boot import upgrade_steps
+    from batos.shell.runtime import upgrade_steps
     from store.core.schema import applied, pending
 
     size = image.db.getSize()

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakes import FakeEmbedder, FakeModels, FakeRouter  # noqa: E402
 
 from batos.models import register_backend  # noqa: E402
+from batos.shell.runtime import served_image  # noqa: E402
 from bench.crash import _respond  # noqa: E402
 from graph.mind import MindServices, build_graph  # noqa: E402
 
@@ -55,4 +56,6 @@ if os.environ.get("BATOS_LOAD_RETRIES"):
     _retries.setLevel(logging.INFO)
     _retries.addHandler(_RetryLog(os.environ["BATOS_LOAD_RETRIES"]))
 
-graph = build_graph(MindServices(router=FakeRouter(("BRICK",)), embedder=FakeEmbedder()))
+graph = build_graph(
+    MindServices(router=FakeRouter(("BRICK",)), embedder=FakeEmbedder()), served_image=served_image
+)

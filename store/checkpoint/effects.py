@@ -3,38 +3,38 @@
 A graph whose state has a ``commit`` channel can end a unit of work by writing
 ``{"id": str, "note": str, "effects": [{"kind": str, ...}, ...]}`` to it. The ``ZODBSaver``
 put that stores the checkpoint holding that new value applies every effect, through the applier
-registered for its kind, *in the same ZODB transaction as the checkpoint*: after any crash the
+of its kind, *in the same ZODB transaction as the checkpoint*: after any crash the
 image has both the checkpoint and the changes, or neither. Each commit id is applied once
-(``root['applied_commits']`` records it), so a resumed run that stores its final checkpoint
+(the image's applied-commits record keeps it), so a resumed run that stores its final checkpoint
 again, or a copy of it, changes nothing twice. A write conflict re-runs the whole put on fresh
 state, appliers included, so appliers must compute from what they find (add to a counter, never
 store a total computed earlier).
 
-This module knows no graph: graphs register an applier and a schema (a pydantic model) for each
-of their kinds (``register``). Effects are data from graph state, which a server client can also
-write (``update_state``): ``check`` validates every effect against its kind's schema before
-anything is written, and appliers check what a schema cannot (names the image must hold) as
-they would any untrusted input.
-"""
+This module knows no graph: a graph declares an ``EffectKind`` (applier and pydantic schema) for
+each of its kinds, and whoever assembles the graph with a saver hands the saver those kinds
+(``ZODBSaver(image, effect_kinds=...)`` or ``saver.accept(kinds)``); nothing is registered on
+import, so the store never depends on which graph modules were imported first. Effects are data from
+graph state, which a server client can also write (``update_state``): ``check`` validates every
+effect against its kind's schema before anything is written, and appliers check what a schema cannot
+(names the image must hold) as they would any untrusted input."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from BTrees.OOBTree import OOBTree
 from pydantic import BaseModel, ValidationError
 
 from batos.errors import CheckpointError
+from store.core import layout
 
 log = logging.getLogger("batos.effects")
 
 #: The state channel a graph writes its commit to.
 COMMIT_CHANNEL = "commit"
-#: Root key of the record of applied commit ids: id → (time, thread_id, ns, checkpoint_id).
-APPLIED_KEY = "applied_commits"
 #: Most effects one commit may carry, and the longest id and note.
 MAX_EFFECTS = 256
 MAX_ID_CHARS = 128
@@ -43,26 +43,25 @@ MAX_NOTE_CHARS = 500
 #: ``applier(root, effect, commit)``: make one effect's change inside the caller's transaction.
 Applier = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], None]
 
-_APPLIERS: dict[str, Applier] = {}
-_SCHEMAS: dict[str, type[BaseModel]] = {}
 #: Validation errors a refusal lists.
 SHOWN_ERRORS = 5
 
 
-def register(kind: str, applier: Applier, schema: type[BaseModel]) -> None:
-    """Make effects of ``kind`` applicable once they fit ``schema``; a graph module registers
-    its kinds on import."""
-    _APPLIERS[kind] = applier
-    _SCHEMAS[kind] = schema
+@dataclass(frozen=True)
+class EffectKind:
+    """How effects of one kind are checked (``schema``) and applied (``apply``)."""
+
+    apply: Applier
+    schema: type[BaseModel]
 
 
-def registered() -> list[str]:
-    return sorted(_APPLIERS)
+#: The kinds a saver applies: kind name → ``EffectKind``.
+EffectKinds = Mapping[str, EffectKind]
 
 
-def check(commit: Any) -> dict[str, Any]:
+def check(commit: Any, kinds: EffectKinds) -> dict[str, Any]:
     """The commit in canonical form; ``CheckpointError`` if it is malformed or names a kind
-    no applier is registered for (nothing is written then)."""
+    not among ``kinds`` (nothing is written then)."""
     if not isinstance(commit, Mapping):
         raise CheckpointError(
             f"the {COMMIT_CHANNEL!r} channel holds a {type(commit).__name__}, not a commit",
@@ -75,14 +74,15 @@ def check(commit: Any) -> dict[str, Any]:
         raise CheckpointError(f"commit {commit_id!r}: effects must be a list of <= {MAX_EFFECTS}")
     for number, effect in enumerate(effects):
         kind = effect.get("kind") if isinstance(effect, Mapping) else None
-        if not isinstance(kind, str) or kind not in _APPLIERS:
+        if not isinstance(kind, str) or kind not in kinds:
+            known = ", ".join(sorted(kinds)) or "(none: the saver was given no graph's kinds)"
             raise CheckpointError(
                 f"commit {commit_id!r} holds an effect of kind {str(kind)[:80]!r}, which nothing "
                 "applies; nothing was written",
-                hint=f"known kinds: {', '.join(registered()) or '(none: import the graph module)'}",
+                hint=f"known kinds: {known}",
             )
         try:
-            _SCHEMAS[kind].model_validate(effect)
+            kinds[kind].schema.model_validate(effect)
         except ValidationError as exc:
             raise CheckpointError(
                 f"commit {commit_id!r}: effect {number} ({kind}) is malformed: {problems(exc)}; "
@@ -111,20 +111,20 @@ def problems(exc: ValidationError) -> str:
 
 
 def applied(root: Any, commit_id: str) -> bool:
-    record = root.get(APPLIED_KEY)
+    record = layout.find(root, layout.APPLIED_COMMITS)
     return record is not None and commit_id in record
 
 
-def apply_commit(root: Any, commit: Mapping[str, Any], where: tuple[str, str, str]) -> bool:
-    """Apply a checked commit inside the caller's transaction, unless its id was applied
-    before; returns whether it was applied now."""
-    record = root.get(APPLIED_KEY)
-    if record is None:
-        record = root[APPLIED_KEY] = OOBTree()
+def apply_commit(
+    root: Any, commit: Mapping[str, Any], where: tuple[str, str, str], kinds: EffectKinds
+) -> bool:
+    """Apply a commit ``check`` accepted against ``kinds`` inside the caller's transaction,
+    unless its id was applied before; returns whether it was applied now."""
+    record = layout.applied_commits(root)
     if commit["id"] in record:
         log.info("commit %s was applied before; skipped", commit["id"])
         return False
     for effect in commit["effects"]:
-        _APPLIERS[effect["kind"]](root, effect, commit)
+        kinds[effect["kind"]].apply(root, effect, commit)
     record[commit["id"]] = (time.time(), *where)
     return True

@@ -1,6 +1,6 @@
 """How conversation threads (LangGraph checkpoints) are laid out in the living image.
 
-Everything lives under ``root['checkpoints']``, a ``CheckpointTree``::
+Everything lives under the image's ``layout.CHECKPOINTS`` key, a ``CheckpointTree``::
 
     CheckpointTree
      ├── threads: OOBTree  thread_id → ThreadRecord
@@ -51,9 +51,8 @@ from persistent import Persistent
 from ZODB.POSException import ConflictError
 
 from batos.errors import ImageCorruptError
-from store.core.schema import UpgradeStep
-
-CHECKPOINTS_KEY = "checkpoints"
+from store.core import layout
+from store.core.layout import UpgradeStep
 
 #: Serialized values up to this size stay inline in their checkpoint's record; larger ones get
 #: their own record, shared by every later checkpoint that did not change them.
@@ -722,8 +721,8 @@ class CheckpointTree(Persistent):
 
 
 def _layout_1(root: Any) -> None:
-    if CHECKPOINTS_KEY not in root:
-        root[CHECKPOINTS_KEY] = CheckpointTree()
+    if layout.find(root, layout.CHECKPOINTS) is None:
+        root[layout.CHECKPOINTS] = CheckpointTree()
 
 
 def _layout_2(root: Any) -> None:
@@ -732,7 +731,7 @@ def _layout_2(root: Any) -> None:
     The stored values themselves are shared, not copied. Runs in one transaction, so a crash
     leaves the image on layout 1.
     """
-    for thread in root[CHECKPOINTS_KEY].threads.values():
+    for thread in layout.checkpoints(root).threads.values():
         old = thread.values
         thread.values = OOBTree()
         for (ns, channel, version), stored in old.items():
@@ -746,7 +745,7 @@ def _layout_3(root: Any) -> None:
     checkpoint, whose put then failed) are dropped, and so is a thread that held only those.
     Runs in one transaction, so a crash leaves the image on layout 2.
     """
-    threads = root[CHECKPOINTS_KEY].threads
+    threads = layout.checkpoints(root).threads
     for thread_id, thread in list(threads.items()):
         values, writes = thread.values, thread.writes
         for ns, index in thread.namespaces.items():
@@ -776,7 +775,7 @@ def _layout_4(root: Any) -> None:
     shared, not copied, and those in the tree keep their layout-3 form until they next change.
     Runs in one transaction, so a crash leaves the image on layout 3.
     """
-    for thread in root[CHECKPOINTS_KEY].threads.values():
+    for thread in layout.checkpoints(root).threads.values():
         for ns, tree in list(thread.namespaces.items()):
             index = CheckpointIndex()
             for checkpoint_id in list(tree.keys())[-RECENT:]:
@@ -791,7 +790,7 @@ def _layout_4(root: Any) -> None:
 CHECKPOINT_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "checkpoints-1",
-        "conversation threads of the LangGraph checkpointer (root['checkpoints'])",
+        "conversation threads of the LangGraph checkpointer (the root's checkpoints key)",
         _layout_1,
     ),
     UpgradeStep(

@@ -1,18 +1,18 @@
 """``ZODBSaver``: LangGraph checkpoints written into the living image, one transaction each.
 
-Used by ``graph.compile(checkpointer=ZODBSaver(image))`` and, through langgraph.json's
-``checkpointer`` key, by ``langgraph dev`` (``generate_checkpointer``). Every ``put`` is one
-ZODB transaction, retried on write conflicts, so a crash leaves either the whole checkpoint
-or none of it. A ``put_writes`` for a stored checkpoint is one transaction too; one for a
+Used by ``graph.compile(checkpointer=ZODBSaver(image))``; the application's runtime
+(``batos.shell.runtime``) makes the one every entry point uses, ``langgraph dev`` included. Every
+``put`` is one ZODB transaction, retried on write conflicts, so a crash leaves either the whole
+checkpoint or none of it. A ``put_writes`` for a stored checkpoint is one transaction too; one for a
 checkpoint not stored yet waits in memory (``store.checkpoint.parking``) and is stored by that
 checkpoint's put, in its transaction, so nothing is ever written for a checkpoint that never
 arrives, and a put_writes that finds nothing to store commits nothing. ZODB connections are not
-thread-safe: every write of a saver goes through its one write connection, one at a time (writes
-of one saver are serialized within a process; other processes' writes still merge or retry as
-conflicts), so what a put wrote stays in that connection's cache for the next put and the
-get_tuple after it. Reads borrow the write connection when it is free and otherwise a
-connection of a small pool; async methods run the sync ones in the event loop's executor. The
-layout in the image is described in ``store.checkpoint.layout``.
+thread-safe: every write of a saver goes through its one write connection, one at a time (writes of
+one saver are serialized within a process; other processes' writes still merge or retry as
+conflicts), so what a put wrote stays in that connection's cache for the next put and the get_tuple
+after it. Reads borrow the write connection when it is free and otherwise a connection of a small
+pool; async methods run the sync ones in the event loop's executor. The layout in the image is
+described in ``store.checkpoint.layout``.
 
 Errors::
 
@@ -32,7 +32,7 @@ import random
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -62,7 +62,6 @@ from batos.errors import (
 from store.checkpoint import effects
 from store.checkpoint.layout import (
     CHECKPOINT_STEPS,
-    CHECKPOINTS_KEY,
     CheckpointRecord,
     CheckpointTree,
     TaskWrites,
@@ -73,8 +72,9 @@ from store.checkpoint.layout import (
     encode,
 )
 from store.checkpoint.parking import ParkedWrites
-from store.core.image import LivingImage, shared_image
-from store.core.schema import upgrade
+from store.core import layout
+from store.core.image import LivingImage
+from store.core.schema import require
 from store.core.transactions import Unchanged, run_in_transaction
 
 __all__ = [
@@ -84,7 +84,6 @@ __all__ = [
     "CheckpointSerializationError",
     "ThreadSummary",
     "ZODBSaver",
-    "generate_checkpointer",
 ]
 
 log = logging.getLogger("batos.checkpointer")
@@ -273,8 +272,11 @@ def _inherited(
 class ZODBSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpoint saver whose storage is the living image.
 
-    ``ZODBSaver(image)`` applies the saver's layout step to the image on creation. The image
-    stays the caller's: ``close()`` returns the saver's connections, not the image.
+    ``ZODBSaver(image)`` needs an image whose checkpoint layout is up to date (one opened by
+    ``open_runtime``, which applies every upgrade step once); on an older one it raises
+    ``ImageError`` and changes nothing. The image stays the caller's: ``close()`` returns the
+    saver's connections, not the image. ``effect_kinds`` are the commit effects it applies with
+    a checkpoint (``store.checkpoint.effects``); a graph's assembly adds its own (``accept``).
     """
 
     def __init__(
@@ -284,10 +286,12 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         blob_threshold: int | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        effect_kinds: effects.EffectKinds | None = None,
     ) -> None:
         super().__init__(serde=serde)
         self.image = image
-        upgrade(image, CHECKPOINT_STEPS)
+        require(image, CHECKPOINT_STEPS, "the checkpointer")
+        self.effect_kinds: dict[str, effects.EffectKind] = dict(effect_kinds or {})
         self._blob_threshold: int | None = (
             (blob_threshold or settings.get_int("checkpoint_blob_bytes"))
             if IBlobStorage.providedBy(image.db.storage)
@@ -296,6 +300,10 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         self._pool = _ConnectionPool(image, max_connections)
         self._writer = _Writer(image)
         self._parking = ParkedWrites()
+
+    def accept(self, kinds: effects.EffectKinds) -> None:
+        """Apply effects of ``kinds`` too from now on (a graph assembled with this saver)."""
+        self.effect_kinds.update(kinds)
 
     def close(self) -> None:
         self._writer.close()
@@ -332,10 +340,10 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         # transaction: a read needs none, and an accidental write then raises
         # NoTransaction instead of committing anything.
         conn.newTransaction(None)
-        return conn.root()[CHECKPOINTS_KEY]
+        return layout.checkpoints(conn.root())
 
     def _write(self, fn: Callable[[CheckpointTree], T], note: str) -> T:
-        return self._write_root(lambda root: fn(root[CHECKPOINTS_KEY]), note)
+        return self._write_root(lambda root: fn(layout.checkpoints(root)), note)
 
     def _write_root(self, fn: Callable[[Any], T], note: str) -> T:
         """Run ``fn(root)`` in one transaction of the write connection, retried on write
@@ -524,9 +532,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             note = commit["note"] or f"commit {commit['id']}"
 
         def transaction(root: Any) -> None:
-            apply(parked, root[CHECKPOINTS_KEY])
+            apply(parked, layout.checkpoints(root))
             if commit is not None:
-                effects.apply_commit(root, commit, key)
+                effects.apply_commit(root, commit, key, self.effect_kinds)
 
         try:
             self._write_root(transaction, note)
@@ -535,14 +543,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             self._parking.end_put(key, stored=stored)
         return _config(thread_id, ns, checkpoint_id)
 
-    @staticmethod
-    def _commit(checkpoint: Checkpoint, new_versions: ChannelVersions) -> dict[str, Any] | None:
+    def _commit(
+        self, checkpoint: Checkpoint, new_versions: ChannelVersions
+    ) -> dict[str, Any] | None:
         """The commit this put must apply with its checkpoint (``store.checkpoint.effects``), if
         any: a value of the commit channel written since the checkpoint this put continues."""
         if effects.COMMIT_CHANNEL not in new_versions:
             return None
         value = checkpoint["channel_values"].get(effects.COMMIT_CHANNEL)
-        return effects.check(value) if value else None
+        return effects.check(value, self.effect_kinds) if value else None
 
     def _put_transaction(
         self,
@@ -839,23 +848,3 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         else:
             number = int(current.split(".")[0])
         return f"{number + 1:032}.{random.random():016}"
-
-
-@asynccontextmanager
-async def generate_checkpointer(uri: str | None = None) -> AsyncIterator[ZODBSaver]:
-    """A ``ZODBSaver`` on the image at ``uri`` (default: setting ``image``), closed on exit.
-
-    Named by langgraph.json's ``checkpointer.path`` so that ``langgraph dev`` and
-    ``langgraph up`` keep their threads in the living image.
-    """
-    # The server loads this file as a module of its own name: take the class from
-    # ``store.checkpoint.saver`` itself, so graphs recognise the saver as the one they know.
-    from store.checkpoint.saver import ZODBSaver as Saver
-
-    async with shared_image(uri) as image:
-        saver = await asyncio.get_running_loop().run_in_executor(None, Saver, image)
-        log.info("checkpointer on %s", image.uri)
-        try:
-            yield saver
-        finally:
-            saver.close()

@@ -25,35 +25,29 @@ from typing import Any
 from apscheduler.job import Job
 from apscheduler.jobstores.base import BaseJobStore, ConflictingIdError, JobLookupError
 from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
-from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
+from store.core import layout
 from store.core.image import LivingImage
 
 log = logging.getLogger("batos.heartbeat")
 
-#: Root key of the heartbeat's state: ``jobs`` (id → record) and ``lease``.
-HEARTBEAT_KEY = "heartbeat"
 #: Largest pickled job state accepted, in bytes.
 MAX_JOB_BYTES = 64 * 1024
 
 
 def _home(root: Any) -> PersistentMapping:
-    home = root.get(HEARTBEAT_KEY)
-    if home is None:
-        home = root[HEARTBEAT_KEY] = PersistentMapping()
-    if "jobs" not in home:
-        home["jobs"] = OOBTree()
-    return home
+    """The heartbeat's state: ``jobs`` (id → record) and ``lease``."""
+    return layout.heartbeat(root)
 
 
 def _jobs(root: Any) -> Any:
-    home = root.get(HEARTBEAT_KEY)
+    home = layout.find(root, layout.HEARTBEAT)
     return home["jobs"] if home is not None and "jobs" in home else {}
 
 
 class ImageJobStore(BaseJobStore):
-    """APScheduler jobs in the image: ``root['heartbeat']['jobs'][id] = {next, state}``."""
+    """APScheduler jobs in the image: the heartbeat container's ``jobs[id] = {next, state}``."""
 
     def __init__(self, image: LivingImage, pickle_protocol: int = pickle.HIGHEST_PROTOCOL):
         super().__init__()
@@ -203,7 +197,7 @@ def acquire_lease(image: LivingImage, holder: str, seconds: float) -> dict[str, 
 def lease_holder(image: LivingImage) -> dict[str, Any] | None:
     """The lease as it stands (holder, expiry), expired or not; None when never taken."""
     with image.read() as root:
-        home = root.get(HEARTBEAT_KEY)
+        home = layout.find(root, layout.HEARTBEAT)
         lease = home.get("lease") if home is not None else None
         return dict(lease) if lease else None
 
@@ -212,7 +206,7 @@ def release_lease(image: LivingImage, holder: str) -> None:
     """Give the lease up, if ``holder`` still has it."""
 
     def release(root: Any) -> None:
-        home = root.get(HEARTBEAT_KEY)
+        home = layout.find(root, layout.HEARTBEAT)
         if home is not None and (home.get("lease") or {}).get("holder") == holder:
             del home["lease"]
 

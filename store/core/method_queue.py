@@ -14,9 +14,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from BTrees.OOBTree import OOBTree
+from store.core import layout
 
-QUEUE_KEY = "method_queue"
 #: First wait after a failed try, and the longest wait, in seconds.
 BACKOFF_BASE_S = 600.0
 BACKOFF_MAX_S = 86_400.0
@@ -24,26 +23,10 @@ BACKOFF_MAX_S = 86_400.0
 MAX_REASON_CHARS = 2000
 
 
-def prepare(root: Any) -> bool:
-    """Create the queue; whether it was missing (a caller whose change must not touch the
-    root, to stay undoable, creates it in a transaction before)."""
-    if root.get(QUEUE_KEY) is not None:
-        return False
-    _queue(root, create=True)
-    return True
-
-
-def _queue(root: Any, create: bool) -> Any:
-    queue = root.get(QUEUE_KEY)
-    if queue is None and create:
-        queue = root[QUEUE_KEY] = OOBTree()
-    return queue
-
-
 def entries(root: Any) -> dict[str, dict[str, Any]]:
     """Every recorded key and its state (``written``, ``failed`` or ``pending``), attempts,
     last reason, when it was last tried and when it may next be tried."""
-    queue = _queue(root, create=False)
+    queue = layout.find(root, layout.METHOD_QUEUE)
     return {} if queue is None else {str(k): dict(v) for k, v in queue.items()}
 
 
@@ -53,7 +36,7 @@ def backoff(failures: int) -> float:
 
 def due(root: Any, key: str, now: float | None = None) -> bool:
     """Whether ``key`` may be tried now: never tried, or its wait after a failure is over."""
-    queue = _queue(root, create=False)
+    queue = layout.find(root, layout.METHOD_QUEUE)
     entry: Mapping[str, Any] | None = None if queue is None else queue.get(key)
     if entry is None or entry.get("state") != "failed":
         return True
@@ -63,7 +46,7 @@ def due(root: Any, key: str, now: float | None = None) -> bool:
 def record_failure(root: Any, key: str, reason: str, now: float | None = None) -> float:
     """Count a failed try of ``key``; when it may be tried again (epoch seconds)."""
     now = time.time() if now is None else now
-    queue = _queue(root, create=True)
+    queue = layout.method_queue(root)
     previous = queue.get(key) or {}
     failures = int(previous.get("failures") or 0) + 1
     next_try = now + backoff(failures)
@@ -80,7 +63,7 @@ def record_failure(root: Any, key: str, reason: str, now: float | None = None) -
 
 def record_success(root: Any, key: str, now: float | None = None) -> None:
     now = time.time() if now is None else now
-    queue = _queue(root, create=True)
+    queue = layout.method_queue(root)
     previous = queue.get(key) or {}
     queue[key] = {
         "state": "written",
@@ -94,7 +77,7 @@ def record_success(root: Any, key: str, now: float | None = None) -> None:
 
 def record_pending(root: Any, key: str, reason: str) -> None:
     """``key``'s method was taken out as wrong: it is wanted again, and may be tried now."""
-    queue = _queue(root, create=True)
+    queue = layout.method_queue(root)
     previous = queue.get(key) or {}
     queue[key] = {
         "state": "pending",

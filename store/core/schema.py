@@ -9,26 +9,17 @@ code is brought forward, and ``batos schema`` shows what was done when.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from BTrees.OOBTree import OOBTree
 from persistent.mapping import PersistentMapping
 
+from batos.errors import ImageError
 from store.core.image import LivingImage
+from store.core.layout import SCHEMA as SCHEMA_KEY
+from store.core.layout import UpgradeStep
 
-SCHEMA_KEY = "schema"
-OBJECTS_KEY = "objects"
-
-
-@dataclass(frozen=True)
-class UpgradeStep:
-    """One change to the image's layout; ``apply(root)`` must be safe on any earlier layout."""
-
-    name: str
-    description: str
-    apply: Callable[[Any], object]  # what it returns is not used
+__all__ = ["SCHEMA_KEY", "UpgradeStep", "applied", "pending", "require", "upgrade"]
 
 
 def applied(root: Any) -> dict[str, dict[str, Any]]:
@@ -69,15 +60,15 @@ def upgrade(image: LivingImage, steps: Sequence[UpgradeStep]) -> list[str]:
     return done
 
 
-def _root_layout_1(root: Any) -> None:
-    if OBJECTS_KEY not in root:
-        root[OBJECTS_KEY] = OOBTree()
-
-
-ROOT_STEPS: tuple[UpgradeStep, ...] = (
-    UpgradeStep(
-        "root-1",
-        "registry of named top-level objects (root['objects'], an OOBTree)",
-        _root_layout_1,
-    ),
-)
+def require(image: LivingImage, steps: Sequence[UpgradeStep], what: str) -> None:
+    """``ImageError`` unless the image has every one of ``steps``: a component built on an
+    image that was not brought up to date refuses it rather than lay out the image itself."""
+    with image.read() as root:
+        missing = [step.name for step in pending(root, steps)]
+    if missing:
+        raise ImageError(
+            f"{what} needs upgrade steps this image has not had: {', '.join(missing)}; "
+            "nothing was changed",
+            hint="open the image with batos.shell.runtime.open_runtime() (it applies every "
+            "step once), or run 'batos init'",
+        )

@@ -1,6 +1,6 @@
 """The knowledge catalog (O-RAG): documents and chunks kept in the living image, searched hybrid.
 
-Layout under ``root['catalog']`` (declared by ``CATALOG_STEPS``):
+Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
 
     documents   OOBTree  source → Document (content hash, chunk ids, float32 vectors)
     chunks      IOBTree  chunk id → Chunk (text, span in its document, metadata)
@@ -42,15 +42,16 @@ from zope.index.text.textindex import TextIndex
 
 from batos import settings
 from batos.errors import CatalogError
+from store.core import layout
 from store.core.image import LivingImage
-from store.core.schema import UpgradeStep, upgrade
+from store.core.layout import UpgradeStep
+from store.core.schema import require
 from store.knowledge.embeddings import DIMS, FLOAT32, Embedder, from_bytes, to_bytes
 from store.knowledge.lexical import LexicalIndex
 from store.knowledge.vectors import VectorIndex, reciprocal_rank_fusion
 
 log = logging.getLogger("batos.catalog")
 
-CATALOG_KEY = "catalog"
 #: Metadata fields every chunk is indexed under, whatever its document brings.
 BUILTIN_FIELDS = ("source", "kind", "format")
 #: Candidates each half of a hybrid search contributes to the fusion, per result asked for.
@@ -117,9 +118,9 @@ class Chunk(Persistent):
 
 
 def _layout_1(root: Any) -> None:
-    if CATALOG_KEY in root:
+    if layout.find(root, layout.CATALOG) is not None:
         return
-    root[CATALOG_KEY] = PersistentMapping(
+    root[layout.CATALOG] = PersistentMapping(
         documents=OOBTree(),
         chunks=IOBTree(),
         fields=OOBTree(),
@@ -131,7 +132,7 @@ def _layout_1(root: Any) -> None:
 
 
 def _layout_2(root: Any) -> None:
-    cat = root[CATALOG_KEY]
+    cat = layout.catalog(root)
     if "retrieved" in cat:
         return
     # Counts said how often, never when: chunks retrieved before this step count as retrieved
@@ -144,7 +145,7 @@ def _layout_2(root: Any) -> None:
 
 
 def _layout_3(root: Any) -> None:
-    cat = root[CATALOG_KEY]
+    cat = layout.catalog(root)
     if "encoder" in cat:
         return
     # Every vector stored before this step came from sentence-transformers in float32.
@@ -159,7 +160,7 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     ),
     UpgradeStep(
         "catalog-2",
-        "retrieval times (root['catalog']['retrieved']) replace retrieval counts",
+        "retrieval times (the catalog's 'retrieved') replace retrieval counts",
         _layout_2,
     ),
     UpgradeStep(
@@ -171,19 +172,18 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
 
 
 def catalog_root(root: Any) -> Any:
-    try:
-        return root[CATALOG_KEY]
-    except KeyError:
+    found = layout.find(root, layout.CATALOG)
+    if found is None:
         raise CatalogError(
             "this image has no knowledge catalog yet",
-            hint="open it through KnowledgeCatalog.open(image) (or run 'batos init') first",
-        ) from None
+            hint="open the image with open_runtime() (or run 'batos init') first",
+        )
+    return found
 
 
 def holds_chunks(root: Any) -> bool:
-    """Whether the image has a catalog with anything in it (read only: opening a catalog lays
-    one out, which a reader that only looks must not do)."""
-    cat = root.get(CATALOG_KEY)
+    """Whether the image has a catalog with anything in it (read only)."""
+    cat = layout.find(root, layout.CATALOG)
     return cat is not None and len(cat["chunks"]) > 0
 
 
@@ -285,9 +285,10 @@ class KnowledgeCatalog:
 
     @classmethod
     def open(cls, image: LivingImage, embedder: Embedder | None = None) -> KnowledgeCatalog:
-        """The catalog of ``image`` (laid out or upgraded as needed); with no ``embedder``,
+        """The catalog of ``image`` (``ImageError`` if its catalog layout is not up to date:
+        ``open_runtime`` brings it there); with no ``embedder``,
         one of the encoder its vectors came from (``catalog_encoder`` for a new catalog)."""
-        upgrade(image, CATALOG_STEPS)
+        require(image, CATALOG_STEPS, "the knowledge catalog")
         if embedder is None:
             with image.read() as root:
                 recorded = catalog_root(root).get("encoder")

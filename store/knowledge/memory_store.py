@@ -1,12 +1,11 @@
 """LangGraph's long-term memory (``BaseStore``) kept in the living image, next to the catalog.
 
-Items live under ``root['memory']``: an OOBTree from namespace tuple to an OOBTree from key to
-``MemoryItem``. Semantic search embeds the indexed fields (``["$"]``, the whole value, unless
-``fields`` or a put's ``index`` say otherwise) with the catalog's all-MiniLM-L6-v2 and ranks by
-cosine (max over an item's fields). A batch is one transaction — or, inside ``bound(root)``,
-part of the caller's transaction, so a mind cycle's memories commit or vanish with it.
-``make_store`` is the factory langgraph.json names, so ``langgraph dev`` uses this store too.
-"""
+Items live under the image's ``layout.MEMORY`` key: an OOBTree from namespace tuple to an OOBTree
+from key to ``MemoryItem``. Semantic search embeds the indexed fields (``["$"]``, the whole value,
+unless ``fields`` or a put's ``index`` say otherwise) with the catalog's all-MiniLM-L6-v2 and ranks
+by cosine (max over an item's fields). A batch is one transaction — or, inside ``bound(root)``, part
+of the caller's transaction, so a mind cycle's memories commit or vanish with it. The application's
+runtime (``batos.shell.runtime``) makes the one every entry point uses."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,14 +36,14 @@ from langgraph.store.base import (
 )
 from persistent import Persistent
 
-from store.core.image import LivingImage, shared_image
-from store.core.schema import UpgradeStep, upgrade
+from store.core import layout
+from store.core.image import LivingImage
+from store.core.layout import UpgradeStep
+from store.core.schema import require
 from store.knowledge.catalog import CATALOG_STEPS
 from store.knowledge.embeddings import DIMS, Embedder, from_bytes, to_bytes
 
 log = logging.getLogger("batos.memory")
-
-MEMORY_KEY = "memory"
 
 #: The transaction a batch joins instead of opening its own (set by ``ImageStore.bound``).
 _bound_root: contextvars.ContextVar[Any | None] = contextvars.ContextVar(
@@ -72,14 +71,14 @@ class MemoryItem(Persistent):
 
 
 def _layout_1(root: Any) -> None:
-    if MEMORY_KEY not in root:
-        root[MEMORY_KEY] = OOBTree()
+    if layout.find(root, layout.MEMORY) is None:
+        root[layout.MEMORY] = OOBTree()
 
 
 MEMORY_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "memory-1",
-        "LangGraph long-term memory store (root['memory']: namespace → key → item)",
+        "LangGraph long-term memory store (namespace → key → item)",
         _layout_1,
     ),
 )
@@ -97,7 +96,7 @@ class ImageStore(BaseStore):
         embedder: Embedder | None = None,
         fields: Sequence[str] | None = None,
     ) -> None:
-        upgrade(image, (*CATALOG_STEPS, *MEMORY_STEPS))
+        require(image, (*CATALOG_STEPS, *MEMORY_STEPS), "the memory store")
         self.image = image
         self.embedder = embedder or Embedder()
         self.fields = list(fields or ["$"])
@@ -163,7 +162,7 @@ class ImageStore(BaseStore):
     def _apply(
         self, root: Any, ops: Sequence[Op], embedded: dict[int, tuple[np.ndarray, ...]]
     ) -> list[Result]:
-        tree = root[MEMORY_KEY]
+        tree = layout.memory(root)
         results: list[Result] = []
         for i, op in enumerate(ops):
             if isinstance(op, GetOp):
@@ -217,9 +216,7 @@ def put_item(
 ) -> None:
     """Store one item inside the caller's transaction, with vectors the caller already has
     (a graph that computed them earlier need not embed again at commit time)."""
-    tree = root.get(MEMORY_KEY)
-    if tree is None:
-        tree = root[MEMORY_KEY] = OOBTree()
+    tree = layout.memory(root)
     _put(tree, PutOp(tuple(namespace), key, value), vectors)
 
 
@@ -318,27 +315,3 @@ def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) ->
 
 def _stamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
-
-
-@asynccontextmanager
-async def make_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
-    """An ``ImageStore`` on the image at ``uri`` (default: setting ``image``), for langgraph.json.
-
-    The server loads this file under a module name of its own; classes pickled into the image
-    and the ``bound`` context must come from ``store.knowledge.memory_store`` itself, so the work is
-    done there.
-    """
-    from store.knowledge import memory_store
-
-    async with memory_store.open_store(uri) as store:
-        yield store
-
-
-@asynccontextmanager
-async def open_store(uri: str | None = None) -> AsyncIterator[ImageStore]:
-    """An ``ImageStore`` on the shared image of this server process (``shared_image``): a
-    file:// image can be opened only once per process, and the checkpointer holds it too."""
-    async with shared_image(uri) as image:
-        store = await asyncio.get_running_loop().run_in_executor(None, ImageStore, image)
-        log.info("memory store on %s", image.uri)
-        yield store

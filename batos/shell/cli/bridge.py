@@ -21,12 +21,11 @@ def bridge(
     Example: batos bridge --bind tcp://127.0.0.1:5555 · python examples/bridge_client.py hello
     """
     from batos.shell.bridge import Bridge, check_bind
-    from graph.boot import open_image
-    from graph.mind import MindServices
+    from batos.shell.runtime import open_runtime
 
     check_bind(bind)
-    with open_image(image_uri(ctx)) as image:
-        server = Bridge(image, bind, MindServices(models=model_factory(ctx)))
+    with open_runtime(image_uri(ctx), models=model_factory(ctx)) as runtime:
+        server = Bridge(runtime, bind)
 
         def on_signal(signum: int, frame: object) -> None:
             server.stop()  # the socket loop wakes every 100 ms and sees it

@@ -26,9 +26,9 @@ from batos.errors import BatosError, ConfigurationError
 from batos.shell.cli.app import console, err_console, image_uri, model_factory
 from batos.shell.cli.terminal import json_text, plain, shown
 from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
+from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
 from graph import cem, missions
-from graph.boot import open_image
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
 
@@ -171,9 +171,10 @@ def heartbeat(
     batos heartbeat --list --every audit=600
     """
     intervals = _intervals(every)
-    with open_image(image_uri(ctx)) as image:
+    with open_runtime(image_uri(ctx), models=model_factory(ctx)) as runtime:
+        image = runtime.image
         beat = Heartbeat(
-            image, model_factory(ctx), intervals=intervals, on_outcome=_printer(as_json)
+            image, runtime.services.models, intervals=intervals, on_outcome=_printer(as_json)
         )
         if list_jobs:
             _list(beat, image.uri, as_json)

@@ -14,7 +14,7 @@ from batos import settings
 from batos.errors import BatosError, ImageURIError
 from batos.shell.cli.app import console, image_uri
 from batos.shell.cli.terminal import plain, shown, visible
-from graph.boot import open_image
+from batos.shell.runtime import open_image, open_runtime
 from prototypes.bounded import bounded_repr
 from prototypes.incarnation import personas
 from prototypes.paths import resolve
@@ -143,28 +143,27 @@ def run_main(
     if model_factory(ctx) is None:
         with console.status("checking the embedded model…"):
             path = model_path()
-    with open_image(uri) as image:
-        with image.read() as root:
+    session = Session(open_runtime(uri, models=model_factory(ctx)))
+    try:
+        with session.image.read() as root:
             console.print(f"image [bold]{shown(uri)}[/]")
             if model_factory(ctx) is None:
                 console.print(f"model [bold]{shown(settings.get_str('model'))}[/] → {shown(path)}")
             console.print(_persona_table(root))
             _facets_line(root)
-        session = Session(image, model_factory(ctx))
         thread_id = f"run-{uuid6()}"
+        text = request or SAMPLE_REQUEST
+        console.print(f"[bold]you>[/] {shown(text)}")
+        context = session.context(None, "full" if request is None else "auto")
         try:
-            text = request or SAMPLE_REQUEST
-            console.print(f"[bold]you>[/] {shown(text)}")
-            context = session.context(None, "full" if request is None else "auto")
-            try:
-                state = session.cycle(text, run_config(thread_id), context)
-                console.print()
-                _outcome(state, as_json=False)
-            finally:  # a FAILED or stopped first answer still opens the chat
-                if sys.stdin.isatty():
-                    chat_loop(session, thread_id, None, "auto")
-        finally:
-            session.close()
+            state = session.cycle(text, run_config(thread_id), context)
+            console.print()
+            _outcome(state, as_json=False)
+        finally:  # a FAILED or stopped first answer still opens the chat
+            if sys.stdin.isatty():
+                chat_loop(session, thread_id, None, "auto")
+    finally:
+        session.close()
 
 
 @image_app.command()

@@ -19,8 +19,8 @@ from rich.table import Table
 from batos.errors import BatosError, GeneratedCodeError, ObjectPathError
 from batos.shell.cli.app import console, err_console, image_uri, model_factory
 from batos.shell.cli.terminal import json_text, shown, visible
+from batos.shell.runtime import open_image
 from graph import rejection
-from graph.boot import open_image
 from prototypes import bounded, guardian, kernel
 from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
 from prototypes.paths import prototype

@@ -24,7 +24,7 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 @contextmanager
 def _catalog(ctx: typer.Context) -> Iterator[KnowledgeCatalog]:
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
 
     with open_image(image_uri(ctx)) as image:
         catalog = KnowledgeCatalog.open(image)

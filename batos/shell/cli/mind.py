@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,8 +33,8 @@ from batos.errors import (
 from batos.shell.cli.app import console, image_uri, model_factory
 from batos.shell.cli.repl import LineReader, StopOnInterrupt
 from batos.shell.cli.terminal import shown
-from graph.boot import open_image
-from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
+from batos.shell.runtime import Runtime, open_image, open_runtime
+from graph.mind import MAX_ANSWER_CHARS, run_config
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import bounded_repr
 from store.checkpoint.saver import ZODBSaver
@@ -52,15 +51,16 @@ INTERRUPTED = "(interrupted)"
 
 
 class Session:
-    """One image, its checkpointer and the compiled mind, for a command's lifetime."""
+    """A runtime and its compiled mind, for a command's lifetime; closing it closes both."""
 
-    def __init__(self, image: LivingImage, models: Callable[..., Any] | None) -> None:
-        self.image = image
-        self.saver = ZODBSaver(image)
-        self.graph = build_graph(MindServices(models=models), checkpointer=self.saver)
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.image = runtime.image
+        self.saver = runtime.saver
+        self.graph = runtime.mind()
 
     def close(self) -> None:
-        self.saver.close()
+        self.runtime.close()
 
     def context(self, persona: str | None, depth: str | None) -> dict[str, Any]:
         context: dict[str, Any] = {}
@@ -340,14 +340,13 @@ def ask(
     Examples: batos ask "how do I plan a garden?" · batos ask hi -t chat-1 --json
     """
     thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
-    with open_image(image_uri(ctx)) as image:
-        session = Session(image, model_factory(ctx))
-        try:
-            state = session.cycle(
-                text, run_config(thread_id), session.context(persona, depth), show=not as_json
-            )
-        finally:
-            session.close()
+    session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
+    try:
+        state = session.cycle(
+            text, run_config(thread_id), session.context(persona, depth), show=not as_json
+        )
+    finally:
+        session.close()
     if not as_json:
         console.print()
     _outcome(state, as_json=as_json)
@@ -508,12 +507,11 @@ def chat(
     Example: batos chat -t kitchen
     """
     thread_id = check_thread_id(thread) if thread else f"chat-{uuid6()}"
-    with open_image(image_uri(ctx)) as image:
-        session = Session(image, model_factory(ctx))
-        try:
-            chat_loop(session, thread_id, persona, depth)
-        finally:
-            session.close()
+    session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
+    try:
+        chat_loop(session, thread_id, persona, depth)
+    finally:
+        session.close()
 
 
 def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[dict[str, Any]]:
@@ -561,7 +559,7 @@ def _number(value: float | None) -> str:
 def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
     """Threads whose last cycle FAILED: what no committed record shows."""
     found = []
-    with ZODBSaver(image) as saver:
+    with ZODBSaver(image) as saver:  # reads only: it applies no commits
         for summary in saver.threads()[-limit:]:
             latest = saver.get_tuple({"configurable": {"thread_id": summary.thread_id}})
             values = latest.checkpoint["channel_values"] if latest else {}

@@ -72,7 +72,7 @@ def route(
 
     Examples: batos route "why do I feel so restless?" · batos route --file requests.txt --json
     """
-    from graph.boot import open_image
+    from batos.shell.runtime import open_image
     from graph.router import load_router, prefetch_runner_up
 
     wanted = list(texts or [])

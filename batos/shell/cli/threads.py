@@ -16,6 +16,7 @@ from rich.table import Table
 
 from batos.shell.cli.app import console, image_uri
 from batos.shell.cli.terminal import shown
+from batos.shell.runtime import open_runtime
 from store.checkpoint.saver import ZODBSaver
 from store.core import packing
 from store.core.image import LivingImage
@@ -23,8 +24,8 @@ from store.core.image import LivingImage
 
 @contextmanager
 def _saver(ctx: typer.Context) -> Iterator[ZODBSaver]:
-    with LivingImage.open(image_uri(ctx)) as image, ZODBSaver(image) as saver:
-        yield saver
+    with open_runtime(image_uri(ctx)) as runtime:
+        yield runtime.saver
 
 
 def _size(n: float) -> str:

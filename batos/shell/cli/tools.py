@@ -16,10 +16,10 @@ from rich.table import Table
 from batos.errors import ObjectPathError
 from batos.shell.cli.app import console, image_uri
 from batos.shell.cli.terminal import json_text, shown, visible
-from graph.boot import open_image
+from batos.shell.runtime import open_image
 from prototypes import tools
-from prototypes.incarnation import OBJECTS_KEY
 from prototypes.uvm import Method, UvmObject
+from store.core import layout
 
 tools_app = typer.Typer(
     help="Tool proxies: objects whose methods call an outside service within tools_allow.",
@@ -29,7 +29,7 @@ tools_app = typer.Typer(
 
 
 def _toolbox(root: Any) -> UvmObject:
-    toolbox = root[OBJECTS_KEY].get(tools.TOOLBOX)
+    toolbox = layout.objects(root).get(tools.TOOLBOX)
     if toolbox is None:
         raise ObjectPathError("the image has no tools object", hint="run 'batos init'")
     return toolbox

@@ -385,7 +385,7 @@ def test_layout_1_image_is_brought_forward_and_reads_the_same(file_uri: str) -> 
     expected = history(memory)
     assert any(item[4] for item in expected)  # the interrupt is a pending write
     orphan = ("never-stored", "task", 0)
-    with open_laid_out(file_uri) as image:
+    with LivingImage.open(file_uri) as image:  # bare: the layout of the first release
         upgrade(image, CHECKPOINT_STEPS[:1])
 
         def write_layout_1(root: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from images import open_laid_out
+from images import laid_out, open_laid_out
 
 from batos.errors import ArchiveError
 from store.core.image import LivingImage
@@ -246,15 +246,14 @@ def test_nested_archives_restore_in_any_order(
     assert catalog.stats()["chunks"] == len(catalog.vectors)
 
 
-def test_retrieval_counts_of_an_older_image_become_retrieval_times(
-    memory_image: LivingImage, embedder: Embedder
-) -> None:
+def test_retrieval_counts_of_an_older_image_become_retrieval_times(embedder: Embedder) -> None:
+    memory_image = LivingImage.open("memory://")
     upgrade(memory_image, CATALOG_STEPS[:1])  # the layout before retrieval times
     old = KnowledgeCatalog(memory_image, embedder)
     _fill(old)
     used = old.document("backup-0.txt")["chunks"][0]
     memory_image.transact(lambda root: root["catalog"]["usage"].__setitem__(used, 3))
-    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    catalog = KnowledgeCatalog.open(laid_out(memory_image), embedder)  # as the runtime opens it
     with memory_image.read() as root:
         assert "usage" not in root["catalog"]
         assert dict(root["catalog"]["retrieved"]).keys() == {used}

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
+from images import laid_out
 
 from batos.errors import CatalogError, ConfigurationError, DocumentError
 from store.core.image import LivingImage
@@ -426,6 +427,6 @@ def test_an_image_from_before_encoder_records_keeps_float32(memory_image: Living
         del root["schema"]["catalog-3"]
 
     memory_image.transact(forget)
-    reopened = KnowledgeCatalog.open(memory_image)
+    reopened = KnowledgeCatalog.open(laid_out(memory_image))  # as the runtime opens it
     assert reopened.embedder.encoder == FLOAT32
     assert reopened.search("purring", 1, mode="dense")[0].source == "cats"

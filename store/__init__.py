@@ -2,6 +2,7 @@
 URI, ZEO, transactions and their retries, schema upgrades, model files), the LangGraph
 checkpointer that keeps threads in the image (``checkpoint``) and the knowledge engine
 (``knowledge``: catalog, ingestion, chunking, full-text and vector indexes, the memory store).
+``core.layout`` owns every top-level key of the image; ``upgrades`` orders the store's steps.
 
 The bottom room: it imports only the shared ``batos`` modules.
 """

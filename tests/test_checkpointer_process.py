@@ -163,8 +163,8 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
     project = tmp_path / "project"
     project.mkdir()
     (project / "tiny_graph.py").write_text(GRAPH_MODULE)
-    shutil.copytree(REPO / "store", project / "store", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "batos", project / "batos", ignore=shutil.ignore_patterns("__pycache__"))
+    for room in ("batos", "graph", "prototypes", "store"):  # the factories' runtime needs all
+        shutil.copytree(REPO / room, project / room, ignore=shutil.ignore_patterns("__pycache__"))
     config = json.loads((REPO / "langgraph.json").read_text())
     config["graphs"] = {"tiny": "./tiny_graph.py:graph"}
     (project / "langgraph.json").write_text(json.dumps(config))

@@ -26,13 +26,20 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base.id import uuid6
 
+from batos.errors import ImageNotFoundError
 from graph import cycle
 from graph.mind import MindServices, build_graph, run_config
 from prototypes.codex import Codex
 from prototypes.incarnation import incarnation_step
 from prototypes.tools import TOOLS_STEP
 from store.checkpoint.saver import ZODBSaver
-from store.core.image import LivingImage, acquire_shared, default_uri, release_shared
+from store.core.image import (
+    LivingImage,
+    acquire_shared,
+    creating_in_force,
+    default_uri,
+    release_shared,
+)
 from store.core.layout import UpgradeStep
 from store.core.schema import upgrade
 from store.knowledge.memory_store import ImageStore
@@ -121,6 +128,21 @@ def _brought_up_to_date(image: LivingImage, codex: Codex | None) -> LivingImage:
     return image
 
 
+def _open(uri: str | None, create: bool | None) -> LivingImage:
+    in_force = creating_in_force()
+    if create is None:
+        create = bool(in_force)
+    try:
+        return LivingImage.open(uri, create=create)
+    except ImageNotFoundError as exc:
+        if in_force is not None:  # the command line's own message
+            raise
+        raise ImageNotFoundError(
+            exc.message,
+            hint=f"run 'batos --image {uri or default_uri()} init', or pass create=True",
+        ) from None
+
+
 def open_runtime(
     uri: str | None = None,
     *,
@@ -130,13 +152,13 @@ def open_runtime(
 ) -> Runtime:
     """The runtime of the image at ``uri`` (default: the ``image`` setting), upgraded once.
 
-    ``create`` says whether a missing file:// image is made (left out, it follows
-    ``store.core.image.creating``); ``codex`` replaces the shipped persona codex and
-    ``models`` the chat-model factory of the mind's services. Close the runtime (or use it as
-    a context manager) to close the image.
+    A file image that does not exist is created only when ``create`` is true; left out, only
+    where the command line allows it (``batos init``, ``run``, ``ingest``, ``zeo``). Otherwise
+    ``ImageNotFoundError`` says to run ``batos init`` or pass ``create=True``. ``codex``
+    replaces the shipped persona codex and ``models`` the chat-model factory of the mind's
+    services. Close the runtime (or use it as a context manager) to close the image.
     """
-    image = _brought_up_to_date(LivingImage.open(uri, create=create), codex)
-    return Runtime(image, models=models)
+    return Runtime(_brought_up_to_date(_open(uri, create), codex), models=models)
 
 
 def open_image(
@@ -144,7 +166,7 @@ def open_image(
 ) -> LivingImage:
     """The image at ``uri`` brought up to date, as ``open_runtime`` opens it, for a caller
     that needs only the image; the caller closes it."""
-    return _brought_up_to_date(LivingImage.open(uri, create=create), codex)
+    return _brought_up_to_date(_open(uri, create), codex)
 
 
 # -- the server's runtime: one per image URI, shared by its factories and graphs --------------

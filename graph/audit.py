@@ -371,11 +371,3 @@ def show(image: LivingImage, report_id: int) -> dict[str, Any]:
                 hint="the next audit writes a new one; 'batos audit report' lists the others",
             )
         return report
-
-
-def graph() -> Any:
-    """The audit graph for ``langgraph dev`` / ``batos serve``, over the configured image
-    (shared with the server's other graphs, opened once per process)."""
-    from store.core.image import acquire_shared, default_uri
-
-    return build_graph(acquire_shared(default_uri()))

@@ -183,8 +183,18 @@ class _Served:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # keep() acquires within it
         self._open: dict[str, tuple[Runtime, int]] = {}
+        #: URIs whose runtime the served graphs hold, once each, for the process's life.
+        self._kept: set[str] = set()
+
+    def keep(self, uri: str) -> Runtime:
+        """The runtime at ``uri``, held once for the served graphs however often they ask."""
+        with self._lock:
+            if uri not in self._kept:
+                self.acquire(uri)
+                self._kept.add(uri)
+            return self._open[uri][0]
 
     def acquire(self, uri: str) -> Runtime:
         with self._lock:
@@ -207,6 +217,7 @@ class _Served:
                 self._open[uri] = (runtime, count - 1)
                 return
             del self._open[uri]
+            self._kept.discard(uri)
         runtime.close()
 
 
@@ -229,8 +240,9 @@ async def served(uri: str | None = None) -> AsyncIterator[Runtime]:
 
 def served_image() -> LivingImage:
     """The image of the server's runtime at the ``image`` setting, for a served graph: the
-    same one the checkpointer factory opened. The graph keeps it for the process's life."""
-    return _SERVED.acquire(default_uri()).image
+    same one the checkpointer factory opened. The served graphs hold it once, for the
+    process's life."""
+    return _SERVED.keep(default_uri()).image
 
 
 # -- the Python API ---------------------------------------------------------------------------

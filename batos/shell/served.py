@@ -1,4 +1,4 @@
-"""What langgraph.json names: the checkpointer, the store and the mind graph that
+"""What langgraph.json names: the checkpointer, the store and the mind and audit graphs that
 ``langgraph dev`` and ``batos serve`` run, all on the server's one runtime per image URI.
 
 The server enters ``checkpointer`` and ``store`` at start; both hold the runtime of the image
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from batos.shell import runtime
+from graph import audit as audit_graph
 from graph.mind import build_graph
 from store.checkpoint.saver import ZODBSaver
 from store.knowledge.memory_store import ImageStore
@@ -34,3 +36,8 @@ async def store(uri: str | None = None) -> AsyncIterator[ImageStore]:
 
 #: The mind graph as the server runs it (langgraph.json's ``graphs.mind``).
 mind = build_graph(served_image=runtime.served_image)
+
+
+def audit() -> Any:
+    """The audit graph (langgraph.json's ``graphs.audit``), over the runtime's image."""
+    return audit_graph.build_graph(runtime.served_image())

@@ -13,7 +13,7 @@ from fakes import image_digest
 
 from batos.errors import AuditRejected
 from batos.shell.runtime import open_image
-from graph import facet_writing, facets, missions, rejection
+from graph import cycle, facet_writing, facets, missions, rejection
 from prototypes import install, kernel, rejected, tools
 from prototypes.incarnation import personas
 from prototypes.uvm import UvmObject
@@ -76,9 +76,10 @@ def _cycle_effect(root: Any) -> None:
                     "source": REFUSED.format(selector=selector),
                 }
             ],
-        }
+        },
+        cycle.EFFECT_KINDS,
     )
-    effects.apply_commit(root, commit, ("thread", "", "checkpoint"))
+    effects.apply_commit(root, commit, ("thread", "", "checkpoint"), cycle.EFFECT_KINDS)
 
 
 def _mission(root: Any) -> None:

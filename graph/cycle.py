@@ -13,7 +13,7 @@ per cycle id. A FAILED cycle writes no commit, so the image is as it was. The ki
     cycle_record       what ``batos cycles`` (and later the CEM) reads: route, plan, timings,
                        tokens, the request and response embeddings
     lesson, feedback   the exchange as a training example, a user's mark on an earlier cycle
-                       (registered by ``graph.learning``)
+                       (declared by ``graph.learning``)
 
 Every effect is checked in full before anything is written (a server client can write state
 too): its kind's schema in ``graph.records`` (types and bounds), then the applier's checks of
@@ -211,7 +211,7 @@ EFFECT_KINDS: dict[str, effects.EffectKind] = {
         "catalog_retrieved": _catalog_retrieved,
         "cycle_record": _cycle_record,
     }.items()
-}
+} | learning.EFFECT_KINDS
 
 
 def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Personas that learn from accepted cycles: lessons kept in the image, a retraining mission.
 
-**Lessons** (``root['lessons']``: persona → cycle id → lesson). Every COMPLETE cycle's commit
+**Lessons** (``layout.LESSONS``: persona → cycle id → lesson). Every COMPLETE cycle's commit
 carries a ``lesson`` effect: the request and the answer of the persona that led it, with its
 provenance (thread, cycle id, time, persona, base model) and ``source`` 'cycle'. A cycle the
 audit's readings flag — part of it degraded (a facet, the quality gate, retrieval), or its
@@ -14,10 +14,10 @@ are the last to go when a persona holds more than ``learning_max_lessons``.
 ``learning_min_examples`` accepted lessons newer than its last retraining gets one
 (``batos.training.retrain``): a candidate adapter on its original data plus its lessons,
 judged against the served adapter on held-out prompts, and served only when it is better by
-``learning_voice_margin``. The mission is recorded with the others (``root['missions']``, kind
+``learning_voice_margin``. The mission is recorded with the others (``layout.MISSIONS``, kind
 ``retrain_adapter``, status ``kept`` or ``declined``, both evaluations) and, like them, its
 change is one transaction of its own (note ``mission N: retrain_adapter …``): it sets which
-adapter version is served (``root['adapters']``). ``undo`` (or ``batos undo TID``) reverts
+adapter version is served (``layout.ADAPTERS``). ``undo`` (or ``batos undo TID``) reverts
 that transaction and ``reconcile`` puts the previous version's file back in place; the
 versions themselves are never deleted.
 """
@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from BTrees.OOBTree import OOBTree
-from persistent.mapping import PersistentMapping
 from pydantic import Field
 
 from batos import settings
@@ -38,14 +37,11 @@ from batos.errors import BatosError, CheckpointError, ImageError
 from graph import records
 from prototypes.codex import PERSONAS
 from store.checkpoint import effects
+from store.core import layout
 from store.core.image import LivingImage
 
 log = logging.getLogger("batos.learning")
 
-#: Root key of the lessons: persona → OOBTree(cycle id → lesson dict).
-LESSONS_KEY = "lessons"
-#: Root key of the adapter versions served: "<model>/<persona>" → {"sha256", "mission", …}.
-ADAPTERS_KEY = "adapters"
 #: Characters of a lesson's request and answer.
 MAX_REQUEST_CHARS = 2000
 MAX_ANSWER_CHARS = 4000
@@ -122,9 +118,8 @@ def effects_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> lis
 
 
 def _lessons(root: Any, persona: str) -> Any:
-    found = root.get(LESSONS_KEY)
-    if found is None:
-        found = root[LESSONS_KEY] = PersistentMapping()
+    """``persona``'s lessons: cycle id → lesson dict (made on its first lesson)."""
+    found = layout.lessons(root)
     tree = found.get(persona)
     if tree is None:
         tree = found[persona] = OOBTree()
@@ -167,8 +162,11 @@ def _feedback(root: Any, effect: Mapping[str, Any], commit: Mapping[str, Any]) -
         log.warning("feedback left in thread %s ignored: %s", effect["thread_id"], exc.message)
 
 
-effects.register("lesson", _lesson, LessonEffect)
-effects.register("feedback", _feedback, FeedbackEffect)
+#: The effects a cycle's commit carries for learning (``graph.cycle.EFFECT_KINDS`` has them).
+EFFECT_KINDS: dict[str, effects.EffectKind] = {
+    "lesson": effects.EffectKind(_lesson, LessonEffect),
+    "feedback": effects.EffectKind(_feedback, FeedbackEffect),
+}
 
 
 # -- marking ----------------------------------------------------------------------------------
@@ -176,7 +174,7 @@ effects.register("feedback", _feedback, FeedbackEffect)
 
 def find(root: Any, cycle_id: str) -> dict[str, Any] | None:
     """The lesson a cycle left, whichever persona holds it."""
-    for tree in (root.get(LESSONS_KEY) or {}).values():
+    for tree in (layout.find(root, layout.LESSONS) or {}).values():
         found = tree.get(cycle_id)
         if found is not None:
             return dict(found)
@@ -185,11 +183,9 @@ def find(root: Any, cycle_id: str) -> dict[str, Any] | None:
 
 def mark_in(root: Any, thread_id: str, cycle_id: str, verdict: str) -> dict[str, Any]:
     """Mark ``cycle_id`` of ``thread_id`` good or bad in ``root``; the lesson as marked."""
-    from graph.cycle import CYCLES_KEY
-
     if verdict not in VERDICTS:
         raise LearningError(f"unknown verdict {verdict!r}", hint="mark a cycle good or bad")
-    record = (root.get(CYCLES_KEY) or {}).get(cycle_id)
+    record = (layout.find(root, layout.CYCLES) or {}).get(cycle_id)
     if record is None or record.get("thread_id") != thread_id:
         raise LearningError(
             f"thread {thread_id!r} has no committed cycle {cycle_id!r}",
@@ -231,7 +227,7 @@ def mark(image: LivingImage, thread_id: str, cycle_id: str, verdict: str) -> dic
 
 def lessons(root: Any, persona: str) -> list[dict[str, Any]]:
     """Every lesson of ``persona``, oldest first."""
-    tree = (root.get(LESSONS_KEY) or {}).get(persona)
+    tree = (layout.find(root, layout.LESSONS) or {}).get(persona)
     return [dict(v) for v in tree.values()] if tree is not None else []
 
 
@@ -297,7 +293,6 @@ def retrain_mission(
     """
     from batos.training import lora, retrain
     from graph.audit import newest_report
-    from graph.missions import MISSIONS_KEY, prepare
 
     model = model or settings.get_str("model")
     least = settings.get_int("learning_min_examples")
@@ -319,14 +314,11 @@ def retrain_mission(
     margin = settings.get_float("learning_voice_margin")
 
     def begin(root: Any) -> int:
-        prepare(root)
-        adapters = root.get(ADAPTERS_KEY)
-        if adapters is None:
-            adapters = root[ADAPTERS_KEY] = PersistentMapping()
+        adapters = layout.adapters(root)
         if _key(model, persona) not in adapters and served is not None:
             # What an undo of the swap returns to.
             adapters[_key(model, persona)] = {"sha256": served, "mission": None}
-        found = root[MISSIONS_KEY]
+        found = layout.missions(root)
         number = found.maxKey() + 1 if len(found) else 1
         report = newest_report(root)
         found[number] = {
@@ -356,7 +348,7 @@ def retrain_mission(
 
     def finish(status: str, **changes: Any) -> dict[str, Any]:
         def write(root: Any) -> dict[str, Any]:
-            found = root[MISSIONS_KEY]
+            found = layout.missions(root)
             found[number] = record = {**found[number], "status": status, **changes}
             return record
 
@@ -384,7 +376,7 @@ def retrain_mission(
     note = _note(number, persona)
 
     def swap(root: Any) -> None:
-        root[ADAPTERS_KEY][_key(model, persona)] = {
+        layout.adapters(root)[_key(model, persona)] = {
             "sha256": done.candidate_sha256,
             "mission": number,
             "previous": done.current_sha256,
@@ -405,7 +397,7 @@ def reconcile(image: LivingImage) -> list[str]:
     from batos.training import retrain
 
     with image.read() as root:
-        wanted = {k: dict(v) for k, v in (root.get(ADAPTERS_KEY) or {}).items()}
+        wanted = {k: dict(v) for k, v in (layout.find(root, layout.ADAPTERS) or {}).items()}
     changed = []
     for key, served in wanted.items():
         model, _, persona = key.partition("/")

@@ -15,10 +15,10 @@ from test_mind import mind, responder, run
 
 from batos.errors import BatosError
 from batos.shell.cli.mind import Session, chat_loop
+from batos.shell.runtime import Runtime, open_image
 from batos.training import retrain
 from batos.training.lora import Example, TrainingPlan, read_manifest
 from graph import learning
-from graph.boot import open_image
 from graph.missions import history
 from store.core.image import LivingImage
 
@@ -149,7 +149,7 @@ class Lines:
 
 
 def test_good_and_bad_in_batos_chat_mark_the_last_answer(image, capsys) -> None:
-    session = Session(image, FakeModels(responder()))
+    session = Session(Runtime.of(image, models=FakeModels(responder())))
     try:
         chat_loop(session, "chat-1", "ALFRED", "auto", Lines("/good"))
         chat_loop(

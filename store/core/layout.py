@@ -62,6 +62,10 @@ ROUTER_PRIORS = "router_priors"
 MISSIONS = "missions"
 #: Audit reports: number → plain record.
 AUDIT_REPORTS = "audit_reports"
+#: Lessons from accepted cycles: persona → (cycle id → lesson).
+LESSONS = "lessons"
+#: The persona adapter versions served: "<model>/<persona>" → {"sha256", "mission", …}.
+ADAPTERS = "adapters"
 
 #: Every top-level key of the image.
 KEYS = (
@@ -79,6 +83,8 @@ KEYS = (
     ROUTER_PRIORS,
     MISSIONS,
     AUDIT_REPORTS,
+    LESSONS,
+    ADAPTERS,
 )
 
 
@@ -146,6 +152,14 @@ def audit_reports(root: Any) -> Any:
     return need(root, AUDIT_REPORTS)
 
 
+def lessons(root: Any) -> Any:
+    return need(root, LESSONS)
+
+
+def adapters(root: Any) -> Any:
+    return need(root, ADAPTERS)
+
+
 def router_record(root: Any) -> Any | None:
     """The trained router's record, or None before the first training."""
     return root.get(ROUTER)
@@ -172,6 +186,8 @@ def _records(root: Any) -> None:
     _add(root, MISSIONS, IOBTree)
     _add(root, ROUTER_PRIORS, PersistentMapping)
     _add(root, AUDIT_REPORTS, IOBTree)
+    _add(root, LESSONS, PersistentMapping)
+    _add(root, ADAPTERS, PersistentMapping)
 
 
 def _kernel(root: Any) -> None:
@@ -196,7 +212,7 @@ ROOT_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "records-1",
         "the records of the mind and the heartbeat (cycles, missions, router priors, audit "
-        "reports), made up front",
+        "reports, lessons, served adapter versions), made up front",
         _records,
     ),
 )

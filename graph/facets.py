@@ -377,10 +377,7 @@ def _with_tool_answer(instruction: Instruction, receiver: UvmObject, where: str)
         raise FacetError(f"facet {where}'s tool call {spec.text()} failed", [exc.message]) from exc
     except LookupError as exc:
         raise FacetError(f"facet {where}'s tool call {spec.text()} failed", [str(exc)]) from exc
-    shown = kernel.json_text(
-        {k: answer.get(k) for k in ("status", "json", "text") if k in answer},
-        MAX_TOOL_ANSWER_CHARS,
-    )
+    shown = kernel.json_text(answer, MAX_TOOL_ANSWER_CHARS)
     text = f"{instruction.text}\n\nThe tool {spec.text()} answered: {shown}"
     return Instruction(text, instruction.options, spec)
 

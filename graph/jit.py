@@ -707,6 +707,7 @@ def _verdict(context: JitContext, mission: Mission) -> trust.Verdict:
         review=review,
         refuted=mission.refuted,
         asked=len(mission.user_examples),
+        policy_refused=sum(1 for r in mission.attempts if r.stage == "policy"),
     )
     return trust.assess(evidence, context.trust)
 

@@ -240,7 +240,8 @@ def current_transaction(obj: UvmObject) -> Any | None:
 
 @dataclass
 class AttemptRecord:
-    """One draft and what became of it: stage is audit, trial, invoke or installed."""
+    """One draft and what became of it: stage is audit, trial, policy (a tool's request the
+    host's policy refused), invoke or installed."""
 
     number: int
     source: str
@@ -378,9 +379,19 @@ class Mission:
         if not call.ok:
             return self._record(source, "trial", call.error.split("; ")).findings
         if self.tool:  # the request it built, held to its shape and the policy; nothing sent
-            refused = tools.trial_findings(call.result)
-            if refused:
-                return self._record(source, "trial", refused).findings
+            wrong = tools.request_findings(call.result) or tools.trial_reading(
+                self.receiver,
+                self.selector,
+                source,
+                self.args,
+                self.kwargs,
+                call.result.get("expect", "json"),
+            )
+            if wrong:
+                return self._record(source, "trial", wrong).findings
+            refused = tools.policy_findings(call.result)
+            if refused:  # the host's rule, not a verdict on the draft: recorded apart
+                return self._record(source, "policy", refused).findings
         observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
         record = self._record(source, "candidate", [])
         candidate = examples.Candidate(record.number, source, call, observed)

@@ -19,6 +19,7 @@ is refused: calls happen in the host, one level deep.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -31,7 +32,14 @@ from urllib.parse import urlsplit
 from persistent.mapping import PersistentMapping
 
 from batos import settings
-from batos.errors import SandboxViolation, SlotError, ToolRefused
+from batos.errors import (
+    AuditRejected,
+    GeneratedCodeError,
+    SandboxViolation,
+    SlotError,
+    ToolCallFailed,
+    ToolRefused,
+)
 from prototypes import isolation, sandbox
 from prototypes.bounded import bounded_repr
 from prototypes.uvm import Method, UvmObject, register_compiler
@@ -170,31 +178,38 @@ def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _body(value: Any) -> Any:
-    budget = [MAX_BODY_NODES]
+def plain_data(value: Any, what: str, max_nodes: int, max_chars: int) -> Any:
+    """``value`` as JSON data (None, bools, numbers, text, lists, text-keyed dicts) of at most
+    ``max_nodes`` values and ``max_chars`` characters of JSON; ``ValueError`` naming ``what``.
+    Tuples become lists; nothing else is taken (a set, an object, a NaN)."""
+    budget = [max_nodes]
 
     def plain(v: Any, depth: int) -> Any:
         budget[0] -= 1
         if budget[0] < 0 or depth > 20:
-            raise ValueError(f"the JSON body has over {MAX_BODY_NODES} values or 20 levels")
+            raise ValueError(f"{what} has over {max_nodes} values or 20 levels")
         if v is None or isinstance(v, bool | str | int):
             return v
         if isinstance(v, float) and math.isfinite(v):
             return v
         if isinstance(v, Mapping):
             if len(v) > budget[0] or not all(isinstance(k, str) for k in v):
-                raise ValueError("the JSON body's objects need text keys and few entries")
+                raise ValueError(f"{what}'s objects need text keys and few entries")
             return {k: plain(x, depth + 1) for k, x in list(v.items())}
         if isinstance(v, list | tuple):
             if len(v) > budget[0]:
-                raise ValueError(f"the JSON body has over {MAX_BODY_NODES} values")
+                raise ValueError(f"{what} has over {max_nodes} values")
             return [plain(x, depth + 1) for x in list(v)]
-        raise ValueError(f"the JSON body holds a {type(v).__name__}, which is not JSON")
+        raise ValueError(f"{what} holds a {type(v).__name__}, which is not JSON")
 
-    body = plain(value, 0)
-    if len(json.dumps(body)) > MAX_BODY_CHARS:
-        raise ValueError(f"the JSON body is over {MAX_BODY_CHARS} characters")
-    return body
+    data = plain(value, 0)
+    if len(json.dumps(data)) > max_chars:
+        raise ValueError(f"{what} is over {max_chars} characters")
+    return data
+
+
+def _body(value: Any) -> Any:
+    return plain_data(value, "the JSON body", MAX_BODY_NODES, MAX_BODY_CHARS)
 
 
 def read_request(value: Any) -> ToolRequest:
@@ -356,16 +371,25 @@ def secret_value(name: str) -> str:
     return value
 
 
-def trial_findings(result: Any) -> list[str]:
-    """What is wrong with a draft's request, in words its author can act on ([]: nothing)."""
+def request_findings(result: Any) -> list[str]:
+    """What is wrong with the shape of a draft's request, in words its author can act on."""
     try:
-        req = read_request(result)
-        ToolPolicy.from_settings().check_request(req)
-    except ToolRefused as exc:
-        allowed = ToolPolicy.from_settings().described()
-        return [f"{exc.message} (the allowed services are: {allowed})"]
+        read_request(result)
     except ValueError as exc:
         return [str(exc)]
+    return []
+
+
+def policy_findings(result: Any) -> list[str]:
+    """Why the policy refuses a well-formed request ([]: it allows it), with what it allows.
+
+    A refusal is the host's rule, not a judgement of the draft's reading of the intent: the
+    mission records it apart (stage ``policy``) and the trust gate does not count it."""
+    policy = ToolPolicy.from_settings()
+    try:
+        policy.check_request(read_request(result))
+    except ToolRefused as exc:
+        return [f"{exc.message} (the allowed services are: {policy.described()})"]
     return []
 
 
@@ -455,15 +479,100 @@ def open_proxy(toolbox: UvmObject, name: str) -> UvmObject:
 
 # -- the compiler: a sandboxed method whose request the host sends -----------------------------
 
+#: The keyword through which a tool method reads the service's answer, in a second phase:
+#: ``def today(self, city, response=None)``. Called with None it builds the request; called
+#: again with the answer (plain data) it returns the value the caller gets.
+RESPONSE_PARAM = "response"
+#: Bounds of the value a reading phase returns: it is the caller's answer, and may be put in a
+#: prompt (a facet's), so it is held to JSON data of this size.
+MAX_READ_NODES = 2_000
+MAX_READ_CHARS = 16_000
+#: Characters of a reading phase's exception quoted in the error.
+MAX_READ_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A tool method's second phase: it takes ``response``; ``max_args``: how many positional
+    arguments a caller may pass (those before ``response``; None: no limit)."""
+
+    max_args: int | None
+
+
+def reading_of(selector: str, source: str) -> Reading | None:
+    """Whether the method ``selector`` in ``source`` reads the answer (None: it does not).
+
+    ``AuditRejected`` when it names ``response`` without the default None: the first call,
+    which builds the request, passes none."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # the sandbox's compiler says what is wrong with it
+    defined = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == selector
+    ]
+    if not defined:
+        return None
+    arguments = defined[-1].args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    names = [a.arg for a in positional]
+    if RESPONSE_PARAM in names:
+        index = names.index(RESPONSE_PARAM)
+        at = index - (len(positional) - len(arguments.defaults))
+        default = arguments.defaults[at] if at >= 0 else None
+        reading = Reading(max_args=max(index - 1, 0))
+    elif RESPONSE_PARAM in [a.arg for a in arguments.kwonlyargs]:
+        index = [a.arg for a in arguments.kwonlyargs].index(RESPONSE_PARAM)
+        default = arguments.kw_defaults[index]
+        unlimited = arguments.vararg is not None
+        reading = Reading(max_args=None if unlimited else max(len(positional) - 1, 0))
+    else:
+        return None
+    if not (isinstance(default, ast.Constant) and default.value is None):
+        raise AuditRejected(
+            f"tool method {selector!r} takes {RESPONSE_PARAM!r} without the default None",
+            [
+                f"{RESPONSE_PARAM!r} needs the default None: write it as a last parameter "
+                f"'{RESPONSE_PARAM}=None'; the host calls the method first with none (return "
+                "request(...)), then with the answer"
+            ],
+        )
+    return reading
+
+
+def _request_while_reading(*args: Any, **kwargs: Any) -> Any:
+    raise SandboxViolation(
+        "a tool method cannot make a request while it reads an answer",
+        [
+            f"request(...) cannot be called once the {RESPONSE_PARAM} is given: it is for the "
+            f"first call ({RESPONSE_PARAM} None); given the {RESPONSE_PARAM}, return the value "
+            "the caller needs"
+        ],
+    )
+
+
+#: What the sandbox gives a reading phase: the name ``request``, which refuses.
+READING_CAPABILITIES: dict[str, Any] = {"request": _request_while_reading}
+
 
 def compile_request_builder(selector: str, source: str) -> Any:
-    """The sandboxed function of a tool method: it returns a request description."""
+    """The sandboxed function of a tool method: it returns a request description.
+    ``AuditRejected`` when its ``response`` parameter breaks the protocol."""
+    reading_of(selector, source)
     return sandbox.compile_sandboxed(selector, source, capabilities=CAPABILITIES)
 
 
+def compile_reader(selector: str, source: str) -> Any:
+    """The sandboxed function of a tool method's reading phase (its ``request`` refuses)."""
+    return sandbox.compile_sandboxed(selector, source, capabilities=READING_CAPABILITIES)
+
+
 def compile_tool(selector: str, source: str) -> Any:
-    """A tool method as a callable: run the sandboxed code for its request, then send it."""
+    """A tool method as a callable: run the sandboxed code for its request, send it, and when
+    the method reads (``response=None``) run it again, sandboxed, on the answer."""
     build = compile_request_builder(selector, source)
+    reading = reading_of(selector, source)
+    reader = compile_reader(selector, source) if reading is not None else None
 
     def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
         if sandbox.in_sandbox() or isolation.inside_child():
@@ -474,11 +583,115 @@ def compile_tool(selector: str, source: str) -> Any:
                     "you need and let the host send the request"
                 ],
             )
-        return perform(build(receiver, *args, **kwargs), f"{selector}")
+        where = _where(receiver, selector)
+        if reading is not None:
+            _check_caller(where, reading, args, kwargs)
+        answer = perform(build(receiver, *args, **kwargs), where)
+        if reader is None:
+            return answer
+        return read_answer(reader, where, receiver, args, kwargs, answer)
 
     call.__name__ = call.__qualname__ = selector
     call.__wrapped__ = build  # type: ignore[attr-defined]
+    call.reads = reading is not None  # type: ignore[attr-defined]
     return call
+
+
+def _where(receiver: Any, selector: str) -> str:
+    name = receiver._slots().get("name") if isinstance(receiver, UvmObject) else None
+    shown = name if isinstance(name, str) and name.isidentifier() else "?"
+    return f"tools.{shown[:64]}.{selector}"
+
+
+def _check_caller(where: str, reading: Reading, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """The answer a method reads is the host's: a caller may not pass one of its own."""
+    if RESPONSE_PARAM in kwargs or (reading.max_args is not None and len(args) > reading.max_args):
+        raise ToolRefused(
+            f"{where} reads the service's answer as {RESPONSE_PARAM!r}, which only the host "
+            "passes; nothing was sent",
+            hint=f"call it with at most {reading.max_args} argument(s), without {RESPONSE_PARAM}=",
+        )
+
+
+def read_answer(
+    reader: Any,
+    where: str,
+    receiver: Any,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    answer: dict[str, Any],
+) -> Any:
+    """The reading phase run in the sandbox on ``answer`` (plain data, made by the client for
+    this call); what it returns, held to JSON data within ``MAX_READ_*``.
+
+    Raises ``ToolCallFailed`` naming the method when the code raises or returns what is not
+    bounded data, and ``SandboxViolation`` when the sandbox refused what it did."""
+    status = answer.get("status")
+    try:
+        value = reader(receiver, *args, **kwargs, **{RESPONSE_PARAM: answer})
+    except SandboxViolation as exc:
+        raise type(exc)(
+            f"{where} was stopped while it read the answer: {exc.reason}", exc.findings
+        ) from None
+    except GeneratedCodeError:
+        raise
+    except Exception as exc:
+        said = sandbox.describe_exception(exc)
+        if len(said) > MAX_READ_ERROR_CHARS:  # it may quote the answer, which may be long
+            said = said[: MAX_READ_ERROR_CHARS - 1] + "…"
+        raise ToolCallFailed(
+            f"{where} could not read the service's answer (status {status}): {said}",
+            hint=f"the answer is not what the method expects; 'batos tools show' prints its "
+            f"source, and removing {where} has it written again",
+        ) from None
+    try:
+        return plain_data(value, "what it read", MAX_READ_NODES, MAX_READ_CHARS)
+    except ValueError as exc:
+        raise ToolCallFailed(
+            f"{where} read the answer (status {status}), but {exc}",
+            hint="a tool method's reading phase returns only what the caller needs, as JSON "
+            "data (text, numbers, lists, dicts)",
+        ) from None
+
+
+def trial_reading(
+    receiver: UvmObject,
+    selector: str,
+    source: str,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    expect: str = "json",
+) -> list[str]:
+    """What is wrong with a draft's reading phase, tried (nothing sent) on an answer with the
+    expected shape and no body ([]: nothing, or no reading phase).
+
+    The body of the real answer is unknown here, so an ordinary exception on the empty one
+    counts for nothing; what counts is what no answer excuses: a request made, a tool
+    called, a limit passed, a value that is not bounded JSON data."""
+    if reading_of(selector, source) is None:
+        return []
+    reader = compile_reader(selector, source)
+    empty = {"status": 200, "url": "https://example.invalid/", "headers": {}}
+    empty[expect if expect in _EXPECT else "json"] = None if expect == "json" else ""
+
+    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
+        try:
+            return [True, reader(obj, *call_args, **call_kwargs, **{RESPONSE_PARAM: empty})]
+        except GeneratedCodeError:
+            raise
+        except Exception:
+            return [False, None]
+
+    outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
+    if not outcome.ok:
+        return [f"with {RESPONSE_PARAM} given: {f}" for f in outcome.findings]
+    returned, value = outcome.value
+    if returned:
+        try:
+            plain_data(value, "what it read", MAX_READ_NODES, MAX_READ_CHARS)
+        except ValueError as exc:
+            return [f"with {RESPONSE_PARAM} given, {exc}: return JSON data the caller needs"]
+    return []
 
 
 def perform(described: Any, what: str) -> dict[str, Any]:
@@ -530,19 +743,15 @@ def read_call(value: Any) -> ToolCall:
             raise ValueError(f"the tool's {what} must be a public name")
     if not isinstance(args, list | tuple) or len(args) > MAX_CALL_ARGS:
         raise ValueError(f"the tool's args must be a list of at most {MAX_CALL_ARGS} values")
-    try:
-        encoded = json.dumps(_body(list(args)))
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("the JSON body", "the tool's args")) from None
-    if len(encoded) > MAX_CALL_CHARS:
-        raise ValueError(f"the tool's args are over {MAX_CALL_CHARS} characters")
+    encoded = json.dumps(plain_data(list(args), "the tool's args", MAX_BODY_NODES, MAX_CALL_CHARS))
     # both checked to be public names above
     return ToolCall(cast(str, name), cast(str, selector), tuple(json.loads(encoded)))
 
 
-def call(toolbox: UvmObject, spec: ToolCall) -> dict[str, Any]:
+def call(toolbox: UvmObject, spec: ToolCall) -> Any:
     """Make ``spec`` through an installed proxy method (never writes one: that is slow work,
-    done ahead of time); the bounded response. ``ToolError`` / ``LookupError`` say why not."""
+    done ahead of time): what its reading phase returned, or, for a method without one, the
+    response's status and body. ``ToolError`` / ``LookupError`` say why not."""
     proxy = toolbox._slots().get(spec.name)
     if not is_tool(proxy):
         known = ", ".join(proxies(toolbox)) or "none yet"
@@ -553,4 +762,7 @@ def call(toolbox: UvmObject, spec: ToolCall) -> dict[str, Any]:
             f"tools.{spec.name} has no method {spec.selector!r} yet; write it first with "
             f"'batos send tools.{spec.name} {spec.selector} ARGS...'"
         )
-    return getattr(proxy, spec.selector)(*spec.args)
+    answer = getattr(proxy, spec.selector)(*spec.args)
+    if getattr(found[1].function(), "reads", False):
+        return answer
+    return {k: answer[k] for k in ("status", "json", "text") if k in answer}

@@ -10,7 +10,8 @@ would help (an example of input and output, a clearer intent, a stronger author 
 Signals (``Evidence``):
 
 - agreement: how many independent drafts behave the same on the call and every example,
-  against how many were drawn;
+  against how many were drawn (less those a user's example refuted, and a tool's drafts the
+  host's policy refused: neither says the group is wrong);
 - the examples: how many of the author's own input → output examples the group passes;
 - the reviewer (Coder-Reviewer reranking, Zhang et al., ICML 2023): the author model's
   log-likelihood of the intent given the code, p(intent | code), per token, set against the
@@ -60,6 +61,16 @@ class Evidence:
     #: how many examples the user gave.
     refuted: int = 0
     asked: int = 0
+    #: Drafts of a tool method whose request the host's policy refused (a host not in
+    #: tools_allow, a secret not listed for it). The policy is the host's rule, fed back to
+    #: the author; it says nothing about whether a draft reads the intent right, so these
+    #: drafts do not stand, for or against the group.
+    policy_refused: int = 0
+
+    @property
+    def standing(self) -> int:
+        """The drafts that count: those drawn, less the refuted and the policy-refused."""
+        return self.drafts - self.refuted - self.policy_refused
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -92,7 +103,7 @@ def score(evidence: Evidence) -> float:
     """One number in [0, 1]: the share of drafts behind the group, times the share of the
     examples it passes, times the reviewer's support when there is a review (a logistic of
     the intent's gain from reading the body; 0.5 at no gain)."""
-    share = evidence.support / max(evidence.drafts - evidence.refuted, 1)
+    share = evidence.support / max(evidence.standing, 1)
     examples_share = (
         (evidence.examples - evidence.failed) / evidence.examples if evidence.examples else 0.5
     )
@@ -120,7 +131,7 @@ def assess(evidence: Evidence, threshold: float | None) -> Verdict:
     if threshold is None or value >= threshold:
         return Verdict(True, value, evidence)
     reasons = []
-    standing = evidence.drafts - evidence.refuted
+    standing = evidence.standing
     if evidence.support < 2:
         reasons.append(
             f"no two of the {standing} drafts agree on what the method does"

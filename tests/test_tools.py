@@ -11,10 +11,17 @@ import pytest
 from fakes import ScriptedChatModel
 from tool_services import SLOW_SECONDS, WEATHER_KEY, service
 
-from batos.errors import MissionFailed, SandboxViolation, ToolCallFailed, ToolRefused
+from batos.errors import (
+    AuditRejected,
+    MissionFailed,
+    SandboxViolation,
+    ToolCallFailed,
+    ToolRefused,
+)
 from batos.shell.runtime import open_image
 from graph import jit
-from prototypes import kernel, tools
+from prototypes import kernel, tools, trust
+from prototypes.trust import MethodUntrusted
 from prototypes.uvm import Method
 from store.core.image import LivingImage
 
@@ -100,22 +107,44 @@ def test_a_missing_tool_and_method_are_written_and_the_host_calls_the_service(
 
 
 def test_a_draft_outside_the_policy_goes_back_with_the_hint_and_nothing_is_sent(
-    image, base, enabled
+    image, base, enabled, monkeypatch
 ) -> None:
     url, seen = base
     wrong = "def today(self, city):\n    return request('GET', 'https://api.example.com/w')\n"
     model = ScriptedChatModel().enqueue(
         f"```python\n{wrong}```", "```python\n" + WEATHER.format(base=url) + "```"
     )
-    # Two drafts of which one was refused do not reach the default trust gate (0.25 < 0.3):
-    # this test is about the feedback, tests/test_trust.py about trusting.
-    kernel.install_handler(jit.JitRunner(model, attempts=2, trust=None))
+    # The trust gate at its default: the refused draft is the host's rule, not a wrong one.
+    monkeypatch.delenv("BATOS_JIT_TRUST", raising=False)
+    runner = jit.enable(model, attempts=2)
+    assert runner.trust == "setting" and trust.threshold() == 0.3
     answer = image.transact(lambda root: root["objects"]["tools"].weather.today("Rome"))
     assert answer["json"]["city"] == "Rome"
     feedback = model.history[1][-1].content
     assert "host api.example.com (https, port 443) is not in tools_allow" in feedback
     assert url.removeprefix("http://") in feedback  # the allowed services, to choose from
     assert all("example.com" not in path for _, path, _ in seen)
+    with image.read() as root:
+        verdict = root["objects"]["tools"].weather._slots()["today"].audit["trust"]
+    # Without the rule the score would be 1/2 x 0.5 = 0.25, under the threshold.
+    assert verdict["policy_refused"] == 1 and verdict["drafts"] == 2
+    assert verdict["trusted"] and verdict["score"] == 0.5
+
+
+def test_a_draft_with_a_malformed_request_still_counts_against_trust(
+    image, base, enabled, monkeypatch
+) -> None:
+    """Only the policy's refusals stand aside: a request of the wrong shape is a wrong draft."""
+    url, _ = base
+    malformed = "def today(self, city):\n    return {'url': city}\n"
+    model = ScriptedChatModel().enqueue(
+        f"```python\n{malformed}```", "```python\n" + WEATHER.format(base=url) + "```"
+    )
+    monkeypatch.delenv("BATOS_JIT_TRUST", raising=False)
+    jit.enable(model, attempts=2)
+    with pytest.raises(MethodUntrusted) as refused:
+        image.transact(lambda root: root["objects"]["tools"].weather.today("Rome"))
+    assert "score 0.25" in str(refused.value)
 
 
 def test_every_draft_refused_leaves_the_image_unchanged(image, base, enabled) -> None:
@@ -372,3 +401,150 @@ def test_babs_uses_a_tool_inside_a_facet(image, base) -> None:
         prepared = prepare(root)
     assert "has no method 'today' yet" in prepared.degraded
     assert "is it cold in Oslo?" in prepared.instruction.text and not base[1]
+
+
+# -- the reading phase: a method that reads the answer, as data, in the sandbox ---------------
+
+READING = (
+    "def temperature(self, city, response=None):\n"
+    "    if response is None:\n"
+    "        return request('GET', '{base}/weather', params={{'city': city}},\n"
+    "                       secret_headers={{'X-Api-Key': 'env:WEATHER_API_KEY'}})\n"
+    "    {read}\n"
+)
+
+
+def reading(base: str, read: str) -> str:
+    return READING.format(base=base, read=read)
+
+
+def test_a_method_that_reads_the_answer_gives_the_caller_one_field(image, base) -> None:
+    url, seen = base
+    with_tool(image, "weather", "temperature", reading(url, "return response['json']['temp_c']"))
+    assert call(image, "weather", "temperature", "Oslo") == 6  # len("Oslo") + 2
+    assert len(seen) == 1  # one request; the reading phase sent nothing
+    # What it reads is the answer a method without a reading phase returns, as plain data.
+    with_tool(
+        image, "weather", "raw", reading(url, "return response").replace("temperature", "raw")
+    )
+    whole = call(image, "weather", "raw", "Oslo")
+    assert set(whole) == {"status", "url", "headers", "json"} and whole["status"] == 200
+    assert json.loads(json.dumps(whole)) == whole
+
+
+def test_a_reading_phase_that_raises_names_the_method_and_quotes_little(image, base) -> None:
+    url, _ = base
+    with_tool(image, "weather", "temperature", reading(url, "return response['json']['temp']"))
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "weather", "temperature", "Oslo")
+    message = failed.value.message
+    assert "tools.weather.temperature could not read the service's answer" in message
+    assert "(status 200)" in message and "KeyError" in message and "'temp'" in message
+    # An exception that carries the whole answer, many times over, is quoted within bounds.
+    loud = "raise ValueError(json.dumps(response) * 500)"
+    source = "import json\n" + reading(url, loud)
+    with_tool(image, "weather", "temperature", source)
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "weather", "temperature", "Oslo")
+    assert "ValueError" in failed.value.message
+    assert len(failed.value.message) <= tools.MAX_READ_ERROR_CHARS + 200
+
+
+@pytest.mark.parametrize(
+    ("read", "why"),
+    [
+        ("return 'x' * 500000", f"over {tools.MAX_READ_CHARS} characters"),
+        ("return [response['json']] * 5000", f"over {tools.MAX_READ_NODES} values"),
+        ("return self", "holds a UvmObject, which is not JSON"),
+        ("return {1, 2}", "holds a set, which is not JSON"),
+    ],
+)
+def test_what_a_reading_phase_returns_is_bounded_json_data(image, base, read, why) -> None:
+    with_tool(image, "weather", "temperature", reading(base[0], read))
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "weather", "temperature", "Oslo")
+    assert failed.value.message.startswith("tools.weather.temperature read the answer")
+    assert why in failed.value.message and "JSON data" in failed.value.hint
+
+
+def test_a_reading_phase_cannot_make_requests_or_reach_the_client(image, base) -> None:
+    url, seen = base
+    with_tool(image, "weather", "today", WEATHER.format(base=url))
+    again = f"return request('GET', '{url}/echo')"
+    with_tool(image, "weather", "temperature", reading(url, again))
+    with pytest.raises(SandboxViolation) as refused:
+        call(image, "weather", "temperature", "Oslo")
+    assert "cannot make a request while it reads" in str(refused.value)
+    assert "tools.weather.temperature was stopped" in str(refused.value)
+    # Nor by calling a tool method: that is the host's to do.
+    with_tool(image, "weather", "temperature", reading(url, "return self.today('Bergen')"))
+    with pytest.raises(SandboxViolation) as refused:
+        call(image, "weather", "temperature", "Oslo")
+    assert "only by the host" in str(refused.value)
+    assert [path for _, path, _ in seen] == ["/weather?city=Oslo"] * 2  # the first phases
+    # The client and its library are out of reach: the gate refuses the code.
+    for reach in ("import httpx\n", "from prototypes import tool_client\n"):
+        with pytest.raises(AuditRejected):
+            with_tool(image, "weather", "sneak", reach + reading(url, "return 1"))
+
+
+def test_the_answer_read_is_the_hosts_never_the_callers(image, base) -> None:
+    url, seen = base
+    with_tool(image, "weather", "temperature", reading(url, "return response['json']['temp_c']"))
+    forged = {"status": 200, "json": {"temp_c": 99}}
+    with pytest.raises(ToolRefused, match="only the host passes"):
+        call(image, "weather", "temperature", "Oslo", forged)
+    with pytest.raises(ToolRefused, match="only the host passes"):
+        image.transact(
+            lambda root: root["objects"]["tools"].weather.temperature("Oslo", response=forged)
+        )
+    assert not seen
+
+
+def test_the_trial_holds_a_draft_to_the_reading_protocol(image, base, enabled, monkeypatch) -> None:
+    url, seen = base
+    model = ScriptedChatModel().enqueue(
+        "```python\n" + reading(url, "return 1").replace("response=None", "response") + "```",
+        "```python\n" + reading(url, f"return request('GET', '{url}/echo')") + "```",
+        "```python\n" + reading(url, "return response['json']['temp_c']") + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")  # three drafts, two wrong: this is the feedback
+    jit.enable(model, attempts=3)
+    answer = image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    assert answer == 6
+    assert "needs the default None" in model.history[1][-1].content
+    assert "request(...) cannot be called once the response is given" in (
+        model.history[2][-1].content
+    )
+    assert [path for _, path, _ in seen] == ["/weather?city=Oslo"]  # the trials sent nothing
+    # The prompt told the model the protocol.
+    assert "response=None" in model.history[0][-1].content
+
+
+def test_a_facet_gets_the_value_a_tool_read(image, base) -> None:
+    from graph import facets
+    from prototypes.incarnation import personas
+
+    with_tool(
+        image, "weather", "temperature", reading(base[0], "return response['json']['temp_c']")
+    )
+    facet = (
+        "def facet_research(self, query):\n"
+        "    return {'instruction': 'Answer: ' + query,\n"
+        "            'tool': {'name': 'weather', 'selector': 'temperature', 'args': ['Oslo']}}\n"
+    )
+    image.transact(lambda root: kernel.add_method(personas(root)["BABS"], "facet_research", facet))
+    with image.read() as root:
+        prepared = facets.prepare(
+            root,
+            "BABS",
+            "facet_research",
+            "is it cold?",
+            models=lambda persona, **options: ScriptedChatModel(),
+            attempts=1,
+            cycle_id="c1",
+            writers=facets.FacetWriters(),
+        )
+    assert prepared.instruction.text.endswith(
+        'The tool tools.weather.temperature("Oslo") answered: 6'
+    )

@@ -6,7 +6,9 @@ redirects are followed by hand, each hop checked against ``tools_allow`` again (
 is sent to its own origin only); the whole call, redirects and body included, has one deadline
 (``tools_timeout``); the body is read in chunks and refused past ``tools_max_bytes`` *as it
 is decoded* (a gzip bomb stops at the limit); the environment's proxies and ``.netrc`` are
-ignored (``trust_env=False``), so no credential of the host's leaks into a call.
+ignored (``trust_env=False``), so no credential of the host's leaks into a call; and every
+secret value the request carried is written as its name (``env:NAME``) wherever the answer
+holds it (the final URL, an echo), since the answer goes on to generated code and prompts.
 
 Exceptions are translated at this boundary, in one table (``_FAILURES``)::
 
@@ -22,9 +24,11 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import re
 import threading
 import time
-from typing import Any
+from typing import Any, cast
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -159,7 +163,7 @@ def send(req: ToolRequest, policy: ToolPolicy) -> dict[str, Any]:
             raw = _read_bounded(response, req, policy, deadline)
         finally:
             response.close()
-        answer = _answer(response, raw, req)
+        answer = _without_secrets(_answer(response, raw, req), req)
         log.info(
             "tool call %s %s → %d, %d bytes, %.2f s",
             req.method,
@@ -203,6 +207,37 @@ def _read_bounded(
     except httpx.HTTPError as exc:
         raise _translated(exc, req, policy.timeout) from exc
     return b"".join(chunks)
+
+
+def _without_secrets(answer: dict[str, Any], req: ToolRequest) -> dict[str, Any]:
+    """``answer`` with every secret value the request carried written as its name
+    (``env:NAME``): the final URL holds a secret parameter, and a service may echo one back,
+    while the answer goes on to generated code (a reading phase) and into prompts."""
+    marks: dict[str, str] = {}
+    for name in req.secrets():
+        value = secret_value(name)
+        for form in {value, quote(value, safe=""), quote_plus(value, safe="")}:
+            marks[form] = f"env:{name}"
+    if not marks:
+        return answer
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(marks, key=len, reverse=True)))
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return pattern.sub(lambda m: marks[m.group(0)], value)
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    try:
+        return cast(dict[str, Any], clean(answer))
+    except RecursionError:  # fail closed: an answer too deep to clean is not handed on
+        raise ToolCallFailed(
+            f"{req.summary()} answered with JSON nested too deeply to read",
+            hint="ask the service for less, or a flatter form",
+        ) from None
 
 
 def _answer(response: httpx.Response, raw: bytes, req: ToolRequest) -> dict[str, Any]:

@@ -10,7 +10,9 @@ headers, secret headers *by name*, a JSON body — and returns it. The method's 
 policy (``tools_allow``, ``tools_secrets``), reads each named secret from the environment at
 that moment (a secret's value is never in the image, nor in the generated code), and hands it
 to the one audited client (``prototypes.tool_client``), which answers with bounded data:
-``{"status", "url", "headers", "json" | "text"}``.
+``{"status", "url", "headers", "json" | "text"}``. A method that takes ``response=None``
+reads that answer in a second sandboxed call (``read_answer``) and its caller gets the value
+it returns, held to bounded JSON data; ``request`` refuses in that phase.
 
 Nothing here guards the network from the host's own code: the policy binds what *generated*
 code asks for. A tool method called from inside the sandbox (by another generated method)

@@ -548,3 +548,24 @@ def test_a_facet_gets_the_value_a_tool_read(image, base) -> None:
     assert prepared.instruction.text.endswith(
         'The tool tools.weather.temperature("Oslo") answered: 6'
     )
+
+
+def test_no_answer_carries_a_secret_the_request_sent(image, base, monkeypatch) -> None:
+    """The final URL holds a secret parameter and a service may echo it back; the answer goes
+    on to a reading phase and into prompts, so each secret is written as its name."""
+    url, seen = base
+    where = url.removeprefix("http://")
+    monkeypatch.setenv("BATOS_TOOLS_SECRETS", f"WEATHER_API_KEY@{where}")
+    source = (
+        "def echo(self, response=None):\n"
+        "    if response is None:\n"
+        f"        return request('GET', '{url}/echo',\n"
+        "                       secret_params={'k': 'env:WEATHER_API_KEY'})\n"
+        "    return response\n"
+    )
+    with_tool(image, "mirror", "echo", source)
+    answer = call(image, "mirror", "echo")
+    assert WEATHER_KEY in seen[-1][1]  # the service did get the key, in its query
+    assert WEATHER_KEY not in json.dumps(answer)
+    assert answer["json"]["query"] == {"k": "env:WEATHER_API_KEY"}
+    assert answer["url"].endswith("k=env:WEATHER_API_KEY")

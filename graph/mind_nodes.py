@@ -26,6 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.runtime import get_runtime
 from langgraph.types import Send
 
@@ -777,12 +778,29 @@ class Mind:
         request_vector = np.asarray(cem["request_vector"], dtype=np.float32)
         return response_vector, float(np.dot(request_vector, response_vector))
 
+    def _carried_by_checkpointer(self, config: RunnableConfig) -> bool:
+        """Whether this run's checkpointer applies COMPLETE's commit with its checkpoint.
+
+        A graph assembled with a ``ZODBSaver`` always has it. A served graph gets its
+        checkpointer from the server per run, and none at all for a stateless run (a run
+        without a thread), so that is asked of the run itself. LangGraph has no public
+        way to ask, hence its config key; it is read here as a yes or no only — the image
+        always comes from whoever assembled the graph (``image``)."""
+        if self._saver_image is not None:
+            return True
+        if not self.commits_with_checkpoint:
+            return False
+        from store.checkpoint.saver import ZODBSaver
+
+        carrier = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        return isinstance(carrier, ZODBSaver) and carrier.image is self.image(config)
+
     def complete(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
         commit = cycle.commit_for(state, cycle_state)
         self.writers.forget(cycle_state["id"])
-        if not self.commits_with_checkpoint:
+        if not self._carried_by_checkpointer(config):
             # No saver to carry the commit: apply it here, as one transaction of its own.
             kinds = cycle.EFFECT_KINDS
             checked = effects.check(commit, kinds)

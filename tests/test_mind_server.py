@@ -230,7 +230,7 @@ def _install_facets(image: Path) -> None:
                 )
                 kernel.add_method(obj, selector, source, author="test")
 
-    with open_image(f"file://{image}") as living:
+    with open_image(f"file://{image}", create=True) as living:
         living.transact(install, note="test: facet methods")
 
 

@@ -350,7 +350,15 @@ def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
                         assert done["status"] == "COMPLETE", done
                     deadline = time.monotonic() + 60
                     while not any(r["metrics"]["cycles"] == 2 for r in audit.history(img)):
-                        assert time.monotonic() < deadline, [o.said for o in beat.outcomes]
+                        assert time.monotonic() < deadline, (
+                            [o.said for o in beat.outcomes],
+                            str(
+                                [
+                                    (r["metrics"].get("cycles"), r.get("verdict"), r.get("reason"))
+                                    for r in audit.history(img)
+                                ]
+                            ),
+                        )
                         time.sleep(0.2)
                 finally:  # the heartbeat stops before its image closes
                     stop.set()

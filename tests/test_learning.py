@@ -212,16 +212,43 @@ class FakeEvaluator:
         return retrain.Evaluation(self.voice.get(data, 10), 20, 0.5)
 
 
-def fake_trainer(content: bytes, seen: list[int]):
-    def train(plan: TrainingPlan, examples: list[Example], out_dir: Path, deadline: float) -> Path:
-        seen.append(len(examples))
-        (out_dir / "alfred.gguf").write_bytes(content)
+class FakeTrainer:
+    """Writes ``content`` as the adapter; remembers what each training got."""
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+        self.sizes: list[int] = []
+        self.starts: list[Path | None] = []
+        self.plans: list[TrainingPlan] = []
+
+    def __call__(
+        self,
+        plan: TrainingPlan,
+        examples: list[Example],
+        out_dir: Path,
+        deadline: float,
+        *,
+        start: Path | None = None,
+        on_step: Any = None,
+    ) -> Path:
+        self.sizes.append(len(examples))
+        self.starts.append(start)
+        self.plans.append(plan)
+        if start is not None:  # what it continues from is there to be read while it trains
+            assert (start / "adapter_model.safetensors").is_file()
+        if on_step:
+            on_step(1, plan.steps, 2.5)
+        (out_dir / "alfred.gguf").write_bytes(self.content)
         (out_dir / "manifest.json").write_text(
             json.dumps({"personas": {"alfred": {"steps": plan.steps, "steps_run": 1}}})
         )
         return out_dir / "alfred.gguf"
 
-    return train
+
+def fake_trainer(content: bytes, seen: list[int]) -> FakeTrainer:
+    trainer = FakeTrainer(content)
+    trainer.sizes = seen
+    return trainer
 
 
 def lessons_for(image: LivingImage, count: int, start: int = 0) -> None:
@@ -314,7 +341,7 @@ def test_a_failed_retraining_changes_nothing_served(image, modelfiles, monkeypat
     old = served.read_bytes()
     lessons_for(image, 1)
 
-    def broken(*args: Any) -> Path:
+    def broken(*args: Any, **options: Any) -> Path:
         raise RuntimeError("out of memory")
 
     mission = learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}), trainer=broken)

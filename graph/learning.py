@@ -13,13 +13,15 @@ are the last to go when a persona holds more than ``learning_max_lessons``.
 **The mission** (``learn``, the heartbeat's ``learn`` job). A persona with at least
 ``learning_min_examples`` accepted lessons newer than its last retraining gets one
 (``batos.training.retrain``): a candidate adapter on its original data plus its lessons,
-judged against the served adapter on held-out prompts, and served only when it is better by
-``learning_voice_margin``. The mission is recorded with the others (``layout.MISSIONS``, kind
-``retrain_adapter``, status ``kept`` or ``declined``, both evaluations) and, like them, its
-change is one transaction of its own (note ``mission N: retrain_adapter …``): it sets which
-adapter version is served (``layout.ADAPTERS``). ``undo`` (or ``batos undo TID``) reverts
-that transaction and ``reconcile`` puts the previous version's file back in place; the
-versions themselves are never deleted.
+continuing the served adapter's weights (a warm start; the record's ``start`` says whether it
+was warm or cold), judged against the served adapter on held-out prompts, and served only when
+it is better by ``learning_voice_margin``. ``batos learn`` shows where each persona stands
+(``overview``), runs a mission now and undoes one. The mission is recorded with the others
+(``layout.MISSIONS``, kind ``retrain_adapter``, status ``kept`` or ``declined``, both
+evaluations) and, like them, its change is one transaction of its own (note ``mission N:
+retrain_adapter …``): it sets which adapter version is served (``layout.ADAPTERS``). ``undo``
+(or ``batos undo TID``) reverts that transaction and ``reconcile`` puts the previous version's
+file back in place; the versions themselves are never deleted.
 """
 
 from __future__ import annotations

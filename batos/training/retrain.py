@@ -251,6 +251,9 @@ def current_plan(model: str, persona: str) -> TrainingPlan:
     entry = (read_manifest(adapters_dir(model)).get("personas") or {}).get(persona.lower(), {})
     known = {k: entry[k] for k in TrainingPlan.__dataclass_fields__ if k in entry}
     known.pop("device", None)
+    # A warm retraining records the reduced rate it ran at: the next one scales the plan's.
+    if "planned_learning_rate" in entry:
+        known["learning_rate"] = entry["planned_learning_rate"]
     if "target_modules" in known:
         known["target_modules"] = tuple(known["target_modules"])
     return TrainingPlan(model=model, persona=persona_name(persona), **known)
@@ -380,6 +383,7 @@ def retrain(
     examples = training_set(persona, learnt, preferred)
     served = adapter_path(model, persona)
     current_sha = keep_version(model, persona, served)[0] if served.is_file() else None
+    planned_rate = plan.learning_rate
     with tempfile.TemporaryDirectory(prefix="batos-retrain-") as scratch:
         if warm:
             start, plan = start_for(model, persona, plan, Path(scratch))
@@ -415,7 +419,12 @@ def retrain(
         learnt_count,
         train_seconds,
         int(entry.get("steps_run") or plan.steps),
-        {**entry, "learnt_examples": learnt_count, "start": how},
+        {
+            **entry,
+            "learnt_examples": learnt_count,
+            "start": how,
+            "planned_learning_rate": planned_rate,
+        },
         how,
         start.why,
         plan.learning_rate,

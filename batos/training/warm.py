@@ -87,6 +87,15 @@ def served_weights(model: str, persona: str, scratch: Path) -> WarmStart:
     return WarmStart(folder, f"the served adapter {sha[:12]}, read back from its GGUF LoRA")
 
 
+def _reader(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, IndexError, KeyError) as exc:  # gguf's errors for a bad file
+        raise TrainingError(f"{path.name} is not a readable GGUF file: {exc}") from exc
+
+
 def _field(reader: Any, name: str) -> Any:
     found = reader.fields.get(name)
     return None if found is None else found.contents()
@@ -108,10 +117,9 @@ def peft_from_gguf(adapter: Path, base: Path, folder: Path) -> Path:
     """
     import numpy as np
     import torch
-    from gguf import GGUFReader
     from peft import LoraConfig
 
-    reader = GGUFReader(str(adapter))
+    reader = _reader(adapter)
     if _field(reader, "general.type") != "adapter" or _field(reader, "adapter.type") != "lora":
         raise TrainingError(f"{adapter.name} is not a GGUF LoRA adapter")
     arch = _field(reader, "general.architecture")
@@ -120,7 +128,7 @@ def peft_from_gguf(adapter: Path, base: Path, folder: Path) -> Path:
             f"{adapter.name} is a {arch} adapter; {', '.join(ARCHITECTURES)} ones are read back"
         )
     alpha = float(_field(reader, "adapter.lora.alpha") or 0)
-    base_reader = GGUFReader(str(base))
+    base_reader = _reader(base)
     if _field(base_reader, "general.architecture") != arch:
         raise TrainingError(f"{adapter.name} does not belong to the base {base.name}")
     heads = {

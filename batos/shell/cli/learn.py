@@ -36,13 +36,15 @@ def _sha(value: str | None) -> str:
     return value[:12] if value else "none"
 
 
-def _since(row: dict[str, Any]) -> str:
-    """When the served adapter began to be served: its swap, else the date it was trained."""
+def _since(row: dict[str, Any]) -> tuple[str, str]:
+    """When the served adapter began to be served and how: a mission's swap, else training."""
     recorded = row["recorded"] or {}
     if recorded.get("mission") and recorded.get("sha256") == row["served"]:
-        return f"{_when(recorded.get('swapped'))} (mission {recorded['mission']})"
+        swapped = recorded.get("swapped")
+        when = dt.datetime.fromtimestamp(swapped).strftime("%Y-%m-%d") if swapped else "-"
+        return when, f"mission {recorded['mission']}"
     trained = row["trained"]
-    return f"trained {trained[:10]}" if trained else "-"
+    return (trained[:10], "trained") if trained else ("-", "-")
 
 
 def _scores(mission: dict[str, Any]) -> str:
@@ -103,7 +105,8 @@ def status(
     least = settings.get_int("learning_min_examples")
     console.print(f"Learning on {model} (retrained at {least} new accepted lessons)")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
-    for column in ("persona", "lessons", "accepted", "good", "bad", "new", "adapter", "since"):
+    columns = ("persona", "lessons", "accepted", "good", "bad", "new", "adapter", "since", "by")
+    for column in columns:
         table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(
@@ -114,7 +117,7 @@ def status(
             str(row["bad"]),
             f"{row['new']}" + (" due" if row["new"] >= least else ""),
             _sha(row["served"]),
-            _since(row),
+            *_since(row),
         )
     console.print(table)
     for row in rows:

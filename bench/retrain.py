@@ -10,10 +10,11 @@ use; never an evaluation prompt), with its served adapter and system prompt — 
 would learn from. The answers the validated style classifier attributes to the persona stand
 in for the ones a user marks good (they count twice); the rest are plain accepted lessons.
 ``batos.training.retrain.retrain`` then trains a candidate on the original data plus those
-lessons, evaluates the served adapter and the candidate on the same held-out prompts (the
-persona's heldout.jsonl prompts, then the far voice prompts) and decides with the margin in
-force (``learning_voice_margin``). Everything happens in a copy of the Modelfiles folder: the
-served adapter is never touched.
+lessons, continuing the served adapter's weights (a warm start; ``--cold`` starts from a fresh
+LoRA, as retraining did before), evaluates the served adapter and the candidate on the same
+held-out prompts (the persona's heldout.jsonl prompts, then the far voice prompts) and decides
+with the margin in force (``learning_voice_margin``). Everything happens in a copy of the
+Modelfiles folder: the served adapter is never touched.
 
 Prints the two adapters side by side (voice with its 95% Wilson interval, relevance, seconds)
 and writes bench/results/retrain-<model>.json.
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=64, help="tokens of each reply")
     parser.add_argument("--seconds", type=float, default=None, help="training time bound")
+    parser.add_argument("--cold", action="store_true", help="train a fresh LoRA, not warm")
     args = parser.parse_args()
 
     source = modelfiles_dir()
@@ -125,6 +127,7 @@ def main() -> None:
             preferred=good,
             plan=plan,
             seconds=args.seconds,
+            warm=not args.cold,
         )
 
     rows = [("served adapter", done.current), ("retrained", done.new)]
@@ -133,7 +136,8 @@ def main() -> None:
         rel = "—" if ev.relevance is None else f"{ev.relevance:.3f}"
         print(f"{name:<16}{voice_cell(ev):>22}{rel:>11}{ev.seconds:>9.0f}")
     print(
-        f"\nretraining: {done.train_seconds:.0f} s for {done.steps_run} steps on "
+        f"\nretraining: {done.start} start ({done.start_why}), learning rate "
+        f"{done.learning_rate:g}, {done.train_seconds:.0f} s for {done.steps_run} steps on "
         f"{done.examples} examples ({done.learnt} learnt); "
         f"decision: {'swap' if done.decision.swap else 'keep the served adapter'} — "
         f"{done.decision.why} (margin {done.decision.margin:g})"
@@ -147,6 +151,7 @@ def main() -> None:
         "lessons_in_voice": len(good),
         "lesson_seconds": round(lesson_seconds, 1),
         "plan": {"steps": plan.steps, "top_layers": plan.top_layers, "rank": plan.rank},
+        "cold_asked": args.cold,
         "eval_prompts": args.eval_prompts,
         "tokens": args.tokens,
         **done.as_dict(),

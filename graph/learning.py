@@ -13,20 +13,23 @@ are the last to go when a persona holds more than ``learning_max_lessons``.
 **The mission** (``learn``, the heartbeat's ``learn`` job). A persona with at least
 ``learning_min_examples`` accepted lessons newer than its last retraining gets one
 (``batos.training.retrain``): a candidate adapter on its original data plus its lessons,
-judged against the served adapter on held-out prompts, and served only when it is better by
-``learning_voice_margin``. The mission is recorded with the others (``layout.MISSIONS``, kind
-``retrain_adapter``, status ``kept`` or ``declined``, both evaluations) and, like them, its
-change is one transaction of its own (note ``mission N: retrain_adapter …``): it sets which
-adapter version is served (``layout.ADAPTERS``). ``undo`` (or ``batos undo TID``) reverts
-that transaction and ``reconcile`` puts the previous version's file back in place; the
-versions themselves are never deleted.
+continuing the served adapter's weights (a warm start; the record's ``start`` says whether it
+was warm or cold), judged against the served adapter on held-out prompts, and served only when
+it is better by ``learning_voice_margin``. ``batos learn`` shows where each persona stands
+(``overview``), runs a mission now and undoes one. The mission is recorded with the others
+(``layout.MISSIONS``, kind ``retrain_adapter``, status ``kept`` or ``declined``, both
+evaluations) and, like them, its change is one transaction of its own (note ``mission N:
+retrain_adapter …``): it sets which adapter version is served (``layout.ADAPTERS``). ``undo``
+(or ``batos undo TID``) reverts that transaction and ``reconcile`` puts the previous version's
+file back in place; the versions themselves are never deleted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from BTrees.OOBTree import OOBTree
@@ -51,6 +54,16 @@ VERDICTS = ("good", "bad")
 
 class LearningError(BatosError):
     """A lesson or a retraining that cannot be had; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Retraining:
+    """What retraining missions train and judge with: ``trainer`` (a
+    ``batos.training.retrain.Trainer``) and ``evaluator`` (an ``Evaluator``); None is the
+    real one. ``batos.shell.cli.main(..., retraining=…)`` hands fakes to ``batos learn run``."""
+
+    trainer: Any = None
+    evaluator: Any = None
 
 
 class LessonEffect(records._Closed):
@@ -285,11 +298,18 @@ def retrain_mission(
     model: str | None = None,
     evaluator: Any = None,
     trainer: Any = None,
+    seconds: float | None = None,
+    force: bool = False,
+    on_step: Callable[[int, int, float], None] | None = None,
+    tell: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Retrain ``persona``'s adapter on its lessons and serve it if it is better; the mission.
 
     Raises ``LearningError`` (recording nothing) when the persona has fewer than
-    ``learning_min_examples`` new accepted lessons.
+    ``learning_min_examples`` new accepted lessons, unless ``force``. ``seconds`` bounds the
+    training (default ``learning_train_seconds``); ``evaluator`` and ``trainer`` replace the
+    real ones (``batos.training.retrain``); ``on_step`` and ``tell`` follow its progress.
+    The record says whether the candidate started warm, from the served adapter, or cold.
     """
     from batos.training import lora, retrain
     from graph.audit import newest_report
@@ -305,11 +325,15 @@ def retrain_mission(
     with image.read() as root:
         fresh = new_accepted(root, persona, model)
         every = accepted(root, persona, model)
-    if len(fresh) < least:
+        last = _last_mission(root, persona, model)
+    if len(fresh) < least and not force:
         raise LearningError(
             f"{persona} has {len(fresh)} new accepted lessons on {model}, fewer than {least}",
-            hint="it is retrained once it has learnt more (BATOS_LEARNING_MIN_EXAMPLES)",
+            hint="it is retrained once it has learnt more (BATOS_LEARNING_MIN_EXAMPLES); "
+            "'batos learn run PERSONA --force' retrains it now",
         )
+    # A forced mission with nothing new keeps the mark where the last one left it.
+    through = fresh[-1]["cycle"] if fresh else (last or {}).get("lessons_through") or ""
     served = retrain.served_sha(model, persona)
     margin = settings.get_float("learning_voice_margin")
 
@@ -328,7 +352,7 @@ def retrain_mission(
             "kind": MISSION_KIND,
             "target": "voice",
             "persona": persona,
-            "reason": f"{len(fresh)} new accepted lessons",
+            "reason": f"{len(fresh)} new accepted lessons" + (" (forced)" if force else ""),
             "status": "running",
             "hypothesis": {
                 "component": "voice",
@@ -340,7 +364,7 @@ def retrain_mission(
             "baseline": {},
             "tids": [],
             "model": model,
-            "lessons_through": fresh[-1]["cycle"],
+            "lessons_through": through,
         }
         return number
 
@@ -349,7 +373,12 @@ def retrain_mission(
     def finish(status: str, **changes: Any) -> dict[str, Any]:
         def write(root: Any) -> dict[str, Any]:
             found = layout.missions(root)
-            found[number] = record = {**found[number], "status": status, **changes}
+            found[number] = record = {
+                **found[number],
+                "status": status,
+                "finished": time.time(),
+                **changes,
+            }
             return record
 
         return image.transact(write, note=f"mission {number}: {status}")
@@ -365,6 +394,9 @@ def retrain_mission(
             [example(x) for x in every if x.get("verdict") != "good"],
             evaluator,
             preferred=[example(x) for x in every if x.get("verdict") == "good"],
+            seconds=seconds,
+            on_step=on_step,
+            tell=tell,
             **({"trainer": trainer} if trainer else {}),
         )
     except Exception as exc:  # nothing served changed: the mission failed, the image is as was
@@ -372,7 +404,7 @@ def retrain_mission(
         return finish("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
     result = done.as_dict()
     if not done.decision.swap:
-        return finish("declined", evaluation=result)
+        return finish("declined", evaluation=result, start=done.start)
     note = _note(number, persona)
 
     def swap(root: Any) -> None:
@@ -381,6 +413,7 @@ def retrain_mission(
             "mission": number,
             "previous": done.current_sha256,
             "entry": dict(done.entry),
+            "swapped": time.time(),
         }
 
     image.transact(swap, note=note)
@@ -388,7 +421,54 @@ def retrain_mission(
 
     tid = find_tid(image, note)
     reconcile(image)
-    return finish("kept", evaluation=result, tids=[tid] if tid else [])
+    return finish("kept", evaluation=result, start=done.start, tids=[tid] if tid else [])
+
+
+def overview(image: LivingImage, model: str | None = None, recent: int = 3) -> list[dict[str, Any]]:
+    """Where each persona's learning stands on ``model``: its lessons (``lessons``,
+    ``accepted``, ``good``, ``bad``, ``new`` since its last retraining), the adapter it serves
+    (``served``: sha256 of the file; ``recorded``: the image's record of it, with the
+    ``mission`` that swapped it in and when; ``trained``: the manifest's date) and its
+    ``recent`` last retraining missions, newest first.
+
+    Example: ``[(p["persona"], p["new"]) for p in overview(image)]``
+    """
+    from batos.models.modelfile import adapter_path
+    from batos.training import lora, retrain
+    from graph.missions import valid_missions
+
+    model = model or settings.get_str("model")
+    try:
+        manifest = lora.read_manifest(adapter_path(model)).get("personas") or {}
+    except BatosError as exc:
+        log.warning("the adapters' manifest of %s cannot be read: %s", model, exc.message)
+        manifest = {}
+    out = []
+    with image.read() as root:
+        done = [m for m in valid_missions(root) if m["kind"] == MISSION_KIND]
+        recorded = layout.find(root, layout.ADAPTERS) or {}
+        for persona in PERSONAS:
+            mine = [x for x in lessons(root, persona) if x.get("model") == model]
+            served = recorded.get(_key(model, persona))
+            out.append(
+                {
+                    "persona": persona,
+                    "lessons": len(mine),
+                    "accepted": sum(1 for x in mine if x.get("verdict") != "bad"),
+                    "good": sum(1 for x in mine if x.get("verdict") == "good"),
+                    "bad": sum(1 for x in mine if x.get("verdict") == "bad"),
+                    "new": len(new_accepted(root, persona, model)),
+                    "served": retrain.served_sha(model, persona),
+                    "recorded": dict(served) if served is not None else None,
+                    "trained": (manifest.get(persona.lower()) or {}).get("date"),
+                    "missions": [
+                        m
+                        for m in reversed(done)
+                        if m["persona"] == persona and m.get("model") == model
+                    ][:recent],
+                }
+            )
+    return out
 
 
 def reconcile(image: LivingImage) -> list[str]:

@@ -108,6 +108,8 @@ def test_schema_and_config(capsys, file_uri):
         ["send", "brick", "x"],
         ["search", "anything"],
         ["curate", "--dry-run"],
+        ["learn"],
+        ["learn", "undo", "1"],
     ],
 )
 def test_commands_that_need_an_image_never_create_one(capsys, tmp_path, command):

@@ -212,16 +212,43 @@ class FakeEvaluator:
         return retrain.Evaluation(self.voice.get(data, 10), 20, 0.5)
 
 
-def fake_trainer(content: bytes, seen: list[int]):
-    def train(plan: TrainingPlan, examples: list[Example], out_dir: Path, deadline: float) -> Path:
-        seen.append(len(examples))
-        (out_dir / "alfred.gguf").write_bytes(content)
+class FakeTrainer:
+    """Writes ``content`` as the adapter; remembers what each training got."""
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+        self.sizes: list[int] = []
+        self.starts: list[Path | None] = []
+        self.plans: list[TrainingPlan] = []
+
+    def __call__(
+        self,
+        plan: TrainingPlan,
+        examples: list[Example],
+        out_dir: Path,
+        deadline: float,
+        *,
+        start: Path | None = None,
+        on_step: Any = None,
+    ) -> Path:
+        self.sizes.append(len(examples))
+        self.starts.append(start)
+        self.plans.append(plan)
+        if start is not None:  # what it continues from is there to be read while it trains
+            assert (start / "adapter_model.safetensors").is_file()
+        if on_step:
+            on_step(1, plan.steps, 2.5)
+        (out_dir / "alfred.gguf").write_bytes(self.content)
         (out_dir / "manifest.json").write_text(
             json.dumps({"personas": {"alfred": {"steps": plan.steps, "steps_run": 1}}})
         )
         return out_dir / "alfred.gguf"
 
-    return train
+
+def fake_trainer(content: bytes, seen: list[int]) -> FakeTrainer:
+    trainer = FakeTrainer(content)
+    trainer.sizes = seen
+    return trainer
 
 
 def lessons_for(image: LivingImage, count: int, start: int = 0) -> None:
@@ -314,12 +341,227 @@ def test_a_failed_retraining_changes_nothing_served(image, modelfiles, monkeypat
     old = served.read_bytes()
     lessons_for(image, 1)
 
-    def broken(*args: Any) -> Path:
+    def broken(*args: Any, **options: Any) -> Path:
         raise RuntimeError("out of memory")
 
     mission = learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}), trainer=broken)
     assert mission["status"] == "failed" and "out of memory" in mission["error"]
     assert served.read_bytes() == old
+
+
+# -- the warm start -----------------------------------------------------------------------------
+
+
+def test_the_served_adapter_is_read_back_from_its_gguf_for_a_warm_start(
+    modelfiles, tmp_path
+) -> None:
+    from gguf import GGUFReader
+    from safetensors.torch import load_file
+
+    from batos.training import warm
+
+    served = modelfiles / "adapters" / "test" / "alfred.gguf"
+    start = warm.served_weights("test", "ALFRED", tmp_path / "scratch")
+    assert start.warm and "read back from its GGUF" in start.why
+    config = json.loads((start.weights / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["layers_to_transform"]) == (8, 16, None)
+    assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    weights = load_file(str(start.weights / "adapter_model.safetensors"))
+    gguf = {t.name: t.data for t in GGUFReader(str(served)).tensors}
+    assert len(weights) == len(gguf) == 30 * 4 * 2
+    key = "base_model.model.model.layers.{}.self_attn.{}.lora_{}.weight"
+    # v's matrices come back as they are; q's lora_B rows were permuted for llama.cpp's rope
+    v_b = weights[key.format(3, "v_proj", "B")].numpy()
+    assert (v_b == gguf["blk.3.attn_v.weight.lora_b"].astype("float32")).all()
+    q_b = weights[key.format(3, "q_proj", "B")].numpy()
+    raw = gguf["blk.3.attn_q.weight.lora_b"].astype("float32")
+    assert sorted(q_b.ravel()) == sorted(raw.ravel()) and not (q_b == raw).all()
+
+    plan = warm.plan_for(TrainingPlan(model="test", persona="ALFRED", rank=2), start.weights)
+    assert plan is not None and (plan.rank, plan.alpha, plan.top_layers) == (8, 16, None)
+    assert plan.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def test_the_peft_cache_is_used_only_when_it_holds_the_served_version(modelfiles, tmp_path) -> None:
+    from batos.training import lora, warm
+
+    cached = lora.peft_dir("test", "ALFRED")
+    first = warm.served_weights("test", "ALFRED", tmp_path / "a")
+    shutil.copytree(first.weights, cached)
+    assert warm.served_weights("test", "ALFRED", tmp_path / "b").weights == cached
+    lora.mark_peft(cached, "0" * 64)  # the cache holds another version: read the GGUF back
+    again = warm.served_weights("test", "ALFRED", tmp_path / "c")
+    assert again.weights == tmp_path / "c" / "warm-start"
+
+
+def test_a_retraining_starts_cold_and_says_why_when_nothing_can_be_read_back(
+    modelfiles, tmp_path
+) -> None:
+    from batos.training import warm
+
+    served = modelfiles / "adapters" / "test" / "alfred.gguf"
+    served.write_bytes(b"not a gguf file at all, but long enough to be read as one" * 10)
+    start = warm.served_weights("test", "ALFRED", tmp_path / "a")
+    assert not start.warm and "cannot be read back" in start.why
+    served.unlink()
+    start = warm.served_weights("test", "ALFRED", tmp_path / "b")
+    assert not start.warm and "serves no adapter" in start.why
+
+
+def test_the_mission_continues_the_served_adapter_at_a_lower_rate_and_records_it(
+    image, modelfiles, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
+    lessons_for(image, 2)
+    shipped = retrain.current_plan("test", "ALFRED").learning_rate
+    trainer = FakeTrainer(b"better")
+    mission = learning.retrain_mission(
+        image, "ALFRED", evaluator=FakeEvaluator({b"better": 12}), trainer=trainer
+    )
+    [start] = trainer.starts
+    assert start is not None and start.name == "warm-start"
+    [plan] = trainer.plans
+    assert plan.learning_rate == pytest.approx(shipped * retrain.WARM_LEARNING_RATE_SCALE)
+    assert mission["start"] == "warm" and mission["evaluation"]["start"] == "warm"
+    assert "read back from its GGUF" in mission["evaluation"]["start_why"]
+    entry = read_manifest(modelfiles / "adapters" / "test")["personas"]["alfred"]
+    assert entry["start"] == "warm" and entry["planned_learning_rate"] == shipped
+    # the next retraining scales the plan's rate again, not the reduced one it ran at
+    assert retrain.current_plan("test", "ALFRED").learning_rate == shipped
+
+
+def test_the_mission_starts_cold_without_a_served_adapter(image, modelfiles, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
+    (modelfiles / "adapters" / "test" / "alfred.gguf").unlink()
+    lessons_for(image, 2)
+    trainer = FakeTrainer(b"first")
+    mission = learning.retrain_mission(
+        image, "ALFRED", evaluator=FakeEvaluator({b"first": 12}), trainer=trainer
+    )
+    assert trainer.starts == [None] and mission["start"] == "cold"
+    assert "serves no adapter" in mission["evaluation"]["start_why"]
+    assert trainer.plans[0].learning_rate == retrain.current_plan("test", "ALFRED").learning_rate
+
+
+def test_a_forced_mission_runs_with_few_lessons(image, modelfiles, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "5")
+    lessons_for(image, 1)
+    mission = learning.retrain_mission(
+        image,
+        "ALFRED",
+        evaluator=FakeEvaluator({}),
+        trainer=FakeTrainer(b"same"),
+        force=True,
+    )
+    assert mission["status"] == "declined" and mission["reason"].endswith("(forced)")
+    # nothing new since: forced again, the mark of the lessons used stays where it was
+    again = learning.retrain_mission(
+        image, "ALFRED", evaluator=FakeEvaluator({}), trainer=FakeTrainer(b"same"), force=True
+    )
+    assert again["lessons_through"] == mission["lessons_through"] != ""
+
+
+# -- batos learn ------------------------------------------------------------------------------
+
+
+def cli(capsys, file_uri: str, *argv: str, retraining: Any = None) -> tuple[int, str, str]:
+    from batos.shell.cli import main
+
+    code = main(["--image", file_uri, *argv], retraining=retraining)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_batos_learn_shows_lessons_the_served_adapter_and_no_mission_yet(
+    image, modelfiles, monkeypatch, capsys, file_uri
+) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
+    lessons_for(image, 2)
+    good = ask(image, "a question the user liked")
+    bad = ask(image, "a question the user did not like")
+    learning.mark(image, "t1", good["cycle"]["id"], "good")
+    learning.mark(image, "t1", bad["cycle"]["id"], "bad")
+    image.close()
+    code, out, _ = cli(capsys, file_uri, "learn")
+    assert code == 0
+    [alfred] = [line.split() for line in out.splitlines() if line.startswith("ALFRED")]
+    served = retrain.served_sha("test", "ALFRED")[:12]
+    # lessons, accepted, good, bad, new (due at 2), adapter, since (the manifest's date), by
+    assert alfred[:8] == ["ALFRED", "4", "3", "1", "1", "3", "due", served]
+    assert alfred[8:] == ["2026-11-22", "trained"]
+    assert "no retraining mission yet" in out
+    code, out, _ = cli(capsys, file_uri, "learn", "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["persona"] for r in rows] == ["ROBIN", "BRICK", "BABS", "ALFRED"]
+    assert (rows[3]["new"], rows[0]["lessons"], rows[3]["missions"]) == (3, 0, [])
+
+
+def test_batos_learn_run_refuses_with_too_few_lessons_unless_forced(
+    image, modelfiles, monkeypatch, capsys, file_uri
+) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "5")
+    lessons_for(image, 1)
+    image.close()
+    doubles = learning.Retraining(FakeTrainer(b"same"), FakeEvaluator({}))
+    code, _, err = cli(capsys, file_uri, "learn", "run", "alfred", retraining=doubles)
+    assert code == 1 and "1 new accepted lessons on test, fewer than 5" in err
+    assert "--force" in err and doubles.trainer.sizes == []
+    code, out, err = cli(capsys, file_uri, "learn", "run", "alfred", "--force", retraining=doubles)
+    assert code == 0 and "mission 1: ALFRED declined" in out
+    assert "warm start: the served adapter" in out and "kept aside: voice 0.500" in out
+    assert "undo with" not in out
+    assert "retrain ALFRED: 1 steps" in err  # the progress of training, on stderr
+    code, _, err = cli(capsys, file_uri, "learn", "run", "nobody", retraining=doubles)
+    assert code == 2 and "unknown persona" in err
+
+
+def test_batos_learn_run_then_undo_serves_the_old_adapter_again(
+    image, modelfiles, monkeypatch, capsys, file_uri
+) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
+    served = modelfiles / "adapters" / "test" / "alfred.gguf"
+    old = served.read_bytes()
+    lessons_for(image, 2)
+    image.close()
+    trainer = FakeTrainer(b"better")
+    doubles = learning.Retraining(trainer, FakeEvaluator({b"better": 14}))
+    code, out, _ = cli(
+        capsys, file_uri, "learn", "run", "ALFRED", "--seconds", "30", retraining=doubles
+    )
+    assert code == 0 and "mission 1: ALFRED kept" in out
+    assert "candidate  voice 0.70 (14/20)" in out and "undo with: batos learn undo 1" in out
+    assert served.read_bytes() == b"better" and trainer.starts[0] is not None
+
+    code, out, _ = cli(capsys, file_uri, "learn")
+    [alfred] = [line for line in out.splitlines() if line.startswith("ALFRED ")]
+    assert retrain.served_sha("test", "ALFRED")[:12] in alfred
+    assert alfred.rstrip().endswith("mission 1")
+    assert "ALFRED: mission 1 kept (warm start)" in out
+    assert "voice 0.50 → 0.70, relevance 0.500 → 0.500" in out
+
+    code, out, _ = cli(capsys, file_uri, "learn", "undo", "1")
+    assert code == 0 and "mission 1 undone: ALFRED serves adapter" in out
+    assert served.read_bytes() == old
+    code, _, err = cli(capsys, file_uri, "learn", "undo", "1")
+    assert code == 1 and "no kept retrain_adapter mission" in err
+    code, out, _ = cli(capsys, file_uri, "learn")
+    assert "ALFRED: mission 1 undone" in out
+
+
+def test_batos_learn_run_reports_a_failed_mission_with_an_error_exit(
+    image, modelfiles, monkeypatch, capsys, file_uri
+) -> None:
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "1")
+    lessons_for(image, 1)
+    image.close()
+
+    def broken(*args: Any, **options: Any) -> Path:
+        raise RuntimeError("out of memory")
+
+    doubles = learning.Retraining(broken, FakeEvaluator({}))
+    code, out, err = cli(capsys, file_uri, "learn", "run", "alfred", retraining=doubles)
+    assert code == 1 and "mission 1: ALFRED failed" in out
+    assert "mission 1 failed: RuntimeError: out of memory" in err
 
 
 @pytest.mark.slow
@@ -330,14 +572,16 @@ def test_a_real_retraining_on_the_test_model_goes_through_evaluate_and_decide(
     monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
     monkeypatch.setenv("BATOS_LEARNING_STEPS", "2")
     lessons_for(image, 2)
+    # The warm start continues the served adapter: its shape (rank 8, every layer) wins over
+    # the plan's, so the steps are few and short.
     plan = TrainingPlan(
         model="test",
         persona="ALFRED",
         steps=2,
         rank=2,
         alpha=4,
-        batch_size=4,
-        max_tokens=256,  # past the system prompt: the reply tokens carry the loss
+        batch_size=2,
+        max_tokens=200,  # past the system prompt: the reply tokens carry the loss
         top_layers=1,
     )
     evaluator = retrain.VoiceEvaluator("test", prompts=2, tokens=12)
@@ -348,7 +592,19 @@ def test_a_real_retraining_on_the_test_model_goes_through_evaluate_and_decide(
         evaluator,
         plan=plan,
     )
-    assert done.steps_run == 2 and done.candidate.is_file()
+    assert done.start == "warm" and done.steps_run == 2 and done.candidate.is_file()
+    assert (done.entry["rank"], done.entry["top_layers"]) == (8, None)
+    # it moved from the served adapter, and not far: a fresh LoRA's lora_B would be all zeros
+    from gguf import GGUFReader
+
+    served = {
+        t.name: t.data for t in GGUFReader(str(modelfiles / "adapters/test/alfred.gguf")).tensors
+    }
+    trained = {t.name: t.data for t in GGUFReader(str(done.candidate)).tensors}
+    name = "blk.29.attn_v.weight.lora_b"
+    assert not (served[name] == trained[name]).all()
+    assert abs(served[name].astype("float32")).sum() > 0
+    assert abs(trained[name].astype("float32") - served[name].astype("float32")).max() < 0.05
     assert done.current.n == done.new.n == 2
     assert done.new.relevance is not None and -1.0 <= done.new.relevance <= 1.0
     assert done.decision.swap == (

@@ -158,12 +158,14 @@ def _learn(image: LivingImage, models: Callable[..., Any] | None) -> Decided:
     mission = learning.retrain_mission(image, persona)
     said = f"learn: mission {mission['id']} retrained {persona} on {count} new lessons, "
     said += mission["status"]
+    said += f" ({mission['start']} start)" if mission.get("start") else ""
     why = (mission.get("evaluation") or {}).get("why") or mission.get("error")
     said += f" ({why})" if why else ""
     facts = {
         "due": [p for p, _ in todo],
         "mission": mission["id"],
         "status": mission["status"],
+        "start": mission.get("start"),
         "evaluation": mission.get("evaluation"),
         "restored": restored,
     }

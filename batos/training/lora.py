@@ -47,6 +47,8 @@ MAX_TOKENS = 320
 WARMUP_STEPS = 10
 MIN_EXAMPLES = 150
 MANIFEST = "manifest.json"
+#: The file in a peft adapter folder naming the GGUF adapter it was converted to.
+PEFT_MARKER = "batos-adapter.json"
 
 
 class TrainingError(ModelError):
@@ -292,6 +294,7 @@ def train_persona(
     on_step: StepCallback | None = None,
     deadline: float | None = None,
     keep_peft: bool = True,
+    start: Path | None = None,
 ) -> TrainingResult:
     """Train one persona's adapter and install it, GGUF and manifest entry, in ``out_dir``.
 
@@ -299,7 +302,9 @@ def train_persona(
     changed: the LoRA is unloaded again afterwards). Nothing is written before training ends.
     ``deadline`` (a ``time.monotonic()`` value) ends training after the step that passes it,
     with what was learnt so far; ``keep_peft`` False leaves the peft weights ``fuse`` reads as
-    they were (a candidate adapter that may never be used).
+    they were (a candidate adapter that may never be used). ``start``, a peft adapter folder,
+    makes training continue from its weights instead of a fresh LoRA; its shape (rank, alpha,
+    modules, layers) must be the plan's (``batos.training.warm`` reads one back from a GGUF).
     """
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -337,7 +342,11 @@ def train_persona(
         task_type="CAUSAL_LM",
         layers_to_transform=list(range(layers - top, layers)) if top < layers else None,
     )
+    if start is not None:
+        _check_start(start, config)
     peft_model = get_peft_model(model, config)
+    if start is not None:
+        _load_start(peft_model, start)
     started = time.monotonic()
     losses: list[float] = []
     try:
@@ -391,6 +400,8 @@ def train_persona(
             adapter = copy_file(gguf_tmp, out_dir / adapter_path(plan.model, persona).name)
             keep = peft_dir(plan.model, persona)
             if keep_peft:
+                # Marked with the GGUF it became, so a warm start knows it is the served one.
+                mark_peft(lora_dir, file_sha256(adapter))
                 _replace_dir(lora_dir, keep)
     finally:
         # Give the shared base model its plain modules back for the next persona.
@@ -400,6 +411,49 @@ def train_persona(
         out_dir, plan, data_path, examples, adapter, final, time.monotonic() - started, len(losses)
     )
     return TrainingResult(persona, adapter, keep, final, losses, time.monotonic() - started)
+
+
+def mark_peft(folder: Path, adapter_sha256: str) -> None:
+    """Record in a peft adapter folder which GGUF adapter file it is the peft form of."""
+    (folder / PEFT_MARKER).write_text(json.dumps({"adapter_sha256": adapter_sha256}) + "\n")
+
+
+def _check_start(start: Path, config: Any) -> None:
+    """A warm start's adapter must have the shape the plan trains: it is continued, not mixed."""
+    try:
+        known = json.loads((start / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TrainingError(f"no peft adapter to start from in {start}: {exc}") from exc
+    ours = {
+        "r": config.r,
+        "lora_alpha": config.lora_alpha,
+        "target_modules": sorted(config.target_modules),
+        "layers_to_transform": config.layers_to_transform,
+    }
+    theirs = {
+        **{k: known.get(k) for k in ours},
+        "target_modules": sorted(known.get("target_modules") or []),
+    }
+    if theirs != ours:
+        raise TrainingError(
+            f"the adapter to start from has the shape {theirs}, the plan {ours}",
+            hint="train the plan of the adapter it starts from (batos.training.warm.plan_for)",
+        )
+
+
+def _load_start(peft_model: Any, start: Path) -> None:
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(start / "adapter_model.safetensors"))
+    expected = set(get_peft_model_state_dict(peft_model))
+    if set(weights) != expected:
+        missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        raise TrainingError(
+            f"the adapter to start from in {start} does not fit the model: "
+            f"{len(missing)} tensors missing ({missing[:2]}), {len(extra)} unknown ({extra[:2]})"
+        )
+    set_peft_model_state_dict(peft_model, weights)
 
 
 def save_peft(weights: dict[str, Any], config: Any, folder: Path) -> Path:

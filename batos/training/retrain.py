@@ -3,7 +3,14 @@
 ``retrain`` trains a candidate adapter on the persona's original data plus the examples it
 learnt from accepted cycles (good ones twice), with the current adapter's plan and a time
 bound, then has an ``Evaluator`` score the current adapter and the candidate on the same
-prompts, and ``decide`` whether the candidate is better by the margin fixed in advance:
+prompts, and ``decide`` whether the candidate is better by the margin fixed in advance. The
+candidate starts *warm*: from the served adapter's own weights (``batos.training.warm``), at
+``WARM_LEARNING_RATE_SCALE`` of its learning rate, the original data still in every epoch so
+the voice it has does not drift. A bounded retraining from scratch would rarely catch up with
+an adapter trained for longer. It starts *cold* (a fresh LoRA, the plan's rate) only when
+there is no served adapter or its weights cannot be read back, and says why.
+
+The rule:
 
     swap  iff  voice(candidate) >= voice(current) + ``learning_voice_margin``
           and  relevance(candidate) >= relevance(current) - ``RELEVANCE_TOLERANCE``
@@ -38,6 +45,7 @@ from batos.models.modelfile import adapter_path, modelfiles_dir
 from batos.training.lora import (
     MANIFEST,
     Example,
+    StepCallback,
     TrainingError,
     TrainingPlan,
     adapters_dir,
@@ -49,6 +57,7 @@ from batos.training.lora import (
     train_persona,
 )
 from batos.training.voice import heldout_rows, train_classifier, usable, validate, voice_prompts
+from batos.training.warm import WarmStart, plan_for, served_weights
 from store.core.files import copy_file, write_text
 
 log = logging.getLogger("batos.training.retrain")
@@ -61,6 +70,9 @@ HISTORY = "history"
 REPLY_TOKENS = 64
 #: Entries of a persona's manifest history kept (the files stay).
 MAX_HISTORY = 20
+#: A warm start's learning rate, as a share of the served adapter's: it refines, so it moves
+#: the weights less than the training that found them.
+WARM_LEARNING_RATE_SCALE = 0.25
 
 
 @dataclass(frozen=True)
@@ -239,6 +251,9 @@ def current_plan(model: str, persona: str) -> TrainingPlan:
     entry = (read_manifest(adapters_dir(model)).get("personas") or {}).get(persona.lower(), {})
     known = {k: entry[k] for k in TrainingPlan.__dataclass_fields__ if k in entry}
     known.pop("device", None)
+    # A warm retraining records the reduced rate it ran at: the next one scales the plan's.
+    if "planned_learning_rate" in entry:
+        known["learning_rate"] = entry["planned_learning_rate"]
     if "target_modules" in known:
         known["target_modules"] = tuple(known["target_modules"])
     return TrainingPlan(model=model, persona=persona_name(persona), **known)
@@ -260,6 +275,10 @@ class Retrained:
     train_seconds: float
     steps_run: int
     entry: dict[str, Any] = field(default_factory=dict)
+    #: 'warm' (continued the served adapter) or 'cold' (a fresh LoRA), and why.
+    start: str = "cold"
+    start_why: str = ""
+    learning_rate: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -276,17 +295,62 @@ class Retrained:
             "learnt": self.learnt,
             "train_seconds": round(self.train_seconds, 1),
             "steps_run": self.steps_run,
+            "start": self.start,
+            "start_why": self.start_why,
+            "learning_rate": self.learning_rate,
         }
 
 
-#: ``trainer(plan, examples, out_dir, deadline)`` → the trained adapter file.
-Trainer = Callable[[TrainingPlan, list[Example], Path, float], Path]
+class Trainer(Protocol):
+    """Trains ``plan`` on ``examples`` until ``deadline`` (``time.monotonic()``), from the peft
+    adapter folder ``start`` when given; writes the GGUF adapter and a ``manifest.json`` entry
+    in ``out_dir`` and returns the adapter file."""
+
+    def __call__(
+        self,
+        plan: TrainingPlan,
+        examples: list[Example],
+        out_dir: Path,
+        deadline: float,
+        *,
+        start: Path | None = None,
+        on_step: StepCallback | None = None,
+    ) -> Path: ...
 
 
-def _train(plan: TrainingPlan, examples: list[Example], out_dir: Path, deadline: float) -> Path:
+def _train(
+    plan: TrainingPlan,
+    examples: list[Example],
+    out_dir: Path,
+    deadline: float,
+    *,
+    start: Path | None = None,
+    on_step: StepCallback | None = None,
+) -> Path:
     return train_persona(
-        plan, examples=examples, out_dir=out_dir, deadline=deadline, keep_peft=False
+        plan,
+        examples=examples,
+        out_dir=out_dir,
+        deadline=deadline,
+        keep_peft=False,
+        start=start,
+        on_step=on_step,
     ).adapter
+
+
+def start_for(
+    model: str, persona: str, plan: TrainingPlan, scratch: Path
+) -> tuple[WarmStart, TrainingPlan]:
+    """Where a retraining of ``plan`` starts, and the plan it then trains: the served adapter's
+    shape at ``WARM_LEARNING_RATE_SCALE`` of the rate when warm, ``plan`` itself when cold."""
+    start = served_weights(model, persona, scratch)
+    if start.weights is None:
+        return start, plan
+    shaped = plan_for(plan, start.weights)
+    if shaped is None:
+        why = f"{start.why}, but its layers are not the top ones a plan can continue"
+        return WarmStart(None, why), plan
+    return start, replace(shaped, learning_rate=plan.learning_rate * WARM_LEARNING_RATE_SCALE)
 
 
 def retrain(
@@ -299,11 +363,17 @@ def retrain(
     plan: TrainingPlan | None = None,
     seconds: float | None = None,
     trainer: Trainer = _train,
+    warm: bool = True,
+    on_step: StepCallback | None = None,
+    tell: Callable[[str], None] | None = None,
 ) -> Retrained:
     """Train a candidate, keep it as a version, evaluate it and the served adapter, decide.
 
-    Nothing that is served changes here: the candidate is only kept in ``history``.
+    Nothing that is served changes here: the candidate is only kept in ``history``. ``warm``
+    False starts from a fresh LoRA even when the served adapter's weights are to be had (for
+    comparisons); ``on_step`` follows training, ``tell`` hears each phase as it begins.
     """
+    say = tell or (lambda text: None)
     persona = persona_name(persona)
     plan = plan or current_plan(model, persona)
     steps = settings.get_int("learning_steps")
@@ -313,16 +383,30 @@ def retrain(
     examples = training_set(persona, learnt, preferred)
     served = adapter_path(model, persona)
     current_sha = keep_version(model, persona, served)[0] if served.is_file() else None
-    started = time.monotonic()
+    planned_rate = plan.learning_rate
     with tempfile.TemporaryDirectory(prefix="batos-retrain-") as scratch:
-        trained = trainer(plan, examples, Path(scratch), started + seconds)
+        if warm:
+            start, plan = start_for(model, persona, plan, Path(scratch))
+        else:
+            start = WarmStart(None, "a cold start was asked for")
+        say(f"training {persona} ({'warm' if start.warm else 'cold'}: {start.why})")
+        started = time.monotonic()
+        out = Path(scratch) / "candidate"
+        out.mkdir()
+        trained = trainer(
+            plan, examples, out, started + seconds, start=start.weights, on_step=on_step
+        )
         train_seconds = time.monotonic() - started
-        entry = (read_manifest(Path(scratch)).get("personas") or {}).get(persona.lower(), {})
+        entry = (read_manifest(out).get("personas") or {}).get(persona.lower(), {})
         sha, kept = keep_version(model, persona, trained)
+    say("evaluating the served adapter")
     current = evaluator(persona, served if current_sha else None)
+    say("evaluating the candidate")
     new = evaluator(persona, kept)
     decision = decide(current, new, settings.get_float("learning_voice_margin"))
     log.info("%s retrained on %d examples: %s", persona, len(examples), decision.why)
+    learnt_count = len(learnt) + len(preferred)
+    how = "warm" if start.warm else "cold"
     return Retrained(
         persona,
         kept,
@@ -332,10 +416,18 @@ def retrain(
         new,
         decision,
         len(examples),
-        len(learnt) + len(preferred),
+        learnt_count,
         train_seconds,
         int(entry.get("steps_run") or plan.steps),
-        {**entry, "learnt_examples": len(learnt) + len(preferred)},
+        {
+            **entry,
+            "learnt_examples": learnt_count,
+            "start": how,
+            "planned_learning_rate": planned_rate,
+        },
+        how,
+        start.why,
+        plan.learning_rate,
     )
 
 

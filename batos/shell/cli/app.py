@@ -13,7 +13,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -21,6 +21,9 @@ from batos import settings
 from batos.errors import BatosError
 from batos.shell.cli.terminal import TerminalConsole, shown
 from store.core.image import LOAD_ERRORS, acting_for, creating, load_error
+
+if TYPE_CHECKING:
+    from graph.learning import Retraining
 
 app = typer.Typer(
     name="batos",
@@ -88,6 +91,11 @@ def model_factory(ctx: typer.Context) -> ModelFactory | None:
     return ctx.find_root().obj.get("model_factory")
 
 
+def retraining(ctx: typer.Context) -> Retraining | None:
+    """The trainer and evaluator ``main`` was given for retraining missions, or None."""
+    return ctx.find_root().obj.get("retraining")
+
+
 #: Modules that add their commands to ``app`` through a ``register(app)`` function, one per
 #: command group, so the CLI grows without this file growing.
 FEATURES: tuple[str, ...] = (
@@ -98,6 +106,7 @@ FEATURES: tuple[str, ...] = (
     "batos.shell.cli.tools",
     "batos.shell.cli.memory",
     "batos.shell.cli.personas",
+    "batos.shell.cli.learn",
     "batos.shell.cli.route",
     "batos.shell.cli.mind",
     "batos.shell.cli.heartbeat",
@@ -122,14 +131,21 @@ def _report(exc: BatosError) -> int:
     return exc.exit_code
 
 
-def main(argv: list[str] | None = None, *, models: ModelFactory | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    models: ModelFactory | None = None,
+    retraining: Retraining | None = None,
+) -> int:
     """Entry point of the ``batos`` script; returns the process exit code.
 
     ``models`` replaces the configured chat-model backends for this invocation (a scripted
     model in tests, a custom backend when embedding the CLI): ``models(persona, attempt=0)``.
+    ``retraining`` replaces the trainer and evaluator of ``batos learn run``'s mission.
     """
+    passed = {"model_factory": models, "retraining": retraining}
     try:
-        result = app(args=argv, standalone_mode=False, obj={"model_factory": models})
+        result = app(args=argv, standalone_mode=False, obj=passed)
     except BatosError as exc:
         return _report(exc)
     except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command

@@ -173,18 +173,9 @@ class LlamaCppChat(BaseChatModel):
 
     def _pieces(self, messages: list[BaseMessage], stop: list[str] | None) -> Iterator[str | Usage]:
         model, eng, adapters = self.resolve()
-        overrides = {
-            name: getattr(self, name)
-            for name in (
-                "temperature",
-                "top_k",
-                "top_p",
-                "min_p",
-                "repeat_penalty",
-                "num_predict",
-                "seed",
-            )
-        }
+        from batos.models import SAMPLING_OPTIONS
+
+        overrides = {name: getattr(self, name) for name in SAMPLING_OPTIONS}
         sampling = sampling_for(model.parameters, overrides)
         if stop:
             sampling = Sampling(**{**sampling.__dict__, "stop": (*sampling.stop, *stop)})

@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens of each reply")
     parser.add_argument("--seconds", type=float, default=None, help="training time bound")
     parser.add_argument("--cold", action="store_true", help="train a fresh LoRA, not warm")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="copy the candidate adapter into this folder"
+    )
     args = parser.parse_args()
 
     source = modelfiles_dir()
@@ -129,6 +132,11 @@ def main() -> None:
             seconds=args.seconds,
             warm=not args.cold,
         )
+        if args.keep is not None:
+            # The scratch folder goes at the end of the run; a candidate worth a longer look
+            # (more draws, the mind's answers) is copied out first.
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(done.candidate, args.keep / f"{args.persona.lower()}.gguf")
 
     rows = [("served adapter", done.current), ("retrained", done.new)]
     print(f"\n{'adapter':<16}{'voice [95% CI]':>22}{'relevance':>11}{'eval s':>9}")

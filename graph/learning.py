@@ -488,6 +488,9 @@ def reconcile(image: LivingImage) -> list[str]:
         except BatosError as exc:
             log.warning("cannot serve %s's adapter version: %s", key, exc.message)
             continue
+        except OSError as exc:  # a read-only or full Modelfiles folder: serve what is there
+            log.warning("cannot serve %s's adapter version: %s", key, exc)
+            continue
         changed.append(key)
     return changed
 

@@ -613,3 +613,61 @@ def test_a_real_retraining_on_the_test_model_goes_through_evaluate_and_decide(
     )
     # the served adapter is untouched until a mission swaps it
     assert retrain.served_sha("test", "ALFRED") == done.current_sha256
+
+
+def test_fusing_reads_the_served_adapter_not_a_stale_cache_and_refuses_without_one(
+    modelfiles, tmp_path
+) -> None:
+    from batos.training import lora, warm
+
+    # The peft cache holds another version than the one served (a swap or an undo happened
+    # since it was trained): fusing must not merge it.
+    cached = lora.peft_dir("test", "ALFRED")
+    shutil.copytree(warm.served_weights("test", "ALFRED", tmp_path / "a").weights, cached)
+    lora.mark_peft(cached, "0" * 64)
+    assert warm.served_weights("test", "ALFRED", tmp_path / "b").weights != cached
+
+    (modelfiles / "adapters" / "test" / "alfred.gguf").unlink()
+    with pytest.raises(BatosError) as refused:
+        lora.fuse_persona("test", "ALFRED")
+    assert "serves no adapter" in refused.value.message
+    assert "batos personas train" in (refused.value.hint or "")
+
+
+def test_a_swap_whose_file_copy_never_happened_is_served_at_the_next_opening(
+    file_uri, modelfiles, monkeypatch
+) -> None:
+    """The process dies right after the swap's commit, before the file is copied (a kill -9
+    there leaves the same state: the commit is durable, the copy never began)."""
+    from batos.shell.runtime import open_runtime
+
+    class Killed(BaseException):
+        pass
+
+    def killed(image: Any) -> list[str]:
+        raise Killed
+
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
+    served = modelfiles / "adapters" / "test" / "alfred.gguf"
+    old = served.read_bytes()
+    living = open_image(file_uri, create=True)
+    try:
+        lessons_for(living, 2)
+        monkeypatch.setattr(learning, "reconcile", killed)
+        with pytest.raises(Killed):
+            learning.retrain_mission(
+                living,
+                "ALFRED",
+                evaluator=FakeEvaluator({b"better": 12}),
+                trainer=fake_trainer(b"better", []),
+            )
+    finally:
+        living.close()
+    assert served.read_bytes() == old  # the image says "better", the folder serves the old one
+    monkeypatch.undo()
+    monkeypatch.setenv("BATOS_MODELFILES", str(modelfiles))
+    monkeypatch.setenv("BATOS_MODEL_CACHE", str(modelfiles.parent / "cache"))
+    with open_runtime(file_uri) as runtime:
+        assert runtime.image is not None
+        assert served.read_bytes() == b"better"
+        assert retrain.served_sha("test", "ALFRED") == retrain.file_sha256(served)

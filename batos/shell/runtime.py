@@ -125,7 +125,20 @@ def _brought_up_to_date(image: LivingImage, codex: Codex | None) -> LivingImage:
         raise
     if done:
         log.info("upgraded %s: %s", image.uri, ", ".join(done))
+    _serve_recorded_adapters(image)
     return image
+
+
+def _serve_recorded_adapters(image: LivingImage) -> None:
+    """Serve the adapter versions the image records. A process killed between a retraining's
+    swap commit and the copy of its file, or an undo by hand, leaves the Modelfiles folder
+    serving another version than the image says; every opening puts that right, before a
+    model is loaded (a file's sha256 per recorded persona: milliseconds)."""
+    from graph import learning
+
+    changed = learning.reconcile(image)
+    if changed:
+        log.warning("serving the adapter versions %s records: %s", image.uri, ", ".join(changed))
 
 
 def _open(uri: str | None, create: bool | None) -> LivingImage:
@@ -203,6 +216,7 @@ class _Served:
                 image = acquire_shared(uri)
                 try:
                     upgrade(image, upgrade_steps())
+                    _serve_recorded_adapters(image)
                 except BaseException:
                     release_shared(uri)
                     raise

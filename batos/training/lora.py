@@ -538,33 +538,37 @@ def fuse_persona(model: str, persona: str, outtype: str = "q8_0") -> Path:
     """Merge ``persona``'s adapter into the base and write the result as one GGUF model.
 
     For Ollama versions whose ``ADAPTER`` does not apply to the base: the fused file is
-    served as a plain model (``FROM <file>``). The merge needs the adapter's peft weights,
-    which ``train_persona`` keeps in the model cache.
+    served as a plain model (``FROM <file>``). The merge needs the peft weights of the adapter
+    that is served now: the peft cache when it is marked with that adapter's sha256, otherwise
+    read back from the served GGUF LoRA (a retraining swapped in by the heartbeat, an undo, or
+    a Modelfiles folder copied from elsewhere leave the cache holding another version).
     """
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from batos.training import gguf as lora_gguf
+    from batos.training.warm import served_weights  # warm builds on this module
 
     persona = persona_name(persona)
-    source = peft_dir(model, persona)
-    if not (source / "adapter_model.safetensors").is_file():
-        raise TrainingError(
-            f"no peft weights of {persona}'s adapter for model {model!r} in {source.parent}",
-            hint=f"train it here first: batos personas train --model {model} "
-            f"--persona {persona.lower()}",
-        )
     if outtype not in ("f16", "bf16", "q8_0", "f32"):
         raise ConfigurationError(f"unknown outtype {outtype!r}", hint="use q8_0, f16, bf16 or f32")
-    base, tokenizer = load_base(model)
-    merged = PeftModel.from_pretrained(base, str(source)).merge_and_unload()
     target = fused_dir(model) / f"{persona.lower()}.gguf"
     target.parent.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix="batos-fuse-", dir=target.parent) as scratch,
         replacing(target) as draft,
     ):
+        served = served_weights(model, persona, Path(scratch))
+        if served.weights is None:
+            raise TrainingError(
+                f"cannot fuse {persona}'s adapter for model {model!r}: {served.why}",
+                hint=f"train it first: batos personas train --model {model} "
+                f"--persona {persona.lower()}",
+            )
+        log.info("fusing %s from %s", persona, served.why)
+        base, tokenizer = load_base(model)
+        merged = PeftModel.from_pretrained(base, str(served.weights)).merge_and_unload()
         hf_dir = Path(scratch) / "hf"
         # A GGUF-loaded model refuses save_pretrained; a plain one built from its config and
         # given the merged weights does not. Half precision halves the peak memory.

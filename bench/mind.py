@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -59,6 +58,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.shell.runtime import open_image
+from bench.levers import LEVERS, apply_levers, parse_levers, tag
 from graph.mind import MindServices, build_graph, run_config
 from prototypes import kernel
 from prototypes.incarnation import personas
@@ -241,43 +241,10 @@ REQUESTS = DATA / "requests.jsonl"
 CORPUS = DATA / "headline" / "docs"
 #: Nodes whose streamed tokens are the answer a user reads.
 ANSWER_NODES = frozenset({"synthesize"})
-#: Levers to measure on and off: name → state → environment (None: unset, the default).
-#: A new lever is one line here.
-LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
-    "prefix_cache": {
-        "on": {"BATOS_LLM_PREFIX_CACHE_MB": None},
-        "off": {"BATOS_LLM_PREFIX_CACHE_MB": "0"},
-    },
-}
 #: The issue's targets: seconds (full cycle, first answer token of a full cycle, fast path)
 #: and the share of requests that end COMPLETE.
 TARGET_S = {"full": 20.0, "first_token_full": 8.0, "fast": 3.0}
 COMPLETE_TARGET = 0.98
-
-
-def parse_levers(values: Sequence[str]) -> dict[str, str]:
-    """``NAME=on|off`` pairs, checked against ``LEVERS``."""
-    chosen: dict[str, str] = {}
-    for value in values:
-        name, _, state = value.partition("=")
-        if name not in LEVERS or state not in LEVERS[name]:
-            known = ", ".join(f"{n}={'|'.join(LEVERS[n])}" for n in LEVERS)
-            raise SystemExit(f"unknown lever {value!r}: use {known}")
-        chosen[name] = state
-    return chosen
-
-
-def apply_levers(chosen: dict[str, str]) -> dict[str, str | None]:
-    """Set the environment of each chosen lever; returns what was set (None: unset)."""
-    applied: dict[str, str | None] = {}
-    for name, state in chosen.items():
-        for variable, value in LEVERS[name][state].items():
-            if value is None:
-                os.environ.pop(variable, None)
-            else:
-                os.environ[variable] = value
-            applied[variable] = value
-    return applied
 
 
 def load_requests(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -583,9 +550,8 @@ def main() -> None:
         report.update(found)
         print()
         print(requests_table(report))
-        tag = "".join(f"-{name}-{state}" for name, state in sorted(levers.items()))
         model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(found["model"]).stem)
-        name = f"mind-requests-{model}{tag}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        name = f"mind-requests-{model}{tag(levers)}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     elif not args.model:
         found = orchestration(args.cycles)
         report["orchestration"] = found

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from bench.answers import judge
+from bench.levers import LEVERS, apply_levers, parse_levers, tag
 from graph.mind_state import MindServices, ModelFactory
 from graph.request import content_text
 from store.core.image import LivingImage
@@ -469,12 +470,14 @@ def run(
     results: Path = RESULTS,
     model_name: str | None = None,
     facets: str = "prepared",
+    levers: dict[str, str] | None = None,
     progress: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], Path]:
     """Run the bench and write its JSON; returns the report and where it was written.
 
     ``models`` and ``services`` replace the chat-model factory and the mind's services (tests
-    pass scripted ones); left None, the configured model answers.
+    pass scripted ones); left None, the configured model answers. ``levers`` (name → on|off,
+    ``bench.levers``) are set for the run and recorded in the report and its file's name.
     """
     from batos import settings
 
@@ -491,10 +494,13 @@ def run(
         "families": list(families),
         "systems": list(systems),
         "order": "systems rotate per question: each goes first in turn",
+        "levers": dict(levers or {}),
+        "environment": apply_levers(levers or {}),
         "items": [],
     }
     results.mkdir(parents=True, exist_ok=True)
-    path = results / f"usefulness-{split}-{_file_part(model_name)}-{stamp}.json"
+    lever_tag = tag(levers or {})
+    path = results / f"usefulness-{split}-{_file_part(model_name)}{lever_tag}-{stamp}.json"
     with tempfile.TemporaryDirectory() as folder:
         image = fresh_image(Path(folder))
         try:
@@ -585,9 +591,11 @@ def _fraction(value: float | None) -> str:
 
 def table(report: dict[str, Any]) -> str:
     """The per-family tables and the targets, as printed."""
+    levers = ", ".join(f"{k}={v}" for k, v in report.get("levers", {}).items()) or "defaults"
     lines = [
         f"Usefulness on split {report['split']!r}, model {report['model']!r} "
-        f"(ingest: {report['ingest']['files']} files, {report['ingest']['chunks']} chunks)",
+        f"(ingest: {report['ingest']['files']} files, {report['ingest']['chunks']} chunks), "
+        f"levers: {levers}",
         facets_line(report["facets"]),
     ]
     header = (
@@ -649,6 +657,13 @@ def main() -> None:
         default="prepared",
         help="write the facet methods before the questions (as batos init --prepare), or not",
     )
+    parser.add_argument(
+        "--lever",
+        action="append",
+        default=[],
+        metavar="NAME=on|off",
+        help=f"set a lever for the run: {', '.join(LEVERS)}",
+    )
     args = parser.parse_args()
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
@@ -662,6 +677,7 @@ def main() -> None:
         [s.strip() for s in args.systems.split(",") if s.strip()],
         args.limit,
         facets=args.facets,
+        levers=parse_levers(args.lever),
     )
     print()
     print(table(report))

@@ -9,6 +9,7 @@ system raising on one question is one wrong answer with its error, not an aborte
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -331,3 +332,27 @@ def test_unknown_systems_families_and_splits_are_refused(world) -> None:
         usefulness.load_items("dev", ["poems"], data=world)
     with pytest.raises(SystemExit, match="unknown split"):
         usefulness.load_items("train", ["recall"], data=world)
+
+
+def test_a_lever_is_set_for_the_run_and_named_in_its_report(world, tmp_path, monkeypatch):
+    monkeypatch.setenv("BATOS_MIND_PASSAGE_WORDS", "0")  # restored after the test
+    services = MindServices(
+        models=FakeModels(mind_reply), router=FakeRouter(("BABS",)), embedder=FakeEmbedder()
+    )
+    report, path = usefulness.run(
+        families=["document"],
+        systems=["mind"],
+        limit=1,
+        models=FakeModels(baseline),
+        services=services,
+        data=world,
+        results=tmp_path,
+        model_name="scripted",
+        levers={"passage_words": "on"},
+        progress=lambda line: None,
+    )
+    assert path.name.startswith("usefulness-dev-scripted-passage_words-on-")
+    assert report["levers"] == {"passage_words": "on"}
+    assert report["environment"] == {"BATOS_MIND_PASSAGE_WORDS": "60"}
+    assert os.environ["BATOS_MIND_PASSAGE_WORDS"] == "60"
+    assert "levers: passage_words=on" in usefulness.table(report)

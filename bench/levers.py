@@ -1,0 +1,54 @@
+"""Levers the mind's benches measure on and off: each is a setting's environment variable.
+
+``--lever NAME=on|off`` in ``bench/mind.py`` and ``bench/usefulness.py`` sets one for the run;
+the report records which were set, so two runs can be compared lever by lever.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+#: name → state → environment (None: unset, the setting's default). A new lever is one line.
+LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
+    "prefix_cache": {
+        "on": {"BATOS_LLM_PREFIX_CACHE_MB": None},
+        "off": {"BATOS_LLM_PREFIX_CACHE_MB": "0"},
+    },
+    # Each passage an answer reads cut to its sentences sharing most words with the request,
+    # about 60 words (graph.answer.focus), against whole passages (the default).
+    "passage_words": {
+        "on": {"BATOS_MIND_PASSAGE_WORDS": "60"},
+        "off": {"BATOS_MIND_PASSAGE_WORDS": None},
+    },
+}
+
+
+def parse_levers(values: Sequence[str]) -> dict[str, str]:
+    """``NAME=on|off`` pairs, checked against ``LEVERS``."""
+    chosen: dict[str, str] = {}
+    for value in values:
+        name, _, state = value.partition("=")
+        if name not in LEVERS or state not in LEVERS[name]:
+            known = ", ".join(f"{n}={'|'.join(LEVERS[n])}" for n in LEVERS)
+            raise SystemExit(f"unknown lever {value!r}: use {known}")
+        chosen[name] = state
+    return chosen
+
+
+def apply_levers(chosen: dict[str, str]) -> dict[str, str | None]:
+    """Set the environment of each chosen lever; returns what was set (None: unset)."""
+    applied: dict[str, str | None] = {}
+    for name, state in chosen.items():
+        for variable, value in LEVERS[name][state].items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
+            applied[variable] = value
+    return applied
+
+
+def tag(chosen: dict[str, str]) -> str:
+    """The levers' part of a result file's name: ``-name-state`` for each, sorted."""
+    return "".join(f"-{name}-{state}" for name, state in sorted(chosen.items()))

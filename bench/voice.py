@@ -211,13 +211,15 @@ class Speaker:
 
 def mind_replies(
     speaker: Speaker, prompts: Sequence[str], progress: Callable[[str], None] = print
-) -> tuple[list[tuple[str, str]], Counter[str]]:
+) -> tuple[list[tuple[str, str]], Counter[str], Counter[str]]:
     """The mind's final answers when the route is one persona, forced (``persona`` in the run
     context) on the fast path: ROUTE → SYNTHESIZING → gate → COMPLETE, on a throw-away image.
 
     The answer is capped at the bench's reply length (the mind's own cap is ANSWER_TOKENS);
     everything else — the persona's Modelfile, adapter, sampling, the gate — is the mind's.
-    Returns ``(persona, answer)`` pairs and how many cycles ended in each status.
+    Returns ``(persona, answer)`` pairs, how many cycles ended in each status, and per persona
+    how many answers the gate sent back to be written again (cycles recorded before this was
+    kept count as not sent back).
     """
     import tempfile
 
@@ -234,6 +236,7 @@ def mind_replies(
 
     pairs: list[tuple[str, str]] = []
     statuses: Counter[str] = Counter()
+    retried: Counter[str] = Counter()
     todo = [(p, who) for p in prompts for who in PERSONAS]
     missing = [
         (p, who) for p, who in todo if speaker.cache.get(speaker.key("mind", who, p)) is None
@@ -263,6 +266,10 @@ def mind_replies(
                             "persona": persona,
                             "prompt": prompt,
                             "status": state.get("status"),
+                            # An answer the gate sent back was written again under its retry
+                            # prompt: what a user reads is then the second attempt.
+                            "attempts": (state.get("cycle") or {}).get("synthesis_attempts"),
+                            "gate": ((state.get("cycle") or {}).get("gate") or {}).get("reason"),
                         },
                     )
                     progress(f"  mind {i}/{len(missing)}: {state.get('status')}")
@@ -270,9 +277,11 @@ def mind_replies(
         row = speaker.cache.row(speaker.key("mind", persona, prompt))
         if row is not None:
             statuses[str(row.get("status"))] += 1
+            if (row.get("attempts") or 1) > 1:
+                retried[persona] += 1
             if row["reply"]:
                 pairs.append((persona, row["reply"]))
-    return pairs, statuses
+    return pairs, statuses, retried
 
 
 @dataclass(frozen=True)
@@ -443,7 +452,7 @@ def main() -> None:
     result = report(classifier, validation, replies)
     if args.mind:
         far = next(s.prompts for s in prompt_sets(args.quick) if s.name == "far")
-        pairs, statuses = mind_replies(speaker, far, lambda line: print(line, flush=True))
+        pairs, statuses, retried = mind_replies(speaker, far, lambda line: print(line, flush=True))
         scores, _ = attribution(classifier, pairs)
         ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
         print(
@@ -454,8 +463,11 @@ def main() -> None:
         print(f"{'':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         cells = "".join(f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall"))
         print(f"{'mind answer':26}{cells}")
+        again = "".join(f"{retried.get(p, 0):>19}" for p in PERSONAS)
+        print(f"{'written again by the gate':26}{again}")
         result["mind"] = {
             "statuses": dict(statuses),
+            "written_again": dict(retried),
             "scores": {k: v.as_dict() for k, v in scores.items()},
         }
     RESULTS.mkdir(exist_ok=True)

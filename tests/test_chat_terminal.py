@@ -58,7 +58,10 @@ class Terminal:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: nothing but exec between fork and exec
+        if self.pid == 0:  # the child: nothing but exec between fork and exec, and
+            # Ctrl-C as a terminal user's shell gives it: a test run started in the background
+            # (nohup, `&` without job control) ignores SIGINT, and exec keeps an ignored signal.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(argv[0], argv, env)
         termios.tcsetwinsize(self.fd, (50, 200))
         self.output = b""

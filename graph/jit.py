@@ -291,7 +291,7 @@ def messages_for(
         intent=brief.intent or f"infer it from the name {brief.selector!r} and the arguments",
     )
     if brief.tool:
-        task += "\n\n" + tool_text(p["tool_task"])
+        task += "\n\n" + tool_text(p["tool_task"], brief.slots.get("about", ""))
     last = feedback or (attempts[-1] if attempts else None)
     if last is not None:
         template = p["dispute"] if last.stage == "examples" else p["feedback"]
@@ -309,13 +309,42 @@ def messages_for(
     return messages
 
 
-def tool_text(template: str) -> str:
-    """The tool section of a draft's task: the capability and what the policy allows now."""
+def tool_text(template: str, about: str = "") -> str:
+    """The tool section of a draft's task: the capability, what the policy allows now, and
+    an example on the service's own address (``example_base``)."""
     policy = tools.ToolPolicy.from_settings()
     return template.format(
         allowed=policy.described(),
         secrets=", ".join(f"env:{name}" for name in sorted(policy.secrets)) or "none",
+        base=example_base(policy, about),
     )
+
+
+_URL = re.compile(r"https?://[^\s\"'<>{}|\\^`\[\]]+")
+#: The example's address when neither the 'about' slot nor the policy gives one.
+EXAMPLE_BASE = "https://api.example.org"
+
+
+def example_base(policy: tools.ToolPolicy, about: str) -> str:
+    """Where the prompt's example sends its request: the first address in the tool's 'about'
+    text that the policy allows, else the first allowed origin, else a neutral one. A small
+    author copies the example's host whatever it is told, so the example's host is one the
+    policy lets through rather than one it refuses."""
+    allowed = sorted(policy.allow)
+    for match in _URL.finditer(about or ""):
+        try:
+            origin = tools.origin_of(match.group(0))
+        except (ValueError, BatosError):
+            continue
+        if origin in policy.allow:
+            return _origin_text(origin)
+    return _origin_text(allowed[0]) if allowed else EXAMPLE_BASE
+
+
+def _origin_text(origin: tuple[str, str, int]) -> str:
+    scheme, host, port = origin
+    default = {"https": 443, "http": 80}.get(scheme)
+    return f"{scheme}://{host}" + ("" if port == default else f":{port}")
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)

@@ -30,7 +30,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import persistent
@@ -377,7 +377,13 @@ class Mission:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
         call = self.observe(source, function, self.args, self.kwargs, {})
         if not call.ok:
-            return self._record(source, "trial", call.error.split("; ")).findings
+            findings = call.error.split("; ")
+            if self.tool:
+                # The usual slip of a small author: it reads an answer on the first call,
+                # when there is none yet (or takes request() for a fetch). Saying so is what
+                # lets the repair get it right.
+                findings.append(tools.FIRST_CALL_RULE)
+            return self._record(source, "trial", findings).findings
         if self.tool:  # the request it built, held to its shape and the policy; nothing sent
             wrong = tools.request_findings(call.result) or tools.trial_reading(
                 self.receiver,
@@ -392,6 +398,9 @@ class Mission:
             refused = tools.policy_findings(call.result)
             if refused:  # the host's rule, not a verdict on the draft: recorded apart
                 return self._record(source, "policy", refused).findings
+            # Drafts are grouped by what they build: the same request spelled two ways
+            # (the query in the URL or in params, a header's case) is one behaviour.
+            call = replace(call, result=tools.canonical_request(call.result))
         observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
         record = self._record(source, "candidate", [])
         candidate = examples.Candidate(record.number, source, call, observed)

@@ -569,3 +569,62 @@ def test_no_answer_carries_a_secret_the_request_sent(image, base, monkeypatch) -
     assert WEATHER_KEY not in json.dumps(answer)
     assert answer["json"]["query"] == {"k": "env:WEATHER_API_KEY"}
     assert answer["url"].endswith("k=env:WEATHER_API_KEY")
+
+
+def test_the_prompt_example_uses_the_services_own_allowed_address(monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_TOOLS_ALLOW", "api.one.test,http://127.0.0.1:8080")
+    policy = tools.ToolPolicy.from_settings()
+    about = "Rates: GET http://127.0.0.1:8080/rates?base=CODE answers JSON"
+    assert jit.example_base(policy, about) == "http://127.0.0.1:8080"
+    # An address the policy does not allow is never the example's: the first allowed one is.
+    assert jit.example_base(policy, "at https://elsewhere.test/v1") == "http://127.0.0.1:8080"
+    assert jit.example_base(policy, "'https://api.one.test/v2'") == "https://api.one.test"
+    text = jit.tool_text(jit.prompts()["tool_task"], about)
+    assert 'request("GET", "http://127.0.0.1:8080/v1/now"' in text
+    assert "api.example.org" not in text
+    monkeypatch.setenv("BATOS_TOOLS_ALLOW", "")
+    assert jit.example_base(tools.ToolPolicy.from_settings(), about) == jit.EXAMPLE_BASE
+
+
+def test_a_draft_that_reads_the_answer_on_the_first_call_is_told_the_rule(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, _ = base
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")  # the repair is what is tested here
+    image.transact(
+        lambda root: root["objects"]["tools"].intents.__setitem__(
+            "weather", f"Weather by city at {url}/weather?city=NAME, answers JSON {{temp_c}}"
+        )
+    )
+    wrong = (
+        "def temp(self, city, response=None):\n"
+        f"    request('GET', '{url}/weather', params={{'city': city}})\n"
+        "    return response['json']['temp_c']\n"
+    )
+    right = (
+        "def temp(self, city, response=None):\n"
+        "    if response is None:\n"
+        f"        return request('GET', '{url}/weather', params={{'city': city}},\n"
+        "                       secret_headers={'X-Api-Key': 'env:WEATHER_API_KEY'})\n"
+        "    return response['json']['temp_c']\n"
+    )
+    model = ScriptedChatModel().enqueue(f"```python\n{wrong}```", f"```python\n{right}```")
+    jit.enable(model)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.temp("Oslo")) == 6
+    repair = model.history[1][-1].content
+    assert tools.FIRST_CALL_RULE in repair and "NoneType" in repair
+    assert f"{url}/v1/now" in model.history[0][-1].content  # the example on its own address
+
+
+def test_drafts_spelling_one_request_two_ways_agree(monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_TOOLS_ALLOW", "http://127.0.0.1:8080")
+    one = tools.request(
+        "GET", "HTTP://127.0.0.1:8080/v1/current?city=Oslo", headers={"Accept": "x"}
+    )
+    two = tools.request(
+        "GET", "http://127.0.0.1:8080/v1/current", params={"city": "Oslo"}, headers={"accept": "x"}
+    )
+    other = tools.request("GET", "http://127.0.0.1:8080/v1/current", params={"city": "Rome"})
+    assert tools.canonical_request(one) == tools.canonical_request(two)
+    assert tools.canonical_request(one) != tools.canonical_request(other)
+    assert tools.canonical_request(two)["query"] == [["city", "Oslo"]]

@@ -30,7 +30,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import persistent
@@ -398,9 +398,6 @@ class Mission:
             refused = tools.policy_findings(call.result)
             if refused:  # the host's rule, not a verdict on the draft: recorded apart
                 return self._record(source, "policy", refused).findings
-            # Drafts are grouped by what they build: the same request spelled two ways
-            # (the query in the URL or in params, a header's case) is one behaviour.
-            call = replace(call, result=tools.canonical_request(call.result))
         observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
         record = self._record(source, "candidate", [])
         candidate = examples.Candidate(record.number, source, call, observed)

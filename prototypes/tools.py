@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from persistent.mapping import PersistentMapping
 
@@ -150,29 +150,6 @@ def origin_of(url: str) -> tuple[str, str, int]:
         raise ValueError(f"{bounded_repr(url, 120)} is not an http:// or https:// URL")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname.lower(), port
-
-
-def canonical_request(value: Any) -> dict[str, Any]:
-    """A request description in one normal form, so that drafts building the same request
-    in different spellings agree: the query's pairs from the URL and from ``params`` merged
-    and sorted, header names lower-cased, pairs sorted, the scheme and host lower-cased and
-    a default port left out. ``value`` must already have passed ``request_findings``."""
-    req = read_request(value)
-    parts = urlsplit(req.url)
-    scheme, host, port = origin_of(req.url)
-    default = {"https": 443, "http": 80}[scheme]
-    netloc = host if port == default else f"{host}:{port}"
-    query = sorted([*parse_qsl(parts.query, keep_blank_values=True), *req.params])
-    return {
-        "method": req.method,
-        "url": urlunsplit((scheme, netloc, parts.path or "/", "", "")),
-        "query": [list(pair) for pair in query],
-        "headers": sorted([k.lower(), v] for k, v in req.headers),
-        "secret_headers": sorted([k.lower(), v] for k, v in req.secret_headers),
-        "secret_params": sorted([k, v] for k, v in req.secret_params),
-        "body": req.body,
-        "expect": req.expect,
-    }
 
 
 def _secret_name(ref: str) -> str:

@@ -614,17 +614,3 @@ def test_a_draft_that_reads_the_answer_on_the_first_call_is_told_the_rule(
     repair = model.history[1][-1].content
     assert tools.FIRST_CALL_RULE in repair and "NoneType" in repair
     assert f"{url}/v1/now" in model.history[0][-1].content  # the example on its own address
-
-
-def test_drafts_spelling_one_request_two_ways_agree(monkeypatch) -> None:
-    monkeypatch.setenv("BATOS_TOOLS_ALLOW", "http://127.0.0.1:8080")
-    one = tools.request(
-        "GET", "HTTP://127.0.0.1:8080/v1/current?city=Oslo", headers={"Accept": "x"}
-    )
-    two = tools.request(
-        "GET", "http://127.0.0.1:8080/v1/current", params={"city": "Oslo"}, headers={"accept": "x"}
-    )
-    other = tools.request("GET", "http://127.0.0.1:8080/v1/current", params={"city": "Rome"})
-    assert tools.canonical_request(one) == tools.canonical_request(two)
-    assert tools.canonical_request(one) != tools.canonical_request(other)
-    assert tools.canonical_request(two)["query"] == [["city", "Oslo"]]

@@ -6,6 +6,7 @@ the report records which were set, so two runs can be compared lever by lever.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 
@@ -52,3 +53,14 @@ def apply_levers(chosen: dict[str, str]) -> dict[str, str | None]:
 def tag(chosen: dict[str, str]) -> str:
     """The levers' part of a result file's name: ``-name-state`` for each, sorted."""
     return "".join(f"-{name}-{state}" for name, state in sorted(chosen.items()))
+
+
+def add_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--lever NAME=on|off`` option, repeatable."""
+    parser.add_argument(
+        "--lever",
+        action="append",
+        default=[],
+        metavar="NAME=on|off",
+        help=f"set a lever for the run: {', '.join(LEVERS)}",
+    )

@@ -24,7 +24,7 @@ to the targets (20 s, 8 s, 3 s; over COMPLETE cycles); the plans' quality as eac
 it (``cycle.plan_quality``: steps that near-duplicate an earlier step, steps with no content
 word of the request) over the model's raw plans and the final ones; the depth rules that
 applied, degradations by kind and the truncation rate. ``--lever NAME=on|off`` sets a lever
-(``LEVERS``) for the run, to measure it on and off.
+(``bench.levers.LEVERS``) for the run, to measure it on and off.
 
     python bench/mind.py                   # part 1
     python bench/mind.py --model --cycles 2
@@ -58,7 +58,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.shell.runtime import open_image
-from bench.levers import LEVERS, apply_levers, parse_levers, tag
+from bench.levers import add_option, apply_levers, parse_levers, tag
 from graph.mind import MindServices, build_graph, run_config
 from prototypes import kernel
 from prototypes.incarnation import personas
@@ -529,13 +529,7 @@ def main() -> None:
         help="write the facet methods first (as batos init --prepare), or not",
     )
     parser.add_argument("--limit", type=int, default=None, help="the first N requests")
-    parser.add_argument(
-        "--lever",
-        action="append",
-        default=[],
-        metavar="NAME=on|off",
-        help=f"set a lever for the run: {', '.join(LEVERS)}",
-    )
+    add_option(parser)
     args = parser.parse_args()
     if args.repeat < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--repeat and --limit must be at least 1")

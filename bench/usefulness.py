@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from bench.answers import judge
-from bench.levers import LEVERS, apply_levers, parse_levers, tag
+from bench.levers import add_option, apply_levers, parse_levers, tag
 from graph.mind_state import MindServices, ModelFactory
 from graph.request import content_text
 from store.core.image import LivingImage
@@ -657,13 +657,7 @@ def main() -> None:
         default="prepared",
         help="write the facet methods before the questions (as batos init --prepare), or not",
     )
-    parser.add_argument(
-        "--lever",
-        action="append",
-        default=[],
-        metavar="NAME=on|off",
-        help=f"set a lever for the run: {', '.join(LEVERS)}",
-    )
+    add_option(parser)
     args = parser.parse_args()
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")

@@ -35,6 +35,8 @@ from urllib.parse import parse_qs, urlparse
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from batos.training.voice import wilson  # noqa: E402 (the repository is on the path first)
+
 DATA = ROOT / "bench" / "data" / "tools"
 RESULTS = ROOT / "bench" / "results"
 BATOS = Path(sys.executable).with_name("batos")
@@ -96,15 +98,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
-
-
-def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def same(got: Any, expected: Any) -> bool:

@@ -334,7 +334,7 @@ def example_base(policy: tools.ToolPolicy, about: str) -> str:
     for match in _URL.finditer(about or ""):
         try:
             origin = tools.origin_of(match.group(0))
-        except (ValueError, BatosError):
+        except ValueError:
             continue
         if origin in policy.allow:
             return _origin_text(origin)

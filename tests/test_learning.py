@@ -256,13 +256,22 @@ def lessons_for(image: LivingImage, count: int, start: int = 0) -> None:
         ask(image, f"question {n} about the pantry")
 
 
+def alfred_with_lessons(
+    image: LivingImage, modelfiles: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> tuple[Path, bytes]:
+    """ALFRED with ``count`` new lessons, the minimum for a retraining: his served adapter
+    file and its bytes before the mission."""
+    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", str(count))
+    served = modelfiles / "adapters" / "test" / "alfred.gguf"
+    old = served.read_bytes()
+    lessons_for(image, count)
+    return served, old
+
+
 def test_a_better_adapter_is_swapped_in_and_undo_serves_the_old_file(
     image, modelfiles, monkeypatch
 ) -> None:
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
-    lessons_for(image, 2)
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
     good = ask(image, "a question the user liked")
     learning.mark(image, "t1", good["cycle"]["id"], "good")
     assert learning.due(image) == [("ALFRED", 3)]
@@ -298,10 +307,7 @@ def test_batos_undo_of_the_swap_transaction_serves_the_old_file(
 ) -> None:
     from batos.shell.cli import main
 
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
-    lessons_for(image, 2)
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
     mission = learning.retrain_mission(
         image,
         "ALFRED",
@@ -318,10 +324,7 @@ def test_batos_undo_of_the_swap_transaction_serves_the_old_file(
 def test_a_candidate_that_is_not_better_is_kept_aside_not_served(
     image, modelfiles, monkeypatch
 ) -> None:
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
-    lessons_for(image, 2)
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
     # one hit more of twenty is 0.05, the margin: a tie with it is enough; none more is not
     mission = learning.retrain_mission(
         image, "ALFRED", evaluator=FakeEvaluator({b"same": 10}), trainer=fake_trainer(b"same", [])
@@ -336,10 +339,7 @@ def test_a_candidate_that_is_not_better_is_kept_aside_not_served(
 
 
 def test_a_failed_retraining_changes_nothing_served(image, modelfiles, monkeypatch) -> None:
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "1")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
-    lessons_for(image, 1)
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 1)
 
     def broken(*args: Any, **options: Any) -> Path:
         raise RuntimeError("out of memory")
@@ -518,10 +518,7 @@ def test_batos_learn_run_refuses_with_too_few_lessons_unless_forced(
 def test_batos_learn_run_then_undo_serves_the_old_adapter_again(
     image, modelfiles, monkeypatch, capsys, file_uri
 ) -> None:
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
-    lessons_for(image, 2)
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
     image.close()
     trainer = FakeTrainer(b"better")
     doubles = learning.Retraining(trainer, FakeEvaluator({b"better": 14}))
@@ -647,12 +644,9 @@ def test_a_swap_whose_file_copy_never_happened_is_served_at_the_next_opening(
     def killed(image: Any) -> list[str]:
         raise Killed
 
-    monkeypatch.setenv("BATOS_LEARNING_MIN_EXAMPLES", "2")
-    served = modelfiles / "adapters" / "test" / "alfred.gguf"
-    old = served.read_bytes()
     living = open_image(file_uri, create=True)
     try:
-        lessons_for(living, 2)
+        served, old = alfred_with_lessons(living, modelfiles, monkeypatch, 2)
         monkeypatch.setattr(learning, "reconcile", killed)
         with pytest.raises(Killed):
             learning.retrain_mission(

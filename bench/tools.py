@@ -126,8 +126,17 @@ def first_error(text: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--limit", type=int, default=None, help="the first N tasks")
+    parser.add_argument(
+        "--set",
+        default="tasks",
+        help="the task file in bench/data/tools/ without .jsonl: 'tasks' (the set the prompts "
+        "were worked out on) or a fresh one written before its first run ('fresh1')",
+    )
     args = parser.parse_args()
-    tasks = [json.loads(line) for line in (DATA / "tasks.jsonl").read_text().splitlines()]
+    source = DATA / f"{args.set}.jsonl"
+    if not source.is_file():
+        raise SystemExit(f"no task set {source.name} in {DATA}")
+    tasks = [json.loads(line) for line in source.read_text().splitlines()]
     tasks = tasks[: args.limit] if args.limit else tasks
     about = json.loads((DATA / "services.json").read_text())
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -185,8 +194,8 @@ def main() -> None:
         print(f", precision {right / installed:.2f} ({low:.2f}–{high:.2f})", end="")
     print(f"; {sum(r['seconds'] for r in rows) / max(n, 1):.0f} s a task")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"tools-{model}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"model": model, "rows": rows}, indent=1) + "\n")
+    out = RESULTS / f"tools-{model}-{args.set}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"model": model, "set": args.set, "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

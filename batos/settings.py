@@ -339,6 +339,16 @@ SETTINGS: dict[str, Setting] = {
             _positive_int,
         ),
         Setting(
+            "tools_trial_send",
+            "BATOS_TOOLS_TRIAL_SEND",
+            lambda: "get",
+            "Whether a tool method's draft may have its request sent while it is tried, so its "
+            "reading of the answer is tried on the real one: 'get' for GET and HEAD requests "
+            "(which only read) within tools_allow, 'off' to send nothing before a method is "
+            "installed.",
+            _choice("get", "off"),
+        ),
+        Setting(
             "sandbox_seconds",
             "BATOS_SANDBOX_SECONDS",
             lambda: "2",

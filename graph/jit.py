@@ -747,6 +747,16 @@ def choose(state: JitState) -> JitState:
     if decision == "install":
         mission.verdict = _verdict(context, mission)
         mission.verdicts.append(mission.verdict)
+        evidence = mission.verdict.evidence
+        split = evidence.support < evidence.standing
+        if not mission.verdict.trusted and split and not mission.resampled and state["attempt"] < (
+            context.attempts
+        ):
+            # The drafts are split: one more batch of independent drafts (once) gives
+            # agreement more to count before anyone is asked. Unanimous drafts would only
+            # repeat themselves.
+            mission.resampled = True
+            return {"decision": "sample", "chosen": 0, "findings": []}
         if not mission.verdict.trusted:
             # Refused before anything is installed (the image is unchanged), unless the user
             # can be asked for an example.

@@ -39,6 +39,7 @@ from batos.errors import (
     DoesNotUnderstand,
     GeneratedCodeError,
     MissionFailed,
+    ToolError,
 )
 from prototypes import examples, guardian, install, isolation, rejected, sandbox, tools
 from prototypes.bounded import bounded_repr
@@ -292,6 +293,8 @@ class Mission:
         self.examples: list[examples.Example] = []
         self.dropped_examples: list[str] = []
         self.candidates: list[examples.Candidate] = []
+        #: A tool mission's requests sent to try its drafts, and their answers (or errors).
+        self.sent: dict[str, Any] = {}
         self.choice: examples.Choice | None = None
         #: The trust verdict on the chosen group (``prototypes.trust``), once one is made.
         self.verdict: Any = None
@@ -375,6 +378,10 @@ class Mission:
             function = self.compile_draft(source)
         except GeneratedCodeError as exc:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
+        if self.tool:
+            short = tools.arguments_short(self.selector, source, self.args, self.kwargs)
+            if short:  # its response would be filled by the caller's last argument
+                return self._record(source, "trial", [short]).findings
         call = self.observe(source, function, self.args, self.kwargs, {})
         if not call.ok:
             findings = call.error.split("; ")
@@ -398,6 +405,10 @@ class Mission:
             refused = tools.policy_findings(call.result)
             if refused:  # the host's rule, not a verdict on the draft: recorded apart
                 return self._record(source, "policy", refused).findings
+            read = self.read_live(source, call)
+            if isinstance(read, list):
+                return self._record(source, "trial", read).findings
+            call = read
         observed = [self.observe(source, function, e.args, {}, e.slots) for e in self.examples]
         record = self._record(source, "candidate", [])
         candidate = examples.Candidate(record.number, source, call, observed)
@@ -407,6 +418,30 @@ class Mission:
         ]
         self.candidates.append(candidate)
         return []
+
+    def read_live(self, source: str, call: examples.Observation) -> examples.Observation | list[str]:
+        """A tool draft that reads the answer, tried on the real one: its request is sent by
+        the host when it only reads (``tools.sent_in_trial``) and the draft's reading phase
+        runs on the answer. What it read stands for the draft in the choice, so drafts that
+        spell one request differently but read the same value agree, and drafts that read
+        different values do not. Returns the findings when it could not read the answer, and
+        ``call`` unchanged when nothing was sent (or the draft does not read)."""
+        try:
+            if tools.reading_of(self.selector, source) is None:
+                return call
+            answer = tools.sent_in_trial(call.result, self.sent)
+        except GeneratedCodeError as exc:
+            return exc.findings or [exc.message]
+        except ToolError as exc:
+            return [f"its request was sent to try it, and {exc.message}"]
+        if answer is None:
+            return call
+        ok, value, findings = tools.read_in_trial(
+            self.receiver, self.selector, source, self.args, self.kwargs, answer
+        )
+        if not ok:
+            return findings
+        return examples.Observation(True, examples.normal(value), call.slots)
 
     def decide(self, rounds_left: bool) -> tuple[str, examples.Candidate | None, list[str]]:
         """What to do with the drafts so far: ('install', candidate, []), ('repair',

@@ -40,6 +40,7 @@ from batos.errors import (
     SandboxViolation,
     SlotError,
     ToolCallFailed,
+    ToolError,
     ToolRefused,
 )
 from prototypes import isolation, sandbox
@@ -613,6 +614,19 @@ def _where(receiver: Any, selector: str) -> str:
     return f"tools.{shown[:64]}.{selector}"
 
 
+def arguments_short(selector: str, source: str, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """Why a reading method cannot take the call's arguments ('' when it can): with fewer
+    parameters than the call has arguments, the last argument would land in ``response``."""
+    reading = reading_of(selector, source)
+    if reading is None or reading.max_args is None or len(args) <= reading.max_args:
+        return ""
+    return (
+        f"it is called with {len(args)} argument(s), {bounded_repr(list(args), 120)}, but "
+        f"takes {reading.max_args} before {RESPONSE_PARAM}: take one parameter for each "
+        f"argument of the call, then {RESPONSE_PARAM}=None last"
+    )
+
+
 def _check_caller(where: str, reading: Reading, args: tuple, kwargs: Mapping[str, Any]) -> None:
     """The answer a method reads is the host's: a caller may not pass one of its own."""
     if RESPONSE_PARAM in kwargs or (reading.max_args is not None and len(args) > reading.max_args):
@@ -702,6 +716,95 @@ def trial_reading(
         except ValueError as exc:
             return [f"with {RESPONSE_PARAM} given, {exc}: return JSON data the caller needs"]
     return []
+
+
+#: Request methods a draft's trial may send: the safe ones (RFC 9110, 9.2.1), which only
+#: read. A draft that would change something at the service is sent only once installed.
+TRIAL_METHODS = frozenset({"GET", "HEAD"})
+#: Distinct requests one mission may send to try its drafts; past them, drafts are judged on
+#: the requests they build alone, as when sending in trials is off.
+MAX_TRIAL_SENDS = 6
+#: Characters of the real answer shown to the author when a draft could not read it.
+MAX_PREVIEW_CHARS = 600
+
+
+def sent_in_trial(described: Any, sent: dict[str, Any]) -> dict[str, Any] | None:
+    """The service's real answer to a draft's request, sent by the host during the draft's
+    trial, so that its reading phase is tried on what it will read for real; None when the
+    request is not sent (``tools_trial_send`` is off, the method is not a safe one, or the
+    mission has sent ``MAX_TRIAL_SENDS`` already).
+
+    ``sent`` is the mission's own record, request → answer (or the error it ended in): drafts
+    that build the same request share one call. The request has passed ``read_request`` and
+    the policy; ``ToolError`` when sending it failed."""
+    from prototypes import tool_client
+
+    if settings.get_str("tools_trial_send") == "off":
+        return None
+    req = read_request(described)
+    if req.method not in TRIAL_METHODS:
+        return None
+    key = json.dumps(
+        [req.method, req.url, sorted(req.params), sorted(req.headers), sorted(req.secret_headers),
+         sorted(req.secret_params), req.expect]
+    )
+    if key not in sent:
+        if len(sent) >= MAX_TRIAL_SENDS:
+            return None
+        policy = ToolPolicy.from_settings()
+        try:
+            policy.check_request(req)
+            sent[key] = tool_client.send(req, policy)
+        except ToolError as exc:
+            sent[key] = exc
+    answer = sent[key]
+    if isinstance(answer, ToolError):
+        raise answer
+    return cast(dict[str, Any], answer)
+
+
+def answer_preview(answer: Mapping[str, Any]) -> str:
+    """The body of an answer as its author is shown it: JSON, cut to ``MAX_PREVIEW_CHARS``."""
+    body = answer.get("json") if "json" in answer else answer.get("text")
+    text = json.dumps(body, ensure_ascii=False) if "json" in answer else str(body)
+    if len(text) > MAX_PREVIEW_CHARS:
+        text = text[: MAX_PREVIEW_CHARS - 1] + "…"
+    return text
+
+
+def read_in_trial(
+    receiver: UvmObject,
+    selector: str,
+    source: str,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    answer: dict[str, Any],
+) -> tuple[bool, Any, list[str]]:
+    """A draft's reading phase run, sandboxed in an isolated child, on the service's real
+    answer: (True, what it read, []) or (False, None, what went wrong, with the answer's body
+    so the next draft can read it right)."""
+    reader = compile_reader(selector, source)
+
+    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
+        return reader(obj, *call_args, **call_kwargs, **{RESPONSE_PARAM: answer})
+
+    outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
+    status = answer.get("status")
+    why = (
+        " (it does not know that request: check the address and each parameter's name "
+        "against the service's about)"
+        if isinstance(status, int) and status >= 400
+        else ""
+    )
+    shown = f"the service answered status {status}{why} with: {answer_preview(answer)}"
+    if not outcome.ok:
+        said = "; ".join(outcome.findings or (outcome.summary,))
+        return False, None, [f"reading the service's real answer, {said}", shown]
+    try:
+        value = plain_data(outcome.value, "what it read", MAX_READ_NODES, MAX_READ_CHARS)
+    except ValueError as exc:
+        return False, None, [f"reading the service's real answer, {exc}", shown]
+    return True, value, []
 
 
 def perform(described: Any, what: str) -> dict[str, Any]:

@@ -516,9 +516,116 @@ def test_the_trial_holds_a_draft_to_the_reading_protocol(image, base, enabled, m
     assert "request(...) cannot be called once the response is given" in (
         model.history[2][-1].content
     )
-    assert [path for _, path, _ in seen] == ["/weather?city=Oslo"]  # the trials sent nothing
+    # The first two drafts were refused before any request was sent; the third's GET was sent
+    # once to try its reading on the real answer, and once more by the installed method.
+    assert [path for _, path, _ in seen] == ["/weather?city=Oslo"] * 2
     # The prompt told the model the protocol.
     assert "response=None" in model.history[0][-1].content
+
+
+def test_a_draft_that_misreads_the_real_answer_is_shown_it(
+    image, base, enabled, monkeypatch
+) -> None:
+    """A GET draft is tried on the service's real answer: a wrong field path fails there, and
+    the next draft is shown the body it should have read."""
+    url, seen = base
+    model = ScriptedChatModel().enqueue(
+        "```python\n" + reading(url, "return response['json']['current']['temp']") + "```",
+        "```python\n" + reading(url, "return response['json']['temp_c']") + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=2)
+    answer = image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    assert answer == 6
+    feedback = model.history[1][-1].content
+    assert "reading the service's real answer" in feedback and "KeyError" in feedback
+    assert 'the service answered status 200 with: {"city": "Oslo", "temp_c": 6' in feedback
+    # Both drafts build one request: it was sent once for both trials, then by the method.
+    assert [path for _, path, _ in seen] == ["/weather?city=Oslo"] * 2
+
+
+def test_drafts_that_read_the_same_value_agree_however_they_spell_the_request(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    in_url = reading(url, "return response['json']['temp_c']").replace(
+        "'{base}/weather', params={{'city': city}}".format(base=url),
+        f"'{url}/weather?city=' + city",
+    )
+    assert "params" not in in_url
+    other_field = reading(url, "return response['json']['sky']")
+    model = ScriptedChatModel().enqueue(
+        "```python\n" + reading(url, "return response['json']['temp_c']") + "```",
+        "```python\n" + in_url + "```",
+        "```python\n" + other_field + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "3")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.3")
+    jit.enable(model, attempts=2)
+    answer = image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    assert answer == 6
+    with image.read() as root:
+        verdict = root["objects"]["tools"].weather._slots()["temperature"].audit["trust"]
+    # Two spellings of one request read the same value; the draft reading another does not
+    # join them.
+    assert verdict["support"] == 2 and verdict["drafts"] == 3 and verdict["groups"] == 2
+    assert [m for m, _, _ in seen] == ["GET"] * 3  # two distinct requests tried, one call
+
+
+def test_a_draft_with_too_few_parameters_is_told_before_the_argument_lands_in_response(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    no_city = (
+        "def temperature(self, response=None):\n"
+        "    if response is None:\n"
+        f"        return request('GET', '{url}/weather')\n"
+        "    return response['json']['temp_c']\n"
+    )
+    model = ScriptedChatModel().enqueue(
+        f"```python\n{no_city}```",
+        "```python\n" + reading(url, "return response['json']['temp_c']") + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=2)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
+    feedback = model.history[1][-1].content
+    assert "it is called with 1 argument(s), ['Oslo'], but takes 0 before response" in feedback
+
+
+@pytest.mark.parametrize("setting", ["off", "post"])
+def test_a_trial_sends_nothing_that_could_change_the_service_or_when_told_not_to(
+    image, base, enabled, monkeypatch, setting
+) -> None:
+    url, seen = base
+    source = reading(url, "return response['json']['temp_c']")
+    if setting == "post":
+        source = source.replace("request('GET'", "request('POST'")
+    else:
+        monkeypatch.setenv("BATOS_TOOLS_TRIAL_SEND", "off")
+    model = ScriptedChatModel().enqueue("```python\n" + source + "```")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=1)
+    image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    assert len(seen) == 1  # only the installed method's own call
+
+
+def test_a_service_that_fails_in_a_trial_is_the_drafts_finding(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    garbage = reading(url, "return response['json']").replace("/weather'", "/garbage'")
+    model = ScriptedChatModel().enqueue("```python\n" + garbage + "```")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=1)
+    with pytest.raises(MissionFailed) as failed:
+        image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    said = " ".join(failed.value.findings)
+    assert "its request was sent to try it, and" in said and "JSON" in said
+    assert len(seen) == 1
+    with image.read() as root:
+        proxy = root["objects"]["tools"]._slots().get("weather")
+        assert proxy is None or "temperature" not in proxy._slots()
 
 
 def test_a_facet_gets_the_value_a_tool_read(image, base) -> None:
@@ -580,7 +687,7 @@ def test_the_prompt_example_uses_the_services_own_allowed_address(monkeypatch) -
     assert jit.example_base(policy, "at https://elsewhere.test/v1") == "http://127.0.0.1:8080"
     assert jit.example_base(policy, "'https://api.one.test/v2'") == "https://api.one.test"
     text = jit.tool_text(jit.prompts()["tool_task"], about)
-    assert 'request("GET", "http://127.0.0.1:8080/v1/now"' in text
+    assert 'request("GET", "http://127.0.0.1:8080/v2/quote"' in text
     assert "api.example.org" not in text
     monkeypatch.setenv("BATOS_TOOLS_ALLOW", "")
     assert jit.example_base(tools.ToolPolicy.from_settings(), about) == jit.EXAMPLE_BASE
@@ -613,4 +720,4 @@ def test_a_draft_that_reads_the_answer_on_the_first_call_is_told_the_rule(
     assert image.transact(lambda root: root["objects"]["tools"].weather.temp("Oslo")) == 6
     repair = model.history[1][-1].content
     assert tools.FIRST_CALL_RULE in repair and "NoneType" in repair
-    assert f"{url}/v1/now" in model.history[0][-1].content  # the example on its own address
+    assert f"{url}/v2/quote" in model.history[0][-1].content  # the example on its own address

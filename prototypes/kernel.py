@@ -379,8 +379,14 @@ class Mission:
         except GeneratedCodeError as exc:
             return self._record(source, "trial", exc.findings or [exc.message]).findings
         if self.tool:
-            short = tools.arguments_short(self.selector, source, self.args, self.kwargs)
-            if short:  # its response would be filled by the caller's last argument
+            # A written tool method answers with what it read: a method that returns the
+            # host's whole answer (status, headers, body) agrees with any other that builds
+            # the same request, whatever value the caller asked for, so agreement between
+            # such drafts says nothing (two installed that way were both wrong).
+            short = tools.READ_RULE if tools.reading_of(self.selector, source) is None else (
+                tools.arguments_short(self.selector, source, self.args, self.kwargs)
+            )
+            if short:
                 return self._record(source, "trial", [short]).findings
         call = self.observe(source, function, self.args, self.kwargs, {})
         if not call.ok:

@@ -608,6 +608,15 @@ FIRST_CALL_RULE = (
 )
 
 
+#: What a written tool method without a reading phase is told.
+READ_RULE = (
+    "the method returns the request only, so the caller would get the service's whole "
+    "answer: take the last parameter response=None, return request(...) when it is None, "
+    "and return the value the caller asked for from response (response['json'] for the whole "
+    "body)"
+)
+
+
 def _where(receiver: Any, selector: str) -> str:
     name = receiver._slots().get("name") if isinstance(receiver, UvmObject) else None
     shown = name if isinstance(name, str) and name.isidentifier() else "?"

@@ -30,6 +30,14 @@ WEATHER = (
     "    return request('GET', '{base}/weather', params={{'city': city}},\n"
     "                   secret_headers={{'X-Api-Key': 'env:WEATHER_API_KEY'}})\n"
 )
+#: The same as a model must write it: a written tool method answers with what it read.
+WEATHER_READS = (
+    "def today(self, city, response=None):\n"
+    "    if response is None:\n"
+    "        return request('GET', '{base}/weather', params={{'city': city}},\n"
+    "                       secret_headers={{'X-Api-Key': 'env:WEATHER_API_KEY'}})\n"
+    "    return response['json']\n"
+)
 
 
 @pytest.fixture
@@ -82,11 +90,10 @@ def test_a_missing_tool_and_method_are_written_and_the_host_calls_the_service(
             "weather", f"Weather by city at {url}/weather?city=NAME, key in the X-Api-Key header"
         )
     )
-    model = ScriptedChatModel().enqueue("```python\n" + WEATHER.format(base=url) + "```")
+    model = ScriptedChatModel().enqueue("```python\n" + WEATHER_READS.format(base=url) + "```")
     jit.enable(model)
     answer = image.transact(lambda root: root["objects"]["tools"].weather.today("Oslo"))
-    assert answer["status"] == 200
-    assert answer["json"] == {"city": "Oslo", "temp_c": 6, "sky": "clear"}
+    assert answer == {"city": "Oslo", "temp_c": 6, "sky": "clear"}
     # The model was told the capability and what the policy allows; no examples were asked.
     prompt = model.history[0][-1].content
     assert "request(method, url" in prompt and url.removeprefix("http://") in prompt
@@ -103,23 +110,23 @@ def test_a_missing_tool_and_method_are_written_and_the_host_calls_the_service(
     assert WEATHER_KEY.encode() not in records
     # Installed: the next call sends again, with no model.
     again = image.transact(lambda root: root["objects"]["tools"].weather.today("Bergen"))
-    assert again["json"]["city"] == "Bergen" and model.calls == 1
+    assert again["city"] == "Bergen" and model.calls == 1
 
 
 def test_a_draft_outside_the_policy_goes_back_with_the_hint_and_nothing_is_sent(
     image, base, enabled, monkeypatch
 ) -> None:
     url, seen = base
-    wrong = "def today(self, city):\n    return request('GET', 'https://api.example.com/w')\n"
+    wrong = WEATHER_READS.format(base="https://api.example.com")
     model = ScriptedChatModel().enqueue(
-        f"```python\n{wrong}```", "```python\n" + WEATHER.format(base=url) + "```"
+        f"```python\n{wrong}```", "```python\n" + WEATHER_READS.format(base=url) + "```"
     )
     # The trust gate at its default: the refused draft is the host's rule, not a wrong one.
     monkeypatch.delenv("BATOS_JIT_TRUST", raising=False)
     runner = jit.enable(model, attempts=2)
     assert runner.trust == "setting" and trust.threshold() == 0.3
     answer = image.transact(lambda root: root["objects"]["tools"].weather.today("Rome"))
-    assert answer["json"]["city"] == "Rome"
+    assert answer["city"] == "Rome"
     feedback = model.history[1][-1].content
     assert "host api.example.com (https, port 443) is not in tools_allow" in feedback
     assert url.removeprefix("http://") in feedback  # the allowed services, to choose from
@@ -131,6 +138,21 @@ def test_a_draft_outside_the_policy_goes_back_with_the_hint_and_nothing_is_sent(
     assert verdict["trusted"] and verdict["score"] == 0.5
 
 
+def test_a_written_tool_method_must_read_the_answer(image, base, enabled, monkeypatch) -> None:
+    """Drafts that return the whole answer agree whenever they build one request, whatever
+    the caller asked for: such a draft goes back with the rule, and nothing is sent for it."""
+    url, seen = base
+    model = ScriptedChatModel().enqueue(
+        "```python\n" + WEATHER.format(base=url) + "```",
+        "```python\n" + WEATHER_READS.format(base=url) + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=2)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.today("Oslo"))["sky"]
+    assert tools.READ_RULE in model.history[1][-1].content
+    assert len(seen) == 2  # the second draft's trial, then its real call
+
+
 def test_a_draft_with_a_malformed_request_still_counts_against_trust(
     image, base, enabled, monkeypatch
 ) -> None:
@@ -138,7 +160,7 @@ def test_a_draft_with_a_malformed_request_still_counts_against_trust(
     url, _ = base
     malformed = "def today(self, city):\n    return {'url': city}\n"
     model = ScriptedChatModel().enqueue(
-        f"```python\n{malformed}```", "```python\n" + WEATHER.format(base=url) + "```"
+        f"```python\n{malformed}```", "```python\n" + WEATHER_READS.format(base=url) + "```"
     )
     monkeypatch.delenv("BATOS_JIT_TRUST", raising=False)
     jit.enable(model, attempts=2)
@@ -149,12 +171,12 @@ def test_a_draft_with_a_malformed_request_still_counts_against_trust(
 
 def test_every_draft_refused_leaves_the_image_unchanged(image, base, enabled) -> None:
     forged = (
-        "def today(self, city):\n"
+        "def today(self, city, response=None):\n"
         "    return request('GET', '{base}/weather', headers={{'Authorization': 'Bearer x'}})\n"
     )
     model = ScriptedChatModel().enqueue(
         "```python\n" + forged.format(base=base[0]) + "```",
-        "```python\ndef today(self, city):\n    return {'url': city}\n```",
+        "```python\ndef today(self, city, response=None):\n    return {'url': city}\n```",
     )
     jit.enable(model, attempts=2)
 

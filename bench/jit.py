@@ -584,6 +584,12 @@ def main() -> None:
         "first call as the user's example",
     )
     parser.add_argument(
+        "--live",
+        action="store_true",
+        help="run the gate live at --trust, as users get it (split drafts draw a second "
+        "batch before a refusal); a refused mission refuses, nobody is asked",
+    )
+    parser.add_argument(
         "--sweep", action="store_true", help="report the selective gate at thresholds 0.1-0.9"
     )
     parser.add_argument(
@@ -723,7 +729,7 @@ def _run_author(
                         args.attempts,
                         oracle=mode == "oracle",
                         drafts=drafts,
-                        trust=threshold if args.ask else None,
+                        trust=threshold if args.ask or args.live else None,
                         ask=args.ask,
                     )
                     outcomes.append(outcome)
@@ -776,13 +782,14 @@ def _report(
     headline = {key: outcomes for key, outcomes in runs.items() if "no-oracle" in key}
     if len(headline) > 1:
         headline["all"] = [o for outcomes in headline.values() for o in outcomes]
-    print_selective(headline, threshold, args.sweep)
-    print(
-        "refused: the chosen method scored under the threshold (nothing installed); failed: "
-        "no draft got through the gate; pass@3: the kernel's own first three drafts"
-    )
-    if args.ask:
-        print_asked(headline, threshold)
+    if not args.live:  # a live run's first verdicts are not its last: read them live
+        print_selective(headline, threshold, args.sweep)
+        print(
+            "refused: the chosen method scored under the threshold (nothing installed); "
+            "failed: no draft got through the gate; pass@3: the kernel's own first three drafts"
+        )
+    if args.ask or args.live:
+        print_asked(headline, threshold, asked=args.ask)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     if label in (None, "persona"):
@@ -805,6 +812,9 @@ def _report(
                 "selective": {key: selective(o, threshold) for key, o in headline.items()},
                 "asked": (
                     {key: with_asking(o) for key, o in headline.items()} if args.ask else None
+                ),
+                "live": (
+                    {key: with_asking(o) for key, o in headline.items()} if args.live else None
                 ),
                 "runs": {
                     key: {**summary[key], "cases": [o.__dict__ for o in runs[key]]} for key in runs
@@ -959,19 +969,25 @@ def rescore(paths: list[Path], threshold: float | None, sweep: bool, only: str |
         print_asked(shown, next(iter(ran_at)) if len(ran_at) == 1 else threshold)
 
 
-def print_asked(runs: dict[str, list[Any]], threshold: float | None) -> None:
-    print(f"\nAsked for one example when refused (the intent's first call), at {threshold}")
+def print_asked(runs: dict[str, list[Any]], threshold: float | None, asked: bool = True) -> None:
+    if asked:
+        print(f"\nAsked for one example when refused (the intent's first call), at {threshold}")
+    else:
+        print(f"\nThe gate run live at {threshold}, nobody asked (what a user gets)")
     print(
         f"{'run':<34}{'intents':>8}{'asked':>6}{'inst':>6}{'right':>6}{'wrong':>6}"
-        f"{'refused':>8}{'failed':>7}{'precision [95%]':>20}{'coverage':>9}"
+        f"{'refused':>8}{'failed':>7}{'precision [95%]':>20}{'coverage':>9}{'pass@3':>8}"
+        f"{'s/intent':>9}"
     )
     for key, outcomes in runs.items():
         a = with_asking(outcomes)
         low, high = a["precision_95"]
+        drafts = selective(outcomes, threshold)  # pass@3 and seconds do not depend on the gate
         print(
             f"{key:<34}{a['intents']:>8}{a['asked']:>6}{a['installed']:>6}{a['right']:>6}"
             f"{a['wrong']:>6}{a['refused']:>8}{a['failed']:>7}"
             f"{a['precision']:>7.2f} [{low:.2f},{high:.2f}]{a['coverage']:>9.2f}"
+            f"{drafts['drafts_pass@3']:>8.2f}{drafts['seconds_per_intent']:>9.1f}"
         )
 
 

@@ -749,12 +749,18 @@ def choose(state: JitState) -> JitState:
         mission.verdicts.append(mission.verdict)
         evidence = mission.verdict.evidence
         split = evidence.support < evidence.standing
-        if not mission.verdict.trusted and split and not mission.resampled and state["attempt"] < (
-            context.attempts
+        if (
+            mission.tool
+            and split
+            and not mission.verdict.trusted
+            and not mission.resampled
+            and state["attempt"] < context.attempts
         ):
-            # The drafts are split: one more batch of independent drafts (once) gives
-            # agreement more to count before anyone is asked. Unanimous drafts would only
-            # repeat themselves.
+            # A tool's drafts are split: one more batch of independent drafts (once) gives
+            # agreement more to count before anyone is asked. Tool drafts agree on what they
+            # read from the service's real answer; other methods' drafts agree on examples
+            # their author wrote, and there a second batch installed one more wrong method
+            # and no right one on a fresh set (bench/RESULTS.md), so it is not drawn.
             mission.resampled = True
             return {"decision": "sample", "chosen": 0, "findings": []}
         if not mission.verdict.trusted:

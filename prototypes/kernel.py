@@ -383,8 +383,10 @@ class Mission:
             # host's whole answer (status, headers, body) agrees with any other that builds
             # the same request, whatever value the caller asked for, so agreement between
             # such drafts says nothing (two installed that way were both wrong).
-            short = tools.READ_RULE if tools.reading_of(self.selector, source) is None else (
-                tools.arguments_short(self.selector, source, self.args, self.kwargs)
+            short = (
+                tools.READ_RULE
+                if tools.reading_of(self.selector, source) is None
+                else (tools.arguments_short(self.selector, source, self.args, self.kwargs))
             )
             if short:
                 return self._record(source, "trial", [short]).findings
@@ -425,7 +427,9 @@ class Mission:
         self.candidates.append(candidate)
         return []
 
-    def read_live(self, source: str, call: examples.Observation) -> examples.Observation | list[str]:
+    def read_live(
+        self, source: str, call: examples.Observation
+    ) -> examples.Observation | list[str]:
         """A tool draft that reads the answer, tried on the real one: its request is sent by
         the host when it only reads (``tools.sent_in_trial``) and the draft's reading phase
         runs on the answer. What it read stands for the draft in the choice, so drafts that

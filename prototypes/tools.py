@@ -754,8 +754,15 @@ def sent_in_trial(described: Any, sent: dict[str, Any]) -> dict[str, Any] | None
     if req.method not in TRIAL_METHODS:
         return None
     key = json.dumps(
-        [req.method, req.url, sorted(req.params), sorted(req.headers), sorted(req.secret_headers),
-         sorted(req.secret_params), req.expect]
+        [
+            req.method,
+            req.url,
+            sorted(req.params),
+            sorted(req.headers),
+            sorted(req.secret_headers),
+            sorted(req.secret_params),
+            req.expect,
+        ]
     )
     if key not in sent:
         if len(sent) >= MAX_TRIAL_SENDS:

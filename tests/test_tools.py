@@ -571,7 +571,7 @@ def test_drafts_that_read_the_same_value_agree_however_they_spell_the_request(
 ) -> None:
     url, seen = base
     in_url = reading(url, "return response['json']['temp_c']").replace(
-        "'{base}/weather', params={{'city': city}}".format(base=url),
+        f"'{url}/weather', params={{'city': city}}",
         f"'{url}/weather?city=' + city",
     )
     assert "params" not in in_url
@@ -613,6 +613,26 @@ def test_a_draft_with_too_few_parameters_is_told_before_the_argument_lands_in_re
     assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
     feedback = model.history[1][-1].content
     assert "it is called with 1 argument(s), ['Oslo'], but takes 0 before response" in feedback
+
+
+def test_split_tool_drafts_draw_a_second_batch_before_refusing(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    temp, sky, city = (
+        "```python\n" + reading(url, f"return response['json'][{field!r}]") + "```"
+        for field in ("temp_c", "sky", "city")
+    )
+    model = ScriptedChatModel().enqueue(temp, sky, city, temp, temp, temp)
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "3")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.3")
+    jit.enable(model, attempts=3)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
+    with image.read() as root:
+        verdict = root["objects"]["tools"].weather._slots()["temperature"].audit["trust"]
+    # 1 of 3 (score 1/6) drew three more drafts; 4 of 6 reading one value score 1/3.
+    assert model.calls == 6 and verdict["support"] == 4 and verdict["drafts"] == 6
+    assert len(seen) == 2  # one request shared by every trial, then the real call
 
 
 @pytest.mark.parametrize("setting", ["off", "post"])

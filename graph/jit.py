@@ -356,7 +356,8 @@ def extract_code(reply: str, selector: str) -> str:
     block) left out; only imports and the method itself are kept."""
     blocks = _FENCE.findall(reply) or [reply]
     chosen = next((b for b in blocks if f"def {selector}(" in b), blocks[0])
-    return with_slots_assigned(with_imports(_method_only(chosen.strip() + "\n", selector)))
+    method = _method_only(chosen.strip() + "\n", selector)
+    return with_slots_assigned(with_imports(with_request_returned(method, selector)))
 
 
 #: Names a draft may use without importing them, and the import that binds each: the allowed
@@ -448,6 +449,65 @@ def with_slots_assigned(source: str) -> str:
     except SyntaxError:
         return source
     return out
+
+
+def with_request_returned(source: str, selector: str) -> str:
+    """A tool method's source with ``response = request(...)`` under ``if response is None:``
+    written as ``return request(...)``.
+
+    Small authors take ``request`` for a fetch and assign its answer, then read it in the same
+    call, when there is none yet; told the two-call rule, their repairs repeat it. Under that
+    test the only meaning the protocol gives the line is the return it asks for, so the
+    rewrite is a fix of the slip, not a guess, and the draft is audited and tried as ever.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source  # the audit reports it, with its line
+    lines = source.splitlines(keepends=True)
+    changed = False
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name != selector:
+            continue
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.If) and _is_response_none(node.test)):
+                continue
+            for stmt in node.body:
+                if not (
+                    isinstance(stmt, ast.Assign)
+                    and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and stmt.targets[0].id == tools.RESPONSE_PARAM
+                    and isinstance(stmt.value, ast.Call)
+                    and isinstance(stmt.value.func, ast.Name)
+                    and stmt.value.func.id == "request"
+                    and stmt.value.lineno == stmt.lineno
+                ):
+                    continue
+                line = lines[stmt.lineno - 1]
+                head, rest = line[: stmt.col_offset], line[stmt.value.col_offset :]
+                lines[stmt.lineno - 1] = f"{head}return {rest}"
+                changed = True
+    if not changed:
+        return source
+    out = "".join(lines)
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return source
+    return out
+
+
+def _is_response_none(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == tools.RESPONSE_PARAM
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Is)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    )
 
 
 def _method_only(source: str, selector: str) -> str:

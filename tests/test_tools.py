@@ -3,6 +3,7 @@ within the policy, against real HTTP services on loopback."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -763,3 +764,49 @@ def test_a_draft_that_reads_the_answer_on_the_first_call_is_told_the_rule(
     repair = model.history[1][-1].content
     assert tools.FIRST_CALL_RULE in repair and "NoneType" in repair
     assert f"{url}/v2/quote" in model.history[0][-1].content  # the example on its own address
+
+
+def test_a_request_assigned_to_response_is_returned_instead() -> None:
+    slip = (
+        "def rate(self, base, response=None):\n"
+        "    if response is None:\n"
+        "        response = request('GET', 'http://h/rates', params={'base': base})\n"
+        "    return response['json']['rates']['USD']\n"
+    )
+    fixed = jit.with_request_returned(slip, "rate")
+    assert "        return request('GET', 'http://h/rates', params={'base': base})\n" in fixed
+    assert fixed.replace("return request", "response = request") == slip
+    # Through extract_code, as a model's reply comes in.
+    assert jit.extract_code(f"```python\n{slip}```", "rate") == fixed
+    spread = slip.replace("request('GET', ", "request(\n            'GET', ")
+    assert "        return request(\n            'GET'" in jit.with_request_returned(spread, "rate")
+    # Left alone: another name, a request outside that test, a value that starts on another
+    # line, code that does not parse, another method.
+    cases = (
+        (slip.replace("response = request", "answer = request"), "rate"),
+        (slip.replace("if response is None:", "if base:"), "rate"),
+        (
+            slip.replace("response = request(", "response = (\n            request(").replace(
+                "{'base': base})\n", "{'base': base}))\n"
+            ),
+            "rate",
+        ),
+        ("def rate(self:\n", "rate"),
+        (slip, "other"),
+    )
+    for kept, selector in cases:
+        assert jit.with_request_returned(kept, selector) == kept
+    ast.parse(cases[2][0])  # it is left alone for its shape, not for failing to parse
+
+
+def test_a_draft_that_assigns_its_request_is_installed_as_meant(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    slip = reading(url, "return response['json']['temp_c']").replace(
+        "        return request(", "        response = request("
+    )
+    model = ScriptedChatModel().enqueue(f"```python\n{slip}```")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=1)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6

@@ -272,9 +272,11 @@ def messages_for(
     attempts: list[AttemptRecord],
     feedback: AttemptRecord | None = None,
     user_examples: list[Any] | tuple[Any, ...] = (),
+    answers: list[str] | tuple[str, ...] = (),
 ) -> list[BaseMessage]:
     """The conversation a persona model sees for one draft: rules, examples, task, feedback
-    (``feedback``, else the last attempt's, if any)."""
+    (``feedback``, else the last attempt's, if any); for a tool, ``answers``: what the
+    service answered earlier drafts' requests (``Mission.answers_seen``)."""
     p = prompts()
     identity = load_codex().persona(brief.author).identity
     system = identity + "\n\n" + p["system"].replace("SELECTOR", brief.selector)
@@ -292,6 +294,8 @@ def messages_for(
     )
     if brief.tool:
         task += "\n\n" + tool_text(p["tool_task"], brief.slots.get("about", ""))
+        if answers:
+            task += "\n\n" + p["tool_answers"].format(answers="\n".join(answers))
     last = feedback or (attempts[-1] if attempts else None)
     if last is not None:
         template = p["dispute"] if last.stage == "examples" else p["feedback"]
@@ -695,6 +699,7 @@ def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]
                 [] if fresh else mission.attempts,
                 feedback,
                 mission.user_examples,
+                mission.answers_seen(),
             ),
         )
         for i in range(count)

@@ -453,6 +453,17 @@ class Mission:
             return findings
         return examples.Observation(True, examples.normal(value), call.slots)
 
+    def answers_seen(self, limit: int = 2) -> list[str]:
+        """The service's answers to requests sent in this mission's trials that it knew
+        (status under 400), one line each, bounded: what later drafts are shown."""
+        seen = []
+        for answer in self.sent.values():
+            if isinstance(answer, dict) and isinstance(answer.get("status"), int):
+                if answer["status"] < 400:
+                    url = bounded_repr(str(answer.get("url", "")), 200)[1:-1]
+                    seen.append(f"{url} answered: {tools.answer_preview(answer)}")
+        return seen[:limit]
+
     def decide(self, rounds_left: bool) -> tuple[str, examples.Candidate | None, list[str]]:
         """What to do with the drafts so far: ('install', candidate, []), ('repair',
         candidate, findings: the examples it fails), ('sample', None, []): draw another batch

@@ -633,6 +633,9 @@ def test_split_tool_drafts_draw_a_second_batch_before_refusing(
         verdict = root["objects"]["tools"].weather._slots()["temperature"].audit["trust"]
     # 1 of 3 (score 1/6) drew three more drafts; 4 of 6 reading one value score 1/3.
     assert model.calls == 6 and verdict["support"] == 4 and verdict["drafts"] == 6
+    # The second batch was shown what the service answered the first one's request.
+    shown = '/weather?city=Oslo answered: {"city": "Oslo", "temp_c": 6, "sky": "clear"}'
+    assert shown in model.history[3][-1].content and shown not in model.history[0][-1].content
     assert len(seen) == 2  # one request shared by every trial, then the real call
 
 

@@ -691,25 +691,18 @@ def _round(state: JitState) -> tuple[list[tuple[BaseChatModel, list[BaseMessage]
         record = next(r for r in mission.attempts if r.number == state["chosen"])
         feedback = AttemptRecord(record.number, record.source, "examples", list(repair))
     count = context.drafts if fresh else 1
-    shown: list[AttemptRecord | None] = [feedback] * count
-    if mission.tool and not fresh and state.get("decision") == "draft":
-        # No tool draft got through: each of the last round's drafts goes back with its own
-        # findings (a tool's first drafts fail in different ways, and a repair of one of
-        # them is the likelier way through than one more repair of the last).
-        last_round = [r for r in mission.attempts[-context.drafts :] if r.findings]
-        shown = list(last_round) or [feedback]
     calls = [
         (
             _model(context, mission.author, **_draft_options(i + len(mission.attempts), not first)),
             messages_for(
                 mission.brief(),
                 [] if fresh else mission.attempts,
-                told,
+                feedback,
                 mission.user_examples,
                 mission.answers_seen(),
             ),
         )
-        for i, told in enumerate(shown)
+        for i in range(count)
     ]
     return calls, state["attempt"] + 1
 

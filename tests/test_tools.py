@@ -639,23 +639,6 @@ def test_split_tool_drafts_draw_a_second_batch_before_refusing(
     assert len(seen) == 2  # one request shared by every trial, then the real call
 
 
-def test_when_no_tool_draft_gets_through_each_goes_back_with_its_own_findings(
-    image, base, enabled, monkeypatch
-) -> None:
-    url, _ = base
-    raw = "```python\n" + WEATHER.format(base=url).replace("def today", "def temperature") + "```"
-    misread = "```python\n" + reading(url, "return response['json']['temp']") + "```"
-    right = "```python\n" + reading(url, "return response['json']['temp_c']") + "```"
-    model = ScriptedChatModel().enqueue(raw, misread, right, right)
-    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
-    monkeypatch.setenv("BATOS_JIT_TRUST", "off")  # 2 of 4 agree: this is about the feedback
-    jit.enable(model, attempts=2)
-    assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
-    first, second = model.history[2][-1].content, model.history[3][-1].content
-    assert tools.READ_RULE in first and "KeyError" not in first
-    assert "KeyError" in second and '"temp_c": 6' in second
-
-
 @pytest.mark.parametrize("setting", ["off", "post"])
 def test_a_trial_sends_nothing_that_could_change_the_service_or_when_told_not_to(
     image, base, enabled, monkeypatch, setting

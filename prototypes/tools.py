@@ -779,6 +779,39 @@ def sent_in_trial(described: Any, sent: dict[str, Any]) -> dict[str, Any] | None
     return cast(dict[str, Any], answer)
 
 
+def perturbed(args: tuple) -> tuple | None:
+    """The call's arguments each changed a little and kept of their kind (a digit or letter
+    moved on, a number plus one), to see whether a draft's request depends on them; None when
+    none of them can be changed so (lists, dicts, None)."""
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int | float):
+            return value + 1
+        if isinstance(value, str):
+            if not value:
+                return "x"
+            last = value[-1]
+            if last.isdigit():
+                return value[:-1] + str((int(last) + 1) % 10)
+            if last.isascii() and last.isalpha():
+                base = ord("a") if last.islower() else ord("A")
+                return value[:-1] + chr(base + (ord(last) - base + 1) % 26)
+            return value + "x"
+        return value
+
+    changed = tuple(moved(a) for a in args)
+    return None if changed == tuple(args) else changed
+
+
+#: What a draft whose request ignores the call's arguments is told.
+ARGUMENTS_RULE = (
+    "the request it builds is the same whatever the arguments are: build it from the "
+    "method's parameters, not from the values of this one call written into the code"
+)
+
+
 def answer_preview(answer: Mapping[str, Any]) -> str:
     """The body of an answer as its author is shown it: JSON, cut to ``MAX_PREVIEW_CHARS``."""
     body = answer.get("json") if "json" in answer else answer.get("text")

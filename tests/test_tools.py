@@ -813,3 +813,37 @@ def test_a_draft_that_assigns_its_request_is_installed_as_meant(
     monkeypatch.setenv("BATOS_JIT_TRUST", "off")
     jit.enable(model, attempts=1)
     assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
+
+
+def test_a_draft_that_writes_this_calls_values_into_its_request_goes_back(
+    image, base, enabled, monkeypatch
+) -> None:
+    url, seen = base
+    fixed = reading(url, "return response['json']['temp_c']").replace(
+        "params={'city': city}", "params={'city': 'Oslo'}"
+    )
+    assert "'Oslo'" in fixed
+    model = ScriptedChatModel().enqueue(
+        f"```python\n{fixed}```",
+        "```python\n" + reading(url, "return response['json']['temp_c']") + "```",
+    )
+    monkeypatch.setenv("BATOS_JIT_TRUST", "off")
+    jit.enable(model, attempts=2)
+    assert image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo")) == 6
+    assert tools.ARGUMENTS_RULE in model.history[1][-1].content
+    assert len(seen) == 2  # nothing was sent for the first draft
+
+
+def test_arguments_are_perturbed_within_their_kind() -> None:
+    assert tools.perturbed(("9780141439518", "EUR", "usd", 7, 2.5, True, "")) == (
+        "9780141439519",
+        "EUS",
+        "use",
+        8,
+        3.5,
+        False,
+        "x",
+    )
+    assert tools.perturbed(("Oslo!", "z9")) == ("Oslo!x", "z0")
+    assert tools.perturbed(([1], {"a": 1}, None)) is None
+    assert tools.perturbed(()) is None

@@ -916,7 +916,10 @@ def example_from_answer(answer: Any, mission: Mission) -> tuple[Any, str]:
 
 
 def _can_ask(context: JitContext, mission: Mission) -> bool:
-    return context.ask is not None and not mission.user_examples
+    # A tool's drafts are checked on what they read from the service's answer; a user's
+    # example of input and output cannot be checked without sending each draft's request,
+    # and a person rarely knows a live service's answer: a tool mission refuses instead.
+    return context.ask is not None and not mission.user_examples and not mission.tool
 
 
 def _rebuild(runtime_context: Any, state: JitState) -> JitContext:

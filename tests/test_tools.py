@@ -847,3 +847,23 @@ def test_arguments_are_perturbed_within_their_kind() -> None:
     assert tools.perturbed(("Oslo!", "z9")) == ("Oslo!x", "z0")
     assert tools.perturbed(([1], {"a": 1}, None)) is None
     assert tools.perturbed(()) is None
+
+
+def test_an_untrusted_tool_method_is_refused_without_asking(image, base, monkeypatch) -> None:
+    url, _ = base
+    asked: list[dict] = []
+    model = ScriptedChatModel().enqueue(
+        *(
+            "```python\n" + reading(url, f"return response['json'][{field!r}]") + "```"
+            for field in ("temp_c", "sky", "city", "sky", "city", "temp_c")
+        )
+    )
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "3")
+    runner = jit.JitRunner(model, trust=0.3, ask=lambda q: asked.append(q) or {})
+    kernel.install_handler(runner)
+    try:
+        with pytest.raises(MethodUntrusted, match="not trusted enough"):
+            image.transact(lambda root: root["objects"]["tools"].weather.temperature("Oslo"))
+    finally:
+        jit.disable()
+    assert not asked and model.calls == 6

@@ -443,10 +443,9 @@ class Mission:
         runs on the answer. What it read stands for the draft in the choice, so drafts that
         spell one request differently but read the same value agree, and drafts that read
         different values do not. Returns the findings when it could not read the answer, and
-        ``call`` unchanged when nothing was sent (or the draft does not read)."""
+        ``call`` unchanged when nothing was sent. (A draft that does not read is refused
+        before its trial gets here: ``tools.READ_RULE``.)"""
         try:
-            if tools.reading_of(self.selector, source) is None:
-                return call
             answer = tools.sent_in_trial(call.result, self.sent)
         except GeneratedCodeError as exc:
             return exc.findings or [exc.message]

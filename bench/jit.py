@@ -53,6 +53,7 @@ from persistent.mapping import PersistentMapping
 
 from batos import settings
 from batos.errors import ConfigurationError, GeneratedCodeError, ModelError
+from batos.training import voice
 from graph import jit
 from prototypes import examples, kernel, trust
 from prototypes.kernel import Mission
@@ -851,13 +852,10 @@ def _pass_at(right: list[bool], k: int) -> float:
 
 
 def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson interval of a rate of ``hits`` in ``n``."""
+    """The 95% Wilson interval of a rate of ``hits`` in ``n`` (the package's), NaNs for none."""
     if n == 0:
         return (float("nan"), float("nan"))
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return voice.wilson(hits, n, z)
 
 
 def selective(outcomes: list[Outcome] | list[dict[str, Any]], threshold: float | None) -> dict:

@@ -36,7 +36,7 @@ punctuation, the articles "a", "an" and "the"): the reply matches when the answe
 can hedge by naming them all: the one stated is the one after the last conclusion marker, else
 the only one named, else the first and the last named
 ("1 March is a Wednesday, so 29 February is a Tuesday" states Wednesday and Tuesday; "Monday,
-Tuesday or Wednesday? I think Monday" states Monday).
+Tuesday or Wednesday? I think Monday" states Monday); a plural ("on Tuesdays") states its day.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ _DATE_PATTERNS = (
 )
 
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_WEEKDAY_RE = re.compile(rf"\b(?:{'|'.join(WEEKDAYS)})\b", re.IGNORECASE)
+#: A weekday, singular or plural ("staff come in on Tuesdays" states Tuesday).
+_WEEKDAY_RE = re.compile(rf"\b({'|'.join(WEEKDAYS)})s?\b", re.IGNORECASE)
 
 #: Phrases after which a reply states its conclusion; the last one with a value after it wins.
 #: The line a cited answer ends with, naming its passages' files and character spans: what
@@ -195,9 +196,9 @@ def number_mentions(text: str) -> list[Mention]:
             value, start = -value, start - 1
         found.append(Mention(frozenset([value]), start, match.end()))
     for match in _WORDS_RE.finditer(text):
-        value = _words_value(match.group())
-        if value is not None:
-            found.append(Mention(frozenset([float(value)]), match.start(), match.end()))
+        spelled = _words_value(match.group())
+        if spelled is not None:
+            found.append(Mention(frozenset([float(spelled)]), match.start(), match.end()))
     return sorted(found, key=lambda m: m.start)
 
 
@@ -292,7 +293,7 @@ def _judge_string(item: Mapping[str, Any], reply: str) -> Judgement:
 
 def _weekday_mentions(text: str) -> list[Mention]:
     return [
-        Mention(frozenset([m.group().lower()]), m.start(), m.end())
+        Mention(frozenset([m.group(1).lower()]), m.start(), m.end())
         for m in _WEEKDAY_RE.finditer(text)
     ]
 
@@ -355,7 +356,7 @@ def _words_value(words: str) -> int | None:
     return total + current if seen else None
 
 
-def _date_readings(groups: Mapping[str, str | None]) -> Iterable[DateValue]:
+def _date_readings(groups: Mapping[str, Any]) -> Iterable[DateValue]:
     year = int(groups["year"]) if groups.get("year") else None
     if groups.get("mname"):
         yield year, _MONTHS[groups["mname"].lower()], int(groups["day"])

@@ -2,8 +2,8 @@
 
 The checker must find the value a reply states, not any mention of it; the sets must hold what
 the benchmark's headline figures stand on: unique ids, answers their own check accepts, document
-answers that are in (or derivable from) the document named, and a headline set kept apart from
-the development one.
+answers that are in (or derivable from) the document named, and held-out sets (headline, and
+fresh1, which has document questions only) kept apart from the development one and each other.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.answers import (
+    WEEKDAYS,
     date_mentions,
     judge,
     matches,
@@ -30,7 +31,13 @@ from bench.answers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "usefulness"
-SPLITS = ("dev", "headline")
+SPLITS = ("dev", "headline", "fresh1")
+#: The question files each split must have, and has only: fresh1 is document questions alone.
+SPLIT_FILES = {
+    "dev": ("doc_questions", "computations", "recall"),
+    "headline": ("doc_questions", "computations", "recall"),
+    "fresh1": ("doc_questions",),
+}
 KINDS = {"number", "string", "date"}
 REQUEST_FAMILIES = {
     "plan",
@@ -46,6 +53,13 @@ REQUEST_FAMILIES = {
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _split_lines(split: str, name: str) -> list[dict]:
+    """The items of ``split``'s ``name``.jsonl; the test is skipped for a split without one."""
+    if name not in SPLIT_FILES[split]:
+        pytest.skip(f"{split} has no {name}.jsonl")
+    return _lines(DATA / split / f"{name}.jsonl")
 
 
 def _item(kind: str, answer: str, question: str = "", **extra) -> dict:
@@ -237,6 +251,13 @@ def test_a_weekday_is_judged_on_the_one_stated_not_on_all_named() -> None:
     assert matches(item, "1 March 2028 is a Wednesday, so 29 February 2028 is a Tuesday.")
     assert matches(item, "The answer is Tuesday, not Monday.")
     assert not matches(item, "Monday, Tuesday or Wednesday? I think Monday.")
+
+
+def test_a_weekday_in_the_plural_states_that_day() -> None:
+    item = _item("string", "Tuesday", "On which day must staff be in the office?")
+    assert matches(item, "Staff must be in the office on Tuesdays.")
+    assert not matches(item, "Staff must be in the office on Thursdays.")
+    assert not matches(item, "Staff come in on Mondays, Tuesdays or Fridays, as they like.")
     assert not matches(item, "It falls on a Monday.")
 
 
@@ -308,9 +329,15 @@ def _in_document(item: dict, document: str) -> bool:
 def _all_items() -> list[tuple[str, dict]]:
     items = []
     for split in SPLITS:
-        for name in ("doc_questions", "computations", "recall"):
+        for name in SPLIT_FILES[split]:
             items += [(f"{split}/{name}", item) for item in _lines(DATA / split / f"{name}.jsonl")]
     return items
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_each_split_has_its_question_files_and_no_others(split: str) -> None:
+    present = {p.stem for p in (DATA / split).glob("*.jsonl")}
+    assert present == set(SPLIT_FILES[split])
 
 
 def test_ids_are_unique_across_every_set() -> None:
@@ -342,6 +369,20 @@ def test_every_answer_passes_its_own_check_and_a_wrong_one_fails(where: str, ite
     assert not matches(item, f"The answer is {wrong}."), wrong
     # The question does not give its answer away.
     assert not matches(item, item["question"]), item["question"]
+
+
+@pytest.mark.parametrize(
+    "where,item", _all_items(), ids=lambda x: x if isinstance(x, str) else x["id"]
+)
+def test_no_answer_is_a_value_its_question_holds(where: str, item: dict) -> None:
+    """The checker takes a question's values for operands: an answer among them never counts."""
+    if item["kind"] == "number":
+        answer = _values(item["answer"])
+        assert not set(answer) & set(_values(item["question"])), where
+    elif item["kind"] == "date":
+        day = date.fromisoformat(item["answer"])
+        for mention in date_mentions(item["question"]):
+            assert (day.month, day.day) not in {v[1:] for v in mention.values}, where
 
 
 def _doc_questions() -> list[tuple[str, dict]]:
@@ -387,9 +428,30 @@ def test_the_headline_set_shares_no_document_question_or_fact_with_the_developme
             assert f" {normalise(item['answer'])} " not in f" {normalise(dev_text)} ", item["id"]
 
 
+def _corpus_text(split: str) -> str:
+    return " ".join(_doc_text(p) for p in sorted((DATA / split / "docs").iterdir()))
+
+
+def test_the_fresh_set_shares_no_document_question_or_fact_with_dev_or_headline() -> None:
+    fresh_docs = {p.name for p in (DATA / "fresh1" / "docs").iterdir()}
+    fresh = _lines(DATA / "fresh1" / "doc_questions.jsonl")
+    questions = {i["question"] for i in fresh}
+    for other in ("dev", "headline"):
+        assert not fresh_docs & {p.name for p in (DATA / other / "docs").iterdir()}, other
+        for name in SPLIT_FILES[other]:
+            asked = {i["question"] for i in _lines(DATA / other / f"{name}.jsonl")}
+            assert not questions & asked, (other, name)
+        # no answer of the fresh set (a weekday aside) is to be found in an older corpus
+        text = f" {normalise(_corpus_text(other))} "
+        for item in fresh:
+            answer = normalise(item["answer"])
+            if item["kind"] == "string" and answer not in WEEKDAYS:
+                assert f" {answer} " not in text, (other, item["id"])
+
+
 @pytest.mark.parametrize("split", SPLITS)
 def test_computations_cover_every_topic(split: str) -> None:
-    items = _lines(DATA / split / "computations.jsonl")
+    items = _split_lines(split, "computations")
     assert {i["family"] for i in items} == {"computation"}
     assert {i["topic"] for i in items} == {
         "arithmetic",
@@ -402,7 +464,7 @@ def test_computations_cover_every_topic(split: str) -> None:
 
 @pytest.mark.parametrize("split", SPLITS)
 def test_recall_items_give_the_fact_once_then_one_to_three_unrelated_turns(split: str) -> None:
-    for item in _lines(DATA / split / "recall.jsonl"):
+    for item in _split_lines(split, "recall"):
         fact, *filler = item["turns"]
         assert 1 <= len(filler) <= 3, item["id"]
         assert matches(item, fact), (item["id"], judge(item, fact).reason)

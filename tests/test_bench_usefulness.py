@@ -334,6 +334,18 @@ def test_unknown_systems_families_and_splits_are_refused(world) -> None:
         usefulness.load_items("train", ["recall"], data=world)
 
 
+def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> None:
+    # a split of document questions alone, as fresh1 is
+    (world / "fresh1" / "docs").mkdir(parents=True)
+    lines = "".join(json.dumps(item) + "\n" for item in ITEMS["doc_questions.jsonl"])
+    (world / "fresh1" / "doc_questions.jsonl").write_text(lines, encoding="utf-8")
+    found = usefulness.load_items("fresh1", ["document"], data=world)
+    assert [item["id"] for item in found["document"]] == ["t-doc-1", "t-doc-2"]
+    with pytest.raises(SystemExit, match=r"no recall questions: .*recall\.jsonl is missing"):
+        usefulness.load_items("fresh1", ["document", "recall"], data=world)
+    assert set(usefulness.HELD_OUT) == {"headline", "fresh1"} <= set(usefulness.SPLITS)
+
+
 def test_a_lever_is_set_for_the_run_and_named_in_its_report(world, tmp_path, monkeypatch):
     monkeypatch.setenv("BATOS_MIND_PASSAGE_WORDS", "0")  # restored after the test
     services = MindServices(

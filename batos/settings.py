@@ -49,6 +49,14 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _passages(text: str) -> int:
+    # graph.answer.MAX_PASSAGES: more would not be shown to the answer anyway.
+    value = int(text)
+    if not 1 <= value <= 5:
+        raise ValueError("must be an integer from 1 to 5")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -428,6 +436,25 @@ SETTINGS: dict[str, Setting] = {
             "Words of each passage from memory an answer is shown: its sentences that share "
             "most words with the request, up to about this many; 0 shows whole passages.",
             _non_negative_int,
+        ),
+        Setting(
+            "mind_passages",
+            "BATOS_MIND_PASSAGES",
+            lambda: "5",
+            "Passages from memory a grounded answer reads (the best of the knowledge "
+            "catalog's search); when the answer finds nothing in them it looks once more, in "
+            "as many of the next best. Each passage costs about two seconds of prompt on two "
+            "cores.",
+            _passages,
+        ),
+        Setting(
+            "mind_quote_first",
+            "BATOS_MIND_QUOTE_FIRST",
+            lambda: "off",
+            "Whether an answer from passages of memory first copies the sentence that holds "
+            "the answer ('on'; the quote is checked against the passages and kept in the "
+            "cycle's record as evidence) or answers directly ('off').",
+            _choice("on", "off"),
         ),
         Setting(
             "mind_write_facets",

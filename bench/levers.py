@@ -22,6 +22,17 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PASSAGE_WORDS": "60"},
         "off": {"BATOS_MIND_PASSAGE_WORDS": None},
     },
+    # An answer from passages copies the sentence that holds the answer first, then answers
+    # (graph.answer.split_quoted), against answering directly (the default).
+    "quote_first": {
+        "on": {"BATOS_MIND_QUOTE_FIRST": "on"},
+        "off": {"BATOS_MIND_QUOTE_FIRST": None},
+    },
+    # A grounded answer reads the best 3 passages (a second look, the next 3), against 5.
+    "three_passages": {
+        "on": {"BATOS_MIND_PASSAGES": "3"},
+        "off": {"BATOS_MIND_PASSAGES": None},
+    },
 }
 
 

@@ -28,9 +28,11 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     BATOS_MODEL=test .venv/bin/python bench/usefulness.py --limit 3  # to see it work
     .venv/bin/python bench/usefulness.py --families computation --systems mind,bare
     .venv/bin/python bench/usefulness.py --split headline            # reported figures only
+    .venv/bin/python bench/usefulness.py --split fresh1 --families document  # held out too
 
-``headline/`` is for reported figures only: nobody reads its replies to decide what to change
-(bench/data/usefulness/README.md).
+``headline/`` and ``fresh1/`` are for reported figures only: nobody reads their replies to
+decide what to change (bench/data/usefulness/README.md). ``fresh1/`` has document questions
+only, so name ``--families document`` with it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline")
+SPLITS = ("dev", "headline", "fresh1")
+#: The held-out splits: for reported figures only, never tuned on.
+HELD_OUT = ("headline", "fresh1")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",
@@ -102,6 +106,11 @@ def load_items(
         if family not in FAMILIES:
             raise SystemExit(f"unknown family {family!r}: use some of {', '.join(FAMILIES)}")
         path = data / split / FAMILIES[family]
+        if not path.is_file():
+            raise SystemExit(
+                f"split {split!r} has no {family} questions: {path} is missing "
+                "(choose the families it has with --families)"
+            )
         with path.open(encoding="utf-8") as lines:
             items = [json.loads(line) for line in lines if line.strip()]
         found[family] = items if limit is None else items[:limit]
@@ -221,6 +230,7 @@ def cycle_facts(state: dict[str, Any]) -> dict[str, Any]:
         "truncated": _cycle_field(state, "truncated"),
         "grounding": _cycle_field(state, "grounding"),
         "cited_passages": _cycle_field(state, "cited"),
+        "evidence": _cycle_field(state, "evidence"),
         "plan": state.get("plan") or [],
         "plan_quality": _cycle_field(state, "plan_quality"),
         "partials": [
@@ -663,8 +673,8 @@ def main() -> None:
         parser.error("--limit must be at least 1")
     if args.model:
         os.environ["BATOS_MODEL"] = args.model
-    if args.split == "headline":
-        print("headline split: for the reported figures only; do not tune on its replies")
+    if args.split in HELD_OUT:
+        print(f"{args.split} split: for the reported figures only; do not tune on its replies")
     report, path = run(
         args.split,
         [f.strip() for f in args.families.split(",") if f.strip()],

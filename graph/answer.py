@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
@@ -175,6 +176,78 @@ def answer_prompt(
 
 def grounded_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
     return prompts()["grounded"].format(passages=passages_text(passages), request=request)
+
+
+def grounded_quote_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
+    return prompts()["grounded_quote"].format(passages=passages_text(passages), request=request)
+
+
+@dataclass(frozen=True)
+class Quoted:
+    """A quote-first reply taken apart: the answer a user is given, the sentence the model
+    copied from the passages, and whether that sentence is really in them (``passage``: its
+    number from 1, None when it is not found or there is no quote)."""
+
+    answer: str
+    quote: str
+    passage: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"quote": self.quote, "passage": self.passage, "found": self.passage is not None}
+
+
+_QUOTE_MARK = re.compile(r"^[\s*_#>-]*quote[\s*_]*:[\s*_]*", re.IGNORECASE | re.MULTILINE)
+_ANSWER_MARK = re.compile(r"^[\s*_#>-]*answer[\s*_]*:[\s*_]*", re.IGNORECASE | re.MULTILINE)
+_NO_QUOTE = re.compile(r"^[\W_]*none\b", re.IGNORECASE)
+#: Share of a quote's words that must occur, in order, in one passage for it to count as
+#: copied from it (a small model drops a word or changes punctuation as it copies).
+QUOTE_OVERLAP = 0.8
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(_CITATION.sub(" ", text))]
+
+
+def quoted_in(quote: str, passages: Sequence[Mapping[str, Any]]) -> int | None:
+    """The number (from 1) of the passage ``quote`` was copied from, or None. Too short a
+    quote (under four words) cannot be told from one written afresh."""
+    from difflib import SequenceMatcher
+
+    words = _words(quote)
+    if len(words) < 4:
+        return None
+    best, where = 0.0, None
+    for n, passage in enumerate(passages, start=1):
+        matcher = SequenceMatcher(None, words, _words(str(passage["text"])), autojunk=False)
+        share = sum(block.size for block in matcher.get_matching_blocks()) / len(words)
+        if share > best:
+            best, where = share, n
+    return where if best >= QUOTE_OVERLAP else None
+
+
+def split_quoted(text: str, passages: Sequence[Mapping[str, Any]]) -> Quoted:
+    """Take a quote-first reply apart (``grounded_quote``): "Quote: …" then "Answer: …".
+
+    A reply that kept to neither line is its own answer; one with a quote and no "Answer:" line
+    gives what follows the quote's line, or the quote itself when nothing does.
+    """
+    quote_mark = _QUOTE_MARK.search(text)
+    answer_mark = _ANSWER_MARK.search(text)
+    quote = ""
+    if answer_mark:
+        reply = text[answer_mark.end() :].strip()
+        if quote_mark and quote_mark.end() <= answer_mark.start():
+            quote = text[quote_mark.end() : answer_mark.start()].strip()
+    elif quote_mark:
+        line, _, rest = text[quote_mark.end() :].partition("\n")
+        quote, reply = line.strip(), rest.strip() or line.strip()
+    else:
+        reply = text.strip()
+    quote = _CITATION.sub(" ", quote).strip().strip('"“” ')
+    if _NO_QUOTE.match(quote):
+        quote = ""
+    reply = reply or text.strip()
+    return Quoted(reply, quote, quoted_in(quote, passages) if quote else None)
 
 
 _NOT_FOUND = re.compile(

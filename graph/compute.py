@@ -173,6 +173,40 @@ def run_program(source: str) -> str:
     return shown(outcome.value)
 
 
+#: Figures a program may write without finding them in the question or the facts: counting,
+#: calendar and clock constants, powers of ten.
+_COMMON = frozenset(
+    [float(n) for n in range(13)]
+    + [24.0, 30.0, 31.0, 52.0, 60.0, 365.0, 366.0, 3600.0]
+    + [100.0, 1000.0, 10000.0, 1000000.0]
+)
+
+
+def unsourced(source: str, given: str) -> list[str]:
+    """The figures written into ``source`` that ``given`` (the question and the facts) does
+    not hold, beyond common constants: a program about documents that invents its operands
+    computes an exact-looking wrong answer."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # the sandbox's check says what is wrong with it
+    have = {round(value, 9) for value, _ in _figures(given)}
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or isinstance(node.value, bool):
+            continue
+        if not isinstance(node.value, int | float) or not math.isfinite(node.value):
+            continue
+        value = abs(float(node.value))
+        if value in _COMMON or round(value, 9) in have:
+            continue
+        if repr(node.value) not in out:
+            out.append(repr(node.value))
+    return out
+
+
 def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str = "") -> Computed:
     """Have ``write`` (one model call: messages in, reply out) write a program for
     ``question`` (taking figures from ``facts`` too) and run it; a repair round is given the
@@ -183,6 +217,12 @@ def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str
     for attempt in range(1, ATTEMPTS + 1):
         source = extract_code(write(messages_for(question, failed, facts)), SELECTOR)
         try:
+            invented = unsourced(source, question + "\n" + facts) if facts else []
+            if invented:
+                raise ValueError(
+                    f"it uses {', '.join(invented[:6])}, which neither the question nor the "
+                    "facts give: take every figure from the facts, copied exactly"
+                )
             return Computed(True, run_program(source), source, attempts=attempt)
         except ValueError as exc:
             failed.append((source, str(exc)))

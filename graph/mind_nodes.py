@@ -59,8 +59,9 @@ log = logging.getLogger("batos.mind")
 PLAN_TOKENS = 200
 FACET_TOKENS = 160
 ANSWER_TOKENS = 480
-#: Passages a grounded answer is given; a request about memory of at most this many words,
-#: routed to one persona, is answered from them in one call, with no plan.
+#: Passages a BABS facet brings from memory (a grounded answer reads ``mind_passages``); a
+#: request about memory of at most GROUNDED_FAST_WORDS words, routed to one persona, is
+#: answered from its passages in one call, with no plan.
 GROUNDING_PASSAGES = 5
 GROUNDED_FAST_WORDS = 30
 #: Who answers when the router cannot say (the one ``batos`` names with no router installed).
@@ -388,10 +389,11 @@ class Mind:
             grounding = probe(catalog, request, settings.get_float("mind_grounding"))
             cycle_state["grounding"] = grounding.as_dict()
             if grounding.about_catalog:
-                hits = catalog.search(request, 2 * GROUNDING_PASSAGES, record=False)
-                cycle_state["passages"] = [passage(h) for h in hits[:GROUNDING_PASSAGES]]
+                shown = settings.get_int("mind_passages")
+                hits = catalog.search(request, 2 * shown, record=False)
+                cycle_state["passages"] = [passage(h) for h in hits[:shown]]
                 # The next best, for a second look when the first answer finds nothing.
-                cycle_state["more_passages"] = [passage(h) for h in hits[GROUNDING_PASSAGES:]]
+                cycle_state["more_passages"] = [passage(h) for h in hits[shown:]]
         except Exception as exc:
             _degrade(cycle_state, "retrieval", "the knowledge catalog", _failure("route", exc))
 
@@ -655,10 +657,13 @@ class Mind:
         if second_look:  # the first passages did not hold it: the next best ones, afresh
             passages = cycle_state["passages"] = cycle_state.get("more_passages") or passages
         shown = answer.focus(passages, request, settings.get_int("mind_passage_words"))
+        quote_first = False
         if partials:
             messages.append(HumanMessage(answer.answer_prompt(request, partials, shown)))
         elif passages:
-            messages.append(HumanMessage(answer.grounded_prompt(request, shown)))
+            quote_first = settings.get_str("mind_quote_first") == "on"
+            grounded = answer.grounded_quote_prompt if quote_first else answer.grounded_prompt
+            messages.append(HumanMessage(grounded(request, shown)))
         else:
             messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
@@ -674,6 +679,12 @@ class Mind:
         if metric["finish_reason"] == "length":
             text = answer.cut_at_sentence(text)
             cycle_state["truncated"] = True
+        if quote_first:
+            # The user is given the answer; the sentence it stands on, and whether it is
+            # really in the passages, go to the cycle's record.
+            quoted = answer.split_quoted(text, shown)
+            text = quoted.answer
+            cycle_state["evidence"] = quoted.as_dict()
         from graph.retrieval import render_citations
 
         numbered = [{"n": n, **x} for n, x in enumerate(passages, start=1)]

@@ -274,3 +274,99 @@ def test_reading_an_answer_for_its_computed_value_never_raises(text: str, value:
 )
 def test_a_value_stated_rounded_among_words_is_given(number, decimals, prose) -> None:
     assert gives(f"{prose} {number:.{decimals}f} {prose}", repr(number))
+
+
+# -- quote-first answers and programs about documents ---------------------------------------
+
+_PASSAGES = [
+    {"text": "The co-op opened in 1961. Attachments were raised from 40 MB to 250 MB in 2.6.0."},
+    {"text": "Shelves replaced Notebooks in version 2.5.0, after a long vote."},
+]
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer", "quote", "passage"),
+    [
+        (
+            'Quote: "Attachments were raised from 40 MB to 250 MB in 2.6.0." [1]\n'
+            "Answer: 250 MB [1].",
+            "250 MB [1].",
+            "Attachments were raised from 40 MB to 250 MB in 2.6.0.",
+            1,
+        ),
+        (  # markdown labels, and a quote that drops a word as it copies
+            "**Quote:** Shelves replaced Notebooks in 2.5.0, after a long vote [2]\n"
+            "**Answer:** In 2.5.0 [2].",
+            "In 2.5.0 [2].",
+            "Shelves replaced Notebooks in 2.5.0, after a long vote",
+            2,
+        ),
+        ("Quote: none\nAnswer: The passages do not say.", "The passages do not say.", "", None),
+        ("It opened in 1961 [1].", "It opened in 1961 [1].", "", None),  # kept to no line
+        ("Quote: in 1961 [1]\nAnswer: 1961.", "1961.", "in 1961", None),  # too short to check
+        (  # a quote and no "Answer:" line: what follows the quote is the answer
+            "Quote: The co-op opened in 1961. [1]\nIt opened in 1961.",
+            "It opened in 1961.",
+            "The co-op opened in 1961.",
+            1,
+        ),
+        (  # a quote the passages do not hold
+            "Quote: The attachment limit is 900 MB in every version [1]\nAnswer: 900 MB.",
+            "900 MB.",
+            "The attachment limit is 900 MB in every version",
+            None,
+        ),
+    ],
+)
+def test_a_quote_first_reply_is_taken_apart_and_its_quote_checked(
+    reply: str, answer: str, quote: str, passage: int | None
+) -> None:
+    from graph.answer import split_quoted
+
+    quoted = split_quoted(reply, _PASSAGES)
+    assert (quoted.answer, quoted.quote, quoted.passage) == (answer, quote, passage)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=400))
+def test_taking_a_quote_first_reply_apart_never_raises_or_loses_the_answer(text: str) -> None:
+    from graph.answer import split_quoted
+
+    quoted = split_quoted(text, _PASSAGES)
+    assert quoted.passage in (None, 1, 2)
+    assert quoted.answer == quoted.answer.strip()
+    if text.strip():
+        assert quoted.answer  # a reply with any text is never given as an empty answer
+
+
+def test_a_program_about_documents_may_not_invent_its_figures() -> None:
+    from graph.compute import unsourced
+
+    facts = "The DH-20 extracts 16 litres a day; the DH-20 Pro extracts 20 litres."
+    invented = "def solve(self):\n    plain = 18\n    pro = 24\n    return pro - plain\n"
+    assert unsourced(invented, facts) == ["18"]  # 24 is a clock constant, let through
+    copied = "def solve(self):\n    plain = 16\n    pro = 20.0\n    return (pro - plain) * 7\n"
+    assert unsourced(copied, facts) == []
+    assert unsourced("def solve(self):\n    return 1234.5 * 2\n", "costs $1,234.50") == []
+    assert unsourced("def solve(self:\n", facts) == []  # the sandbox says what is wrong
+
+
+def test_a_program_that_invents_a_figure_is_repaired_with_the_figure_named() -> None:
+    replies = iter(
+        [
+            "```python\ndef solve(self):\n    return 24 - 18\n```",
+            "```python\ndef solve(self):\n    return 20 - 16\n```",
+        ]
+    )
+    seen: list = []
+
+    def write(messages):
+        seen.append(messages)
+        return next(replies)
+
+    facts = "The DH-20 extracts 16 litres a day; the DH-20 Pro extracts 20 litres."
+    result = compute("How many more litres does the Pro extract?", write, facts)
+    assert result.ok and result.value == "4" and result.attempts == 2
+    assert "18, which neither the question nor the facts give" in str(seen[1][-1].content)
+    # without facts (a word problem that gives its own figures) nothing is held back
+    assert compute("What is 24 minus 18?", lambda m: "def solve(self):\n    return 24 - 18\n").ok

@@ -862,6 +862,42 @@ def test_a_request_about_memory_is_answered_from_its_passages_with_citations(
         ]
 
 
+def test_a_quote_first_answer_gives_the_answer_and_records_the_quote_it_stands_on(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_QUOTE_FIRST", "on")
+    replies = iter(
+        [
+            'Quote: "The Ondine ferry leaves Harbour Pier at 7:40 every morning." [1]\n'
+            "Answer: It leaves at 7:40 [1].",
+            "Quote: The ferry leaves at 9:15 sharp [1]\nAnswer: At 9:15 [1].",
+        ]
+    )
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    question = "when does the Ondine ferry leave Harbour Pier"
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    prompt = models.of("answer")[0].text
+    assert prompt.startswith(f"Question: {question}") and prompt.endswith(f"Question: {question}")
+    assert "Quote: the sentence of the passages that answers it" in prompt
+    assert state["response"].startswith("It leaves at 7:40 [1].")
+    assert "Quote" not in state["response"]
+    evidence = state["cycle"]["evidence"]
+    assert evidence == {
+        "quote": "The Ondine ferry leaves Harbour Pier at 7:40 every morning.",
+        "passage": 1,
+        "found": True,
+    }
+    with image.read() as root:
+        assert cycle.get(root, state["cycle"]["id"])["evidence"] == evidence
+    # a quote that is in no passage is recorded as not found
+    state = run(image, services, question, thread="t-quote-2")
+    assert state["cycle"]["evidence"]["found"] is False
+    assert state["response"].startswith("At 9:15 [1].")
+
+
 def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder())

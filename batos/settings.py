@@ -440,7 +440,10 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "mind_passages",
             "BATOS_MIND_PASSAGES",
-            lambda: "5",
+            # On the dev document questions 3 answered 31 of 36 in 10.1 s a question, 5 answered
+            # 30 in 17.0 s (bench/RESULTS.md): two more passages cost seven seconds of prompt
+            # and distract the model as often as they hold the answer.
+            lambda: "3",
             "Passages from memory a grounded answer reads (the best of the knowledge "
             "catalog's search); when the answer finds nothing in them it looks once more, in "
             "as many of the next best. Each passage costs about two seconds of prompt on two "

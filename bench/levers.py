@@ -28,10 +28,11 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_QUOTE_FIRST": "on"},
         "off": {"BATOS_MIND_QUOTE_FIRST": None},
     },
-    # A grounded answer reads the best 3 passages (a second look, the next 3), against 5.
+    # A grounded answer reads the best 3 passages (the default; a second look, the next 3),
+    # against the best 5.
     "three_passages": {
         "on": {"BATOS_MIND_PASSAGES": "3"},
-        "off": {"BATOS_MIND_PASSAGES": None},
+        "off": {"BATOS_MIND_PASSAGES": "5"},
     },
 }
 

@@ -274,6 +274,8 @@ UNSEEN13 = Path(__file__).parent / "data" / "jit_intents_unseen13.json"
 UNSEEN14 = Path(__file__).parent / "data" / "jit_intents_unseen14.json"
 #: Written with unseen13, before the selective-installation change was measured.
 UNSEEN15 = Path(__file__).parent / "data" / "jit_intents_unseen15.json"
+#: Written after the unseen15 set's live run, before any change that followed it.
+UNSEEN16 = Path(__file__).parent / "data" / "jit_intents_unseen16.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -293,6 +295,7 @@ HELDOUT_SETS = {
     "unseen13": UNSEEN13,
     "unseen14": UNSEEN14,
     "unseen15": UNSEEN15,
+    "unseen16": UNSEEN16,
 }
 
 

@@ -451,6 +451,17 @@ SETTINGS: dict[str, Setting] = {
             _passages,
         ),
         Setting(
+            "mind_figures",
+            "BATOS_MIND_FIGURES",
+            # On the dev document questions it sent back 4 of 36 answers and changed none from
+            # wrong to right (a made-up figure came back made up again): it costs a call.
+            lambda: "off",
+            "Whether the quality gate sends back a fast answer from passages of memory that "
+            "states a figure none of them gives (and fewer than two they do give): 'on' or "
+            "'off'.",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_quote_first",
             "BATOS_MIND_QUOTE_FIRST",
             lambda: "off",

@@ -34,6 +34,11 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PASSAGES": "3"},
         "off": {"BATOS_MIND_PASSAGES": "5"},
     },
+    # The gate sends back a fast answer from passages stating a figure none of them gives.
+    "figures": {
+        "on": {"BATOS_MIND_FIGURES": "on"},
+        "off": {"BATOS_MIND_FIGURES": None},
+    },
 }
 
 

@@ -271,6 +271,43 @@ def found_nothing(text: str) -> bool:
     return bool(_NOT_FOUND.search(body)) or (not figure and not substance)
 
 
+#: A figure as the answer states it: not part of a name, code or version ("DH-20", "A4").
+_FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
+_LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)
+
+
+def _figure_values(text: str) -> list[tuple[str, float]]:
+    out = []
+    for m in _FIGURE.finditer(text):
+        raw = m.group().rstrip(",")
+        try:
+            out.append((raw, float(raw.replace(",", ""))))
+        except ValueError:
+            continue
+    return out
+
+
+def unsupported_figures(
+    text: str, passages: Sequence[Mapping[str, Any]], request: str
+) -> list[str]:
+    """The figures a grounded answer states that neither its passages nor the request give,
+    when it shows fewer than two figures that they do give ([]: nothing to hold against it).
+
+    An answer from passages whose number is in none of them made the number up ("the limit is
+    1 MB" where the changelog says 250 MB). One that works a figure out shows the figures it
+    comes from, so two or more given figures let an answer through with a derived one."""
+    body = _CITATION.sub(" ", text.split("\n\nSources: ")[0])
+    body = _LIST_ITEM.sub(" ", body)
+    stated = _figure_values(body)
+    if not stated:
+        return []
+    given = " ".join(str(p["text"]) for p in passages) + "\n" + request
+    have = {round(value, 6) for _, value in _figure_values(given)}
+    unsupported = [raw for raw, value in stated if round(value, 6) not in have]
+    supported = len(stated) - len(unsupported)
+    return list(dict.fromkeys(unsupported)) if unsupported and supported < 2 else []
+
+
 def cut_at_sentence(text: str) -> str:
     """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
 

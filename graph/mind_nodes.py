@@ -692,6 +692,15 @@ class Mind:
         cycle_state["cited"] = [passages[n - 1]["citation"] for n in cited]
         return text, metric
 
+    @staticmethod
+    def _invented(state: MindState, cycle_state: dict[str, Any], response: str) -> list[str]:
+        """Figures a fast answer from passages states that they do not give (``mind_figures``
+        on; a cycle with partials has notes and programs to take figures from too)."""
+        passages = cycle_state.get("passages") or []
+        if not passages or state.get("partials") or settings.get_str("mind_figures") == "off":
+            return []
+        return answer.unsupported_figures(response, passages, cycle_state["request"])
+
     def gate(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
@@ -730,6 +739,12 @@ class Mind:
                 reason = (
                     f"the answer does not state what the program computed, {computed['text']}: "
                     "give that result first, and do not redo the arithmetic"
+                )
+            elif invented := self._invented(state, cycle_state, response):
+                reason = (
+                    f"the answer states {', '.join(invented[:4])}, which no passage gives: "
+                    "give the figure the passages give, or, if you worked it out, the figures "
+                    "of the passages it comes from"
                 )
             elif threshold > -1 and relevance is not None and relevance < threshold:
                 reason = f"the answer's relevance {relevance:.3f} is under {threshold}"

@@ -687,6 +687,34 @@ def read_answer(
         ) from None
 
 
+def _read_isolated(
+    receiver: UvmObject,
+    selector: str,
+    source: str,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    answer: Mapping[str, Any],
+    *,
+    forgiving: bool,
+) -> Any:
+    """A draft's reading phase run on ``answer`` in an isolated child; its outcome's value is
+    ``[True, what it read]``, or with ``forgiving`` ``[False, None]`` when it raised an
+    ordinary exception (a breach of the sandbox is never forgiven)."""
+    reader = compile_reader(selector, source)
+
+    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
+        try:
+            return [True, reader(obj, *call_args, **call_kwargs, **{RESPONSE_PARAM: answer})]
+        except GeneratedCodeError:
+            raise
+        except Exception:
+            if not forgiving:
+                raise
+            return [False, None]
+
+    return sandbox.run_isolated(probe, receiver, *args, **kwargs)
+
+
 def trial_reading(
     receiver: UvmObject,
     selector: str,
@@ -703,19 +731,9 @@ def trial_reading(
     called, a limit passed, a value that is not bounded JSON data."""
     if reading_of(selector, source) is None:
         return []
-    reader = compile_reader(selector, source)
     empty = {"status": 200, "url": "https://example.invalid/", "headers": {}}
     empty[expect if expect in _EXPECT else "json"] = None if expect == "json" else ""
-
-    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
-        try:
-            return [True, reader(obj, *call_args, **call_kwargs, **{RESPONSE_PARAM: empty})]
-        except GeneratedCodeError:
-            raise
-        except Exception:
-            return [False, None]
-
-    outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
+    outcome = _read_isolated(receiver, selector, source, args, kwargs, empty, forgiving=True)
     if not outcome.ok:
         return [f"with {RESPONSE_PARAM} given: {f}" for f in outcome.findings]
     returned, value = outcome.value
@@ -832,12 +850,7 @@ def read_in_trial(
     """A draft's reading phase run, sandboxed in an isolated child, on the service's real
     answer: (True, what it read, []) or (False, None, what went wrong, with the answer's body
     so the next draft can read it right)."""
-    reader = compile_reader(selector, source)
-
-    def probe(obj: UvmObject, *call_args: Any, **call_kwargs: Any) -> Any:
-        return reader(obj, *call_args, **call_kwargs, **{RESPONSE_PARAM: answer})
-
-    outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)
+    outcome = _read_isolated(receiver, selector, source, args, kwargs, answer, forgiving=False)
     status = answer.get("status")
     why = (
         " (it does not know that request: check the address and each parameter's name "
@@ -850,7 +863,7 @@ def read_in_trial(
         said = "; ".join(outcome.findings or (outcome.summary,))
         return False, None, [f"reading the service's real answer, {said}", shown]
     try:
-        value = plain_data(outcome.value, "what it read", MAX_READ_NODES, MAX_READ_CHARS)
+        value = plain_data(outcome.value[1], "what it read", MAX_READ_NODES, MAX_READ_CHARS)
     except ValueError as exc:
         return False, None, [f"reading the service's real answer, {exc}", shown]
     return True, value, []

@@ -370,3 +370,35 @@ def test_a_program_that_invents_a_figure_is_repaired_with_the_figure_named() -> 
     assert "18, which neither the question nor the facts give" in str(seen[1][-1].content)
     # without facts (a word problem that gives its own figures) nothing is held back
     assert compute("What is 24 minus 18?", lambda m: "def solve(self):\n    return 24 - 18\n").ok
+
+
+@pytest.mark.parametrize(
+    ("text", "invented"),
+    [
+        ("The biggest attachment is 1 MB [2].\n\nSources: [2] a.md (0–771)", ["1"]),
+        ("It is 250 MB [1].", []),
+        ("The Pro extracts 4 more litres: 20 against 16 [1].", []),  # its working is shown
+        ("The Pro extracts 4 more litres [1].", ["4"]),
+        ("1. Open the lid\n2. Wait for the fan", []),  # list items are not figures
+        ("It shows E5 while it defrosts; see the DH-20 notes.", []),  # codes are not figures
+        ("Version 2.6.0 raised it [1].", []),
+        ("Nothing to measure here.", []),
+    ],
+)
+def test_figures_a_grounded_answer_makes_up_are_found(text: str, invented: list[str]) -> None:
+    from graph.answer import unsupported_figures
+
+    passages = [
+        {"text": "Attachments were raised from 40 MB to 250 MB in 2.6.0."},
+        {"text": "The DH-20 extracts 16 litres a day; the DH-20 Pro extracts 20 litres."},
+    ]
+    assert unsupported_figures(text, passages, "What is the biggest attachment?") == invented
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=300), request=st.text(max_size=80))
+def test_looking_for_made_up_figures_never_raises(text: str, request: str) -> None:
+    from graph.answer import unsupported_figures
+
+    found = unsupported_figures(text, [{"text": "It costs 4.80 dollars."}], request)
+    assert all(f in text for f in found)

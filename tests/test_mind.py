@@ -898,6 +898,28 @@ def test_a_quote_first_answer_gives_the_answer_and_records_the_quote_it_stands_o
     assert state["response"].startswith("At 9:15 [1].")
 
 
+def test_an_answer_from_passages_stating_a_figure_none_gives_is_sent_back_once(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_FIGURES", "on")
+    replies = iter(["A single costs 5.20 dollars [1].", "A single costs 4.80 dollars [1]."])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    state = run(image, services, "what does an adult single ticket on the Ondine ferry cost")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    first, second = models.of("answer")
+    assert "the answer states 5.20, which no passage gives" in second.text
+    assert state["response"].startswith("A single costs 4.80 dollars [1].")
+    assert state["cycle"]["synthesis_attempts"] == 2 and state["cycle"]["degraded"] == []
+    # with the check off, the first answer is given as it is
+    monkeypatch.setenv("BATOS_MIND_FIGURES", "off")
+    replies = iter(["A single costs 5.20 dollars [1]."])
+    state = run(image, services, "what does an adult single ferry ticket cost", thread="t-off")
+    assert state["response"].startswith("A single costs 5.20 dollars [1].")
+    assert state["cycle"]["synthesis_attempts"] == 1
+
+
 def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder())
@@ -971,7 +993,7 @@ def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
         (tmp_path / f"ferry{n}.md").write_text(f"# Ferry {n}\n\nFerry number {n} runs daily.")
     catalog = KnowledgeCatalog.open(image, encoder)
     ingest_paths(catalog, sorted(tmp_path.glob("*.md")))
-    replies = iter(["Found in [2].", "Ferry 7 runs daily [1]."])
+    replies = iter(["Found in [2].", "Every ferry runs daily [1]."])
     models = FakeModels(responder(answer=lambda call: next(replies)))
     state = run(
         image, mind(models, FakeRouter(("BABS",)), catalog=catalog), "which ferry runs daily"
@@ -984,7 +1006,7 @@ def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
         return {x.split(" ", 1)[1] for x in call.text.splitlines() if x[:1] == "["}
 
     assert len(cited(second)) == 3 and not cited(first) & cited(second)
-    assert state["response"].startswith("Ferry 7 runs daily [1].")
+    assert state["response"].startswith("Every ferry runs daily [1].")
     assert state["cycle"]["synthesis_attempts"] == 2 and state["cycle"]["degraded"] == []
 
 

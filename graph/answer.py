@@ -308,6 +308,42 @@ def unsupported_figures(
     return list(dict.fromkeys(unsupported)) if unsupported and supported < 2 else []
 
 
+_ONE_CITATION = re.compile(r"\[(\d{1,2})\]")
+
+
+def recited(
+    text: str, passages: Sequence[Mapping[str, Any]], request: str
+) -> tuple[str, tuple[int, int] | None]:
+    """``text`` with its one cited passage corrected, when the passage it cites holds none of
+    the figures it states and exactly one other passage holds them all; and (cited, holding)
+    when it was corrected, else None.
+
+    A small model cites a passage that names the subject ("the Wrenfield co-op lent its van")
+    instead of the one holding the fee it quotes; a source a user follows should say what
+    the answer says. An answer with no figure, or several citations, is left as it is."""
+    numbers = {int(m) for m in _ONE_CITATION.findall(text)}
+    if len(numbers) != 1:
+        return text, None
+    cited = numbers.pop()
+    if not 1 <= cited <= len(passages):
+        return text, None
+    asked = {round(v, 6) for _, v in _figure_values(request)}
+    body = _LIST_ITEM.sub(" ", _CITATION.sub(" ", text))
+    stated = {round(v, 6) for _, v in _figure_values(body)} - asked
+    if not stated:
+        return text, None
+
+    def holds(passage: Mapping[str, Any]) -> set[float]:
+        return {round(v, 6) for _, v in _figure_values(str(passage["text"]))} & stated
+
+    if holds(passages[cited - 1]):
+        return text, None
+    holding = [n for n, p in enumerate(passages, start=1) if holds(p) == stated]
+    if len(holding) != 1:
+        return text, None
+    return text.replace(f"[{cited}]", f"[{holding[0]}]"), (cited, holding[0])
+
+
 def cut_at_sentence(text: str) -> str:
     """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
 

@@ -286,6 +286,7 @@ def commit_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> dict
                 "grounding": cycle_state.get("grounding") or {},
                 "cited": list(cycle_state.get("cited") or []),
                 "evidence": dict(cycle_state.get("evidence") or {}),
+                "recited": dict(cycle_state.get("recited") or {}),
                 "plan_quality": cycle_state.get("plan_quality") or {},
                 "request_vector": cem.get("request_vector"),
                 "response_vector": cem.get("response_vector"),

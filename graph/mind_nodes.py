@@ -687,6 +687,10 @@ class Mind:
             cycle_state["evidence"] = quoted.as_dict()
         from graph.retrieval import render_citations
 
+        if passages and not partials:
+            text, moved = answer.recited(text, passages, request)
+            if moved:
+                cycle_state["recited"] = {"cited": moved[0], "holding": moved[1]}
         numbered = [{"n": n, **x} for n, x in enumerate(passages, start=1)]
         text, cited = render_citations(text, numbered)
         cycle_state["cited"] = [passages[n - 1]["citation"] for n in cited]

@@ -402,3 +402,42 @@ def test_looking_for_made_up_figures_never_raises(text: str, request: str) -> No
 
     found = unsupported_figures(text, [{"text": "It costs 4.80 dollars."}], request)
     assert all(f in text for f in found)
+
+
+_SOURCES = [
+    {"text": "Membership of the co-op costs £40 a year, paid in April."},
+    {"text": "The survey ran in 2023 over 12 sites."},
+    {"text": "We thank the Wrenfield Growers' Cooperative for the loan of their van."},
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "fixed", "moved"),
+    [
+        ("The yearly fee is £40 [3].", "The yearly fee is £40 [1].", (3, 1)),
+        ("The yearly fee is £40 [1].", "The yearly fee is £40 [1].", None),  # cited right
+        ("It was the Wrenfield co-op [3].", "It was the Wrenfield co-op [3].", None),  # no figure
+        ("The fee is £40 [3], see [2].", "The fee is £40 [3], see [2].", None),  # two cited
+        ("The fee is £99 [3].", "The fee is £99 [3].", None),  # no passage holds it
+        ("It ran in 2023 and cost £40 [3].", "It ran in 2023 and cost £40 [3].", None),  # split
+        ("The fee is £40 [9].", "The fee is £40 [9].", None),  # no passage 9
+    ],
+)
+def test_a_citation_moves_to_the_one_passage_holding_the_answer_s_figures(
+    text: str, fixed: str, moved: tuple[int, int] | None
+) -> None:
+    from graph.answer import recited
+
+    assert recited(text, _SOURCES, "How much is the yearly fee?") == (fixed, moved)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200))
+def test_correcting_a_citation_never_raises_and_changes_only_its_number(text: str) -> None:
+    from graph.answer import recited
+
+    fixed, moved = recited(text, _SOURCES, "How much?")
+    if moved is None:
+        assert fixed == text
+    else:
+        assert fixed == text.replace(f"[{moved[0]}]", f"[{moved[1]}]") and moved[0] != moved[1]

@@ -920,6 +920,26 @@ def test_an_answer_from_passages_stating_a_figure_none_gives_is_sent_back_once(
     assert state["cycle"]["synthesis_attempts"] == 1
 
 
+def test_a_figure_cited_to_the_wrong_passage_is_cited_to_the_one_holding_it(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    question = "how much is an adult single ticket on the Ondine ferry"
+    services = mind(
+        FakeModels(responder(answer=lambda call: "It costs 4.80 dollars [2].")),
+        FakeRouter(("BABS",)),
+        catalog=remembered,
+    )
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    passages = state["cycle"]["passages"]
+    holding = next(n for n, p in enumerate(passages, start=1) if "4.80" in p["text"])
+    assert holding != 2  # the bread recipe is passage 2: the model cited the wrong one
+    assert state["response"].startswith(f"It costs 4.80 dollars [{holding}].")
+    assert state["cycle"]["recited"] == {"cited": 2, "holding": holding}
+    assert f"[{holding}] {passages[holding - 1]['source']}" in state["response"]
+
+
 def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder())

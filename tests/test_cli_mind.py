@@ -258,3 +258,19 @@ def test_a_stop_before_the_request_reached_the_thread_drops_it() -> None:
         assert session.mark_interrupted(config, "") is None  # an idle thread: nothing to mark
     finally:
         session.close()
+
+
+def test_what_the_kept_answer_changed_from_the_streamed_one_is_shown(capsys) -> None:
+    from batos.shell.cli.mind import _show_kept
+
+    cited = "The fee is £40 [1].\n\nSources: [1] coop.md (0–751)"
+    _show_kept({"response": cited}, "The fee is £40 [3].")  # a citation corrected
+    out = capsys.readouterr().out
+    assert "kept as: The fee is £40 [1]." in out and "Sources: [1] coop.md" in out
+    _show_kept({"response": cited}, "The fee is £40 [1].")  # only the sources line is new
+    out = capsys.readouterr().out
+    assert "kept as" not in out and "Sources: [1] coop.md" in out
+    cut = {"response": "One. Two.", "cycle": {"truncated": True}}
+    _show_kept(cut, "One. Two. Thre")  # cut at a sentence: the stream already showed it
+    out = capsys.readouterr().out
+    assert "cut at its last full sentence" in out and "kept as" not in out

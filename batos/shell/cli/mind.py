@@ -254,10 +254,10 @@ def _show_kept(update: dict[str, Any], streamed: str) -> None:
     body, _, sources = final.partition("\n\nSources: ")
     if (update.get("cycle") or {}).get("truncated"):
         console.print("\n[dim](cut at its last full sentence: the answer ran out of tokens)[/]")
+    if not streamed.startswith(body):  # a citation corrected, a placeholder taken out…
+        console.print(f"\n[dim]kept as:[/] {shown(body)}")
     if sources:
         console.print(f"\n[dim]Sources: {shown(sources)}[/]")
-    elif not streamed.startswith(body):
-        console.print(f"\n[dim]kept as:[/] {shown(body)}")
 
 
 def _summary(state: dict[str, Any]) -> dict[str, Any]:

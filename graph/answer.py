@@ -271,14 +271,14 @@ def found_nothing(text: str) -> bool:
     return bool(_NOT_FOUND.search(body)) or (not figure and not substance)
 
 
-#: A figure as the answer states it: not part of a name, code or version ("DH-20", "A4").
-_FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
 _LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)
 
 
 def _figure_values(text: str) -> list[tuple[str, float]]:
     out = []
-    for m in _FIGURE.finditer(text):
+    from graph.compute import NUMBER  # a figure, not part of a name, code or version
+
+    for m in NUMBER.finditer(text):
         raw = m.group().rstrip(",")
         try:
             out.append((raw, float(raw.replace(",", ""))))

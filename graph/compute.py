@@ -39,7 +39,7 @@ MAX_RESULT_CHARS = 300
 SELECTOR = "solve"
 
 #: A figure: not part of a name or code ("DH-20", "A4", "v2.1").
-_NUMBER = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
+NUMBER = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])")
 _MONTHS = (
     r"jan(uary)?|feb(ruary)?|mar(ch)?|apr(il)?|may|june?|july?|aug(ust)?|sep(t|tember)?|"
     r"oct(ober)?|nov(ember)?|dec(ember)?"
@@ -79,7 +79,7 @@ def looks_computational(text: str, *, grounded: bool = False) -> bool:
     locker code is 4471"), a model name ("DH-20") or a question with no figure is not one,
     unless a grounded question asks how many more, in total, the difference…
     """
-    figures = len(_NUMBER.findall(text)) + 2 * len(_DATE.findall(text))
+    figures = len(NUMBER.findall(text)) + 2 * len(_DATE.findall(text))
     if figures >= 2 and ("%" in text or bool(_ASKS.search(text))):
         return True
     return grounded and bool(_DERIVED.search(text))

@@ -13,16 +13,18 @@ saw. Its validation figure is printed beside every result, and no model figure i
 is under 0.90: a classifier that cannot tell the reference replies apart says nothing about a
 model's.
 
-Every persona answers every prompt of two sets: the held-out prompts (near the training topics)
-and modelfiles/data/voice_prompts.jsonl (no content word shared with any training prompt; half in
-one persona's territory, half far from all of them), under three conditions:
+Every persona answers every prompt of the held-out prompts (near the training topics) and of
+modelfiles/data/voice_prompts.jsonl (no content word shared with any training prompt): `near`, in
+one persona's territory; `far`, far from all of them; and `fresh`, more far prompts written after
+ALFRED's adapter had been chosen on the far ones, so that a change made to raise a far figure
+is measured again on prompts it was not chosen on. Under three conditions:
 
     adapter   the persona's LoRA adapter, a neutral system prompt in place of the persona's
     system    the persona's system prompt, no adapter (BATOS_ADAPTERS=off)
     both      adapter and system prompt: what a user gets
 
-With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts,
-and attributes its final answers the same way.
+With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts
+(--mind-set fresh: the fresh ones), and attributes its final answers the same way.
 
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
 interval (the sets are small). Replies are sampled at each persona's Modelfile temperature with a
@@ -68,7 +70,7 @@ from batos.training.voice import (
 
 CONDITIONS = ("adapter", "system", "both")
 #: The prompt sets, in the order they run (see ``prompt_sets``).
-SET_NAMES = ("far", "heldout", "near")
+SET_NAMES = ("far", "heldout", "near", "fresh")
 CONDITION_LABELS = {
     "adapter": "adapter only",
     "system": "system prompt only",
@@ -299,6 +301,7 @@ def prompt_sets(quick: bool, names: Sequence[str] = SET_NAMES) -> list[PromptSet
         PromptSet("far", tuple(r["prompt"] for r in voice if r["set"] == "far")),
         PromptSet("heldout", tuple(held)),
         PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
+        PromptSet("fresh", tuple(r["prompt"] for r in voice if r["set"] == "fresh")),
     ]
     sets = [s for s in sets if s.name in names]
     if quick:
@@ -352,11 +355,14 @@ def report(
         tables.append(("new (far + near)", merged))
     if "heldout" in replies:
         tables.append(("heldout", replies["heldout"]))
+    if "fresh" in replies:
+        tables.append(("fresh", replies["fresh"]))
     headers = {
         "far": "new prompts far from every persona's territory and every training topic",
         "near": "new prompts in one persona's territory, no training topic",
         "new (far + near)": "all new prompts",
         "heldout": "held-out prompts (near the training topics)",
+        "fresh": "fresh far prompts, kept out of every choice made on the far set",
     }
     for name, table in tables:
         if not any(table.values()):
@@ -400,7 +406,13 @@ def main() -> None:
     parser.add_argument(
         "--mind",
         action="store_true",
-        help="also the mind's final answers on single-persona routes (the far prompts)",
+        help="also the mind's final answers on single-persona routes (see --mind-set)",
+    )
+    parser.add_argument(
+        "--mind-set",
+        choices=("far", "fresh"),
+        default="far",
+        help="the prompts the mind answers with --mind (default: far)",
     )
     parser.add_argument("--tokens", type=int, default=REPLY_TOKENS, help="reply length cap")
     parser.add_argument("--seed", type=int, default=SEED, help="sampling seed (default: 0)")
@@ -451,8 +463,10 @@ def main() -> None:
     )
     result = report(classifier, validation, replies)
     if args.mind:
-        far = next(s.prompts for s in prompt_sets(args.quick) if s.name == "far")
-        pairs, statuses, retried = mind_replies(speaker, far, lambda line: print(line, flush=True))
+        chosen = next(s.prompts for s in prompt_sets(args.quick) if s.name == args.mind_set)
+        pairs, statuses, retried = mind_replies(
+            speaker, chosen, lambda line: print(line, flush=True)
+        )
         scores, _ = attribution(classifier, pairs)
         ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
         print(
@@ -466,6 +480,7 @@ def main() -> None:
         again = "".join(f"{retried.get(p, 0):>19}" for p in PERSONAS)
         print(f"{'written again by the gate':26}{again}")
         result["mind"] = {
+            "set": args.mind_set,
             "statuses": dict(statuses),
             "written_again": dict(retried),
             "scores": {k: v.as_dict() for k, v in scores.items()},
@@ -475,6 +490,8 @@ def main() -> None:
     # A run over some sets or conditions must not overwrite the full run's figures.
     whole = set(args.sets) == set(SET_NAMES) and set(args.conditions) == set(CONDITIONS)
     part = "" if whole else "-part"
+    if args.mind and args.mind_set != "far":
+        part += f"-mind-{args.mind_set}"
     out = RESULTS / f"voice-{which}{'-quick' if args.quick else ''}{seed}{part}.json"
     out.write_text(
         json.dumps(

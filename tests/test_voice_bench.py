@@ -31,14 +31,15 @@ def test_voice_prompts_share_no_topic_word_with_the_training_or_heldout_prompts(
 
 def test_voice_prompts_are_half_near_a_persona_half_far_from_all() -> None:
     rows = voice.voice_prompts()
-    assert len(rows) >= 40
     assert len({r["prompt"].lower() for r in rows}) == len(rows)
     kinds = Counter(r["set"] for r in rows)
-    assert kinds["near"] == kinds["far"] == len(rows) // 2
+    assert set(kinds) == {"near", "far", "fresh"}
+    assert kinds["near"] == kinds["far"] >= 20
+    assert kinds["fresh"] >= 20
     territories = Counter(r["territory"] for r in rows if r["set"] == "near")
     assert set(territories) == set(voice.PERSONAS)
     assert len(set(territories.values())) == 1  # as many prompts in each persona's territory
-    assert all(r["territory"] is None for r in rows if r["set"] == "far")
+    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh"))
 
 
 def test_content_words_drop_stop_words_and_endings() -> None:
@@ -106,6 +107,9 @@ def test_sets_and_conditions_are_chosen_by_name_and_unknown_names_refused() -> N
             parse(bad)
     assert [s.name for s in voice.prompt_sets(False, ("near", "far"))] == ["far", "near"]
     assert [len(s.prompts) for s in voice.prompt_sets(True, ("heldout",))] == [2]
+    fresh = voice.prompt_sets(False, ("fresh",))[0].prompts
+    far = voice.prompt_sets(False, ("far",))[0].prompts
+    assert len(fresh) >= 20 and not set(fresh) & set(far)
 
 
 class _Scripted:

@@ -59,10 +59,9 @@ log = logging.getLogger("batos.mind")
 PLAN_TOKENS = 200
 FACET_TOKENS = 160
 ANSWER_TOKENS = 480
-#: Passages a BABS facet brings from memory (a grounded answer reads ``mind_passages``); a
-#: request about memory of at most GROUNDED_FAST_WORDS words, routed to one persona, is
-#: answered from its passages in one call, with no plan.
-GROUNDING_PASSAGES = 5
+#: A request about memory of at most GROUNDED_FAST_WORDS words, routed to one persona, is
+#: answered from its passages in one call, with no plan. A grounded answer, and each BABS
+#: step of a plan, reads the best ``mind_passages`` passages.
 GROUNDED_FAST_WORDS = 30
 #: Who answers when the router cannot say (the one ``batos`` names with no router installed).
 FALLBACK_PERSONA = "BRICK"
@@ -553,9 +552,8 @@ class Mind:
             from graph.retrieval import passage
 
             catalog = self.searchable_catalog(image)
-            hits = (
-                [] if catalog is None else catalog.search(query, GROUNDING_PASSAGES, record=False)
-            )
+            shown = settings.get_int("mind_passages")
+            hits = [] if catalog is None else catalog.search(query, shown, record=False)
             partial["passages"] = [passage(h) for h in hits]
             if hits:
                 found.append({"kind": "catalog_retrieved", "chunks": [h.chunk_id for h in hits]})

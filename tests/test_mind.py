@@ -1002,6 +1002,34 @@ def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -
     assert [call_kind(c) for c in models.calls] == ["answer"]
 
 
+def test_a_plan_s_babs_step_brings_as_many_passages_as_a_grounded_answer_reads(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "2")  # the request is not answered from memory
+    monkeypatch.setenv("BATOS_MIND_PASSAGES", "2")
+    for n in range(6):
+        (tmp_path / f"ferry{n}.md").write_text(f"# Ferry {n}\n\nFerry number {n} runs daily.")
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, sorted(tmp_path.glob("*.md")))
+    plan = plan_of(
+        ("BABS.facet_research", "which ferries run daily"),
+        ("BRICK.facet_steps", "how to plan a trip by ferry"),
+    )
+    models = FakeModels(responder(plan=plan))
+    state = run(
+        image,
+        mind(models, FakeRouter(("BRICK", "BABS")), catalog=catalog),
+        "plan a trip on the ferries that run daily, step by step, and explain why",
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    [research] = [p for p in state["partials"] if p["persona"] == "BABS"]
+    assert len(research["passages"]) == 2
+    assert len(state["cycle"]["passages"]) == 2
+
+
 def test_an_answer_that_finds_nothing_looks_again_in_the_next_passages(
     image, encoder, tmp_path, monkeypatch
 ) -> None:

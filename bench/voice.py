@@ -5,6 +5,7 @@
     python bench/voice.py --classifier-only  # validate the classifier; no model is loaded
     python bench/voice.py --report-only      # the table from the replies cached so far
     python bench/voice.py --seed 1 --sets far --conditions both   # the far figure on another draw
+    python bench/voice.py --sets fresh --conditions both --personas alfred --mind --mind-set fresh
 
 Replies are attributed by a style classifier — TF-IDF over word 1–2-grams and character 2–5-grams,
 logistic regression — trained on the training replies only (modelfiles/data/<persona>.jsonl) and
@@ -58,10 +59,11 @@ from batos.training.voice import (
     VALIDATION_FLOOR,
     Score,
     attribution,
+    classifier_rows,
     content_words,  # noqa: F401  (the bench's instruments, tested through it)
     heldout_rows,
     train_classifier,
-    training_rows,
+    training_rows,  # noqa: F401
     usable,
     validate,
     voice_prompts,
@@ -212,7 +214,10 @@ class Speaker:
 
 
 def mind_replies(
-    speaker: Speaker, prompts: Sequence[str], progress: Callable[[str], None] = print
+    speaker: Speaker,
+    prompts: Sequence[str],
+    progress: Callable[[str], None] = print,
+    personas: Sequence[str] = PERSONAS,
 ) -> tuple[list[tuple[str, str]], Counter[str], Counter[str]]:
     """The mind's final answers when the route is one persona, forced (``persona`` in the run
     context) on the fast path: ROUTE → SYNTHESIZING → gate → COMPLETE, on a throw-away image.
@@ -239,7 +244,7 @@ def mind_replies(
     pairs: list[tuple[str, str]] = []
     statuses: Counter[str] = Counter()
     retried: Counter[str] = Counter()
-    todo = [(p, who) for p in prompts for who in PERSONAS]
+    todo = [(p, who) for p in prompts for who in personas]
     missing = [
         (p, who) for p, who in todo if speaker.cache.get(speaker.key("mind", who, p)) is None
     ]
@@ -314,6 +319,7 @@ def collect(
     sets: Iterable[PromptSet],
     progress: Callable[[str], None] = print,
     conditions: Sequence[str] = CONDITIONS,
+    personas: Sequence[str] = PERSONAS,
 ) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """``set → condition → [(persona, reply)]``, generating what the cache lacks.
 
@@ -323,7 +329,7 @@ def collect(
     for prompt_set in sets:
         table = out.setdefault(prompt_set.name, {c: [] for c in CONDITIONS})
         for i, prompt in enumerate(prompt_set.prompts, 1):
-            for persona in PERSONAS:
+            for persona in personas:
                 for condition in conditions:
                     text = speaker.reply(condition, persona, prompt)
                     if text is not None:
@@ -428,6 +434,13 @@ def main() -> None:
         default=CONDITIONS,
         help=f"conditions, comma-separated (default: {','.join(CONDITIONS)})",
     )
+    parser.add_argument(
+        "--personas",
+        type=lambda text: _names(PERSONAS)(text.upper()),
+        default=PERSONAS,
+        help="personas, comma-separated (default: all four; one alone when only its adapter "
+        "changed, the others' replies being the same)",
+    )
     args = parser.parse_args()
     which = args.model or ("test" if args.quick else "default")
     os.environ["BATOS_MODEL"] = which  # the mind's chat models read the setting
@@ -436,7 +449,8 @@ def main() -> None:
     validation = validate(classifier)
     low, high = validation.interval
     print(
-        f"style classifier: trained on {len(training_rows())} training replies; "
+        f"style classifier: trained on {len(classifier_rows())} training replies "
+        "(as many a persona); "
         f"validation on the {validation.n} held-out reference replies: {validation.rate:.2f} "
         f"({validation.hits}/{validation.n}, 95% CI {low:.2f}–{high:.2f})"
     )
@@ -454,23 +468,29 @@ def main() -> None:
     )
     sets = prompt_sets(args.quick, args.sets)
     print(
-        f"model {which}: {sum(len(s.prompts) for s in sets)} prompts × {len(PERSONAS)} personas "
+        f"model {which}: {sum(len(s.prompts) for s in sets)} prompts "
+        f"× {len(args.personas)} personas "
         f"× {len(args.conditions)} conditions, replies capped at {args.tokens} tokens, "
         f"seed {args.seed}" + (" (cached replies only)" if args.report_only else "")
     )
     replies = collect(
-        speaker, sets, progress=lambda line: print(line, flush=True), conditions=args.conditions
+        speaker,
+        sets,
+        progress=lambda line: print(line, flush=True),
+        conditions=args.conditions,
+        personas=args.personas,
     )
     result = report(classifier, validation, replies)
     if args.mind:
         chosen = next(s.prompts for s in prompt_sets(args.quick) if s.name == args.mind_set)
         pairs, statuses, retried = mind_replies(
-            speaker, chosen, lambda line: print(line, flush=True)
+            speaker, chosen, lambda line: print(line, flush=True), args.personas
         )
         scores, _ = attribution(classifier, pairs)
         ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
         print(
-            "\nthe mind's final answers, one persona routed (fast path), far prompts — "
+            "\nthe mind's final answers, one persona routed (fast path), "
+            f"{args.mind_set} prompts — "
             f"classifier validation {validation.rate:.2f} ({validation.hits}/{validation.n}); "
             f"cycles: {ended or 'none'}"
         )
@@ -488,7 +508,11 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     seed = f"-seed{args.seed}" if args.seed != SEED else ""
     # A run over some sets or conditions must not overwrite the full run's figures.
-    whole = set(args.sets) == set(SET_NAMES) and set(args.conditions) == set(CONDITIONS)
+    whole = (
+        set(args.sets) == set(SET_NAMES)
+        and set(args.conditions) == set(CONDITIONS)
+        and set(args.personas) == set(PERSONAS)
+    )
     part = "" if whole else "-part"
     if args.mind and args.mind_set != "far":
         part += f"-mind-{args.mind_set}"

@@ -47,6 +47,16 @@ def test_content_words_drop_stop_words_and_endings() -> None:
     assert voice.content_words("The server crashed") == voice.content_words("servers crash")
 
 
+def test_the_classifier_reads_as_many_replies_of_each_persona_the_first_of_each_file() -> None:
+    rows = voice.classifier_rows()
+    counts = Counter(r["persona"] for r in rows)
+    assert set(counts) == set(voice.PERSONAS) and len(set(counts.values())) == 1
+    every = voice.training_rows()
+    for persona in voice.PERSONAS:
+        own = [r for r in every if r["persona"] == persona]
+        assert [r for r in rows if r["persona"] == persona] == own[: counts[persona]]
+
+
 def test_style_classifier_tells_the_reference_replies_apart() -> None:
     score = voice.validate(voice.train_classifier())
     assert score.n == 40

@@ -1,9 +1,10 @@
 """The validated style classifier: which persona's voice a reply is in.
 
 TF-IDF over word 1–2-grams and character 2–5-grams, logistic regression, fitted on the training
-replies only (``modelfiles/data/<persona>.jsonl``) and validated on the held-out reference
-replies (``heldout.jsonl``), which no model and no training step saw. A classifier whose
-validation is under ``VALIDATION_FLOOR`` says nothing about a model's replies (``usable``).
+replies only (``modelfiles/data/<persona>.jsonl``, as many from each persona) and validated on the
+held-out reference replies (``heldout.jsonl``), which no model and no training step saw. A
+classifier whose validation is under ``VALIDATION_FLOOR`` says nothing about a model's replies
+(``usable``).
 ``bench/voice.py`` measures the personas with it; ``batos.training.retrain`` judges a retrained
 adapter with it.
 """
@@ -44,6 +45,19 @@ def training_rows() -> list[dict[str, str]]:
     ]
 
 
+def classifier_rows() -> list[dict[str, str]]:
+    """The training pairs the classifier is fitted on: the same number from each persona, the
+    first lines of each file, as many as the smallest file holds.
+
+    Balanced, so that growing one persona's data (ALFRED's, to widen his voice) neither tilts
+    the classifier towards that persona nor changes the instrument a before-and-after
+    comparison of his adapter is read with: new lines are appended, so the first ones stay.
+    """
+    rows = training_rows()
+    least = min(sum(r["persona"] == p for r in rows) for p in PERSONAS)
+    return [r for p in PERSONAS for r in [r for r in rows if r["persona"] == p][:least]]
+
+
 def heldout_rows() -> list[dict[str, str]]:
     return _jsonl(data_dir() / "heldout.jsonl")
 
@@ -81,12 +95,13 @@ def _stem(word: str) -> str:
 
 
 def train_classifier(rows: Sequence[dict[str, str]] | None = None) -> Any:
-    """A style classifier fitted on the training replies (never on a model's or a reference's)."""
+    """A style classifier fitted on the training replies (never on a model's or a reference's):
+    ``classifier_rows`` unless ``rows`` are given."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import FeatureUnion, make_pipeline
 
-    rows = training_rows() if rows is None else rows
+    rows = classifier_rows() if rows is None else rows
     features = FeatureUnion(
         [
             ("words", TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)),

@@ -276,6 +276,8 @@ UNSEEN14 = Path(__file__).parent / "data" / "jit_intents_unseen14.json"
 UNSEEN15 = Path(__file__).parent / "data" / "jit_intents_unseen15.json"
 #: Written after the unseen15 set's live run, before any change that followed it.
 UNSEEN16 = Path(__file__).parent / "data" / "jit_intents_unseen16.json"
+#: Written after the unseen16 set's live run, before any change that followed it.
+UNSEEN17 = Path(__file__).parent / "data" / "jit_intents_unseen17.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -296,6 +298,7 @@ HELDOUT_SETS = {
     "unseen14": UNSEEN14,
     "unseen15": UNSEEN15,
     "unseen16": UNSEEN16,
+    "unseen17": UNSEEN17,
 }
 
 

@@ -446,8 +446,8 @@ SETTINGS: dict[str, Setting] = {
             lambda: "3",
             "Passages from memory a grounded answer reads (the best of the knowledge "
             "catalog's search), and each BABS step of a plan brings; when the answer finds "
-            "nothing in them it looks once more, in as many of the next best. Each passage costs about two seconds of prompt on two "
-            "cores.",
+            "nothing in them it looks once more, in as many of the next best. Each passage "
+            "costs about two seconds of prompt on two cores.",
             _passages,
         ),
         Setting(

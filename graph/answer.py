@@ -329,19 +329,27 @@ def recited(
         return text, None
     asked = {round(v, 6) for _, v in _figure_values(request)}
     body = _LIST_ITEM.sub(" ", _CITATION.sub(" ", text))
-    stated = {round(v, 6) for _, v in _figure_values(body)} - asked
+    figures = [(raw, round(v, 6)) for raw, v in _figure_values(body) if round(v, 6) not in asked]
+    stated = {v for _, v in figures}
     if not stated:
         return text, None
 
     def holds(passage: Mapping[str, Any]) -> set[float]:
         return {round(v, 6) for _, v in _figure_values(str(passage["text"]))} & stated
 
-    if holds(passages[cited - 1]):
+    if holds(passages[cited - 1]) or _mentions(str(passages[cited - 1]["text"]), figures):
         return text, None
     holding = [n for n, p in enumerate(passages, start=1) if holds(p) == stated]
     if len(holding) != 1:
         return text, None
     return text.replace(f"[{cited}]", f"[{holding[0]}]"), (cited, holding[0])
+
+
+def _mentions(text: str, figures: Sequence[tuple[str, float]]) -> bool:
+    """Whether a figure's digits stand in ``text`` at all, even inside a name or version that
+    is no figure of its own ("LGPL-2.1+" for an answer's "version 2.1"): a citation is only
+    moved away from a passage that cannot be where the figure came from."""
+    return any(re.search(rf"(?<![\d.]){re.escape(raw)}(?!\d)", text) for raw, _ in figures)
 
 
 def cut_at_sentence(text: str) -> str:

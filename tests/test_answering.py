@@ -431,6 +431,22 @@ def test_a_citation_moves_to_the_one_passage_holding_the_answer_s_figures(
     assert recited(text, _SOURCES, "How much is the yearly fee?") == (fixed, moved)
 
 
+def test_a_citation_stays_on_a_passage_holding_the_figure_inside_a_name() -> None:
+    """A Debian copyright file says "License: LGPL-2.1+", which is no figure of its own; an
+    answer of "version 2.1" cites it rightly, even though another passage spells it out."""
+    from graph.answer import recited
+
+    sources = [
+        {"text": "Files: *\nLicense: LGPL-2.1+"},
+        {"text": "Released under the GNU Lesser General Public License, version 2.1 or later."},
+    ]
+    text = "The LGPL, version 2.1 [1]."
+    assert recited(text, sources, "which license covers libgpg-error?") == (text, None)
+    # the digits of a longer figure are not the figure
+    sources[0] = {"text": "License: LGPL-12.10"}
+    assert recited(text, sources, "which license?") == ("The LGPL, version 2.1 [2].", (1, 2))
+
+
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200))
 def test_correcting_a_citation_never_raises_and_changes_only_its_number(text: str) -> None:

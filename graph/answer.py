@@ -18,6 +18,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from graph import prompts as prompt_files
+from graph.compute import NUMBER
 from graph.request import content_text
 from graph.retrieval import CONTEXT_HEADER, fence
 
@@ -276,9 +277,7 @@ _LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)
 
 def _figure_values(text: str) -> list[tuple[str, float]]:
     out = []
-    from graph.compute import NUMBER  # a figure, not part of a name, code or version
-
-    for m in NUMBER.finditer(text):
+    for m in NUMBER.finditer(text):  # a figure, not part of a name, code or version
         raw = m.group().rstrip(",")
         try:
             out.append((raw, float(raw.replace(",", ""))))

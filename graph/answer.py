@@ -286,6 +286,16 @@ def _figure_values(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def _rounded(text: str) -> list[tuple[str, float]]:
+    """``text``'s figures with values rounded, so 0.1 + 0.2 and 0.3 compare equal."""
+    return [(raw, round(value, 6)) for raw, value in _figure_values(text)]
+
+
+def _answer_body(text: str) -> str:
+    """What an answer states: its citations, sources line and list numbering taken out."""
+    return _LIST_ITEM.sub(" ", _CITATION.sub(" ", text.split("\n\nSources: ")[0]))
+
+
 def unsupported_figures(
     text: str, passages: Sequence[Mapping[str, Any]], request: str
 ) -> list[str]:
@@ -295,14 +305,12 @@ def unsupported_figures(
     An answer from passages whose number is in none of them made the number up ("the limit is
     1 MB" where the changelog says 250 MB). One that works a figure out shows the figures it
     comes from, so two or more given figures let an answer through with a derived one."""
-    body = _CITATION.sub(" ", text.split("\n\nSources: ")[0])
-    body = _LIST_ITEM.sub(" ", body)
-    stated = _figure_values(body)
+    stated = _rounded(_answer_body(text))
     if not stated:
         return []
     given = " ".join(str(p["text"]) for p in passages) + "\n" + request
-    have = {round(value, 6) for _, value in _figure_values(given)}
-    unsupported = [raw for raw, value in stated if round(value, 6) not in have]
+    have = {value for _, value in _rounded(given)}
+    unsupported = [raw for raw, value in stated if value not in have]
     supported = len(stated) - len(unsupported)
     return list(dict.fromkeys(unsupported)) if unsupported and supported < 2 else []
 
@@ -326,15 +334,14 @@ def recited(
     cited = numbers.pop()
     if not 1 <= cited <= len(passages):
         return text, None
-    asked = {round(v, 6) for _, v in _figure_values(request)}
-    body = _LIST_ITEM.sub(" ", _CITATION.sub(" ", text))
-    figures = [(raw, round(v, 6)) for raw, v in _figure_values(body) if round(v, 6) not in asked]
+    asked = {v for _, v in _rounded(request)}
+    figures = [(raw, v) for raw, v in _rounded(_answer_body(text)) if v not in asked]
     stated = {v for _, v in figures}
     if not stated:
         return text, None
 
     def holds(passage: Mapping[str, Any]) -> set[float]:
-        return {round(v, 6) for _, v in _figure_values(str(passage["text"]))} & stated
+        return {v for _, v in _rounded(str(passage["text"]))} & stated
 
     if holds(passages[cited - 1]) or _mentions(str(passages[cited - 1]["text"]), figures):
         return text, None

@@ -731,6 +731,16 @@ async def _areply(context: JitContext, model: BaseChatModel, messages: list[Base
     return _text(await model.ainvoke(messages))
 
 
+def _drafted(state: JitState, sources: list[str], attempt: int) -> JitState:
+    """A round's drafts as the state update of ``draft`` and ``adraft`` alike."""
+    return {
+        "sources": sources,
+        "attempt": attempt,
+        "findings": [],
+        "drafted": [*state.get("drafted", []), *sources],
+    }
+
+
 def draft(state: JitState) -> JitState:
     context = _context()
     try:
@@ -740,12 +750,7 @@ def draft(state: JitState) -> JitState:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
-    return {
-        "sources": sources,
-        "attempt": attempt,
-        "findings": [],
-        "drafted": [*state.get("drafted", []), *sources],
-    }
+    return _drafted(state, sources, attempt)
 
 
 async def adraft(state: JitState) -> JitState:
@@ -759,12 +764,7 @@ async def adraft(state: JitState) -> JitState:
         if context.connection is None:
             raise
         return _served_failure("draft", exc)
-    return {
-        "sources": sources,
-        "attempt": attempt,
-        "findings": [],
-        "drafted": [*state.get("drafted", []), *sources],
-    }
+    return _drafted(state, sources, attempt)
 
 
 def check(state: JitState) -> JitState:

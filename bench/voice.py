@@ -6,6 +6,7 @@
     python bench/voice.py --report-only      # the table from the replies cached so far
     python bench/voice.py --seed 1 --sets far --conditions both   # the far figure on another draw
     python bench/voice.py --sets fresh --conditions both --personas alfred --mind --mind-set fresh
+    python bench/voice.py --sets fresh2 --conditions both    # the second held-out far set
 
 Replies are attributed by a style classifier — TF-IDF over word 1–2-grams and character 2–5-grams,
 logistic regression — trained on the training replies only (modelfiles/data/<persona>.jsonl) and
@@ -16,16 +17,18 @@ model's.
 
 Every persona answers every prompt of the held-out prompts (near the training topics) and of
 modelfiles/data/voice_prompts.jsonl (no content word shared with any training prompt): `near`, in
-one persona's territory; `far`, far from all of them; and `fresh`, more far prompts written after
+one persona's territory; `far`, far from all of them; `fresh`, more far prompts written after
 ALFRED's adapter had been chosen on the far ones, so that a change made to raise a far figure
-is measured again on prompts it was not chosen on. Under three conditions:
+is measured again on prompts it was not chosen on; and `fresh2`, more far prompts written after
+the fresh set's first run, kept out of every choice made on far and fresh. Under three
+conditions:
 
     adapter   the persona's LoRA adapter, a neutral system prompt in place of the persona's
     system    the persona's system prompt, no adapter (BATOS_ADAPTERS=off)
     both      adapter and system prompt: what a user gets
 
 With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts
-(--mind-set fresh: the fresh ones), and attributes its final answers the same way.
+(--mind-set fresh or fresh2: that set's), and attributes its final answers the same way.
 
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
 interval (the sets are small). Replies are sampled at each persona's Modelfile temperature with a
@@ -72,7 +75,7 @@ from batos.training.voice import (
 
 CONDITIONS = ("adapter", "system", "both")
 #: The prompt sets, in the order they run (see ``prompt_sets``).
-SET_NAMES = ("far", "heldout", "near", "fresh")
+SET_NAMES = ("far", "heldout", "near", "fresh", "fresh2")
 CONDITION_LABELS = {
     "adapter": "adapter only",
     "system": "system prompt only",
@@ -307,6 +310,7 @@ def prompt_sets(quick: bool, names: Sequence[str] = SET_NAMES) -> list[PromptSet
         PromptSet("heldout", tuple(held)),
         PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
         PromptSet("fresh", tuple(r["prompt"] for r in voice if r["set"] == "fresh")),
+        PromptSet("fresh2", tuple(r["prompt"] for r in voice if r["set"] == "fresh2")),
     ]
     sets = [s for s in sets if s.name in names]
     if quick:
@@ -363,12 +367,15 @@ def report(
         tables.append(("heldout", replies["heldout"]))
     if "fresh" in replies:
         tables.append(("fresh", replies["fresh"]))
+    if "fresh2" in replies:
+        tables.append(("fresh2", replies["fresh2"]))
     headers = {
         "far": "new prompts far from every persona's territory and every training topic",
         "near": "new prompts in one persona's territory, no training topic",
         "new (far + near)": "all new prompts",
         "heldout": "held-out prompts (near the training topics)",
         "fresh": "fresh far prompts, kept out of every choice made on the far set",
+        "fresh2": "fresh2 far prompts, kept out of every choice made on far and fresh",
     }
     for name, table in tables:
         if not any(table.values()):
@@ -416,7 +423,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--mind-set",
-        choices=("far", "fresh"),
+        choices=("far", "fresh", "fresh2"),
         default="far",
         help="the prompts the mind answers with --mind (default: far)",
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from batos.training.voice import data_dir
 from bench import voice
 
 
@@ -29,17 +30,37 @@ def test_voice_prompts_share_no_topic_word_with_the_training_or_heldout_prompts(
         assert not shared, (row["prompt"], shared)
 
 
+def test_fresh2_shares_no_topic_word_with_any_other_prompt() -> None:
+    """fresh2 was written after every other set and every training file, to stay far from all:
+    the training and held-out prompts, ALFRED's far-topic examples and the other voice rows."""
+    rows = voice.voice_prompts()
+    far_topics = data_dir() / "experiments" / "alfred_far_topics.jsonl"
+    seen = (
+        {r["prompt"] for r in voice.training_rows()}
+        | {r["prompt"] for r in voice.heldout_rows()}
+        | {json.loads(line)["prompt"] for line in far_topics.read_text().splitlines() if line}
+        | {r["prompt"] for r in rows if r["set"] != "fresh2"}
+    )
+    known = set().union(*(voice.content_words(p) for p in seen))
+    fresh2 = [r["prompt"] for r in rows if r["set"] == "fresh2"]
+    assert len(fresh2) >= 30
+    for prompt in fresh2:
+        shared = voice.content_words(prompt) & known
+        assert not shared, (prompt, shared)
+
+
 def test_voice_prompts_are_half_near_a_persona_half_far_from_all() -> None:
     rows = voice.voice_prompts()
     assert len({r["prompt"].lower() for r in rows}) == len(rows)
     kinds = Counter(r["set"] for r in rows)
-    assert set(kinds) == {"near", "far", "fresh"}
+    assert set(kinds) == {"near", "far", "fresh", "fresh2"}
     assert kinds["near"] == kinds["far"] >= 20
     assert kinds["fresh"] >= 20
+    assert kinds["fresh2"] >= 30
     territories = Counter(r["territory"] for r in rows if r["set"] == "near")
     assert set(territories) == set(voice.PERSONAS)
     assert len(set(territories.values())) == 1  # as many prompts in each persona's territory
-    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh"))
+    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh", "fresh2"))
 
 
 def test_content_words_drop_stop_words_and_endings() -> None:
@@ -120,6 +141,8 @@ def test_sets_and_conditions_are_chosen_by_name_and_unknown_names_refused() -> N
     fresh = voice.prompt_sets(False, ("fresh",))[0].prompts
     far = voice.prompt_sets(False, ("far",))[0].prompts
     assert len(fresh) >= 20 and not set(fresh) & set(far)
+    fresh2 = voice.prompt_sets(False, ("fresh2",))[0].prompts
+    assert len(fresh2) >= 30 and not set(fresh2) & (set(far) | set(fresh))
 
 
 class _Scripted:

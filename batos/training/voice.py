@@ -63,7 +63,8 @@ def heldout_rows() -> list[dict[str, str]]:
 
 
 def voice_prompts() -> list[dict[str, Any]]:
-    """The prompt set on topics the training data never touches (``set``: near | far)."""
+    """The prompt sets on topics the training data never touches (``set``: near | far | fresh |
+    fresh2)."""
     return _jsonl(data_dir() / "voice_prompts.jsonl")
 
 

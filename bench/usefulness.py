@@ -29,10 +29,11 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --families computation --systems mind,bare
     .venv/bin/python bench/usefulness.py --split headline            # reported figures only
     .venv/bin/python bench/usefulness.py --split fresh1 --families document  # held out too
+    .venv/bin/python bench/usefulness.py --split fresh2 --families document  # and a third
 
-``headline/`` and ``fresh1/`` are for reported figures only: nobody reads their replies to
-decide what to change (bench/data/usefulness/README.md). ``fresh1/`` has document questions
-only, so name ``--families document`` with it.
+``headline/``, ``fresh1/`` and ``fresh2/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). ``fresh1/`` and ``fresh2/``
+have document questions only, so name ``--families document`` with them.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1")
+SPLITS = ("dev", "headline", "fresh1", "fresh2")
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1")
+HELD_OUT = ("headline", "fresh1", "fresh2")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",

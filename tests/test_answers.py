@@ -3,7 +3,8 @@
 The checker must find the value a reply states, not any mention of it; the sets must hold what
 the benchmark's headline figures stand on: unique ids, answers their own check accepts, document
 answers that are in (or derivable from) the document named, and held-out sets (headline, and
-fresh1, which has document questions only) kept apart from the development one and each other.
+fresh1 and fresh2, which have document questions only) kept apart from the development one and
+each other.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from bench.answers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "usefulness"
-SPLITS = ("dev", "headline", "fresh1")
-#: The question files each split must have, and has only: fresh1 is document questions alone.
+SPLITS = ("dev", "headline", "fresh1", "fresh2")
+#: The question files each split must have, and has only: the fresh sets are document questions
+#: alone.
 SPLIT_FILES = {
     "dev": ("doc_questions", "computations", "recall"),
     "headline": ("doc_questions", "computations", "recall"),
     "fresh1": ("doc_questions",),
+    "fresh2": ("doc_questions",),
 }
+#: The held-out sets of document questions alone, each about a world of its own.
+FRESH = ("fresh1", "fresh2")
 KINDS = {"number", "string", "date"}
 REQUEST_FAMILIES = {
     "plan",
@@ -432,16 +437,19 @@ def _corpus_text(split: str) -> str:
     return " ".join(_doc_text(p) for p in sorted((DATA / split / "docs").iterdir()))
 
 
-def test_the_fresh_set_shares_no_document_question_or_fact_with_dev_or_headline() -> None:
-    fresh_docs = {p.name for p in (DATA / "fresh1" / "docs").iterdir()}
-    fresh = _lines(DATA / "fresh1" / "doc_questions.jsonl")
+@pytest.mark.parametrize("fresh_split", FRESH)
+def test_a_fresh_set_shares_no_document_question_or_fact_with_any_other_set(
+    fresh_split: str,
+) -> None:
+    fresh_docs = {p.name for p in (DATA / fresh_split / "docs").iterdir()}
+    fresh = _lines(DATA / fresh_split / "doc_questions.jsonl")
     questions = {i["question"] for i in fresh}
-    for other in ("dev", "headline"):
+    for other in (split for split in SPLITS if split != fresh_split):
         assert not fresh_docs & {p.name for p in (DATA / other / "docs").iterdir()}, other
         for name in SPLIT_FILES[other]:
             asked = {i["question"] for i in _lines(DATA / other / f"{name}.jsonl")}
             assert not questions & asked, (other, name)
-        # no answer of the fresh set (a weekday aside) is to be found in an older corpus
+        # no answer of the fresh set (a weekday aside) is to be found in another corpus
         text = f" {normalise(_corpus_text(other))} "
         for item in fresh:
             answer = normalise(item["answer"])

@@ -150,13 +150,39 @@ def probe(catalog: KnowledgeCatalog, request: str, threshold: float) -> Groundin
 
 _CITED = re.compile(r"\[(\d{1,2})\]")
 _PLACEHOLDER = re.compile(r"\s?\[n\]")
+#: A citation a small model makes up in words instead of a passage number: "[memory]",
+#: "[memory: none]", "[source: the manual]", "[passage 2]". It points the user at nothing, so
+#: it goes; a bracket followed by "(" is a Markdown link and stays.
+_PSEUDO_CITATION = re.compile(
+    r"[ \t]?\[(?:memory|sources?|passages?|ref|references?|citations?|context)\b[^\]\n]{0,60}\]"
+    r"(?!\()",
+    re.IGNORECASE,
+)
+_BRACKETED = re.compile(r"[ \t]?\[([^\]\n]{1,80})\](?!\()")
+
+
+def _strip_pseudo_citations(text: str, citations: Sequence[Mapping[str, Any]]) -> str:
+    """``text`` without made-up citations: the words above, or a passage's file named in
+    brackets ("[tidewater_changelog]", "[notes.md]") instead of its number."""
+    names: set[str] = set()
+    for c in citations:
+        name = str(c.get("source", "")).replace("\\", "/").rsplit("/", 1)[-1].lower()
+        if name:
+            names.update({name, name.rsplit(".", 1)[0]})
+    text = _PSEUDO_CITATION.sub("", text)
+    if names:
+        text = _BRACKETED.sub(
+            lambda m: "" if m.group(1).strip().lower() in names else m.group(0), text
+        )
+    return text
 
 
 def render_citations(answer: str, citations: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
     """``answer`` with a line naming the sources its ``[n]`` markers refer to, and the numbers
-    it cited. A literal ``[n]`` copied from the instructions is removed; a number with no
-    passage behind it is left out of the sources line (and of the returned list)."""
-    text = _PLACEHOLDER.sub("", answer).rstrip()
+    it cited. A literal ``[n]`` copied from the instructions is removed, and so is a citation
+    made up in words ("[memory]", a file's name); a number with no passage behind it is left
+    out of the sources line (and of the returned list)."""
+    text = _strip_pseudo_citations(_PLACEHOLDER.sub("", answer), citations).rstrip()
     known = {int(c["n"]): c for c in citations}
     cited = sorted({int(m) for m in _CITED.findall(text)} & set(known))
     if not cited:

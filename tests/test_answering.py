@@ -62,6 +62,17 @@ def test_a_placeholder_and_an_unknown_number_name_no_source() -> None:
     assert cited == [] and text == "Facts and more [9]."
 
 
+def test_citations_made_up_in_words_are_removed_and_links_stay() -> None:
+    text, cited = render_citations(
+        "Hello! [memory: none] The fee is £40 [memory] per year [b] [2].", CITATIONS
+    )
+    assert text.startswith("Hello! The fee is £40 per year [2].") and cited == [2]
+    text, cited = render_citations("See [a.md] and [B.md], or [the docs](http://x.org).", CITATIONS)
+    assert text == "See and, or [the docs](http://x.org)." and cited == []
+    kept = "Dear [Your Name], the list [1, 2, 3] and [Source code](http://x.org) stay."
+    assert render_citations(kept, CITATIONS) == (kept, [])
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=200))
 def test_rendering_citations_never_fails_and_keeps_the_answer(text: str) -> None:

@@ -278,6 +278,8 @@ UNSEEN15 = Path(__file__).parent / "data" / "jit_intents_unseen15.json"
 UNSEEN16 = Path(__file__).parent / "data" / "jit_intents_unseen16.json"
 #: Written after the unseen16 set's live run, before any change that followed it.
 UNSEEN17 = Path(__file__).parent / "data" / "jit_intents_unseen17.json"
+#: Written after the unseen17 set was written, before its first run.
+UNSEEN18 = Path(__file__).parent / "data" / "jit_intents_unseen18.json"
 #: Every held-out set by its --set name, in the order they were written.
 HELDOUT_SETS = {
     "heldout": HELDOUT,
@@ -299,6 +301,7 @@ HELDOUT_SETS = {
     "unseen15": UNSEEN15,
     "unseen16": UNSEEN16,
     "unseen17": UNSEEN17,
+    "unseen18": UNSEEN18,
 }
 
 

@@ -159,6 +159,8 @@ _PSEUDO_CITATION = re.compile(
     re.IGNORECASE,
 )
 _BRACKETED = re.compile(r"[ \t]?\[([^\]\n]{1,80})\](?!\()")
+#: Code in an answer (fenced or inline), where ``[source]`` is a list or an index.
+_CODE = re.compile(r"(```[\s\S]*?(?:```|$)|`[^`\n]*`)")
 
 
 def _strip_pseudo_citations(text: str, citations: Sequence[Mapping[str, Any]]) -> str:
@@ -169,12 +171,18 @@ def _strip_pseudo_citations(text: str, citations: Sequence[Mapping[str, Any]]) -
         name = str(c.get("source", "")).replace("\\", "/").rsplit("/", 1)[-1].lower()
         if name:
             names.update({name, name.rsplit(".", 1)[0]})
-    text = _PSEUDO_CITATION.sub("", text)
-    if names:
-        text = _BRACKETED.sub(
-            lambda m: "" if m.group(1).strip().lower() in names else m.group(0), text
-        )
-    return text
+
+    def prose(part: str) -> str:
+        part = _PSEUDO_CITATION.sub("", part)
+        if names:
+            part = _BRACKETED.sub(
+                lambda m: "" if m.group(1).strip().lower() in names else m.group(0), part
+            )
+        return part
+
+    # re.split with one group: code at the odd indices, prose at the even ones.
+    parts = _CODE.split(text)
+    return "".join(part if i % 2 else prose(part) for i, part in enumerate(parts))
 
 
 def render_citations(answer: str, citations: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:

@@ -71,6 +71,9 @@ def test_citations_made_up_in_words_are_removed_and_links_stay() -> None:
     assert text == "See and, or [the docs](http://x.org)." and cited == []
     kept = "Dear [Your Name], the list [1, 2, 3] and [Source code](http://x.org) stay."
     assert render_citations(kept, CITATIONS) == (kept, [])
+    code = "Use `rows[source]` or\n```python\nnames = [context]\nd[a] = [b.md]\n```\ndone [memory]."
+    text, _ = render_citations(code, CITATIONS)
+    assert text == code.removesuffix(" [memory].") + "."
 
 
 @settings(max_examples=100, deadline=None)

@@ -397,7 +397,7 @@ def summarise_requests(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     degradations: Counter[str] = Counter()
     for row in rows:
         for item in row.get("degraded") or []:
-            degradations[f"{item.get('where')}: {item.get('what')}"] += 1
+            degradations[f"{item.get('where')}: {item.get('what')}"] += item.get("times") or 1
     known = [r for r in rows if r.get("truncated") is not None]
     readme = [r for r in rows if r.get("origin")]
     return {

@@ -908,10 +908,21 @@ class Mind:
 
 
 def _degrade(cycle_state: dict[str, Any], where: str, what: str, failure: dict[str, Any]) -> None:
-    """Record that ``what`` did not serve as planned (the cycle goes on without it)."""
+    """Record that ``what`` did not serve as planned (the cycle goes on without it).
+
+    The same part failing for the same reason again (one facet used by three plan steps) is
+    one entry whose ``times`` counts it: the record says what went wrong, not how often it
+    was repeated line by line."""
     entry = {"where": where, "what": what, "reason": str(failure.get("reason") or "")[:500]}
-    cycle_state["degraded"] = [*(cycle_state.get("degraded") or []), entry]
     _emit("degraded", cycle=cycle_state.get("id"), **entry)
+    entries = list(cycle_state.get("degraded") or [])
+    for i, seen in enumerate(entries):
+        if {k: seen.get(k) for k in entry} == entry:
+            entries[i] = {**seen, "times": int(seen.get("times", 1)) + 1}
+            break
+    else:
+        entries.append(entry)
+    cycle_state["degraded"] = entries
 
 
 def _raw_steps(reply: str) -> list[dict[str, str]]:

@@ -109,6 +109,8 @@ class Degradation(_Closed):
     where: Annotated[str, Field(max_length=32)]
     what: Annotated[str, Field(max_length=200)]
     reason: Annotated[str, Field(max_length=500)]
+    #: How many times the same part failed for the same reason in the cycle (absent: once).
+    times: Annotated[int, Field(ge=2, le=64)] | None = None
 
 
 class Grounding(_Open):

@@ -77,6 +77,21 @@ def test_ask_streams_the_cycle_and_says_what_it_committed(capsys, image) -> None
     assert code == 0 and "ALFRED.facet_audit" in out
 
 
+def test_ask_prints_a_facet_missing_for_several_steps_once(capsys, image) -> None:
+    plan = plan_of(
+        ("ALFRED.facet_audit", "is the image healthy"),
+        ("ALFRED.facet_audit", "is the log healthy"),
+    )
+    models = FakeModels(responder(plan=plan))
+    code, out, err = run(
+        capsys, "--image", image, "ask", "audit the image and the log", "-p", "alfred",
+        models=models,
+    )  # fmt: skip
+    assert code == 0, err
+    line = "degraded facet ALFRED.facet_audit (2 times): its method is not written yet"
+    assert " ".join(out.split()).count("degraded facet") == 1 and line in " ".join(out.split())
+
+
 def test_ask_json_and_a_failed_cycle(capsys, image) -> None:
     models = FakeModels(responder())
     code, out, _ = run(

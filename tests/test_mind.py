@@ -191,6 +191,30 @@ def test_a_facet_not_written_yet_hands_its_part_to_the_persona(image) -> None:
         assert cycle.get(root, state["cycle"]["id"])["degraded"] == degraded
 
 
+def test_one_facet_missing_for_several_steps_is_one_degradation_with_a_count(image) -> None:
+    """The record says what went wrong once, not once per plan step that used the facet."""
+    plan = plan_of(
+        ("BRICK.facet_steps", "painting the fence"),
+        ("BRICK.facet_steps", "fixing the gate"),
+        ("BRICK.facet_design", "a gate that lasts"),
+    )
+    models = FakeModels(responder(plan=plan))
+    state = run(
+        image,
+        mind(models, FakeRouter(("BRICK",))),
+        "list the steps to paint the fence and fix the gate",
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert all(p["degraded"] == "its method is not written yet" for p in state["partials"])
+    reason = "its method is not written yet"
+    assert state["cycle"]["degraded"] == [
+        {"where": "facet", "what": "BRICK.facet_steps", "reason": reason, "times": 2},
+        {"where": "facet", "what": "BRICK.facet_design", "reason": reason},
+    ]
+    with image.read() as root:
+        assert cycle.get(root, state["cycle"]["id"])["degraded"] == state["cycle"]["degraded"]
+
+
 def test_inline_writing_writes_each_facet_once_on_sample_questions(image, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_WRITE_FACETS", "inline")
     request = "plan the steps to build a garden shed"

@@ -212,8 +212,12 @@ def test_what_a_cycle_degraded_is_typed_in_its_record(image) -> None:
         cited=["a.md:0-10"],
     )
     assert effects.check(good, cycle.EFFECT_KINDS)["id"] == "another-commit"
+    twice = {"where": "facet", "what": "BRICK.facet_steps", "reason": "not written", "times": 2}
+    assert effects.check(with_record(commit, degraded=[twice]), cycle.EFFECT_KINDS)
     for bad in (
         {"degraded": [{"where": "facet"}]},
+        {"degraded": [{**twice, "times": 1}]},
+        {"degraded": [{**twice, "times": "2"}]},
         {"degraded": "everything"},
         {"truncated": "yes"},
         {"cited": [3]},

@@ -312,9 +312,10 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
                 f"{summary['model_calls']} model calls, {summary['output_tokens']} tokens out"
             )
             for entry in summary["degraded"]:
+                times = f" ({entry['times']} times)" if entry.get("times") else ""
                 console.print(
-                    f"  [yellow]degraded[/] {shown(entry['where'])} {shown(entry['what'])}: "
-                    f"{shown(entry['reason'])}"
+                    f"  [yellow]degraded[/] {shown(entry['where'])} {shown(entry['what'])}"
+                    f"{times}: {shown(entry['reason'])}"
                 )
         return
     failure = state.get("failure") or {}

@@ -343,7 +343,11 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
     assert [item["id"] for item in found["document"]] == ["t-doc-1", "t-doc-2"]
     with pytest.raises(SystemExit, match=r"no recall questions: .*recall\.jsonl is missing"):
         usefulness.load_items("fresh1", ["document", "recall"], data=world)
-    assert set(usefulness.HELD_OUT) == {"headline", "fresh1", "fresh2"} <= set(usefulness.SPLITS)
+    assert (
+        set(usefulness.HELD_OUT)
+        == {"headline", "fresh1", "fresh2", "fresh3"}
+        <= set(usefulness.SPLITS)
+    )
 
 
 def test_a_lever_is_set_for_the_run_and_named_in_its_report(world, tmp_path, monkeypatch):

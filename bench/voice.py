@@ -31,7 +31,9 @@ With --mind it also runs the mind (graph/mind.py) with one persona routed, on th
 (--mind-set fresh or fresh2: that set's), and attributes its final answers the same way.
 
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
-interval (the sets are small). Replies are sampled at each persona's Modelfile temperature with a
+interval (the sets are small). Under it, each reply's relevance to its prompt: the mean cosine of
+their embeddings (all-MiniLM-L6-v2), the measure the retraining mission holds a new adapter to
+(batos/training/retrain.py), so that a voice bought by answering beside the question shows. Replies are sampled at each persona's Modelfile temperature with a
 fixed seed (--seed, 0 by default): another seed is another draw of the same replies, which shows
 how much of a figure is the luck of one draw. Replies are cached in
 bench/results/voice-replies.jsonl keyed by model, condition, persona, prompt, adapter and system
@@ -324,12 +326,12 @@ def collect(
     progress: Callable[[str], None] = print,
     conditions: Sequence[str] = CONDITIONS,
     personas: Sequence[str] = PERSONAS,
-) -> dict[str, dict[str, list[tuple[str, str]]]]:
-    """``set → condition → [(persona, reply)]``, generating what the cache lacks.
+) -> dict[str, dict[str, list[tuple[str, str, str]]]]:
+    """``set → condition → [(persona, reply, prompt)]``, generating what the cache lacks.
 
     Conditions are interleaved prompt by prompt, so an interrupted run leaves them balanced.
     """
-    out: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    out: dict[str, dict[str, list[tuple[str, str, str]]]] = {}
     for prompt_set in sets:
         table = out.setdefault(prompt_set.name, {c: [] for c in CONDITIONS})
         for i, prompt in enumerate(prompt_set.prompts, 1):
@@ -337,7 +339,7 @@ def collect(
                 for condition in conditions:
                     text = speaker.reply(condition, persona, prompt)
                     if text is not None:
-                        table[condition].append((persona, text))
+                        table[condition].append((persona, text, prompt))
             if speaker.generated:
                 rate = speaker.seconds / speaker.generated
                 progress(
@@ -350,13 +352,39 @@ def collect(
 # --- report --------------------------------------------------------------------------------
 
 
+def relevance(embedder: Any, replies: Sequence[tuple[str, str, str]]) -> dict[str, float | None]:
+    """Per-persona and overall mean cosine between each prompt and its reply (the measure the
+    retraining mission holds a new adapter to): a voice bought by answering beside the
+    question shows here."""
+    import numpy as np
+
+    if not replies:
+        return {}
+    asked = embedder.encode([prompt for _, _, prompt in replies])
+    said = embedder.encode([text for _, text, _ in replies])
+    cosines = np.sum(asked * said, axis=1)
+    out: dict[str, float | None] = {}
+    for persona in (*PERSONAS, "overall"):
+        mine = [
+            c
+            for (who, _, _), c in zip(replies, cosines, strict=True)
+            if persona in (who, "overall")
+        ]
+        out[persona] = round(float(np.mean(mine)), 4) if mine else None
+    return out
+
+
 def report(
-    classifier: Any, validation: Score, replies: dict[str, dict[str, list[tuple[str, str]]]]
+    classifier: Any,
+    validation: Score,
+    replies: dict[str, dict[str, list[tuple[str, str, str]]]],
+    embedder: Any = None,
 ) -> dict[str, Any]:
-    """Print per-persona and overall attribution per set and condition; return them."""
+    """Print per-persona and overall attribution per set and condition, and with an
+    ``embedder`` each reply's relevance to its prompt; return them."""
     gate = f"classifier validation {validation.rate:.2f} ({validation.hits}/{validation.n})"
     result: dict[str, Any] = {}
-    merged: dict[str, list[tuple[str, str]]] = {c: [] for c in CONDITIONS}
+    merged: dict[str, list[tuple[str, str, str]]] = {c: [] for c in CONDITIONS}
     for name in ("far", "near"):
         for c in CONDITIONS:
             merged[c] += replies.get(name, {}).get(c, [])
@@ -386,12 +414,21 @@ def report(
         print(f"{'condition':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         result[name] = {}
         for condition in (c for c in CONDITIONS if table.get(c)):
-            scores, _ = attribution(classifier, table[condition])
+            pairs = [(persona, text) for persona, text, _ in table[condition]]
+            scores, _ = attribution(classifier, pairs)
             result[name][condition] = {k: v.as_dict() for k, v in scores.items()}
             cells = "".join(
                 f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall")
             )
             print(f"{CONDITION_LABELS[condition]:26}{cells}")
+            if embedder is not None:
+                means = relevance(embedder, table[condition])
+                result[name].setdefault("relevance", {})[condition] = means
+                cells = "".join(
+                    f"{'—' if means.get(p) is None else format(means[p], '.3f'):>19}"
+                    for p in (*PERSONAS, "overall")
+                )
+                print(f"{'  relevance (mean cosine)':26}{cells}")
     return result
 
 
@@ -487,7 +524,9 @@ def main() -> None:
         conditions=args.conditions,
         personas=args.personas,
     )
-    result = report(classifier, validation, replies)
+    from store.knowledge.embeddings import Embedder
+
+    result = report(classifier, validation, replies, Embedder())
     if args.mind:
         chosen = next(s.prompts for s in prompt_sets(args.quick) if s.name == args.mind_set)
         pairs, statuses, retried = mind_replies(

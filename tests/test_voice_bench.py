@@ -167,3 +167,33 @@ def test_collect_asks_only_the_chosen_conditions_and_the_report_skips_the_rest()
     assert replies["far"]["system"] == [] and len(replies["far"]["both"]) == 8
     result = voice.report(voice.train_classifier(), voice.Score(38, 40), replies)
     assert set(result["far"]) == {"both"}
+
+
+class _TopicEmbedder:
+    """Unit vectors by topic: a text about pigeons points one way, anything else the other."""
+
+    def encode(self, texts):
+        import numpy as np
+
+        return np.array([[1.0, 0.0] if "pigeon" in t.lower() else [0.0, 1.0] for t in texts])
+
+
+def test_relevance_is_the_mean_cosine_of_each_reply_to_its_own_prompt() -> None:
+    replies = [
+        ("ALFRED", "Pigeons want the sandwich.", "Why do pigeons follow me?"),
+        ("ALFRED", "Verdict: buy a hat.", "Why do pigeons nest on ledges?"),
+        ("ROBIN", "Oh, the rain!", "What is rain?"),
+    ]
+    means = voice.relevance(_TopicEmbedder(), replies)
+    assert means["ALFRED"] == 0.5 and means["ROBIN"] == 1.0 and means["BRICK"] is None
+    assert means["overall"] == round(2 / 3, 4)
+
+
+def test_the_report_prints_relevance_beside_the_voice_when_given_an_embedder(capsys) -> None:
+    speaker = _Scripted()
+    sets = voice.prompt_sets(True, ("far",))
+    replies = voice.collect(speaker, sets, progress=lambda _: None, conditions=("both",))
+    result = voice.report(voice.train_classifier(), voice.Score(38, 40), replies, _TopicEmbedder())
+    assert "relevance (mean cosine)" in capsys.readouterr().out
+    # the scripted reply repeats its prompt, so it is as relevant as a reply can be
+    assert result["far"]["relevance"]["both"]["overall"] == 1.0

@@ -33,13 +33,14 @@ With --mind it also runs the mind (graph/mind.py) with one persona routed, on th
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
 interval (the sets are small). Under it, each reply's relevance to its prompt: the mean cosine of
 their embeddings (all-MiniLM-L6-v2), the measure the retraining mission holds a new adapter to
-(batos/training/retrain.py), so that a voice bought by answering beside the question shows. Replies are sampled at each persona's Modelfile temperature with a
-fixed seed (--seed, 0 by default): another seed is another draw of the same replies, which shows
-how much of a figure is the luck of one draw. Replies are cached in
-bench/results/voice-replies.jsonl keyed by model, condition, persona, prompt, adapter and system
-prompt digests and sampling (seed included), so an interrupted run resumes and re-scoring costs
-nothing. Writes bench/results/voice-<model>.json (-seed<N> added for another seed, -part for a
-run over some sets or conditions, so that it never overwrites a full run's figures).
+(batos/training/retrain.py), so that a voice bought by answering beside the question shows.
+Replies are sampled at each persona's Modelfile temperature with a fixed seed (--seed, 0 by
+default): another seed is another draw of the same replies, which shows how much of a figure is the
+luck of one draw. Replies are cached in bench/results/voice-replies.jsonl keyed by model,
+condition, persona, prompt, adapter and system prompt digests and sampling (seed included), so an
+interrupted run resumes and re-scoring costs nothing. Writes bench/results/voice-<model>.json
+(-seed<N> added for another seed, -part for a run over some sets or conditions, so that it never
+overwrites a full run's figures).
 """
 
 from __future__ import annotations
@@ -223,15 +224,15 @@ def mind_replies(
     prompts: Sequence[str],
     progress: Callable[[str], None] = print,
     personas: Sequence[str] = PERSONAS,
-) -> tuple[list[tuple[str, str]], Counter[str], Counter[str]]:
+) -> tuple[list[tuple[str, str, str]], Counter[str], Counter[str]]:
     """The mind's final answers when the route is one persona, forced (``persona`` in the run
     context) on the fast path: ROUTE → SYNTHESIZING → gate → COMPLETE, on a throw-away image.
 
     The answer is capped at the bench's reply length (the mind's own cap is ANSWER_TOKENS);
     everything else — the persona's Modelfile, adapter, sampling, the gate — is the mind's.
-    Returns ``(persona, answer)`` pairs, how many cycles ended in each status, and per persona
-    how many answers the gate sent back to be written again (cycles recorded before this was
-    kept count as not sent back).
+    Returns ``(persona, answer, prompt)`` triples, how many cycles ended in each status, and
+    per persona how many answers the gate sent back to be written again (cycles recorded
+    before this was kept count as not sent back).
     """
     import tempfile
 
@@ -246,7 +247,7 @@ def mind_replies(
         limit = min(int(options.get("num_predict") or speaker.tokens), speaker.tokens)
         return chat_model(persona, **{**options, "num_predict": limit, "backend": "embedded"})
 
-    pairs: list[tuple[str, str]] = []
+    pairs: list[tuple[str, str, str]] = []
     statuses: Counter[str] = Counter()
     retried: Counter[str] = Counter()
     todo = [(p, who) for p in prompts for who in personas]
@@ -292,7 +293,7 @@ def mind_replies(
             if (row.get("attempts") or 1) > 1:
                 retried[persona] += 1
             if row["reply"]:
-                pairs.append((persona, row["reply"]))
+                pairs.append((persona, row["reply"], prompt))
     return pairs, statuses, retried
 
 
@@ -532,7 +533,8 @@ def main() -> None:
         pairs, statuses, retried = mind_replies(
             speaker, chosen, lambda line: print(line, flush=True), args.personas
         )
-        scores, _ = attribution(classifier, pairs)
+        scores, _ = attribution(classifier, [(who, text) for who, text, _ in pairs])
+        means = relevance(Embedder(), pairs)
         ended = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
         print(
             "\nthe mind's final answers, one persona routed (fast path), "
@@ -543,6 +545,11 @@ def main() -> None:
         print(f"{'':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         cells = "".join(f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall"))
         print(f"{'mind answer':26}{cells}")
+        cells = "".join(
+            f"{'—' if means.get(p) is None else format(means[p], '.3f'):>19}"
+            for p in (*PERSONAS, "overall")
+        )
+        print(f"{'  relevance (mean cosine)':26}{cells}")
         again = "".join(f"{retried.get(p, 0):>19}" for p in PERSONAS)
         print(f"{'written again by the gate':26}{again}")
         result["mind"] = {
@@ -550,6 +557,7 @@ def main() -> None:
             "statuses": dict(statuses),
             "written_again": dict(retried),
             "scores": {k: v.as_dict() for k, v in scores.items()},
+            "relevance": means,
         }
     RESULTS.mkdir(exist_ok=True)
     seed = f"-seed{args.seed}" if args.seed != SEED else ""

@@ -375,6 +375,15 @@ def relevance(embedder: Any, replies: Sequence[tuple[str, str, str]]) -> dict[st
     return out
 
 
+def print_relevance(means: dict[str, float | None]) -> None:
+    """The relevance row under a voice row: each persona's mean, then the overall one."""
+    cells = "".join(
+        f"{'—' if means.get(p) is None else format(means[p], '.3f'):>19}"
+        for p in (*PERSONAS, "overall")
+    )
+    print(f"{'  relevance (mean cosine)':26}{cells}")
+
+
 def report(
     classifier: Any,
     validation: Score,
@@ -425,11 +434,7 @@ def report(
             if embedder is not None:
                 means = relevance(embedder, table[condition])
                 result[name].setdefault("relevance", {})[condition] = means
-                cells = "".join(
-                    f"{'—' if means.get(p) is None else format(means[p], '.3f'):>19}"
-                    for p in (*PERSONAS, "overall")
-                )
-                print(f"{'  relevance (mean cosine)':26}{cells}")
+                print_relevance(means)
     return result
 
 
@@ -545,11 +550,7 @@ def main() -> None:
         print(f"{'':26}" + "".join(f"{p:>19}" for p in (*PERSONAS, "overall")))
         cells = "".join(f"{str(scores.get(p, Score(0, 0))):>19}" for p in (*PERSONAS, "overall"))
         print(f"{'mind answer':26}{cells}")
-        cells = "".join(
-            f"{'—' if means.get(p) is None else format(means[p], '.3f'):>19}"
-            for p in (*PERSONAS, "overall")
-        )
-        print(f"{'  relevance (mean cosine)':26}{cells}")
+        print_relevance(means)
         again = "".join(f"{retried.get(p, 0):>19}" for p in PERSONAS)
         print(f"{'written again by the gate':26}{again}")
         result["mind"] = {

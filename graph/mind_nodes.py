@@ -918,7 +918,8 @@ def _degrade(cycle_state: dict[str, Any], where: str, what: str, failure: dict[s
     entries = list(cycle_state.get("degraded") or [])
     for i, seen in enumerate(entries):
         if {k: seen.get(k) for k in entry} == entry:
-            entries[i] = {**seen, "times": int(seen.get("times", 1)) + 1}
+            # bounded like the record's field: a count past it says no more than "often"
+            entries[i] = {**seen, "times": min(int(seen.get("times", 1)) + 1, 64)}
             break
     else:
         entries.append(entry)

@@ -31,10 +31,11 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh1 --families document  # held out too
     .venv/bin/python bench/usefulness.py --split fresh2 --families document  # and a third
     .venv/bin/python bench/usefulness.py --split fresh3 --families document  # and a fourth
+    .venv/bin/python bench/usefulness.py --split fresh4 --families document  # and a fifth
 
-``headline/``, ``fresh1/``, ``fresh2/`` and ``fresh3/`` are for reported figures only: nobody
-reads their replies to decide what to change (bench/data/usefulness/README.md). The three fresh
-sets have document questions only, so name ``--families document`` with them.
+``headline/``, ``fresh1/``, ``fresh2/``, ``fresh3/`` and ``fresh4/`` are for reported figures
+only: nobody reads their replies to decide what to change (bench/data/usefulness/README.md). The
+four fresh sets have document questions only, so name ``--families document`` with them.
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3")
+SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4")
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3")
+HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",

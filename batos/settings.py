@@ -462,6 +462,25 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_derived",
+            "BATOS_MIND_DERIVED",
+            lambda: "on",
+            "Whether a request about memory that asks for a figure worked out from figures it "
+            "names but does not give ('how many more in 2024 than in 2023?', 'by how much did "
+            "the fee rise?') has a program compute it from the passages ('on'), or is answered "
+            "in words ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
+            "mind_restates",
+            "BATOS_MIND_RESTATES",
+            lambda: "on",
+            "Whether the quality gate sends back, once, a fast answer from passages of memory "
+            "that only restates its question (no figure, no word of its own) and asks again on "
+            "the same passages ('on'), or lets it through ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_quote_first",
             "BATOS_MIND_QUOTE_FIRST",
             lambda: "off",

@@ -34,6 +34,17 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PASSAGES": "3"},
         "off": {"BATOS_MIND_PASSAGES": "5"},
     },
+    # A request about memory asking for a figure worked out from ones it names but does not
+    # give ("how many more in 2024 than in 2023?") has a program compute it from the passages.
+    "derived": {
+        "on": {"BATOS_MIND_DERIVED": None},
+        "off": {"BATOS_MIND_DERIVED": "off"},
+    },
+    # The gate asks again, on the same passages, when a fast answer only restates its question.
+    "restates": {
+        "on": {"BATOS_MIND_RESTATES": None},
+        "off": {"BATOS_MIND_RESTATES": "off"},
+    },
     # The gate sends back a fast answer from passages stating a figure none of them gives.
     "figures": {
         "on": {"BATOS_MIND_FIGURES": "on"},

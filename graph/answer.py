@@ -272,6 +272,21 @@ def found_nothing(text: str) -> bool:
     return bool(_NOT_FOUND.search(body)) or (not figure and not substance)
 
 
+def restates(text: str, request: str) -> bool:
+    """Whether an answer gives nothing the request did not: no figure and no word of its own
+    ("The cheese goes inside the oatcakes [1]." for "Which cheese goes inside the oatcakes?"),
+    or an opening that stops at its colon ("The population at each census: [1]")."""
+    from graph.plan import content_words
+
+    body = _CITATION.sub(" ", text.split("\n\nSources: ")[0]).strip()
+    if body.endswith(":"):
+        return True
+    if any(c.isdigit() for c in body):
+        return False
+    own = content_words(body) - content_words(request) - {"found", "passa", "refer", "memor"}
+    return not own
+
+
 _LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)
 
 

@@ -65,24 +65,45 @@ _ASKS = re.compile(
 #: Words of a question whose answer is worked out from figures given elsewhere (in memory).
 _DERIVED = re.compile(
     r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|higher)|"
-    r"difference between|in total|altogether|combined|how many (years|days|weeks|months) "
+    r"by how (many|much)|difference between|in total|altogether|combined|"
+    r"how many (years|days|weeks|months) "
     r"(passed|elapsed|between|after|before|separate)|(more|less|fewer) than)\b",
     re.IGNORECASE,
 )
 
 
-def looks_computational(text: str, *, grounded: bool = False) -> bool:
+def looks_computational(text: str, *, grounded: bool = False, derived: bool = True) -> bool:
     """Whether ``text`` asks for a quantity, date or time computed from what it gives — or,
     when it is about the catalog (``grounded``), from figures its passages give.
 
     Two figures (or a date) and a word that asks for a computed answer; a bare number ("my
     locker code is 4471"), a model name ("DH-20") or a question with no figure is not one,
-    unless a grounded question asks how many more, in total, the difference…
+    unless a grounded question asks how many more, in total, the difference… ("by how many"
+    too, unless ``derived`` is off: how the mind answered before it asked that).
     """
     figures = len(NUMBER.findall(text)) + 2 * len(_DATE.findall(text))
     if figures >= 2 and ("%" in text or bool(_ASKS.search(text))):
         return True
+    if not derived:
+        return grounded and bool(_DERIVED.search(_BY_HOW.sub(" ", text)))
     return grounded and bool(_DERIVED.search(text))
+
+
+_BY_HOW = re.compile(r"\bby how (many|much)\b", re.IGNORECASE)
+
+#: A four-digit year: in "the 1951 census" or "in 2024 than in 2023" it names which figure,
+#: it is not one to compute with.
+_YEAR = re.compile(r"^(1[5-9]|20)\d\d$")
+
+
+def needs_facts(text: str) -> bool:
+    """Whether a computation asks for a quantity derived from figures it does not give: "how
+    many more newts in 2024 than in 2023?" names its operands by year and leaves their values
+    to the documents. A word problem that states two operands takes them from itself."""
+    if not _DERIVED.search(text):
+        return False
+    operands = [f for f in NUMBER.findall(text) if not _YEAR.match(f)]
+    return len(operands) + 2 * len(_DATE.findall(text)) < 2
 
 
 @dataclass(frozen=True)

@@ -332,13 +332,19 @@ class Mind:
             request, chosen, settings.get_int("mind_fast_words"), context.get("depth")
         )
         grounded = False
-        if compute.looks_computational(request):
+        derived = settings.get_str("mind_derived") == "on"
+        if compute.looks_computational(request) and not (derived and compute.needs_facts(request)):
             # Its figures are all in the request: passages would only offer other numbers.
             cycle_state.update(compute=True, passages=[], grounding={"about_catalog": False})
         else:
+            # Figures named but not given ("how many more in 2024 than in 2023?") come from
+            # the passages, when the request is about what the catalog holds.
             self._ground(image, cycle_state, request)
             grounded = bool(cycle_state["grounding"].get("about_catalog"))
-            cycle_state["compute"] = compute.looks_computational(request, grounded=grounded)
+            # Without passages such a program would only have the years to subtract.
+            cycle_state["compute"] = compute.looks_computational(
+                request, grounded=grounded, derived=derived
+            ) and (grounded or not compute.needs_facts(request))
         unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
         forced_depth = context.get("depth") in ("fast", "full")
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
@@ -703,6 +709,16 @@ class Mind:
             return []
         return answer.unsupported_figures(response, passages, cycle_state["request"])
 
+    @staticmethod
+    def _restated(state: MindState, cycle_state: dict[str, Any], response: str) -> bool:
+        """Whether a fast answer from passages only echoes its request (its second try is
+        given the same passages: they were found, the answer did not read them)."""
+        if not cycle_state.get("passages") or state.get("partials"):
+            return False
+        if settings.get_str("mind_restates") == "off":
+            return False
+        return answer.restates(response, cycle_state["request"])
+
     def gate(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
@@ -737,6 +753,11 @@ class Mind:
                 # tenth is still in memory.
                 reason = "the answer found nothing in the passages"
                 cycle_state["gate_second_look"] = True
+            elif self._restated(state, cycle_state, response):
+                reason = (
+                    "the answer only restates the question: say what the passages give as "
+                    "its answer (the name, figure or date asked for)"
+                )
             elif computed and not compute.gives(response, computed["text"]):
                 reason = (
                     f"the answer does not state what the program computed, {computed['text']}: "

@@ -160,6 +160,30 @@ def test_a_question_about_memory_may_need_figures_from_its_passages() -> None:
     assert not looks_computational("Who founded Calder Bay?", grounded=True)
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("How many more owls nested in 2024 than in 2023?", True),
+        ("How many fewer people lived there at the 1951 census than at the one of 1901?", True),
+        ("By how many pounds did the allowance go up?", True),
+        ("Tom has 12 apples and Ann has 5. How many more does Tom have?", False),
+        ("How many days are there between 3 March 2025 and 19 July 2025?", False),
+        ("What was the population at the 1951 census?", False),
+    ],
+)
+def test_a_computation_names_figures_it_leaves_to_memory(text: str, expected: bool) -> None:
+    from graph.compute import needs_facts
+
+    assert needs_facts(text) is expected
+
+
+def test_by_how_much_is_a_derived_question_unless_that_is_switched_off() -> None:
+    question = "By how many pounds did the allowance go up?"
+    assert looks_computational(question, grounded=True)
+    assert not looks_computational(question, grounded=True, derived=False)
+    assert not looks_computational(question)
+
+
 def test_a_program_s_result_is_stated_plainly() -> None:
     assert shown(2.75 * 36 * 14) == "1386"
     assert shown(22.22222222222222) == "22.22222222"
@@ -471,3 +495,21 @@ def test_correcting_a_citation_never_raises_and_changes_only_its_number(text: st
         assert fixed == text
     else:
         assert fixed == text.replace(f"[{moved[0]}]", f"[{moved[1]}]") and moved[0] != moved[1]
+
+
+@pytest.mark.parametrize(
+    ("text", "request_", "restated"),
+    [
+        ("The cheese goes in the oatcakes [1].", "Which cheese goes in the oatcakes?", True),
+        ("The population at each census: [1]", "What was the population in 1951?", True),
+        ("Harden Blue goes inside the oatcakes [1].", "Which cheese goes inside them?", False),
+        ("It had 8,902 people [1].", "What was the population at the census?", False),
+        ("The ferry leaves Harbour Pier [2].", "When does the ferry leave?", False),
+    ],
+)
+def test_an_answer_that_only_restates_its_question_is_told_apart(
+    text: str, request_: str, restated: bool
+) -> None:
+    from graph.answer import restates
+
+    assert restates(text, request_) is restated

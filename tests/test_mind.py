@@ -1016,6 +1016,75 @@ def test_a_computation_about_memory_takes_its_figures_from_the_passages(
     assert "A program computed this for the request: 14.4" in models.of("answer")[0].text
 
 
+def test_a_computation_that_names_its_figures_by_year_takes_them_from_the_passages(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    # Two years are figures of the request, but not its operands: the counts are in memory.
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    (tmp_path / "ferry.md").write_text(
+        "# Ondine ferry passengers\n\nThe Ondine ferry carried 1,200 passengers in 2023 "
+        "and 1,450 passengers in 2024."
+    )
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / "ferry.md"])
+    source = "    before = 1200\n    after = 1450\n    return after - before\n"
+    models = FakeModels(
+        lambda call: (
+            program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="It carried 250 more passengers [1].")(call)
+        )
+    )
+    question = "How many more passengers did the Ondine ferry carry in 2024 than in 2023?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["grounding"]["about_catalog"] and state["cycle"]["compute"]
+    assert "1,200 passengers in 2023" in models.of("program")[0].text
+    assert "A program computed this for the request: 250" in models.of("answer")[0].text
+
+
+def test_a_computation_whose_figures_are_nowhere_is_not_a_program_of_its_years(image) -> None:
+    # No catalog holds the counts: subtracting 2023 from 2024 would be an exact wrong answer.
+    models = FakeModels(responder(answer="I do not know how many newts were counted."))
+    question = "How many more newts were counted at the Mill Pond in 2024 than in 2023?"
+    state = run(image, mind(models, FakeRouter(("BABS",))), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert not state["cycle"]["compute"] and models.of("program") == []
+
+
+def test_an_answer_that_restates_its_question_is_asked_again_on_the_same_passages(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    replies = iter(["The Ondine ferry leaves Harbour Pier [1].", "At 7:40 every morning [1]."])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    question = "When does the Ondine ferry leave Harbour Pier?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["gate"]["passed"]
+    first, second = models.of("answer")
+    assert "only restates the question" in second.text
+    shown = [" ".join(str(m.content) for m in call.messages) for call in (first, second)]
+    assert all("leaves Harbour Pier at 7:40" in text for text in shown)
+    assert state["response"].startswith("At 7:40 every morning")
+    assert state["cycle"]["degraded"] == []
+
+
+def test_a_restated_question_is_let_through_when_that_check_is_off(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_RESTATES", "off")
+    models = FakeModels(responder(answer="The Ondine ferry leaves Harbour Pier [1]."))
+    question = "When does the Ondine ferry leave Harbour Pier?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("answer")) == 1 and state["cycle"]["gate"]["passed"]
+
+
 def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))

@@ -481,6 +481,15 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_grounded_sampling",
+            "BATOS_MIND_GROUNDED_SAMPLING",
+            lambda: "persona",
+            "How an answer from passages of memory is decoded: 'greedy' (temperature 0: the "
+            "same passages give the same answer) or 'persona' (the persona's own sampling, its "
+            "Modelfile's temperature).",
+            _choice("greedy", "persona"),
+        ),
+        Setting(
             "mind_quote_first",
             "BATOS_MIND_QUOTE_FIRST",
             lambda: "off",

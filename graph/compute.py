@@ -63,11 +63,13 @@ _ASKS = re.compile(
 
 
 #: Words of a question whose answer is worked out from figures given elsewhere (in memory).
+#: "more than" alone asks for nothing computed: "when did the street drop by more than two
+#: metres?" wants a date.
 _DERIVED = re.compile(
     r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|higher)|"
     r"by how (many|much)|difference between|in total|altogether|combined|"
     r"how many (years|days|weeks|months) "
-    r"(passed|elapsed|between|after|before|separate)|(more|less|fewer) than)\b",
+    r"(passed|elapsed|between|after|before|separate))\b",
     re.IGNORECASE,
 )
 

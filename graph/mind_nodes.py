@@ -671,6 +671,8 @@ class Mind:
         else:
             messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
+        if passages and not partials and settings.get_str("mind_grounded_sampling") == "greedy":
+            options["temperature"] = 0.0
         if attempt > 1 and not second_look:
             messages += [
                 AIMessage(state.get("response") or ""),

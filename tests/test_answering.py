@@ -158,6 +158,8 @@ def test_a_question_about_memory_may_need_figures_from_its_passages() -> None:
     assert not looks_computational(question)
     assert looks_computational(question, grounded=True)
     assert not looks_computational("Who founded Calder Bay?", grounded=True)
+    when = "When did part of the quay sink by more than a metre?"
+    assert not looks_computational(when, grounded=True)
 
 
 @pytest.mark.parametrize(

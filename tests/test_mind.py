@@ -1085,6 +1085,28 @@ def test_a_restated_question_is_let_through_when_that_check_is_off(
     assert len(models.of("answer")) == 1 and state["cycle"]["gate"]["passed"]
 
 
+@pytest.mark.parametrize(("sampling", "temperature"), [("greedy", 0.0), ("persona", None)])
+def test_an_answer_from_passages_is_decoded_as_the_setting_says(
+    image, remembered, monkeypatch, sampling: str, temperature: float | None
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_GROUNDED_SAMPLING", sampling)
+    models = FakeModels(responder(answer="At 7:40 [1]."))
+    question = "When does the Ondine ferry leave Harbour Pier?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    [call] = models.of("answer")
+    assert call.options.get("temperature") == temperature
+
+
+def test_an_answer_without_passages_keeps_the_persona_s_sampling(image, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDED_SAMPLING", "greedy")
+    models = FakeModels(responder(answer="Hello to you too."))
+    state = run(image, mind(models, FakeRouter(("ROBIN",))), "hello there")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert "temperature" not in models.of("answer")[0].options
+
+
 def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))

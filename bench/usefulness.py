@@ -279,6 +279,9 @@ class Systems:
     run_id: str
     models: ModelFactory | None = None
     services: MindServices | None = None
+    #: How the bare model and the RAG decode: "persona" (BABS's Modelfile sampling, what a
+    #: user's script gets) or "greedy" (temperature 0, as a careful user might set).
+    baselines: str = "persona"
     _conversations: dict[str, tuple[list[BaseMessage], float]] = field(default_factory=dict)
 
     def babs(self, messages: list[BaseMessage]) -> tuple[str, dict[str, Any]]:
@@ -288,7 +291,8 @@ class Systems:
             from batos.models import chat_model
 
             factory = chat_model
-        message = factory("BABS").invoke(messages)
+        options = {"temperature": 0.0} if self.baselines == "greedy" else {}
+        message = factory("BABS", **options).invoke(messages)
         usage = getattr(message, "usage_metadata", None) or {}
         return content_text(message.content), {
             "input_tokens": usage.get("input_tokens"),
@@ -485,12 +489,14 @@ def run(
     facets: str = "prepared",
     levers: dict[str, str] | None = None,
     progress: Callable[[str], None] = print,
+    baselines: str = "persona",
 ) -> tuple[dict[str, Any], Path]:
     """Run the bench and write its JSON; returns the report and where it was written.
 
     ``models`` and ``services`` replace the chat-model factory and the mind's services (tests
     pass scripted ones); left None, the configured model answers. ``levers`` (name → on|off,
-    ``bench.levers``) are set for the run and recorded in the report and its file's name.
+    ``bench.levers``) are set for the run and recorded in the report and its file's name;
+    ``baselines`` ("persona" or "greedy") is how the bare model and the RAG decode.
     """
     from batos import settings
 
@@ -508,11 +514,12 @@ def run(
         "systems": list(systems),
         "order": "systems rotate per question: each goes first in turn",
         "levers": dict(levers or {}),
+        "baselines": baselines,
         "environment": apply_levers(levers or {}),
         "items": [],
     }
     results.mkdir(parents=True, exist_ok=True)
-    lever_tag = tag(levers or {})
+    lever_tag = tag(levers or {}) + ("-baselines-greedy" if baselines == "greedy" else "")
     path = results / f"usefulness-{split}-{_file_part(model_name)}{lever_tag}-{stamp}.json"
     with tempfile.TemporaryDirectory() as folder:
         image = fresh_image(Path(folder))
@@ -525,7 +532,9 @@ def run(
                 # given services come with their own embedder, which may not be the encoder
                 # the catalog's vectors were made with: the mind searches the bench's catalog
                 services = replace(services, catalog=catalog)
-            world = Systems(image, catalog, stamp, models=models, services=services)
+            world = Systems(
+                image, catalog, stamp, models=models, services=services, baselines=baselines
+            )
             report["warmup_s"] = warm_up(world, systems)
             index = 0
             try:
@@ -608,7 +617,8 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         f"Usefulness on split {report['split']!r}, model {report['model']!r} "
         f"(ingest: {report['ingest']['files']} files, {report['ingest']['chunks']} chunks), "
-        f"levers: {levers}",
+        f"levers: {levers}"
+        + ("; bare and RAG decode greedily" if report.get("baselines") == "greedy" else ""),
         facets_line(report["facets"]),
     ]
     header = (
@@ -670,6 +680,13 @@ def main() -> None:
         default="prepared",
         help="write the facet methods before the questions (as batos init --prepare), or not",
     )
+    parser.add_argument(
+        "--baselines",
+        choices=("persona", "greedy"),
+        default="persona",
+        help="how the bare model and the RAG decode: BABS's own sampling (default) or "
+        "greedy, temperature 0",
+    )
     add_option(parser)
     args = parser.parse_args()
     if args.limit is not None and args.limit < 1:
@@ -685,6 +702,7 @@ def main() -> None:
         args.limit,
         facets=args.facets,
         levers=parse_levers(args.lever),
+        baselines=args.baselines,
     )
     print()
     print(table(report))

@@ -126,7 +126,7 @@ def baseline(call: ModelCall) -> Any:
     """The bare model and the RAG: the RAG's prompt has passages, the bare one's has not."""
     texts = _texts(call)
     last = texts[-1]
-    if call.persona != "BABS" or call.options:
+    if call.persona != "BABS" or call.options not in ({}, {"temperature": 0.0}):
         raise AssertionError(f"the baselines call chat_model('BABS') alone, not {call}")
     if last == "Say hello.":
         return "Hello."
@@ -372,3 +372,27 @@ def test_a_lever_is_set_for_the_run_and_named_in_its_report(world, tmp_path, mon
     assert report["environment"] == {"BATOS_MIND_PASSAGE_WORDS": "60"}
     assert os.environ["BATOS_MIND_PASSAGE_WORDS"] == "60"
     assert "levers: passage_words=on" in usefulness.table(report)
+
+
+@pytest.mark.parametrize(("baselines", "temperature"), [("greedy", 0.0), ("persona", None)])
+def test_the_baselines_decode_as_asked(world, tmp_path, baselines, temperature):
+    services = MindServices(
+        models=FakeModels(mind_reply), router=FakeRouter(("BABS",)), embedder=FakeEmbedder()
+    )
+    models = FakeModels(baseline)
+    report, path = usefulness.run(
+        families=["document"],
+        systems=["bare", "rag"],
+        limit=1,
+        models=models,
+        services=services,
+        data=world,
+        results=tmp_path,
+        model_name="scripted",
+        progress=lambda line: None,
+        baselines=baselines,
+    )
+    assert report["baselines"] == baselines and models.calls
+    assert {call.options.get("temperature") for call in models.calls} == {temperature}
+    assert ("-baselines-greedy-" in path.name) is (baselines == "greedy")
+    assert ("decode greedily" in usefulness.table(report)) is (baselines == "greedy")

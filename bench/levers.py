@@ -45,11 +45,11 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_RESTATES": None},
         "off": {"BATOS_MIND_RESTATES": "off"},
     },
-    # An answer from passages decoded greedily (temperature 0), against the persona's own
-    # sampling (the default).
+    # An answer from passages decoded greedily (temperature 0, the default), against the
+    # persona's own sampling.
     "greedy": {
-        "on": {"BATOS_MIND_GROUNDED_SAMPLING": "greedy"},
-        "off": {"BATOS_MIND_GROUNDED_SAMPLING": None},
+        "on": {"BATOS_MIND_GROUNDED_SAMPLING": None},
+        "off": {"BATOS_MIND_GROUNDED_SAMPLING": "persona"},
     },
     # The gate sends back a fast answer from passages stating a figure none of them gives.
     "figures": {

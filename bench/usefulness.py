@@ -32,10 +32,12 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh2 --families document  # and a third
     .venv/bin/python bench/usefulness.py --split fresh3 --families document  # and a fourth
     .venv/bin/python bench/usefulness.py --split fresh4 --families document  # and a fifth
+    .venv/bin/python bench/usefulness.py --split fresh5 --families document  # and a sixth
 
-``headline/``, ``fresh1/``, ``fresh2/``, ``fresh3/`` and ``fresh4/`` are for reported figures
-only: nobody reads their replies to decide what to change (bench/data/usefulness/README.md). The
-four fresh sets have document questions only, so name ``--families document`` with them.
+``headline/``, ``fresh1/``, ``fresh2/``, ``fresh3/``, ``fresh4/`` and ``fresh5/`` are for
+reported figures only: nobody reads their replies to decide what to change
+(bench/data/usefulness/README.md). The five fresh sets have document questions only, so name
+``--families document`` with them.
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4")
+SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5")
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4")
+HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",

@@ -261,20 +261,24 @@ _NOT_FOUND = re.compile(
 _CITATION = re.compile(r"\[[^\]]{0,80}\]")
 
 
+#: Words an answer uses to point at its sources, which say nothing of the answer itself.
+_POINTERS = frozenset({"found", "passa", "refer", "memor", "sourc"})
+
+
 def found_nothing(text: str) -> bool:
     """Whether a grounded answer says the passages do not hold the answer, or says nothing
     beyond its citations ("Found in [2]." names a place, not an answer)."""
     from graph.plan import content_words
 
     body = _CITATION.sub(" ", text.split("\n\nSources: ")[0])
-    substance = content_words(body) - {"found", "passa", "refer", "memor", "sourc"}
+    substance = content_words(body) - _POINTERS
     figure = any(c.isdigit() for c in body)
     return bool(_NOT_FOUND.search(body)) or (not figure and not substance)
 
 
 def restates(text: str, request: str) -> bool:
     """Whether an answer gives nothing the request did not: no figure and no word of its own
-    ("The cheese goes inside the oatcakes [1]." for "Which cheese goes inside the oatcakes?"),
+    ("The cheese goes in the oatcakes [1]." for "Which cheese goes in the oatcakes?"),
     or an opening that stops at its colon ("The population at each census: [1]")."""
     from graph.plan import content_words
 
@@ -283,7 +287,7 @@ def restates(text: str, request: str) -> bool:
         return True
     if any(c.isdigit() for c in body):
         return False
-    own = content_words(body) - content_words(request) - {"found", "passa", "refer", "memor"}
+    own = content_words(body) - content_words(request) - _POINTERS
     return not own
 
 

@@ -33,11 +33,11 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh3 --families document  # and a fourth
     .venv/bin/python bench/usefulness.py --split fresh4 --families document  # and a fifth
     .venv/bin/python bench/usefulness.py --split fresh5 --families document  # and a sixth
+    .venv/bin/python bench/usefulness.py --split fresh6 --families document  # and a seventh
 
-``headline/``, ``fresh1/``, ``fresh2/``, ``fresh3/``, ``fresh4/`` and ``fresh5/`` are for
-reported figures only: nobody reads their replies to decide what to change
-(bench/data/usefulness/README.md). The five fresh sets have document questions only, so name
-``--families document`` with them.
+``headline/`` and ``fresh1/`` to ``fresh6/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The six fresh sets have
+document questions only, so name ``--families document`` with them.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5")
+SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5")
+HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",

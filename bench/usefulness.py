@@ -34,9 +34,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh4 --families document  # and a fifth
     .venv/bin/python bench/usefulness.py --split fresh5 --families document  # and a sixth
     .venv/bin/python bench/usefulness.py --split fresh6 --families document  # and a seventh
+    .venv/bin/python bench/usefulness.py --split fresh7 --families document  # and an eighth
 
-``headline/`` and ``fresh1/`` to ``fresh6/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The six fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh7/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The seven fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -69,9 +70,9 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
+SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
+HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",

@@ -108,6 +108,27 @@ def needs_facts(text: str) -> bool:
     return len(operands) + 2 * len(_DATE.findall(text)) < 2
 
 
+#: Questions whose answer is the size of a difference, never its sign: "how many fewer people
+#: lived there in 1951 than in 1901?" is 743, whichever figure the program subtracted from
+#: which ("by how much did it fall?" is answered "by 5", not "by -5").
+_MAGNITUDE = re.compile(
+    r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|farther|higher|"
+    r"lower|bigger|smaller|larger|earlier|later|heavier|lighter|cheaper|dearer|faster|slower)|"
+    r"by how (many|much)|difference between)\b",
+    re.IGNORECASE,
+)
+_NEGATIVE = re.compile(r"^-(?=\d)")
+
+
+def magnitude(question: str, value: str) -> str:
+    """``value`` as the answer to ``question``: a negative number without its sign when the
+    question asks how much more, fewer, by how much or the difference (the order of the two
+    operands is the program's choice, not the answer)."""
+    if _MAGNITUDE.search(question) and NUMBER.fullmatch(value.lstrip("-")):
+        return _NEGATIVE.sub("", value)
+    return value
+
+
 @dataclass(frozen=True)
 class Computed:
     """What the program gave, or why there is no result (``ok`` False)."""
@@ -246,7 +267,8 @@ def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str
                     f"it uses {', '.join(invented[:6])}, which neither the question nor the "
                     "facts give: take every figure from the facts, copied exactly"
                 )
-            return Computed(True, run_program(source), source, attempts=attempt)
+            value = magnitude(question, run_program(source))
+            return Computed(True, value, source, attempts=attempt)
         except ValueError as exc:
             failed.append((source, str(exc)))
     source, reason = failed[-1]

@@ -179,6 +179,38 @@ def test_a_computation_names_figures_it_leaves_to_memory(text: str, expected: bo
     assert needs_facts(text) is expected
 
 
+@pytest.mark.parametrize(
+    ("question", "value", "expected"),
+    [
+        ("How many fewer people lived there in 1951 than in 1901?", "-743", "743"),
+        ("By how many pounds did the allowance go up?", "-125", "125"),
+        ("By how much did the index rise?", "-12.5", "12.5"),
+        ("What is the difference between the two fares?", "-1,200", "1,200"),
+        ("How many more litres does the Pro extract?", "4", "4"),
+        # a question that asks for a signed result keeps its sign
+        ("What was the lowest temperature in January?", "-7", "-7"),
+        ("What is 3 minus 5?", "-2", "-2"),
+        # not a number: left as it is
+        ("How many more days until -5 December?", "-5 December", "-5 December"),
+    ],
+)
+def test_a_difference_is_answered_as_a_magnitude(question: str, value: str, expected: str) -> None:
+    from graph.compute import magnitude
+
+    assert magnitude(question, value) == expected
+
+
+def test_a_program_that_subtracts_the_wrong_way_round_gives_the_difference() -> None:
+    facts = "Census of 1901: 9,645. Census of 1951: 8,902."
+    program = "```python\ndef solve(self):\n    return 8902 - 9645\n```"
+    result = compute(
+        "How many fewer people lived there in 1951 than in 1901?", lambda m: program, facts
+    )
+    assert result.ok and result.value == "743"
+    # the same program for a question that asks for the signed change keeps the sign
+    assert compute("What is 8902 minus 9645?", lambda m: program).value == "-743"
+
+
 def test_by_how_much_is_a_derived_question_unless_that_is_switched_off() -> None:
     question = "By how many pounds did the allowance go up?"
     assert looks_computational(question, grounded=True)

@@ -472,6 +472,16 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_pairs",
+            "BATOS_MIND_PAIRS",
+            lambda: "on",
+            "Whether a request about memory that asks how many more, fewer, by how much or the "
+            "difference has BABS copy the two figures from the passages (each checked against "
+            "them) and the difference worked out in code before any program is written ('on'), "
+            "or goes straight to a program ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_restates",
             "BATOS_MIND_RESTATES",
             lambda: "on",

@@ -51,6 +51,13 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_GROUNDED_SAMPLING": None},
         "off": {"BATOS_MIND_GROUNDED_SAMPLING": "persona"},
     },
+    # A question about memory asking how many more, fewer or by how much: BABS copies the two
+    # figures (checked against the passages) and the difference is worked out in code, before
+    # any program is written.
+    "pairs": {
+        "on": {"BATOS_MIND_PAIRS": None},
+        "off": {"BATOS_MIND_PAIRS": "off"},
+    },
     # The gate sends back a fast answer from passages stating a figure none of them gives.
     "figures": {
         "on": {"BATOS_MIND_FIGURES": "on"},

@@ -14,6 +14,7 @@ the answer (the persona answers without a computed result), never the request.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 from collections.abc import Callable
@@ -280,6 +281,88 @@ _ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
 _MONTH_NAMES = (
     "january february march april may june july august september october november december"
 ).split()
+
+
+# -- a difference of two figures the passages give ----------------------------------------
+
+#: What BABS may spend copying the two figures, and the longest reply read.
+PAIR_TOKENS = 200
+MAX_PAIR_REPLY = 4000
+MAX_QUOTE_CHARS = 300
+_FIGURE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "words": {"type": "string", "maxLength": 160},
+        "value": {"type": "number"},
+    },
+    "required": ["words", "value"],
+}
+#: The reply's shape: each figure with the passage's words that state it, then the figure.
+PAIR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"first": _FIGURE_SCHEMA, "second": _FIGURE_SCHEMA},
+    "required": ["first", "second"],
+}
+
+
+def asks_difference(question: str) -> bool:
+    """Whether ``question`` asks for the size of a difference (how many more, fewer, by how
+    much, the difference between)."""
+    return bool(_MAGNITUDE.search(question))
+
+
+def pair_messages(question: str, facts: str) -> list[BaseMessage]:
+    """What BABS is asked: the passages, then the question and what to copy."""
+    template = prompt_files.load("compute")["pair"]
+    return [HumanMessage(template.format(facts=facts, question=question))]
+
+
+def _figure(data: Any, which: str) -> tuple[str, float]:
+    if not isinstance(data, dict):
+        raise ValueError(f"the {which} figure is not an object")
+    words, value = data.get("words"), data.get("value")
+    if not isinstance(words, str) or isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"the {which} figure has no words and number")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"the {which} figure is not a finite number")
+    return " ".join(words.split())[:MAX_QUOTE_CHARS], float(value)
+
+
+def difference(question: str, facts: str, read: Callable[[list[BaseMessage]], str]) -> Computed:
+    """The difference ``question`` asks for, from two figures ``read`` (one model call:
+    messages in, JSON reply out) copies from ``facts``: each must be a figure the facts state,
+    and the two must differ. Arithmetic is done here, not by the model; the working is the
+    result's source. Not ``ok`` (with the reason) when the reply cannot be trusted."""
+    reply = read(pair_messages(question, facts))
+    try:
+        if len(reply) > MAX_PAIR_REPLY:
+            raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
+        data = json.loads(reply)
+        if not isinstance(data, dict):
+            raise ValueError("the reply is not a JSON object")
+        (first_words, first), (second_words, second) = (
+            _figure(data.get("first"), "first"),
+            _figure(data.get("second"), "second"),
+        )
+        for value in (first, second):
+            if not gives(facts, shown(_plain(value))):
+                raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
+        if first == second:
+            raise ValueError("the two figures are the same")
+    except ValueError as exc:  # json.JSONDecodeError is one
+        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=str(exc), attempts=1)
+    result = shown(_plain(abs(first - second)))
+    working = (
+        f"first = {shown(_plain(first))}  # {first_words}\n"
+        f"second = {shown(_plain(second))}  # {second_words}\n"
+        f"difference = abs(first - second)  # {result}\n"
+    )
+    return Computed(True, result, working, attempts=1)
+
+
+def _plain(value: float) -> int | float:
+    """A whole float as an int, so 36.0 reads "36"; others rounded off their binary noise."""
+    return int(value) if value.is_integer() and abs(value) < 2**53 else round(value, 9)
 
 
 def _figures(text: str) -> list[tuple[float, int]]:

@@ -67,6 +67,8 @@ GROUNDED_FAST_WORDS = 30
 FALLBACK_PERSONA = "BRICK"
 #: The step a plan gets for a request that needs a number or date computed.
 COMPUTE_STEP = {"persona": compute.AUTHOR, "facet": "compute"}
+#: The persona that reads figures out of passages for a computation (``mind_pairs``).
+READER = "BABS"
 
 
 def prompts() -> dict[str, Any]:
@@ -602,7 +604,30 @@ class Mind:
             metrics.append(metric)
             return reply
 
-        result = compute.compute(query, write, answer.passages_text(passages))
+        facts = answer.passages_text(passages)
+        if passages and compute.asks_difference(query) and settings.get_str("mind_pairs") == "on":
+
+            def read(messages: list[BaseMessage]) -> str:
+                model = self.models(
+                    READER,
+                    format=compute.PAIR_SCHEMA,
+                    temperature=0.0,
+                    num_predict=compute.PAIR_TOKENS,
+                )
+                reply, metric = self.call(
+                    model, messages, node="facet:figures", persona=READER, facet="compute"
+                )
+                metrics.append(metric)
+                return reply
+
+            # Copying two figures is reading, which BABS does better than a program that
+            # must find them in the passages; a pair that fails its checks goes to a program.
+            paired = compute.difference(query, facts, read)
+            if paired.ok:
+                partial.update(kind="computed", ok=True, text=paired.value, program=paired.source)
+                return
+            partial["figures"] = paired.reason
+        result = compute.compute(query, write, facts)
         partial.update(kind="computed", ok=result.ok, text=result.value, program=result.source)
         if not result.ok:
             partial["degraded"] = f"the program could not be run: {result.reason}"

@@ -246,7 +246,8 @@ class FakeModels:
 
 def call_kind(call: ModelCall) -> str:
     if "format" in call.options:
-        return "plan"
+        # the JSON a computation's two figures are copied in, else a plan
+        return "figures" if "compares two figures" in call.text else "plan"
     if "Write the method" in call.text:
         return "draft"
     if call.messages and "def solve(self)" in str(call.messages[0].content):

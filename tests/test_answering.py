@@ -4,6 +4,7 @@ quality, which requests are computations, and running a program for one."""
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -547,3 +548,46 @@ def test_an_answer_that_only_restates_its_question_is_told_apart(
     from graph.answer import restates
 
     assert restates(text, request_) is restated
+
+
+FACTS = "The limit was raised from 100 MB to 250 MB. In 2024 we counted 91 adults, in 2023 64."
+
+
+def _pair(first: object, second: object) -> str:
+    return json.dumps(
+        {"first": {"words": "w", "value": first}, "second": {"words": "w", "value": second}}
+    )
+
+
+def test_a_difference_is_worked_out_from_two_figures_the_passages_give() -> None:
+    from graph.compute import difference
+
+    result = difference("By how many MB was the limit raised?", FACTS, lambda m: _pair(250, 100.0))
+    assert result.ok and result.value == "150"
+    assert "first = 250" in result.source and "second = 100" in result.source
+    assert difference("How many more adults?", FACTS, lambda m: _pair(64, 91)).value == "27"
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("not json", "Expecting value"),
+        ("[1, 2]", "not a JSON object"),
+        (_pair(91, 65), "65 is not a figure the passages give"),
+        (_pair(91, 91), "the two figures are the same"),
+        (_pair(True, 64), "has no words and number"),
+        (_pair("91", 64), "has no words and number"),
+        (
+            '{"first": {"words": "w", "value": 1e999}, "second": {"words": "w", "value": 64}}',
+            "finite",
+        ),
+        ('{"first": 91, "second": 64}', "not an object"),
+        (_pair(91, 64) + " " * 5000, "longer than"),
+    ],
+)
+def test_two_figures_that_cannot_be_trusted_give_no_difference(reply: str, reason: str) -> None:
+    from graph.compute import difference
+
+    result = difference("How many more adults?", FACTS, lambda m: reply)
+    assert not result.ok and reason in result.reason and result.value == ""
+    assert len(result.source) <= 300

@@ -1046,6 +1046,90 @@ def test_a_computation_that_names_its_figures_by_year_takes_them_from_the_passag
     assert "A program computed this for the request: 250" in models.of("answer")[0].text
 
 
+def _ferry_counts(image, encoder, tmp_path):
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    (tmp_path / "ferry.md").write_text(
+        "# Ondine ferry passengers\n\nThe Ondine ferry carried 1,450 passengers in 2024, "
+        "against 1,200 passengers in 2023."
+    )
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / "ferry.md"])
+    return catalog
+
+
+FERRY_QUESTION = "How many more passengers did the Ondine ferry carry in 2024 than in 2023?"
+
+
+def test_a_difference_from_memory_is_worked_out_from_two_figures_babs_copies(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    catalog = _ferry_counts(image, encoder, tmp_path)
+    pair = (
+        '{"first": {"words": "carried 1,450 passengers in 2024", "value": 1450}, '
+        '"second": {"words": "1,200 passengers in 2023", "value": 1200}}'
+    )
+    models = FakeModels(
+        lambda call: (
+            pair
+            if call_kind(call) == "figures"
+            else responder(answer="It carried 250 more passengers [1].")(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), FERRY_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    [call] = models.of("figures")
+    assert call.persona == "BABS" and call.options["temperature"] == 0.0
+    assert "1,450 passengers in 2024" in call.text and FERRY_QUESTION in call.text
+    assert models.of("program") == []  # no program was needed
+    assert "A program computed this for the request: 250" in models.of("answer")[0].text
+    [computed] = [p for p in state["partials"] if p.get("kind") == "computed"]
+    assert "difference = abs(first - second)" in computed["program"]
+
+
+def test_two_figures_the_passages_do_not_give_go_to_a_program(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    catalog = _ferry_counts(image, encoder, tmp_path)
+    made_up = '{"first": {"words": "x", "value": 1500}, "second": {"words": "y", "value": 1200}}'
+    source = "    before = 1200\n    after = 1450\n    return after - before\n"
+    models = FakeModels(
+        lambda call: (
+            made_up
+            if call_kind(call) == "figures"
+            else program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="It carried 250 more passengers [1].")(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), FERRY_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("figures")) == 1 and len(models.of("program")) == 1
+    [computed] = [p for p in state["partials"] if p.get("kind") == "computed"]
+    assert computed["figures"] == "1500 is not a figure the passages give"
+    assert "A program computed this for the request: 250" in models.of("answer")[0].text
+
+
+def test_copying_two_figures_can_be_switched_off(image, encoder, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_PAIRS", "off")
+    catalog = _ferry_counts(image, encoder, tmp_path)
+    source = "    before = 1200\n    after = 1450\n    return after - before\n"
+    models = FakeModels(
+        lambda call: (
+            program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="It carried 250 more passengers [1].")(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), FERRY_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert models.of("figures") == [] and len(models.of("program")) == 1
+
+
 def test_a_computation_whose_figures_are_nowhere_is_not_a_program_of_its_years(image) -> None:
     # No catalog holds the counts: subtracting 2023 from 2024 would be an exact wrong answer.
     models = FakeModels(responder(answer="I do not know how many newts were counted."))

@@ -1,0 +1,120 @@
+"""Whether retrieval or reading loses a document question: where the answer sits among passages.
+
+For each document question of a usefulness split (``bench/data/usefulness/``), the split's
+documents are ingested into a fresh file image as ``batos ingest`` does, the catalog is searched
+with the question as the mind and the naive RAG search it, and two ranks are noted among the
+best ten passages: the first passage from the question's source document, and the first passage
+of that document that states the answer as the question file writes it (its ``answer`` or an
+``accept`` form, letters and spaces compared loosely). An answer that its document never states
+in that form (a date written "2 June 2025" for "2025-06-02", a figure the question derives from
+two others) has no such passage anywhere, and is counted apart.
+
+No model is run: this is the catalog alone, in seconds. Where the answer-bearing passage is in
+the best three (what the mind reads) for nearly every question whose document states it, a
+wrong answer was lost in the reading, not in the retrieval.
+
+    .venv/bin/python bench/passage_recall.py                  # dev split
+    .venv/bin/python bench/passage_recall.py --split dev --split fresh3
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.usefulness import DATA, SPLITS, fresh_image, ingest_corpus, load_items  # noqa: E402
+
+#: Passages looked at, and the depths reported (the mind reads 3, the naive RAG 5).
+DEPTH = 10
+AT = (1, 3, 5, 10)
+
+
+def _loose(text: str) -> str:
+    return re.sub(r"\s+", " ", text.lower()).strip()
+
+
+def states(item: Mapping[str, Any], text: str) -> bool:
+    """Whether ``text`` states ``item``'s answer as written (or an accepted form of it)."""
+    here = _loose(text)
+    forms = [item["answer"], *(item.get("accept") or [])]
+    return any(_loose(str(form)) and _loose(str(form)) in here for form in forms)
+
+
+def ranks(
+    item: Mapping[str, Any], hits: Sequence[tuple[str, str]], document: str
+) -> dict[str, Any]:
+    """``hits`` are (source, text) best first; ``document`` the source document's text.
+
+    Ranks from 1, or None when not among ``hits``: ``source`` (the first passage of the
+    question's document), ``answer`` (the first of its passages stating the answer).
+    ``stated``: whether the document states the answer in that form at all."""
+    wanted = item.get("source")
+    source = answer = None
+    for n, (name, text) in enumerate(hits, start=1):
+        if Path(name).name != wanted:
+            continue
+        source = source or n
+        if answer is None and states(item, text):
+            answer = n
+    return {"id": item["id"], "source": source, "answer": answer, "stated": states(item, document)}
+
+
+def within(rows: Sequence[Mapping[str, Any]], key: str, k: int) -> int:
+    return sum(1 for row in rows if row[key] is not None and row[key] <= k)
+
+
+def measure(split: str) -> list[dict[str, Any]]:
+    items = load_items(split, ["document"])["document"]
+    with tempfile.TemporaryDirectory() as folder:
+        image = fresh_image(Path(folder))
+        try:
+            catalog, _ = ingest_corpus(image, DATA / split / "docs")
+            texts: dict[str, str] = {}
+            rows = []
+            for item in items:
+                hits = catalog.search(item["question"], DEPTH, record=False)
+                source = next(
+                    (p for p in (DATA / split / "docs").iterdir() if p.name == item.get("source")),
+                    None,
+                )
+                key = str(source)
+                if source is not None and key not in texts:
+                    texts[key] = "\n".join(t for _, _, t in catalog.chunk_texts(key))
+                document = texts.get(key, "")
+                rows.append(ranks(item, [(h.source, h.text) for h in hits], document))
+            return rows
+        finally:
+            image.close()
+
+
+def line(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    stated = [r for r in rows if r["stated"]]
+    sources = " / ".join(str(within(rows, "source", k)) for k in AT)
+    answers = " / ".join(str(within(stated, "answer", k)) for k in AT)
+    return f"| {split} | {len(rows)} | {sources} | {len(stated)} | {answers} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--split", action="append", choices=SPLITS)
+    args = parser.parse_args()
+    print(
+        "| split | questions | source document's first passage at 1 / 3 / 5 / 10 "
+        "| answers their document states as written | a passage stating it at 1 / 3 / 5 / 10 |"
+    )
+    print("|---|---|---|---|---|")
+    for split in args.split or ["dev"]:
+        print(line(split, measure(split)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -349,8 +349,11 @@ def difference(question: str, facts: str, read: Callable[[list[BaseMessage]], st
                 raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
         if first == second:
             raise ValueError("the two figures are the same")
-    except ValueError as exc:  # json.JSONDecodeError is one
-        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=str(exc), attempts=1)
+    # json.JSONDecodeError is a ValueError; a reply nested deeper than the parser recurses
+    # (a server with no grammar can send one) is as untrustworthy, not a crash.
+    except (ValueError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else "the reply is nested too deeply"
+        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=reason, attempts=1)
     result = shown(_plain(abs(first - second)))
     working = (
         f"first = {shown(_plain(first))}  # {first_words}\n"

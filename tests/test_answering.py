@@ -583,6 +583,7 @@ def test_a_difference_is_worked_out_from_two_figures_the_passages_give() -> None
         ),
         ('{"first": 91, "second": 64}', "not an object"),
         (_pair(91, 64) + " " * 5000, "longer than"),
+        ("[" * 1900 + "]" * 1900, "nested too deeply"),
     ],
 )
 def test_two_figures_that_cannot_be_trusted_give_no_difference(reply: str, reason: str) -> None:

@@ -328,11 +328,19 @@ def _figure(data: Any, which: str) -> tuple[str, float]:
     return " ".join(words.split())[:MAX_QUOTE_CHARS], float(value)
 
 
-def difference(question: str, facts: str, read: Callable[[list[BaseMessage]], str]) -> Computed:
+def difference(
+    question: str,
+    facts: str,
+    read: Callable[[list[BaseMessage]], str],
+    evidence: str | None = None,
+) -> Computed:
     """The difference ``question`` asks for, from two figures ``read`` (one model call:
-    messages in, JSON reply out) copies from ``facts``: each must be a figure the facts state,
-    and the two must differ. Arithmetic is done here, not by the model; the working is the
-    result's source. Not ``ok`` (with the reason) when the reply cannot be trusted."""
+    messages in, JSON reply out) copies from ``facts``: each must be a figure ``evidence``
+    (the passages' own text; ``facts`` when not given, whose citations carry offsets that are
+    no figures of the documents) states, and the two must differ. Arithmetic is done here, not
+    by the model; the working is the result's source. Not ``ok`` (with the reason) when the
+    reply cannot be trusted."""
+    evidence = facts if evidence is None else evidence
     reply = read(pair_messages(question, facts))
     try:
         if len(reply) > MAX_PAIR_REPLY:
@@ -345,7 +353,7 @@ def difference(question: str, facts: str, read: Callable[[list[BaseMessage]], st
             _figure(data.get("second"), "second"),
         )
         for value in (first, second):
-            if not gives(facts, shown(_plain(value))):
+            if not gives(evidence, shown(_plain(value))):
                 raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
         if first == second:
             raise ValueError("the two figures are the same")

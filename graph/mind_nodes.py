@@ -622,7 +622,8 @@ class Mind:
 
             # Copying two figures is reading, which BABS does better than a program that
             # must find them in the passages; a pair that fails its checks goes to a program.
-            paired = compute.difference(query, facts, read)
+            evidence = "\n\n".join(str(p["text"]) for p in passages)
+            paired = compute.difference(query, facts, read, evidence)
             if paired.ok:
                 partial.update(kind="computed", ok=True, text=paired.value, program=paired.source)
                 return

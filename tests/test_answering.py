@@ -566,6 +566,10 @@ def test_a_difference_is_worked_out_from_two_figures_the_passages_give() -> None
     assert result.ok and result.value == "150"
     assert "first = 250" in result.source and "second = 100" in result.source
     assert difference("How many more adults?", FACTS, lambda m: _pair(64, 91)).value == "27"
+    # a figure of the prompt that is no figure of the passages' text (a citation's offsets)
+    cited = "[1] notes.md:3535-4261\n" + FACTS
+    offsets = difference("How many more adults?", cited, lambda m: _pair(3535, 91), FACTS)
+    assert not offsets.ok and offsets.reason == "3535 is not a figure the passages give"
 
 
 @pytest.mark.parametrize(

@@ -78,18 +78,15 @@ def measure(split: str) -> list[dict[str, Any]]:
         image = fresh_image(Path(folder))
         try:
             catalog, _ = ingest_corpus(image, DATA / split / "docs")
-            texts: dict[str, str] = {}
+            # each document's text as the catalog holds it, read once per split
+            texts = {
+                path.name: "\n".join(t for _, _, t in catalog.chunk_texts(str(path)))
+                for path in (DATA / split / "docs").iterdir()
+            }
             rows = []
             for item in items:
                 hits = catalog.search(item["question"], DEPTH, record=False)
-                source = next(
-                    (p for p in (DATA / split / "docs").iterdir() if p.name == item.get("source")),
-                    None,
-                )
-                key = str(source)
-                if source is not None and key not in texts:
-                    texts[key] = "\n".join(t for _, _, t in catalog.chunk_texts(key))
-                document = texts.get(key, "")
+                document = texts.get(str(item.get("source")), "")
                 rows.append(ranks(item, [(h.source, h.text) for h in hits], document))
             return rows
         finally:

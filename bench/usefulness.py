@@ -21,7 +21,9 @@ Systems take turns going first, question by question, so one system's slowness o
 do not fall on another, and the model is warmed up before the clock starts; seconds are those
 of the question itself (a recall item's earlier turns are timed apart). Prints, per family,
 accuracy with a 95% Wilson interval and seconds per question for each system (for the mind also
-its COMPLETE rate and how many answers cite a passage), then the issue's targets; writes every
+its COMPLETE rate and how many answers cite a passage; for the mind and the RAG, on questions
+with a source document, how many right answers cite a passage of that document: "right+src"),
+then the issue's targets; writes every
 reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<timestamp>.json``.
 
     .venv/bin/python bench/usefulness.py                             # dev split, default model
@@ -35,9 +37,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh5 --families document  # and a sixth
     .venv/bin/python bench/usefulness.py --split fresh6 --families document  # and a seventh
     .venv/bin/python bench/usefulness.py --split fresh7 --families document  # and an eighth
+    .venv/bin/python bench/usefulness.py --split fresh8 --families document  # and a ninth
 
-``headline/`` and ``fresh1/`` to ``fresh7/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The seven fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh8/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The eight fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -70,9 +73,30 @@ from store.knowledge.catalog import KnowledgeCatalog
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev", "headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
+SPLITS = (
+    "dev",
+    "headline",
+    "fresh1",
+    "fresh2",
+    "fresh3",
+    "fresh4",
+    "fresh5",
+    "fresh6",
+    "fresh7",
+    "fresh8",
+)
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
+HELD_OUT = (
+    "headline",
+    "fresh1",
+    "fresh2",
+    "fresh3",
+    "fresh4",
+    "fresh5",
+    "fresh6",
+    "fresh7",
+    "fresh8",
+)
 #: Family → its file in a split's folder.
 FAMILIES = {
     "document": "doc_questions.jsonl",
@@ -254,6 +278,19 @@ def cites(text: str) -> bool:
     return bool(CITATION.search(text or ""))
 
 
+def cited_numbers(text: str) -> list[int]:
+    """The passage numbers ``text``'s markers cite ("[2]", "[1, 3]", "[1-3]" for 1 to 3)."""
+    found: list[int] = []
+    for marker in CITATION.finditer(text or ""):
+        if not marker[0].startswith("["):
+            continue
+        for first, last in re.findall(r"(\d{1,2})(?:\s*[–-]\s*(\d{1,2}))?", marker[0]):
+            low = int(first)
+            top = max(low, int(last)) if last else low  # "[3-1]" is taken as [3]
+            found += [n for n in range(low, min(top, low + 20) + 1) if n >= 1]
+    return sorted(set(found))
+
+
 # -- the systems --------------------------------------------------------------------------------
 
 
@@ -336,8 +373,11 @@ class Systems:
             **usage,
             **_setup(item, setup),
             "passages": [hit.citation for hit in hits],
-            "source_retrieved": _source_retrieved(item, [hit.source for hit in hits]),
+            "source_retrieved": _has_source(item, [hit.source for hit in hits]),
             "cited": cites(reply),
+            "cited_source": _has_source(
+                item, [hits[n - 1].source for n in cited_numbers(reply) if n <= len(hits)]
+            ),
         }
         return Answer(reply, seconds, extra)
 
@@ -362,6 +402,8 @@ class Systems:
             **facts,
             **_setup(item, setup),
             "cited": bool(cited) if cited is not None else cites(reply),
+            # a citation is "path:start-end"
+            "cited_source": _has_source(item, [c.rsplit(":", 1)[0] for c in cited or []]),
         }
         if turns:
             extra["turns"] = turns
@@ -379,8 +421,9 @@ def _setup(item: dict[str, Any], seconds: float) -> dict[str, Any]:
     return {"setup_seconds": round(seconds, 3)} if item.get("turns") else {}
 
 
-def _source_retrieved(item: dict[str, Any], sources: Sequence[str]) -> bool | None:
-    """Whether the question's source document is among the retrieved passages' documents."""
+def _has_source(item: dict[str, Any], sources: Sequence[str]) -> bool | None:
+    """Whether the question's source document is among ``sources`` (the documents of the
+    passages retrieved, or cited); None for an item with no source."""
     wanted = item.get("source")
     if not wanted:
         return None
@@ -441,6 +484,9 @@ def summarise(records: Sequence[dict[str, Any]], system: str) -> dict[str, Any]:
     if system == "mind":
         found["complete"] = sum(1 for r in rows if r.get("status") == "COMPLETE")
         found["cited"] = sum(1 for r in rows if r.get("cited"))
+    if any(r.get("cited_source") is not None for r in rows):
+        # right answers citing a passage of the document the answer is in
+        found["right_cited_source"] = sum(1 for r in rows if r["matched"] and r.get("cited_source"))
     return found
 
 
@@ -626,7 +672,7 @@ def table(report: dict[str, Any]) -> str:
     ]
     header = (
         f"{'system':<8}{'n':>4}{'accuracy':>10}{'95% interval':>16}{'mean s':>9}"
-        f"{'median s':>10}{'errors':>8}{'COMPLETE':>10}{'cited':>7}"
+        f"{'median s':>10}{'errors':>8}{'COMPLETE':>10}{'cited':>7}{'right+src':>11}"
     )
     for family, by_system in report["summary"].items():
         lines += ["", family, header]
@@ -637,9 +683,12 @@ def table(report: dict[str, Any]) -> str:
             median = "-" if row["median_s"] is None else f"{row['median_s']:.1f}"
             complete = f"{row['complete']}/{row['n']}" if "complete" in row else "-"
             cited = f"{row['cited']}/{row['n']}" if "cited" in row else "-"
+            sourced = "-"
+            if "right_cited_source" in row:
+                sourced = f"{row['right_cited_source']}/{row['hits']}"
             lines.append(
                 f"{system:<8}{row['n']:>4}{_fraction(row['accuracy']):>10}{shown:>16}"
-                f"{mean:>9}{median:>10}{row['errors']:>8}{complete:>10}{cited:>7}"
+                f"{mean:>9}{median:>10}{row['errors']:>8}{complete:>10}{cited:>7}{sourced:>11}"
             )
     if report["comparisons"]:
         lines += ["", f"{'target':<28}{'value':>8}{'target':>9}  verdict"]

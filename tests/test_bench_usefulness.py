@@ -135,8 +135,9 @@ def baseline(call: ModelCall) -> Any:
     rag = last.startswith("Answer the question using these passages:")
     question = last.rsplit("Question: ", 1)[-1] if rag else last
     if question == "How tall is the Greyhaven lighthouse in metres?" and rag:
-        # right only when the passage that holds the answer reached the prompt
-        return "It is 31 metres tall [1]." if "31 metres tall" in last else "I cannot tell."
+        # right only when the passage that holds the answer reached the prompt; its citation
+        # names no passage it was given, so the answer is right with no source cited
+        return "It is 31 metres tall [9]." if "31 metres tall" in last else "I cannot tell."
     if question in ("What is my locker code?", "When is my sister's birthday?"):
         history = "\n".join(texts[:-1])
         assert "Noted." in history, "the earlier turns come with the bare model's replies"
@@ -270,7 +271,11 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
         "errors": 0,
         "complete": 2,
         "cited": 2,
+        "right_cited_source": 2,
     }
+    assert answers["t-doc-1"]["rag"]["cited_source"] is False
+    assert summary["document"]["rag"]["right_cited_source"] == 0
+    assert "right_cited_source" not in summary["computation"]["mind"]  # no sources there
     assert summary["computation"]["rag"]["errors"] == 1
     assert summary["recall"]["mind"]["complete"] == 1
     assert summary["document"]["rag"]["interval"] == pytest.approx((0.0945, 0.9055), abs=1e-4)
@@ -289,15 +294,21 @@ def test_the_harness_judges_times_prints_and_writes_every_answer(world, tmp_path
     assert rows[document + 1][:4] == ["system", "n", "accuracy", "95%"]
     mind_row, bare_row, rag_row = rows[document + 2 : document + 5]
     assert mind_row[:5] == ["mind", "2", "1.00", "[0.34,", "1.00]"]
-    assert mind_row[-3:] == ["0", "2/2", "2/2"]
+    assert mind_row[-4:] == ["0", "2/2", "2/2", "2/2"]
     assert bare_row[:5] == ["bare", "2", "0.00", "[0.00,", "0.66]"]
-    assert rag_row[:5] == ["rag", "2", "0.50", "[0.09,", "0.91]"] and rag_row[-3:] == [
+    assert rag_row[:5] == ["rag", "2", "0.50", "[0.09,", "0.91]"] and rag_row[-4:] == [
         "0",
         "-",
         "-",
+        "0/1",
     ]
     computation = rows.index(["computation"])
-    assert rows[computation + 4][0] == "rag" and rows[computation + 4][-3:] == ["1", "-", "-"]
+    assert rows[computation + 4][0] == "rag" and rows[computation + 4][-4:] == [
+        "1",
+        "-",
+        "-",
+        "-",
+    ]
     flat = " ".join(printed.split())
     assert "document: mind - rag +0.50 >= +0.10 PASS" in flat
     assert "computation: mind - bare +0.50 >= +0.25 PASS" in flat
@@ -396,3 +407,18 @@ def test_the_baselines_decode_as_asked(world, tmp_path, baselines, temperature):
     assert {call.options.get("temperature") for call in models.calls} == {temperature}
     assert ("-baselines-greedy-" in path.name) is (baselines == "greedy")
     assert ("decode greedily" in usefulness.table(report)) is (baselines == "greedy")
+
+
+@pytest.mark.parametrize(
+    ("reply", "numbers"),
+    [
+        ("It is 31 metres [2].", [2]),
+        ("From [1, 3] and [2].", [1, 2, 3]),
+        ("See [1-3].", [1, 2, 3]),
+        ("See [3–1] and [0].", [3]),
+        ("Sources: the minutes", []),
+        ("no citation, 2024 figures", []),
+    ],
+)
+def test_cited_numbers_reads_each_marker(reply, numbers):
+    assert usefulness.cited_numbers(reply) == numbers

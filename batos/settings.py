@@ -482,6 +482,15 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_attribute",
+            "BATOS_MIND_ATTRIBUTE",
+            lambda: "on",
+            "Whether an answer from passages that cites none of them is given a citation of the "
+            "one passage that states its figures and shares the most of its words, when exactly "
+            "one does ('on'), or is left uncited ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_restates",
             "BATOS_MIND_RESTATES",
             lambda: "on",

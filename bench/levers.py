@@ -58,6 +58,11 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PAIRS": None},
         "off": {"BATOS_MIND_PAIRS": "off"},
     },
+    # An answer from passages that cites none of them cites the one passage stating it.
+    "attribute": {
+        "on": {"BATOS_MIND_ATTRIBUTE": None},
+        "off": {"BATOS_MIND_ATTRIBUTE": "off"},
+    },
     # The gate sends back a fast answer from passages stating a figure none of them gives.
     "figures": {
         "on": {"BATOS_MIND_FIGURES": "on"},

@@ -377,6 +377,125 @@ def _mentions(text: str, figures: Sequence[tuple[str, float]]) -> bool:
     return any(re.search(rf"(?<![\d.]){re.escape(raw)}(?!\d)", text) for raw, _ in figures)
 
 
+#: A run of citations ("[2]", " [1][3]", " [1] [3]") with the space before it.
+_CLUSTER = re.compile(r"[ \t]*\[\d{1,2}\](?:[ \t]*\[\d{1,2}\])*")
+_SENTENCE_STOP = re.compile(r"[.!?](?=\s|$)|\n")
+#: A word label in brackets ending a line ("… 12 years [warranty].", "[meeting notes]"): a
+#: model asked to cite passages as [n] that names one in words instead.
+_LABEL = re.compile(r"[ \t]?\[([A-Za-z][A-Za-z .'&_-]{0,40})\](?=[.!?]?[ \t]*$)", re.MULTILINE)
+
+
+def unechoed(text: str, passages: Sequence[Mapping[str, Any]]) -> str:
+    """``text`` with a passage's citation line copied into it ("port_guide.md:1463-2210",
+    or the file's whole path) put back as that passage's ``[n]``: a reader is given the
+    source's number and sources line, not a path of the machine the answer was made on."""
+    for n, passage in enumerate(passages, start=1):
+        for echo in (str(passage.get("citation") or ""), str(passage.get("source") or "")):
+            if len(echo) >= 8 and echo in text:
+                text = re.sub(rf"{re.escape(echo)}(?::\d+(?:-\d+)?)?", f"[{n}]", text)
+    return text
+
+
+def attributed(
+    text: str, passages: Sequence[Mapping[str, Any]], request: str
+) -> tuple[str, int | None]:
+    """``text``, an answer from ``passages`` that cites none of them, citing the one passage
+    that states what it says; and that passage's number, or None when nothing changed.
+
+    The passage must state every figure the answer gives that the request does not, and of
+    those (or of all, for an answer with no figure) share the most of the answer's own words
+    with it, ahead of every other passage; a tie, or a passage sharing fewer than two words,
+    cites nothing. A word label where a citation would stand ("[warranty]") gives way to it.
+    """
+    from graph.plan import content_words
+
+    if any(1 <= int(n) <= len(passages) for n in _ONE_CITATION.findall(text)):
+        return text, None
+    body = _answer_body(_LABEL.sub("", text))
+    figures = {v for _, v in _rounded(body)} - {v for _, v in _rounded(request)}
+    words = content_words(body) - content_words(request)
+    if not words and not figures:
+        return text, None
+    scored = []
+    for n, passage in enumerate(passages, start=1):
+        said = str(passage["text"])
+        if figures <= {v for _, v in _rounded(said)}:
+            scored.append((len(words & content_words(said)), n))
+    scored.sort(reverse=True)
+    if not scored or (len(scored) > 1 and scored[0][0] == scored[1][0]):
+        return text, None
+    shared, n = scored[0]
+    if not figures and shared < 2:
+        return text, None
+    label = _LABEL.search(text)
+    if label:
+        return text[: label.start()] + f" [{n}]" + text[label.end() :], n
+    stop = _SENTENCE_STOP.search(text)
+    at = stop.start() if stop else len(text.rstrip())
+    return text[:at].rstrip() + f" [{n}]" + text[at:], n
+
+
+def figure_sources(figures: Sequence[str], passages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """For each of ``figures``, the number (from 1) of the first passage that states it, in
+    ``figures``' order, each once; a figure no passage states has none."""
+    from graph.compute import gives
+
+    found: list[int] = []
+    for figure in figures:
+        n = next((n for n, p in enumerate(passages, 1) if gives(str(p["text"]), figure)), None)
+        if n is not None and n not in found:
+            found.append(n)
+    return found
+
+
+def cite_sources(
+    text: str, passages: Sequence[Mapping[str, Any]], figures: Sequence[str], value: str
+) -> tuple[str, tuple[list[int], list[int]] | None]:
+    """``text``, an answer stating ``value`` worked out from ``figures``, with the sentence
+    that states it citing the passages that state those figures; and (citations dropped,
+    citations added) when it changed.
+
+    A small model weaving a computed result cites whichever passage its eye fell on (a
+    licence file for a ferry's passenger count); the passages the figures were copied from are
+    known, so that sentence cites them, and its citations of passages holding none of the
+    figures are taken out (other sentences keep theirs). An answer that does not state
+    ``value``, or whose figures no passage states, is left as it is."""
+    from graph.compute import gives
+
+    holding = figure_sources(figures, passages)
+    stops = [m.start() for m in _SENTENCE_STOP.finditer(text)] + [len(text.rstrip())]
+    at = next((i for i in stops if gives(_answer_body(text[:i]), value)), None)
+    if not holding or at is None:
+        return text, None
+    begin = max((i + 1 for i in stops if i < at), default=0)
+    sentence = text[begin:at]
+    cited = {int(n) for n in _ONE_CITATION.findall(sentence) if 1 <= int(n) <= len(passages)}
+    if set(holding) <= cited:
+        return text, None
+
+    def holds_none(n: int) -> bool:
+        said = str(passages[n - 1]["text"])
+        return not any(gives(said, figure) for figure in figures)
+
+    dropped = sorted(n for n in cited - set(holding) if holds_none(n))
+    missing = sorted(n for n in holding if n not in cited)
+
+    def rebuilt(numbers: Sequence[int]) -> str:
+        kept = sorted({n for n in numbers if n not in dropped})
+        return " " + "".join(f"[{n}]" for n in kept) if kept else ""
+
+    sentence = _CLUSTER.sub(
+        lambda m: rebuilt([int(n) for n in _ONE_CITATION.findall(m[0])]), sentence
+    ).rstrip()
+    last = re.search(_CLUSTER.pattern + "$", sentence)
+    if last:  # the sentence already ends in citations: the missing ones join them
+        numbers = [int(n) for n in _ONE_CITATION.findall(last[0])]
+        sentence = sentence[: last.start()] + rebuilt(numbers + missing)
+    else:
+        sentence += rebuilt(missing)
+    return text[:begin] + sentence + text[at:], (dropped, missing)
+
+
 def cut_at_sentence(text: str) -> str:
     """``text`` up to its last full sentence (or line): for an answer that ran out of tokens.
 

@@ -139,6 +139,9 @@ class Computed:
     source: str = ""
     reason: str = ""
     attempts: int = 0
+    #: The figures the result was worked out from that came from the facts (not the
+    #: question), as shown: what an answer stating the result should cite.
+    figures: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +150,7 @@ class Computed:
             "source": self.source,
             "reason": self.reason,
             "attempts": self.attempts,
+            "figures": list(self.figures),
         }
 
 
@@ -227,29 +231,62 @@ _COMMON = frozenset(
 )
 
 
-def unsourced(source: str, given: str) -> list[str]:
-    """The figures written into ``source`` that ``given`` (the question and the facts) does
-    not hold, beyond common constants: a program about documents that invents its operands
-    computes an exact-looking wrong answer."""
+def _constants(source: str) -> list[int | float]:
+    """The numbers written into ``source`` (booleans are no figures), each once, in order;
+    none for a program that does not parse (the sandbox's check says what is wrong)."""
     import ast
 
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return []  # the sandbox's check says what is wrong with it
-    have = {round(value, 9) for value, _ in _figures(given)}
-    out: list[str] = []
+        return []
+    out: list[int | float] = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant) or isinstance(node.value, bool):
-            continue
-        if not isinstance(node.value, int | float) or not math.isfinite(node.value):
-            continue
-        value = abs(float(node.value))
-        if value in _COMMON or round(value, 9) in have:
-            continue
-        if repr(node.value) not in out:
-            out.append(repr(node.value))
+        if isinstance(node, ast.Constant) and not isinstance(node.value, bool):
+            if isinstance(node.value, int | float) and node.value not in out:
+                out.append(node.value)
     return out
+
+
+def _size(value: int | float) -> float | None:
+    """``value``'s absolute size as a float; None for an integer too large for one, or a
+    float that is not finite (no document states either)."""
+    try:
+        size = abs(float(value))
+    except OverflowError:
+        return None
+    return size if math.isfinite(size) else None
+
+
+def unsourced(source: str, given: str) -> list[str]:
+    """The figures written into ``source`` that ``given`` (the question and the facts) does
+    not hold, beyond common constants: a program about documents that invents its operands
+    computes an exact-looking wrong answer."""
+    have = {round(value, 9) for value, _ in _figures(given)}
+    out = []
+    for value in _constants(source):
+        size = _size(value)
+        if size is None:
+            if isinstance(value, int):  # an infinite float is the sandbox's to refuse
+                out.append(f"an integer of {value.bit_length()} bits")
+        elif size not in _COMMON and round(size, 9) not in have:
+            out.append(repr(value))
+    return out
+
+
+def taken(source: str, question: str) -> tuple[str, ...]:
+    """The figures written into ``source`` beyond common constants and the question's own:
+    those a program about documents took from the facts. Years are left out: a date's year
+    is stated by most passages, so it tells none apart."""
+    asked = {round(value, 9) for value, _ in _figures(question)}
+    out = []
+    for value in _constants(source):
+        size = _size(value)
+        if size is None or size in _COMMON or round(size, 9) in asked:
+            continue
+        if not (size.is_integer() and _YEAR.match(str(int(size)))):
+            out.append(shown(_plain(size)))
+    return tuple(out)
 
 
 def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str = "") -> Computed:
@@ -269,7 +306,8 @@ def compute(question: str, write: Callable[[list[BaseMessage]], str], facts: str
                     "facts give: take every figure from the facts, copied exactly"
                 )
             value = magnitude(question, run_program(source))
-            return Computed(True, value, source, attempts=attempt)
+            figures = taken(source, question) if facts else ()
+            return Computed(True, value, source, attempts=attempt, figures=figures)
         except ValueError as exc:
             failed.append((source, str(exc)))
     source, reason = failed[-1]
@@ -368,7 +406,8 @@ def difference(
         f"second = {shown(_plain(second))}  # {second_words}\n"
         f"difference = abs(first - second)  # {result}\n"
     )
-    return Computed(True, result, working, attempts=1)
+    figures = (shown(_plain(first)), shown(_plain(second)))
+    return Computed(True, result, working, attempts=1, figures=figures)
 
 
 def _plain(value: float) -> int | float:

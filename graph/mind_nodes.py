@@ -625,11 +625,23 @@ class Mind:
             evidence = "\n\n".join(str(p["text"]) for p in passages)
             paired = compute.difference(query, facts, read, evidence)
             if paired.ok:
-                partial.update(kind="computed", ok=True, text=paired.value, program=paired.source)
+                partial.update(
+                    kind="computed",
+                    ok=True,
+                    text=paired.value,
+                    program=paired.source,
+                    operands=list(paired.figures),
+                )
                 return
             partial["figures"] = paired.reason
         result = compute.compute(query, write, facts)
-        partial.update(kind="computed", ok=result.ok, text=result.value, program=result.source)
+        partial.update(
+            kind="computed",
+            ok=result.ok,
+            text=result.value,
+            program=result.source,
+            operands=list(result.figures),
+        )
         if not result.ok:
             partial["degraded"] = f"the program could not be run: {result.reason}"
 
@@ -719,10 +731,23 @@ class Mind:
             cycle_state["evidence"] = quoted.as_dict()
         from graph.retrieval import render_citations
 
+        if passages:
+            text = answer.unechoed(text, passages)
         if passages and not partials:
             text, moved = answer.recited(text, passages, request)
             if moved:
                 cycle_state["recited"] = {"cited": moved[0], "holding": moved[1]}
+            elif settings.get_str("mind_attribute") == "on":
+                # An answer from passages that cites none is given the one stating it.
+                text, attributed = answer.attributed(text, passages, request)
+                if attributed:
+                    cycle_state["attributed"] = attributed
+        for x in partials:
+            if passages and x.get("kind") == "computed" and x.get("ok") and x.get("operands"):
+                # The result's figures came from known passages: the answer cites them.
+                text, changed = answer.cite_sources(text, passages, x["operands"], x["text"])
+                if changed:
+                    cycle_state["sourced"] = {"dropped": changed[0], "added": changed[1]}
         numbered = [{"n": n, **x} for n, x in enumerate(passages, start=1)]
         text, cited = render_citations(text, numbered)
         cycle_state["cited"] = [passages[n - 1]["citation"] for n in cited]

@@ -596,3 +596,160 @@ def test_two_figures_that_cannot_be_trusted_give_no_difference(reply: str, reaso
     result = difference("How many more adults?", FACTS, lambda m: reply)
     assert not result.ok and reason in result.reason and result.value == ""
     assert len(result.source) <= 300
+
+
+# -- citing where the answer's figures are stated -------------------------------------------
+
+_FERRY = [
+    {"text": "Files: *\nCopyright: 2001 Jane Roe\nLicense: GPL-2+"},
+    {"text": "In 2024 the Kelvick ferry carried 18,412 passengers."},
+    {"text": "In 2023 it carried 16,975 passengers, and the fare was £4.20."},
+]
+
+
+def test_a_computed_difference_gives_the_figures_it_was_worked_out_from() -> None:
+    from graph.compute import difference
+
+    result = difference("By how many MB was the limit raised?", FACTS, lambda m: _pair(250, 100.0))
+    assert result.figures == ("250", "100")
+    assert result.as_dict()["figures"] == ["250", "100"]
+
+
+def test_a_program_s_figures_are_those_it_took_beyond_constants_years_and_the_question() -> None:
+    from graph.compute import taken
+
+    source = (
+        "def solve(self):\n    a = 18412\n    b = 16975.0\n    weeks = 52\n"
+        "    start = date(2024, 3, 14)\n    return (a - b) * 3 + 0.5 - weeks\n"
+    )
+    # 52 and 3 are common constants, 2024 a year, 0.5 the question's own, 14 a day: kept
+    assert taken(source, "What is 0.5 more than three times the rise?") == ("18412", "16975", "14")
+    assert taken("def solve(self:\n", "q") == ()
+    assert taken("x = " + "9" * 400 + "\n", "q") == ()  # too large to be any figure
+
+
+def test_a_program_with_an_integer_too_large_for_a_float_is_refused_not_crashed() -> None:
+    from graph.compute import unsourced
+
+    assert unsourced("x = " + "9" * 400 + "\n", "figures 12") == ["an integer of 1329 bits"]
+
+
+@pytest.mark.parametrize(
+    ("text", "fixed", "changed"),
+    [
+        # a licence file cited for a passenger count: the two passages stating the figures
+        ("It carried 1437 more [1].", "It carried 1437 more [2][3].", ([1], [2, 3])),
+        ("It carried 1,437 more. Good.", "It carried 1,437 more [2][3]. Good.", ([], [2, 3])),
+        ("It carried 1437 more [2].", "It carried 1437 more [2][3].", ([], [3])),
+        ("1437 [1][2]\nSee also [1].", "1437 [2][3]\nSee also [1].", ([1], [3])),
+        # another sentence keeps its citation; a passage stating a figure keeps its own
+        (
+            "GPL [1]. It is 1437 [1] [3]. GPL [1].",
+            "GPL [1]. It is 1437 [2][3]. GPL [1].",
+            ([1], [2]),
+        ),
+        ("It is 1437 [2][3].", "It is 1437 [2][3].", None),  # cited right
+        ("I could not work it out [1].", "I could not work it out [1].", None),  # not stated
+    ],
+)
+def test_an_answer_stating_a_computed_result_cites_the_passages_of_its_figures(
+    text: str, fixed: str, changed: tuple[list[int], list[int]] | None
+) -> None:
+    from graph.answer import cite_sources
+
+    assert cite_sources(text, _FERRY, ["18412", "16975"], "1437") == (fixed, changed)
+
+
+def test_figures_no_passage_states_leave_the_answer_as_it_is() -> None:
+    from graph.answer import cite_sources, figure_sources
+
+    assert figure_sources(["99", "18412", "18412.0"], _FERRY) == [2]
+    assert cite_sources("It is 5 [1].", _FERRY, ["99", "94"], "5") == ("It is 5 [1].", None)
+
+
+_MANUALS = [
+    {
+        "text": "The PowerStack warranty is 12 years from fitting for units fitted after April.",
+        "citation": "/srv/docs/lumacor.md:0-500",
+        "source": "/srv/docs/lumacor.md",
+    },
+    {
+        "text": "Firmware 2.3 uploads readings every 60 seconds to the national network.",
+        "citation": "/srv/docs/skyvane.md:0-400",
+        "source": "/srv/docs/skyvane.md",
+    },
+    {
+        "text": "The council meets next on Tuesday 19 August 2025 in the Village Hall.",
+        "citation": "/srv/docs/minutes.txt:10-400",
+        "source": "/srv/docs/minutes.txt",
+    },
+    {
+        "text": "Council minutes: the Village Hall roof was repaired in August 2025.",
+        "citation": "/srv/docs/minutes.txt:400-900",
+        "source": "/srv/docs/minutes.txt",
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "request_", "fixed", "n"),
+    [
+        # a word label where a citation would stand gives way to the passage's number
+        (
+            "A PowerStack fitted in May has a warranty of 12 years [warranty].",
+            "How long is the PowerStack warranty?",
+            "A PowerStack fitted in May has a warranty of 12 years [1].",
+            1,
+        ),
+        (
+            "It uploads every 60 seconds to the national network. That is new.",
+            "How often does the weather station upload?",
+            "It uploads every 60 seconds to the national network [2]. That is new.",
+            2,
+        ),
+        # two passages state its figures: the one sharing more of its words
+        (
+            "On Tuesday 19 August 2025, in the Village Hall.",
+            "When does the council meet next?",
+            "On Tuesday 19 August 2025, in the Village Hall [3].",
+            3,
+        ),
+        # cites already; a figure no passage states; nothing of its own to match
+        ("It is 12 years [1].", "How long?", "It is 12 years [1].", None),
+        ("It is 15 years.", "How long is the warranty?", "It is 15 years.", None),
+        ("The warranty.", "How long is the warranty?", "The warranty.", None),
+        # words alone that two passages share equally: no citation rather than a guess
+        ("In the Village Hall.", "Where?", "In the Village Hall.", None),
+    ],
+)
+def test_an_answer_citing_nothing_cites_the_one_passage_stating_it(
+    text: str, request_: str, fixed: str, n: int | None
+) -> None:
+    from graph.answer import attributed
+
+    assert attributed(text, _MANUALS, request_) == (fixed, n)
+
+
+def test_a_citation_line_copied_into_an_answer_becomes_its_number() -> None:
+    from graph.answer import unechoed
+
+    text = "1. /srv/docs/minutes.txt:10-400. Tuesday 19 August, see /srv/docs/skyvane.md too."
+    assert unechoed(text, _MANUALS) == "1. [3]. Tuesday 19 August, see [2] too."
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200), figures=st.lists(st.sampled_from(["18412", "16975", "7"])))
+def test_citing_sources_or_attributing_never_raises_and_keeps_the_words(
+    text: str, figures: list[str]
+) -> None:
+    import re
+
+    from graph.answer import attributed, cite_sources
+
+    def words(s: str) -> str:
+        return re.sub(r"\[[^\]\n]{0,41}\]|\s", "", s)
+
+    sourced, _ = cite_sources(text, _FERRY, figures, "1437")
+    assert words(sourced) == words(text)
+    given_one, n = attributed(text, _MANUALS, "How long is the warranty?")
+    assert words(given_one) == words(text) and (n is None) == (given_one == text)

@@ -6,6 +6,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -964,6 +965,47 @@ def test_a_figure_cited_to_the_wrong_passage_is_cited_to_the_one_holding_it(
     assert f"[{holding}] {passages[holding - 1]['source']}" in state["response"]
 
 
+def test_an_answer_citing_no_passage_cites_the_one_stating_it(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    question = "how much is an adult single ticket on the Ondine ferry"
+    services = mind(
+        FakeModels(responder(answer=lambda call: "A single costs 4.80 dollars [ticket].")),
+        FakeRouter(("BABS",)),
+        catalog=remembered,
+    )
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    passages = state["cycle"]["passages"]
+    holding = next(n for n, p in enumerate(passages, start=1) if "4.80" in p["text"])
+    assert state["response"].startswith(f"A single costs 4.80 dollars [{holding}].")
+    assert state["cycle"]["attributed"] == holding
+    assert state["cycle"]["cited"] == [passages[holding - 1]["citation"]]
+    # off, the answer is left citing nothing (its word label is no source)
+    monkeypatch.setenv("BATOS_MIND_ATTRIBUTE", "off")
+    state = run(image, services, question, thread="t-attribute-off")
+    assert state["response"].startswith("A single costs 4.80 dollars [ticket].")
+    assert "attributed" not in state["cycle"] and state["cycle"]["cited"] == []
+
+
+def test_a_citation_line_copied_into_an_answer_is_given_as_its_number(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+
+    def echo(call: ModelCall) -> str:  # the model copies the first passage's header line
+        header = re.search(r"\[1\] (\S+)", call.text)
+        return f"{header.group(1) if header else ''}. The ferry leaves at 7:40."
+
+    services = mind(FakeModels(responder(answer=echo)), FakeRouter(("BABS",)), catalog=remembered)
+    state = run(image, services, "when does the Ondine ferry leave Harbour Pier")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    first = state["cycle"]["passages"][0]
+    assert state["response"].startswith("[1]. The ferry leaves at 7:40.")
+    assert first["source"] not in state["response"].split("Sources:")[0]
+
+
 def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder())
@@ -1087,6 +1129,52 @@ def test_a_difference_from_memory_is_worked_out_from_two_figures_babs_copies(
     assert "A program computed this for the request: 250" in models.of("answer")[0].text
     [computed] = [p for p in state["partials"] if p.get("kind") == "computed"]
     assert "difference = abs(first - second)" in computed["program"]
+
+
+def test_a_computed_difference_cites_the_passages_its_figures_came_from(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    (tmp_path / "ferry.md").write_text(
+        "# Ondine ferry passengers\n\nThe Ondine ferry carried 1,450 passengers in 2024."
+    )
+    (tmp_path / "ferry-2023.md").write_text(
+        "# Ondine ferry, 2023\n\nIn 2023 the Ondine ferry carried 1,200 passengers."
+    )
+    (tmp_path / "copyright.txt").write_text(
+        "Ondine ferry app\nCopyright: 2019 Harbour Pier Software\nLicense: GPL-2+"
+    )
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / n for n in ("ferry.md", "ferry-2023.md", "copyright.txt")])
+    pair = (
+        '{"first": {"words": "carried 1,450 passengers in 2024", "value": 1450}, '
+        '"second": {"words": "carried 1,200 passengers", "value": 1200}}'
+    )
+
+    def weave(call: ModelCall) -> str:  # the model cites the licence file, not the counts
+        licence = re.search(r"\[(\d)\] \S*copyright\.txt", call.text)
+        return f"It carried 250 more passengers [{licence.group(1) if licence else 9}]."
+
+    models = FakeModels(
+        lambda call: pair if call_kind(call) == "figures" else responder(answer=weave)(call)
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), FERRY_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    passages = state["cycle"]["passages"]
+    number = {Path(p["source"]).name: n for n, p in enumerate(passages, start=1)}
+    assert "copyright.txt" in number, "the licence file was among the passages the model saw"
+    counts = sorted((number["ferry.md"], number["ferry-2023.md"]))
+    assert state["response"].startswith(
+        f"It carried 250 more passengers [{counts[0]}][{counts[1]}]."
+    )
+    assert state["cycle"]["sourced"] == {"dropped": [number["copyright.txt"]], "added": counts}
+    assert sorted(Path(c.split(":")[0]).name for c in state["cycle"]["cited"]) == [
+        "ferry-2023.md",
+        "ferry.md",
+    ]
 
 
 def test_two_figures_the_passages_do_not_give_go_to_a_program(

@@ -356,7 +356,17 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
         usefulness.load_items("fresh1", ["document", "recall"], data=world)
     assert (
         set(usefulness.HELD_OUT)
-        == {"headline", "fresh1", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7"}
+        == {
+            "headline",
+            "fresh1",
+            "fresh2",
+            "fresh3",
+            "fresh4",
+            "fresh5",
+            "fresh6",
+            "fresh7",
+            "fresh8",
+        }
         <= set(usefulness.SPLITS)
     )
 

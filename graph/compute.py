@@ -66,11 +66,20 @@ _ASKS = re.compile(
 #: Words of a question whose answer is worked out from figures given elsewhere (in memory).
 #: "more than" alone asks for nothing computed: "when did the street drop by more than two
 #: metres?" wants a date.
+_COMPARATIVES = (
+    "more|less|fewer|longer|shorter|older|younger|further|farther|higher|lower|bigger|smaller|"
+    "larger|earlier|later|heavier|lighter|cheaper|dearer|faster|slower"
+)
+#: "How many more", "how many minutes longer", "how much cheaper", "how much do I save": a
+#: comparison whose answer is the size of the gap between two figures.
+_COMPARISON = (
+    rf"how (many|much)( [a-z]+)? ({_COMPARATIVES})|"
+    r"how much (do|does|did|would|will|can|could) (i|we|you|they|one|it|he|she) save"
+)
 _DERIVED = re.compile(
-    r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|higher)|"
-    r"by how (many|much)|difference between|in total|altogether|combined|"
-    r"how many (years|days|weeks|months) "
-    r"(passed|elapsed|between|after|before|separate))\b",
+    rf"\b({_COMPARISON}|by how (many|much)|difference between|in total|altogether|combined|"
+    r"(for )?how many (years|days|weeks|months) "
+    r"(passed|elapsed|between|after|before|separate|did|were|was|had))\b",
     re.IGNORECASE,
 )
 
@@ -113,10 +122,7 @@ def needs_facts(text: str) -> bool:
 #: lived there in 1951 than in 1901?" is 743, whichever figure the program subtracted from
 #: which ("by how much did it fall?" is answered "by 5", not "by -5").
 _MAGNITUDE = re.compile(
-    r"\b(how (many|much) (more|less|fewer|longer|shorter|older|younger|further|farther|higher|"
-    r"lower|bigger|smaller|larger|earlier|later|heavier|lighter|cheaper|dearer|faster|slower)|"
-    r"by how (many|much)|difference between)\b",
-    re.IGNORECASE,
+    rf"\b({_COMPARISON}|by how (many|much)|difference between)\b", re.IGNORECASE
 )
 _NEGATIVE = re.compile(r"^-(?=\d)")
 

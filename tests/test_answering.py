@@ -164,6 +164,38 @@ def test_a_question_about_memory_may_need_figures_from_its_passages() -> None:
 
 
 @pytest.mark.parametrize(
+    ("question", "difference"),
+    [
+        ("How much cheaper is an off-peak visit than a peak one?", True),
+        ("How much dearer is the big boat than the narrowboat for three hours?", True),
+        ("How many minutes longer does the bus round the villages take?", True),
+        ("I have a resident's card. How much do I save on a return compared with a visitor?", True),
+        ("For how many years did trains run to the station?", False),  # a span: a program
+    ],
+)
+def test_every_comparison_about_memory_is_a_derived_question(
+    question: str, difference: bool
+) -> None:
+    from graph.compute import asks_difference
+
+    assert looks_computational(question, grounded=True)
+    assert not looks_computational(question)
+    assert asks_difference(question) is difference
+
+
+def test_a_comparison_word_alone_is_no_derived_question() -> None:
+    from graph.compute import asks_difference
+
+    for question in (
+        "Which model is cheaper to run?",
+        "How much is the cheaper ticket?",
+        "How many people live there now that the town is larger?",
+    ):
+        assert not looks_computational(question, grounded=True), question
+        assert not asks_difference(question), question
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("How many more owls nested in 2024 than in 2023?", True),

@@ -38,9 +38,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh6 --families document  # and a seventh
     .venv/bin/python bench/usefulness.py --split fresh7 --families document  # and an eighth
     .venv/bin/python bench/usefulness.py --split fresh8 --families document  # and a ninth
+    .venv/bin/python bench/usefulness.py --split fresh9 --families document  # and a tenth
 
-``headline/`` and ``fresh1/`` to ``fresh8/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The eight fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh9/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The nine fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -84,6 +85,7 @@ SPLITS = (
     "fresh6",
     "fresh7",
     "fresh8",
+    "fresh9",
 )
 #: The held-out splits: for reported figures only, never tuned on.
 HELD_OUT = (
@@ -96,6 +98,7 @@ HELD_OUT = (
     "fresh6",
     "fresh7",
     "fresh8",
+    "fresh9",
 )
 #: Family → its file in a split's folder.
 FAMILIES = {

@@ -366,6 +366,7 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh6",
             "fresh7",
             "fresh8",
+            "fresh9",
         }
         <= set(usefulness.SPLITS)
     )

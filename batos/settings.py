@@ -486,8 +486,8 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_MIND_ATTRIBUTE",
             lambda: "on",
             "Whether an answer from passages that cites none of them is given a citation of the "
-            "one passage that states its figures and shares the most of its words, when exactly "
-            "one does ('on'), or is left uncited ('off').",
+            "passage that states its figures and codes and shares the most of its words ('on'), "
+            "or is left uncited ('off').",
             _choice("on", "off"),
         ),
         Setting(

@@ -396,16 +396,26 @@ def unechoed(text: str, passages: Sequence[Mapping[str, Any]]) -> str:
     return text
 
 
+#: A code of letters and digits ("B14", "DH-20", "M400X"): as telling as a figure.
+_CODE_WORD = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])\w+(?:-\w+)*\b")
+
+
+def _codes(text: str) -> set[str]:
+    return {c.lower() for c in _CODE_WORD.findall(text)}
+
+
 def attributed(
     text: str, passages: Sequence[Mapping[str, Any]], request: str
 ) -> tuple[str, int | None]:
     """``text``, an answer from ``passages`` that cites none of them, citing the one passage
     that states what it says; and that passage's number, or None when nothing changed.
 
-    The passage must state every figure the answer gives that the request does not, and of
-    those (or of all, for an answer with no figure) share the most of the answer's own words
-    with it, ahead of every other passage; a tie, or a passage sharing fewer than two words,
-    cites nothing. A word label where a citation would stand ("[warranty]") gives way to it.
+    The passage must state every figure and code ("B14") the answer gives that the request
+    does not, and of those share the most of the answer's own words with it; among passages
+    stating them all and sharing as many words, the best-ranked (each does state them). An
+    answer with no figure or code cites only a passage sharing two or more of its words, and
+    more than any other: words alone that two passages share equally cite nothing rather than
+    a guess. A word label where a citation would stand ("[warranty]") gives way to it.
     """
     from graph.plan import content_words
 
@@ -413,19 +423,21 @@ def attributed(
         return text, None
     body = _answer_body(_LABEL.sub("", text))
     figures = {v for _, v in _rounded(body)} - {v for _, v in _rounded(request)}
+    codes = _codes(body) - _codes(request)
     words = content_words(body) - content_words(request)
-    if not words and not figures:
+    telling = bool(figures or codes)
+    if not words and not telling:
         return text, None
     scored = []
     for n, passage in enumerate(passages, start=1):
         said = str(passage["text"])
-        if figures <= {v for _, v in _rounded(said)}:
-            scored.append((len(words & content_words(said)), n))
-    scored.sort(reverse=True)
-    if not scored or (len(scored) > 1 and scored[0][0] == scored[1][0]):
+        if figures <= {v for _, v in _rounded(said)} and codes <= _codes(said):
+            scored.append((-len(words & content_words(said)), n))
+    scored.sort()
+    if not scored:
         return text, None
-    shared, n = scored[0]
-    if not figures and shared < 2:
+    shared, n = -scored[0][0], scored[0][1]
+    if not telling and (shared < 2 or (len(scored) > 1 and scored[1][0] == scored[0][0])):
         return text, None
     label = _LABEL.search(text)
     if label:

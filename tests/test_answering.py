@@ -716,7 +716,7 @@ _MANUALS = [
         "source": "/srv/docs/minutes.txt",
     },
     {
-        "text": "Council minutes: the Village Hall roof was repaired in August 2025.",
+        "text": "Council minutes: the Village Hall roof was repaired in August 2025; key safe B7.",
         "citation": "/srv/docs/minutes.txt:400-900",
         "source": "/srv/docs/minutes.txt",
     },
@@ -752,6 +752,11 @@ _MANUALS = [
         ("The warranty.", "How long is the warranty?", "The warranty.", None),
         # words alone that two passages share equally: no citation rather than a guess
         ("In the Village Hall.", "Where?", "In the Village Hall.", None),
+        # a figure both passages state, with as many words: the best-ranked of them
+        ("August 2025.", "When?", "August 2025 [3].", 3),
+        # a code is as telling as a figure; a code no passage states cites nothing
+        ("The code is B7.", "What is the hall's code?", "The code is B7 [4].", 4),
+        ("The code is B8.", "What is the hall's code?", "The code is B8.", None),
     ],
 )
 def test_an_answer_citing_nothing_cites_the_one_passage_stating_it(

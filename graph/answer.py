@@ -389,8 +389,10 @@ def unechoed(text: str, passages: Sequence[Mapping[str, Any]]) -> str:
     """``text`` with a passage's citation line copied into it ("port_guide.md:1463-2210",
     or the file's whole path) put back as that passage's ``[n]``: a reader is given the
     source's number and sources line, not a path of the machine the answer was made on."""
-    for n, passage in enumerate(passages, start=1):
-        for echo in (str(passage.get("citation") or ""), str(passage.get("source") or "")):
+    # Every passage's own citation line first: passages of one file share its path.
+    for key in ("citation", "source"):
+        for n, passage in enumerate(passages, start=1):
+            echo = str(passage.get(key) or "")
             if len(echo) >= 8 and echo in text:
                 text = re.sub(rf"{re.escape(echo)}(?::\d+(?:-\d+)?)?", f"[{n}]", text)
     return text

@@ -772,6 +772,9 @@ def test_a_citation_line_copied_into_an_answer_becomes_its_number() -> None:
 
     text = "1. /srv/docs/minutes.txt:10-400. Tuesday 19 August, see /srv/docs/skyvane.md too."
     assert unechoed(text, _MANUALS) == "1. [3]. Tuesday 19 August, see [2] too."
+    # two passages of one file: each citation line is its own passage's number
+    text = "See /srv/docs/minutes.txt:400-900 and /srv/docs/minutes.txt:10-400."
+    assert unechoed(text, _MANUALS) == "See [4] and [3]."
 
 
 @settings(max_examples=200, deadline=None)

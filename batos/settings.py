@@ -482,6 +482,15 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_memory_fast",
+            "BATOS_MIND_MEMORY_FAST",
+            lambda: "any",
+            "Which requests about memory of at most 30 words are answered from their passages "
+            "in one call, with no plan: whatever the personas routed ('any'), or only those "
+            "routed to one persona ('single'; several personas plan and weave).",
+            _choice("any", "single"),
+        ),
+        Setting(
             "mind_attribute",
             "BATOS_MIND_ATTRIBUTE",
             lambda: "on",

@@ -58,6 +58,12 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PAIRS": None},
         "off": {"BATOS_MIND_PAIRS": "off"},
     },
+    # A short request about memory is answered from its passages however many personas were
+    # routed (off: only when one was; several plan and weave).
+    "memory_fast": {
+        "on": {"BATOS_MIND_MEMORY_FAST": None},
+        "off": {"BATOS_MIND_MEMORY_FAST": "single"},
+    },
     # An answer from passages that cites none of them cites the one passage stating it.
     "attribute": {
         "on": {"BATOS_MIND_ATTRIBUTE": None},

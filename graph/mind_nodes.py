@@ -59,9 +59,9 @@ log = logging.getLogger("batos.mind")
 PLAN_TOKENS = 200
 FACET_TOKENS = 160
 ANSWER_TOKENS = 480
-#: A request about memory of at most GROUNDED_FAST_WORDS words, routed to one persona, is
-#: answered from its passages in one call, with no plan. A grounded answer, and each BABS
-#: step of a plan, reads the best ``mind_passages`` passages.
+#: A request about memory of at most GROUNDED_FAST_WORDS words is answered from its passages
+#: in one call, with no plan, by the first persona routed (``mind_memory_fast``). A grounded
+#: answer, and each BABS step of a plan, reads the best ``mind_passages`` passages.
 GROUNDED_FAST_WORDS = 30
 #: Who answers when the router cannot say (the one ``batos`` names with no router installed).
 FALLBACK_PERSONA = "BRICK"
@@ -352,10 +352,14 @@ class Mind:
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
             # A word problem is long but needs no plan: a program, then the answer.
             depth = Depth("fast", "a computation: a program, then the answer")
-        elif grounded and depth.mode == "full" and len(chosen) == 1 and not forced_depth:
-            # What memory holds answers it: a plan would only split the same passages.
-            if len(request.split()) <= GROUNDED_FAST_WORDS:
-                depth = Depth("fast", "about memory: one answer from its passages")
+        elif grounded and depth.mode == "full" and not forced_depth:
+            # What memory holds answers it: a plan would only split the same passages, and
+            # a second persona routed to a question about documents gives it a plan whose
+            # steps need not read them (BRICK's "steps" for a fee the passages state).
+            single = settings.get_str("mind_memory_fast") == "single"
+            if len(request.split()) <= GROUNDED_FAST_WORDS and (len(chosen) == 1 or not single):
+                routed = "" if len(chosen) == 1 else f" ({len(chosen)} personas routed)"
+                depth = Depth("fast", f"about memory: one answer from its passages{routed}")
         if depth.mode == "fast":
             chosen = chosen[:1]
         cycle_state["depth"] = depth.as_dict()

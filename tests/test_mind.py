@@ -1289,6 +1289,29 @@ def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -
     assert [call_kind(c) for c in models.calls] == ["answer"]
 
 
+def test_a_question_about_memory_routed_to_two_personas_needs_no_plan(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
+    question = "When does the Ondine ferry leave Harbour Pier?"
+    services = mind(models, FakeRouter(("BRICK", "BABS")), catalog=remembered)
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"] == {
+        "mode": "fast",
+        "rule": "about memory: one answer from its passages (2 personas routed)",
+    }
+    [call] = models.calls
+    assert call_kind(call) == "answer" and call.persona == "BRICK"
+    assert "ferry leaves Harbour Pier at 7:40" in call.text
+    # "single": several personas routed plan and weave, as before
+    monkeypatch.setenv("BATOS_MIND_MEMORY_FAST", "single")
+    state = run(image, services, question, thread="t-single")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert "plan" in [call_kind(c) for c in models.calls[1:]]  # it planned (and fell back)
+
+
 def test_a_plan_s_babs_step_brings_as_many_passages_as_a_grounded_answer_reads(
     image, encoder, tmp_path, monkeypatch
 ) -> None:

@@ -129,9 +129,14 @@ ERROR_CHARS = 500
 
 
 def load_items(
-    split: str, families: Sequence[str], limit: int | None = None, data: Path = DATA
+    split: str,
+    families: Sequence[str],
+    limit: int | None = None,
+    data: Path = DATA,
+    only: Sequence[str] = (),
 ) -> dict[str, list[dict[str, Any]]]:
-    """The questions of each family of ``split``, the first ``limit`` of each when given."""
+    """The questions of each family of ``split``, the first ``limit`` of each when given;
+    with ``only``, just the questions of those ids (an id the split lacks is an error)."""
     if split not in SPLITS:
         raise SystemExit(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
     found: dict[str, list[dict[str, Any]]] = {}
@@ -146,7 +151,12 @@ def load_items(
             )
         with path.open(encoding="utf-8") as lines:
             items = [json.loads(line) for line in lines if line.strip()]
+        if only:
+            items = [item for item in items if item["id"] in only]
         found[family] = items if limit is None else items[:limit]
+    missing = sorted(set(only) - {item["id"] for items in found.values() for item in items})
+    if missing:
+        raise SystemExit(f"split {split!r} has no questions {', '.join(missing)} in {families}")
     return found
 
 
@@ -269,7 +279,16 @@ def cycle_facts(state: dict[str, Any]) -> dict[str, Any]:
         "partials": [
             {
                 key: p.get(key)
-                for key in ("kind", "persona", "facet", "ok", "degraded", "wrote", "reason")
+                for key in (
+                    "kind",
+                    "persona",
+                    "facet",
+                    "ok",
+                    "degraded",
+                    "wrote",
+                    "reason",
+                    "figures",  # why copied figures were refused, when they were
+                )
             }
             for p in partials
         ],
@@ -542,6 +561,7 @@ def run(
     levers: dict[str, str] | None = None,
     progress: Callable[[str], None] = print,
     baselines: str = "persona",
+    only: Sequence[str] = (),
 ) -> tuple[dict[str, Any], Path]:
     """Run the bench and write its JSON; returns the report and where it was written.
 
@@ -555,7 +575,7 @@ def run(
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or not systems:
         raise SystemExit(f"unknown systems {unknown}: use some of {', '.join(SYSTEMS)}")
-    items = load_items(split, families, limit, data)
+    items = load_items(split, families, limit, data, only)
     model_name = model_name or settings.get_str("model")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     report: dict[str, Any] = {
@@ -726,6 +746,7 @@ def main() -> None:
         "--systems", default=",".join(SYSTEMS), help=f"some of {', '.join(SYSTEMS)}"
     )
     parser.add_argument("--limit", type=int, default=None, help="first N questions per family")
+    parser.add_argument("--only", default="", help="just these question ids, comma-separated")
     parser.add_argument(
         "--model", default=None, help="base model (sets BATOS_MODEL; default: the setting)"
     )
@@ -758,6 +779,7 @@ def main() -> None:
         facets=args.facets,
         levers=parse_levers(args.lever),
         baselines=args.baselines,
+        only=[i.strip() for i in args.only.split(",") if i.strip()],
     )
     print()
     print(table(report))

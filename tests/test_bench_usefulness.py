@@ -433,3 +433,10 @@ def test_the_baselines_decode_as_asked(world, tmp_path, baselines, temperature):
 )
 def test_cited_numbers_reads_each_marker(reply, numbers):
     assert usefulness.cited_numbers(reply) == numbers
+
+
+def test_only_some_questions_can_be_run(world) -> None:
+    found = usefulness.load_items("dev", ["document", "computation"], data=world, only=["t-doc-2"])
+    assert [i["id"] for i in found["document"]] == ["t-doc-2"] and found["computation"] == []
+    with pytest.raises(SystemExit, match="no questions t-doc-9"):
+        usefulness.load_items("dev", ["document"], data=world, only=["t-doc-2", "t-doc-9"])

@@ -396,9 +396,16 @@ def difference(
             _figure(data.get("first"), "first"),
             _figure(data.get("second"), "second"),
         )
-        for value in (first, second):
+        for which, words, value in (
+            ("first", first_words, first),
+            ("second", second_words, second),
+        ):
             if not gives(evidence, shown(_plain(value))):
                 raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
+            # A figure copied from one sentence with another's words (379 "from" a line that
+            # says 17.50 a month) is no figure the question's words were matched to.
+            if not gives(words, shown(_plain(value))):
+                raise ValueError(f"the {which} figure's words do not state {shown(_plain(value))}")
         if first == second:
             raise ValueError("the two figures are the same")
     # json.JSONDecodeError is a ValueError; a reply nested deeper than the parser recurses

@@ -585,9 +585,14 @@ def test_an_answer_that_only_restates_its_question_is_told_apart(
 FACTS = "The limit was raised from 100 MB to 250 MB. In 2024 we counted 91 adults, in 2023 64."
 
 
-def _pair(first: object, second: object) -> str:
+def _pair(first: object, second: object, words: tuple[str, str] | None = None) -> str:
+    """A figures reply; each figure's words state it unless ``words`` are given."""
+    said = words or (f"the passage says {first}", f"the passage says {second}")
     return json.dumps(
-        {"first": {"words": "w", "value": first}, "second": {"words": "w", "value": second}}
+        {
+            "first": {"words": said[0], "value": first},
+            "second": {"words": said[1], "value": second},
+        }
     )
 
 
@@ -611,6 +616,11 @@ def test_a_difference_is_worked_out_from_two_figures_the_passages_give() -> None
         ("[1, 2]", "not a JSON object"),
         (_pair(91, 65), "65 is not a figure the passages give"),
         (_pair(91, 91), "the two figures are the same"),
+        # each figure is copied with words stating it, not another sentence's
+        (
+            _pair(91, 64, ("91 adults", "17.50 a month")),
+            "the second figure's words do not state 64",
+        ),
         (_pair(True, 64), "has no words and number"),
         (_pair("91", 64), "has no words and number"),
         (

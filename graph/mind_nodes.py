@@ -735,6 +735,8 @@ class Mind:
             cycle_state["evidence"] = quoted.as_dict()
         from graph.retrieval import render_citations
 
+        for key in ("recited", "attributed", "sourced"):  # what this answer's citations got
+            cycle_state.pop(key, None)
         if passages:
             text = answer.unechoed(text, passages)
         if passages and not partials:

@@ -39,9 +39,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh7 --families document  # and an eighth
     .venv/bin/python bench/usefulness.py --split fresh8 --families document  # and a ninth
     .venv/bin/python bench/usefulness.py --split fresh9 --families document  # and a tenth
+    .venv/bin/python bench/usefulness.py --split fresh10 --families document  # and an eleventh
 
-``headline/`` and ``fresh1/`` to ``fresh9/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The nine fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh10/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The ten fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -86,6 +87,7 @@ SPLITS = (
     "fresh7",
     "fresh8",
     "fresh9",
+    "fresh10",
 )
 #: The held-out splits: for reported figures only, never tuned on.
 HELD_OUT = (
@@ -99,6 +101,7 @@ HELD_OUT = (
     "fresh7",
     "fresh8",
     "fresh9",
+    "fresh10",
 )
 #: Family → its file in a split's folder.
 FAMILIES = {

@@ -40,9 +40,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh8 --families document  # and a ninth
     .venv/bin/python bench/usefulness.py --split fresh9 --families document  # and a tenth
     .venv/bin/python bench/usefulness.py --split fresh10 --families document  # and an eleventh
+    .venv/bin/python bench/usefulness.py --split fresh11 --families document  # and a twelfth
 
-``headline/`` and ``fresh1/`` to ``fresh10/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The ten fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh11/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The eleven fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -88,6 +89,7 @@ SPLITS = (
     "fresh8",
     "fresh9",
     "fresh10",
+    "fresh11",
 )
 #: The held-out splits: for reported figures only, never tuned on.
 HELD_OUT = (
@@ -102,6 +104,7 @@ HELD_OUT = (
     "fresh8",
     "fresh9",
     "fresh10",
+    "fresh11",
 )
 #: Family → its file in a split's folder.
 FAMILIES = {

@@ -3,7 +3,7 @@
 The checker must find the value a reply states, not any mention of it; the sets must hold what
 the benchmark's headline figures stand on: unique ids, answers their own check accepts, document
 answers that are in (or derivable from) the document named, and held-out sets (headline, and
-fresh1 to fresh10, which have document questions only) kept apart from the development one and
+fresh1 to fresh11, which have document questions only) kept apart from the development one and
 each other.
 """
 
@@ -45,6 +45,7 @@ SPLITS = (
     "fresh8",
     "fresh9",
     "fresh10",
+    "fresh11",
 )
 #: The question files each split must have, and has only: the fresh sets are document questions
 #: alone.
@@ -61,6 +62,7 @@ SPLIT_FILES = {
     "fresh8": ("doc_questions",),
     "fresh9": ("doc_questions",),
     "fresh10": ("doc_questions",),
+    "fresh11": ("doc_questions",),
 }
 #: The held-out sets of document questions alone, each about a world of its own.
 FRESH = (
@@ -74,6 +76,7 @@ FRESH = (
     "fresh8",
     "fresh9",
     "fresh10",
+    "fresh11",
 )
 KINDS = {"number", "string", "date"}
 REQUEST_FAMILIES = {

@@ -368,6 +368,7 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh8",
             "fresh9",
             "fresh10",
+            "fresh11",
         }
         <= set(usefulness.SPLITS)
     )

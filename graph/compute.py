@@ -402,9 +402,10 @@ def difference(
         ):
             if not gives(evidence, shown(_plain(value))):
                 raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
-            # A figure copied from one sentence with another's words (379 "from" a line that
-            # says 17.50 a month) is no figure the question's words were matched to.
-            if not gives(words, shown(_plain(value))):
+            # A figure copied with another sentence's words (379 "from" a line that says 17.50
+            # a month) is not the figure those words name. Words that state no figure of their
+            # own ("carried … passengers in 2024": a year names the figure) are let through.
+            if not _words_allow(words, value):
                 raise ValueError(f"the {which} figure's words do not state {shown(_plain(value))}")
         if first == second:
             raise ValueError("the two figures are the same")
@@ -421,6 +422,16 @@ def difference(
     )
     figures = (shown(_plain(first)), shown(_plain(second)))
     return Computed(True, result, working, attempts=1, figures=figures)
+
+
+def _words_allow(words: str, value: float) -> bool:
+    """Whether ``words`` copied with a figure can be where ``value`` was read: they state it,
+    or they state no figure but years (which name a figure, as in "passengers in 2024")."""
+    if gives(words, shown(_plain(value))):
+        return True
+    return all(
+        decimals == 0 and _YEAR.match(str(int(figure))) for figure, decimals in _figures(words)
+    )
 
 
 def _plain(value: float) -> int | float:

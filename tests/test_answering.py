@@ -803,3 +803,18 @@ def test_citing_sources_or_attributing_never_raises_and_keeps_the_words(
     assert words(sourced) == words(text)
     given_one, n = attributed(text, _MANUALS, "How long is the warranty?")
     assert words(given_one) == words(text) and (n is None) == (given_one == text)
+
+
+def test_copied_words_stating_no_figure_but_a_year_let_the_figure_through() -> None:
+    from graph.compute import difference
+
+    facts = "The ferry carried 18,412 passengers in 2024, against 16,975 in 2023."
+    named = ("The ferry carried passengers in 2024", "passengers in 2023")
+    result = difference("How many more passengers?", facts, lambda m: _pair(18412, 16975, named))
+    assert result.ok and result.value == "1437"
+    # words stating another figure are refused, however the figure is spelled
+    other = ("carried 18,412 passengers", "against 16,975.0")
+    assert difference("How many more?", facts, lambda m: _pair(18412, 16975, other)).ok
+    wrong = ("carried 18,412 passengers", "2024, against 17,000")
+    refused = difference("How many more?", facts, lambda m: _pair(18412, 16975, wrong))
+    assert refused.reason == "the second figure's words do not state 16975"

@@ -424,10 +424,23 @@ def difference(
     return Computed(True, result, working, attempts=1, figures=figures)
 
 
+#: Numbers documents spell out ("two weeks' paid leave"), for copied words that state them so.
+_NUMBER_WORDS = {
+    word: n
+    for n, word in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+} | {"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+
+
 def _words_allow(words: str, value: float) -> bool:
     """Whether ``words`` copied with a figure can be where ``value`` was read: they state it,
-    or they state no figure but years (which name a figure, as in "passengers in 2024")."""
+    as digits or a spelled-out number, or they state no figure but years (which name a
+    figure, as in "passengers in 2024")."""
     if gives(words, shown(_plain(value))):
+        return True
+    if any(_NUMBER_WORDS.get(w) == value for w in re.findall(r"[a-z]+", words.lower())):
         return True
     return all(
         decimals == 0 and _YEAR.match(str(int(figure))) for figure, decimals in _figures(words)

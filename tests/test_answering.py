@@ -815,6 +815,11 @@ def test_copied_words_stating_no_figure_but_a_year_let_the_figure_through() -> N
     # words stating another figure are refused, however the figure is spelled
     other = ("carried 18,412 passengers", "against 16,975.0")
     assert difference("How many more?", facts, lambda m: _pair(18412, 16975, other)).ok
+    # a number the document spells out is stated by its words
+    spelled = ("six weeks at full pay", "Two weeks' paid leave (old policy)")
+    assert difference(
+        "How many more weeks?", "6 weeks now; 2 before.", lambda m: _pair(6, 2, spelled)
+    ).ok
     wrong = ("carried 18,412 passengers", "2024, against 17,000")
     refused = difference("How many more?", facts, lambda m: _pair(18412, 16975, wrong))
     assert refused.reason == "the second figure's words do not state 16975"

@@ -436,14 +436,15 @@ _NUMBER_WORDS = {
 
 def _words_allow(words: str, value: float) -> bool:
     """Whether ``words`` copied with a figure can be where ``value`` was read: they state it,
-    as digits or a spelled-out number, or they state no figure but years (which name a
-    figure, as in "passengers in 2024")."""
+    as digits or a spelled-out number, or they state no figure but dates and years (which
+    name a figure: "passengers in 2024", "before 1 April 2025: 2 weeks")."""
     if gives(words, shown(_plain(value))):
         return True
     if any(_NUMBER_WORDS.get(w) == value for w in re.findall(r"[a-z]+", words.lower())):
         return True
     return all(
-        decimals == 0 and _YEAR.match(str(int(figure))) for figure, decimals in _figures(words)
+        decimals == 0 and _YEAR.match(str(int(figure)))
+        for figure, decimals in _figures(_DATE.sub(" ", words))
     )
 
 

@@ -820,6 +820,11 @@ def test_copied_words_stating_no_figure_but_a_year_let_the_figure_through() -> N
     assert difference(
         "How many more weeks?", "6 weeks now; 2 before.", lambda m: _pair(6, 2, spelled)
     ).ok
+    # a date names the figure as a year does
+    dated = ("6 weeks at full pay", "before 1 April 2025")
+    assert difference(
+        "How many more weeks?", "6 weeks now; 2 before.", lambda m: _pair(6, 2, dated)
+    ).ok
     wrong = ("carried 18,412 passengers", "2024, against 17,000")
     refused = difference("How many more?", facts, lambda m: _pair(18412, 16975, wrong))
     assert refused.reason == "the second figure's words do not state 16975"

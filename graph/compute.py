@@ -389,7 +389,8 @@ def difference(
     try:
         if len(reply) > MAX_PAIR_REPLY:
             raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
-        data = json.loads(reply)
+        # strict=False: a line break copied inside the words is no reason to refuse them
+        data = json.loads(reply, strict=False)
         if not isinstance(data, dict):
             raise ValueError("the reply is not a JSON object")
         (first_words, first), (second_words, second) = (

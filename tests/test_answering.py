@@ -825,6 +825,12 @@ def test_copied_words_stating_no_figure_but_a_year_let_the_figure_through() -> N
     assert difference(
         "How many more weeks?", "6 weeks now; 2 before.", lambda m: _pair(6, 2, dated)
     ).ok
+    # words copied across a line break, the break kept raw inside the JSON string
+    broken = _pair(6, 2, ("6 weeks at full pay", "before 1 April 2025: 2\nweeks")).replace(
+        "\\n", "\n"
+    )
+    assert "\n" in broken
+    assert difference("How many more weeks?", "6 weeks now; 2 before.", lambda m: broken).ok
     wrong = ("carried 18,412 passengers", "2024, against 17,000")
     refused = difference("How many more?", facts, lambda m: _pair(18412, 16975, wrong))
     assert refused.reason == "the second figure's words do not state 16975"

@@ -63,9 +63,6 @@ _ASKS = re.compile(
 )
 
 
-#: Words of a question whose answer is worked out from figures given elsewhere (in memory).
-#: "more than" alone asks for nothing computed: "when did the street drop by more than two
-#: metres?" wants a date.
 _COMPARATIVES = (
     "more|less|fewer|longer|shorter|older|younger|further|farther|higher|lower|bigger|smaller|"
     "larger|earlier|later|heavier|lighter|cheaper|dearer|faster|slower"
@@ -76,6 +73,9 @@ _COMPARISON = (
     rf"how (many|much)( [a-z]+)? ({_COMPARATIVES})|"
     r"how much (do|does|did|would|will|can|could) (i|we|you|they|one|it|he|she) save"
 )
+#: Words of a question whose answer is worked out from figures given elsewhere (in memory).
+#: "more than" alone asks for nothing computed: "when did the street drop by more than two
+#: metres?" wants a date.
 _DERIVED = re.compile(
     rf"\b({_COMPARISON}|by how (many|much)|difference between|in total|altogether|combined|"
     r"(for )?how many (years|days|weeks|months) "

@@ -32,52 +32,16 @@ from bench.answers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "usefulness"
-SPLITS = (
-    "dev",
-    "headline",
-    "fresh1",
-    "fresh2",
-    "fresh3",
-    "fresh4",
-    "fresh5",
-    "fresh6",
-    "fresh7",
-    "fresh8",
-    "fresh9",
-    "fresh10",
-    "fresh11",
-)
+#: The held-out sets of document questions alone, each about a world of its own.
+FRESH = tuple(f"fresh{n}" for n in range(1, 12))
+SPLITS = ("dev", "headline", *FRESH)
 #: The question files each split must have, and has only: the fresh sets are document questions
 #: alone.
 SPLIT_FILES = {
     "dev": ("doc_questions", "computations", "recall"),
     "headline": ("doc_questions", "computations", "recall"),
-    "fresh1": ("doc_questions",),
-    "fresh2": ("doc_questions",),
-    "fresh3": ("doc_questions",),
-    "fresh4": ("doc_questions",),
-    "fresh5": ("doc_questions",),
-    "fresh6": ("doc_questions",),
-    "fresh7": ("doc_questions",),
-    "fresh8": ("doc_questions",),
-    "fresh9": ("doc_questions",),
-    "fresh10": ("doc_questions",),
-    "fresh11": ("doc_questions",),
+    **{split: ("doc_questions",) for split in FRESH},
 }
-#: The held-out sets of document questions alone, each about a world of its own.
-FRESH = (
-    "fresh1",
-    "fresh2",
-    "fresh3",
-    "fresh4",
-    "fresh5",
-    "fresh6",
-    "fresh7",
-    "fresh8",
-    "fresh9",
-    "fresh10",
-    "fresh11",
-)
 KINDS = {"number", "string", "date"}
 REQUEST_FAMILIES = {
     "plan",

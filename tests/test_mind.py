@@ -945,20 +945,29 @@ def test_an_answer_from_passages_stating_a_figure_none_gives_is_sent_back_once(
     assert state["cycle"]["synthesis_attempts"] == 1
 
 
+TICKET_QUESTION = "how much is an adult single ticket on the Ondine ferry"
+
+
+def _ticket(image, remembered, answer: str, thread: str = "t1") -> tuple[Any, Any, int]:
+    """The ticket question answered by BABS with ``answer``: the services, the final state
+    and the number of the passage stating the fare."""
+    services = mind(
+        FakeModels(responder(answer=lambda call: answer)),
+        FakeRouter(("BABS",)),
+        catalog=remembered,
+    )
+    state = run(image, services, TICKET_QUESTION, thread=thread)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    passages = state["cycle"]["passages"]
+    return services, state, next(n for n, p in enumerate(passages, 1) if "4.80" in p["text"])
+
+
 def test_a_figure_cited_to_the_wrong_passage_is_cited_to_the_one_holding_it(
     image, remembered, monkeypatch
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
-    question = "how much is an adult single ticket on the Ondine ferry"
-    services = mind(
-        FakeModels(responder(answer=lambda call: "It costs 4.80 dollars [2].")),
-        FakeRouter(("BABS",)),
-        catalog=remembered,
-    )
-    state = run(image, services, question)
-    assert state["status"] == "COMPLETE", state.get("failure")
+    _, state, holding = _ticket(image, remembered, "It costs 4.80 dollars [2].")
     passages = state["cycle"]["passages"]
-    holding = next(n for n, p in enumerate(passages, start=1) if "4.80" in p["text"])
     assert holding != 2  # the bread recipe is passage 2: the model cited the wrong one
     assert state["response"].startswith(f"It costs 4.80 dollars [{holding}].")
     assert state["cycle"]["recited"] == {"cited": 2, "holding": holding}
@@ -969,22 +978,14 @@ def test_an_answer_citing_no_passage_cites_the_one_stating_it(
     image, remembered, monkeypatch
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
-    question = "how much is an adult single ticket on the Ondine ferry"
-    services = mind(
-        FakeModels(responder(answer=lambda call: "A single costs 4.80 dollars [ticket].")),
-        FakeRouter(("BABS",)),
-        catalog=remembered,
-    )
-    state = run(image, services, question)
-    assert state["status"] == "COMPLETE", state.get("failure")
+    services, state, holding = _ticket(image, remembered, "A single costs 4.80 dollars [ticket].")
     passages = state["cycle"]["passages"]
-    holding = next(n for n, p in enumerate(passages, start=1) if "4.80" in p["text"])
     assert state["response"].startswith(f"A single costs 4.80 dollars [{holding}].")
     assert state["cycle"]["attributed"] == holding
     assert state["cycle"]["cited"] == [passages[holding - 1]["citation"]]
     # off, the answer is left citing nothing (its word label is no source)
     monkeypatch.setenv("BATOS_MIND_ATTRIBUTE", "off")
-    state = run(image, services, question, thread="t-attribute-off")
+    state = run(image, services, TICKET_QUESTION, thread="t-attribute-off")
     assert state["response"].startswith("A single costs 4.80 dollars [ticket].")
     assert "attributed" not in state["cycle"] and state["cycle"]["cited"] == []
 

@@ -399,11 +399,17 @@ def unechoed(text: str, passages: Sequence[Mapping[str, Any]]) -> str:
 
 
 #: A code of letters and digits ("B14", "DH-20", "M400X"): as telling as a figure.
-_CODE_WORD = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])\w+(?:-\w+)*\b")
+_WORD_RUN = re.compile(r"\w+(?:-\w+)*")
 
 
 def _codes(text: str) -> set[str]:
-    return {c.lower() for c in _CODE_WORD.findall(text)}
+    # Each run of word characters once (a lookahead per word boundary was quadratic on
+    # "a-a-a-…"), kept when it has both a digit and a letter.
+    return {
+        run.lower()
+        for run in _WORD_RUN.findall(text)
+        if any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
+    }
 
 
 def attributed(

@@ -482,6 +482,17 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_totals",
+            "BATOS_MIND_TOTALS",
+            lambda: "on",
+            "Whether a request about memory that asks for a total ('in total', 'what do the "
+            "tickets add up to', 'for both', 'for 3 nights') has BABS list the figures it adds "
+            "from the passages, each checked against them and any count against the request, "
+            "and the sum worked out in code before any program is written ('on'), or goes "
+            "straight to a program ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_memory_fast",
             "BATOS_MIND_MEMORY_FAST",
             lambda: "any",

@@ -58,6 +58,13 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_PAIRS": None},
         "off": {"BATOS_MIND_PAIRS": "off"},
     },
+    # A question about memory asking for a total (in total, add up to, for both, for 3
+    # nights): BABS lists the figures it adds (each checked against the passages, each count
+    # against the question) and the sum is worked out in code, before any program is written.
+    "totals": {
+        "on": {"BATOS_MIND_TOTALS": None},
+        "off": {"BATOS_MIND_TOTALS": "off"},
+    },
     # A short request about memory is answered from its passages however many personas were
     # routed (off: only when one was; several plan and weave).
     "memory_fast": {

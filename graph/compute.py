@@ -98,7 +98,7 @@ def looks_computational(text: str, *, grounded: bool = False, derived: bool = Tr
         return True
     if not derived:
         return grounded and bool(_DERIVED.search(_BY_HOW.sub(" ", text)))
-    return grounded and bool(_DERIVED.search(text))
+    return grounded and bool(_DERIVED.search(text) or _TOTAL.search(text))
 
 
 _BY_HOW = re.compile(r"\bby how (many|much)\b", re.IGNORECASE)
@@ -112,7 +112,7 @@ def needs_facts(text: str) -> bool:
     """Whether a computation asks for a quantity derived from figures it does not give: "how
     many more newts in 2024 than in 2023?" names its operands by year and leaves their values
     to the documents. A word problem that states two operands takes them from itself."""
-    if not _DERIVED.search(text):
+    if not (_DERIVED.search(text) or _TOTAL.search(text)):
         return False
     operands = [f for f in NUMBER.findall(text) if not _YEAR.match(f)]
     return len(operands) + 2 * len(_DATE.findall(text)) < 2
@@ -401,13 +401,7 @@ def difference(
             ("first", first_words, first),
             ("second", second_words, second),
         ):
-            if not gives(evidence, shown(_plain(value))):
-                raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
-            # A figure copied with another sentence's words (379 "from" a line that says 17.50
-            # a month) is not the figure those words name. Words that state no figure of their
-            # own ("carried … passengers in 2024": a year names the figure) are let through.
-            if not _words_allow(words, value):
-                raise ValueError(f"the {which} figure's words do not state {shown(_plain(value))}")
+            _check_copied(which, words, value, evidence)
         if first == second:
             raise ValueError("the two figures are the same")
     # json.JSONDecodeError is a ValueError; a reply nested deeper than the parser recurses
@@ -423,6 +417,142 @@ def difference(
     )
     figures = (shown(_plain(first)), shown(_plain(second)))
     return Computed(True, result, working, attempts=1, figures=figures)
+
+
+def _check_copied(which: str, words: str, value: float, evidence: str) -> None:
+    """Refuse a figure copied from the passages that they do not give, or that the words
+    copied with it do not state."""
+    if not gives(evidence, shown(_plain(value))):
+        raise ValueError(f"{shown(_plain(value))} is not a figure the passages give")
+    # A figure copied with another sentence's words (379 "from" a line that says 17.50 a
+    # month) is not the figure those words name. Words that state no figure of their own
+    # ("carried … passengers in 2024": a year names the figure) are let through.
+    if not _words_allow(words, value):
+        raise ValueError(f"the {which} figure's words do not state {shown(_plain(value))}")
+
+
+# -- a total of figures the passages give -------------------------------------------------
+
+#: What BABS may spend listing the figures of a total, the most it may list, and the largest
+#: count of one figure (three nights, two tickets…) taken.
+TOTAL_TOKENS = 320
+MAX_TERMS = 6
+MAX_TIMES = 1000
+_COUNT_WORDS = "two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+#: A count written in digits: at most three, so a year ("the 2025 permits") is none.
+_COUNT = r"(?<![\w.,£$€])\d{1,3}(?!\d|[.,]\d)"
+#: Things bought or counted by the unit: "for 3 nights", "two adult tickets", "4 people".
+#: Durations (years, hours) are left out: "someone who has worked there for three years" and
+#: "within 12 hours" name a condition, not a count to multiply.
+_UNITS = (
+    r"nights?|tickets?|adults?|child(ren)?|kids?|people|persons?|guests?|sessions?|visits?|"
+    r"lessons?|classes|class|passes|cars?|permits?|seats?|places?|rooms?|pitch(es)?|bags?|"
+    r"boxes|copies|meals?|items?|(adult|child|concession|student) tickets?"
+)
+#: Words of a question about memory whose answer adds figures the passages give: "in total",
+#: "what do the tickets add up to", "how much will that come to", "permits for both", "all
+#: three events", "for 3 nights".
+_TOTAL = re.compile(
+    rf"\b(in total|altogether|combined|add(s|ed)? up|comes? to|came to|for both|both of "
+    rf"(us|them|these|those)|all (of )?(the )?({_COUNT_WORDS})|(for )?({_COUNT}|{_COUNT_WORDS}) "
+    rf"((adult|child|concession|student|family|single|return|day|weekend) )?({_UNITS}))\b",
+    re.IGNORECASE,
+)
+_TERM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "words": {"type": "string", "maxLength": 160},
+        "value": {"type": "number"},
+        "times": {"type": "integer"},
+    },
+    "required": ["words", "value", "times"],
+}
+#: The reply's shape: each figure added, with the passage's words stating it and how many
+#: times it is counted.
+TOTAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "terms": {"type": "array", "items": _TERM_SCHEMA, "minItems": 1, "maxItems": MAX_TERMS}
+    },
+    "required": ["terms"],
+}
+
+
+def asks_total(question: str) -> bool:
+    """Whether ``question`` asks for figures added up (in total, add up to, come to, for
+    both, all three, for 3 nights…) and not for the size of a difference."""
+    return bool(_TOTAL.search(question)) and not asks_difference(question)
+
+
+def _counts(question: str) -> set[int]:
+    """The counts ``question`` states, as digits or words ("3 nights", "two tickets",
+    "both"): the only ones a figure of a total may be taken times."""
+    found = {int(n) for n in re.findall(_COUNT, question)}
+    words = re.findall(r"[a-z]+", question.lower())
+    found |= {_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS}
+    if "both" in words:
+        found.add(2)
+    return found
+
+
+def total_messages(question: str, facts: str) -> list[BaseMessage]:
+    """What BABS is asked: the passages, then the question and what to list."""
+    template = prompt_files.load("compute")["total"]
+    return [HumanMessage(template.format(facts=facts, question=question))]
+
+
+def total(
+    question: str,
+    facts: str,
+    read: Callable[[list[BaseMessage]], str],
+    evidence: str | None = None,
+) -> Computed:
+    """The total ``question`` asks for, from the figures ``read`` (one model call: messages
+    in, JSON reply out) lists from ``facts``, each with how many times it counts. Each figure
+    must be one ``evidence`` (the passages' own text) states, stated by the words copied
+    with it; a count above one must be a count the question states; and there must be
+    something to add (two figures, or one taken more than once). The sum is done here, not
+    by the model; the working is the result's source. Not ``ok`` (with the reason) when the
+    reply cannot be trusted."""
+    evidence = facts if evidence is None else evidence
+    reply = read(total_messages(question, facts))
+    try:
+        if len(reply) > MAX_PAIR_REPLY:
+            raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
+        data = json.loads(reply, strict=False)
+        if not isinstance(data, dict) or not isinstance(data.get("terms"), list):
+            raise ValueError("the reply is not a JSON object with a list of terms")
+        raw_terms = data["terms"]
+        if not 1 <= len(raw_terms) <= MAX_TERMS:
+            raise ValueError(f"the reply lists {len(raw_terms)} figures, not 1 to {MAX_TERMS}")
+        counts = _counts(question)
+        terms: list[tuple[str, float, int]] = []
+        for n, item in enumerate(raw_terms, start=1):
+            which = f"term {n}'s"
+            words, value = _figure(item, which)
+            times = item.get("times", 1)
+            if isinstance(times, bool) or not isinstance(times, int | float):
+                raise ValueError(f"{which} count is not a number")
+            if times != int(times) or not 1 <= times <= MAX_TIMES:
+                raise ValueError(f"{which} count {times} is not a whole number from 1")
+            if times > 1 and int(times) not in counts:
+                raise ValueError(f"{which} count {int(times)} is not one the question states")
+            _check_copied(which, words, value, evidence)
+            terms.append((words, value, int(times)))
+        if len(terms) == 1 and terms[0][2] == 1:
+            raise ValueError("one figure taken once is nothing to add up")
+    except (ValueError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) else "the reply is nested too deeply"
+        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=reason, attempts=1)
+    result = shown(_plain(math.fsum(value * times for _, value, times in terms)))
+    lines = []
+    for n, (words, value, times) in enumerate(terms, start=1):
+        counted = f" * {times}" if times > 1 else ""
+        lines.append(f"term{n} = {shown(_plain(value))}{counted}  # {words}")
+    names = " + ".join(f"term{n}" for n in range(1, len(terms) + 1))
+    lines.append(f"total = {names}  # {result}")
+    figures = tuple(dict.fromkeys(shown(_plain(value)) for _, value, _ in terms))
+    return Computed(True, result, "\n".join(lines) + "\n", attempts=1, figures=figures)
 
 
 #: Numbers documents spell out ("two weeks' paid leave"), for copied words that state them so.

@@ -609,35 +609,18 @@ class Mind:
             return reply
 
         facts = answer.passages_text(passages)
-        if passages and compute.asks_difference(query) and settings.get_str("mind_pairs") == "on":
-
-            def read(messages: list[BaseMessage]) -> str:
-                model = self.models(
-                    READER,
-                    format=compute.PAIR_SCHEMA,
-                    temperature=0.0,
-                    num_predict=compute.PAIR_TOKENS,
-                )
-                reply, metric = self.call(
-                    model, messages, node="facet:figures", persona=READER, facet="compute"
-                )
-                metrics.append(metric)
-                return reply
-
-            # Copying two figures is reading, which BABS does better than a program that
-            # must find them in the passages; a pair that fails its checks goes to a program.
-            evidence = "\n\n".join(str(p["text"]) for p in passages)
-            paired = compute.difference(query, facts, read, evidence)
-            if paired.ok:
+        copied = self._copied(query, passages, facts, metrics) if passages else None
+        if copied is not None:
+            if copied.ok:
                 partial.update(
                     kind="computed",
                     ok=True,
-                    text=paired.value,
-                    program=paired.source,
-                    operands=list(paired.figures),
+                    text=copied.value,
+                    program=copied.source,
+                    operands=list(copied.figures),
                 )
                 return
-            partial["figures"] = paired.reason
+            partial["figures"] = copied.reason
         result = compute.compute(query, write, facts)
         partial.update(
             kind="computed",
@@ -648,6 +631,32 @@ class Mind:
         )
         if not result.ok:
             partial["degraded"] = f"the program could not be run: {result.reason}"
+
+    def _copied(
+        self, query: str, passages: list, facts: str, metrics: list
+    ) -> compute.Computed | None:
+        """A difference or total worked out in code from figures BABS copies out of the
+        passages (``mind_pairs``, ``mind_totals``); None when the question asks for neither
+        or the setting is off. Copying figures is reading, which BABS does better than a
+        program that must find them in the passages; figures that fail their checks leave
+        the question to a program."""
+        if compute.asks_difference(query) and settings.get_str("mind_pairs") == "on":
+            work, schema, budget = compute.difference, compute.PAIR_SCHEMA, compute.PAIR_TOKENS
+        elif compute.asks_total(query) and settings.get_str("mind_totals") == "on":
+            work, schema, budget = compute.total, compute.TOTAL_SCHEMA, compute.TOTAL_TOKENS
+        else:
+            return None
+
+        def read(messages: list[BaseMessage]) -> str:
+            model = self.models(READER, format=schema, temperature=0.0, num_predict=budget)
+            reply, metric = self.call(
+                model, messages, node="facet:figures", persona=READER, facet="compute"
+            )
+            metrics.append(metric)
+            return reply
+
+        evidence = "\n\n".join(str(p["text"]) for p in passages)
+        return work(query, facts, read, evidence)
 
     def _draft_call(self, persona: str, selector: str, metrics: list) -> facets.ModelCall:
         """A facet draft's model call, streamed and measured like every call of the cycle."""

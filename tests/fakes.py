@@ -246,8 +246,10 @@ class FakeModels:
 
 def call_kind(call: ModelCall) -> str:
     if "format" in call.options:
-        # the JSON a computation's two figures are copied in, else a plan
-        return "figures" if "compares two figures" in call.text else "plan"
+        # the JSON a computation's figures are copied in (a difference's two, a total's
+        # terms), else a plan
+        copying = ("compares two figures", "asks for a total of figures")
+        return "figures" if any(c in call.text for c in copying) else "plan"
     if "Write the method" in call.text:
         return "draft"
     if call.messages and "def solve(self)" in str(call.messages[0].content):

@@ -640,6 +640,98 @@ def test_two_figures_that_cannot_be_trusted_give_no_difference(reply: str, reaso
     assert len(result.source) <= 300
 
 
+PRICES = (
+    "Hot stone massage (50 minutes) £85. Bathing session with any treatment £20.\n"
+    "Tent pitch with electric hook-up, per night: £29 (peak), £23 (off-peak).\n"
+    "Residents' permits a year: first permit 45, second permit 90."
+)
+
+
+def _terms(*terms: tuple[str, object, object]) -> str:
+    return json.dumps({"terms": [{"words": w, "value": v, "times": t} for w, v, t in terms]})
+
+
+@pytest.mark.parametrize(
+    ("question", "total"),
+    [
+        ("How much will a massage and a bathing session come to, in pounds?", True),
+        ("What do the three Friday tickets add up to at full price?", True),
+        ("How much will residents' permits for both cars cost us a year?", True),
+        ("I want to go to all three Friday events. How much is that?", True),
+        ("How much will a pitch cost for 3 nights in August?", True),
+        ("How much do 2 adult tickets cost?", True),
+        ("How many visitors came in total over the two years?", True),
+        ("What does a residents' permit cost under the 2025 prices?", False),  # a year, no count
+        ("How many weeks of sick pay after working there for three years?", False),
+        ("How much do they pay if the water is off for 12 hours?", False),
+        ("How many more visitors came in 2024 than in 2023?", False),  # a difference
+    ],
+)
+def test_a_question_about_memory_that_adds_figures_up_asks_for_a_total(
+    question: str, total: bool
+) -> None:
+    from graph.compute import asks_total
+
+    assert asks_total(question) is total
+    if total:
+        assert looks_computational(question, grounded=True)
+        assert not looks_computational(question)  # without memory there is nothing to add
+
+
+def test_a_total_is_worked_out_from_the_figures_the_passages_give() -> None:
+    from graph.compute import total
+
+    both = total(
+        "How much will a massage and a bathing session come to, in pounds?",
+        PRICES,
+        lambda m: _terms(("Hot stone massage (50 minutes) £85", 85, 1), ("session £20", 20, 1)),
+    )
+    assert both.ok and both.value == "105" and both.figures == ("85", "20")
+    assert "term1 = 85  # Hot stone massage" in both.source
+    assert "total = term1 + term2" in both.source
+    nights = total(
+        "How much will a pitch with hook-up cost for 3 nights in August?",
+        PRICES,
+        lambda m: _terms(("per night: £29 (peak)", 29, 3)),
+    )
+    assert nights.ok and nights.value == "87" and "term1 = 29 * 3" in nights.source
+    permits = total(
+        "How much will permits for both cost a year?",
+        PRICES,
+        lambda m: _terms(("first permit 45", 45, 1), ("second permit 90", 90, 1)),
+    )
+    assert permits.value == "135"
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("not json", "Expecting value"),
+        ('{"terms": 85}', "with a list of terms"),
+        ('{"terms": []}', "lists 0 figures"),
+        (_terms(*[("£85", 85, 1)] * 7), "lists 7 figures"),
+        (_terms(("£85", 85, 1), ("£21", 21, 1)), "21 is not a figure the passages give"),
+        (_terms(("£85", 85, 1), ("first permit 45", 20, 1)), "term 2's figure's words do not"),
+        (_terms(("£85", 85, 1)), "one figure taken once is nothing to add up"),
+        (_terms(("£29 a night", 29, 4)), "count 4 is not one the question states"),
+        (_terms(("£29 a night", 29, 0)), "count 0 is not a whole number from 1"),
+        (_terms(("£29 a night", 29, 2.5)), "count 2.5 is not a whole number"),
+        (_terms(("£29 a night", 29, True)), "count is not a number"),
+        (_terms(("£29 a night", 29, "3")), "count is not a number"),
+        (_terms(("£29 a night", 29, 1e9)), "is not a whole number from 1"),
+        ('{"terms": [{"words": "£85", "value": 85}, 4]}', "not an object"),
+        (_terms(("£85", 85, 1), ("£20", 20, 1)) + " " * 5000, "longer than"),
+        ('{"terms": ' + "[" * 1900 + "]" * 1900 + "}", "nested too deeply"),
+    ],
+)
+def test_figures_that_cannot_be_trusted_give_no_total(reply: str, reason: str) -> None:
+    from graph.compute import total
+
+    result = total("How much will 3 nights on a pitch come to?", PRICES, lambda m: reply)
+    assert not result.ok and reason in result.reason and result.value == ""
+    assert len(result.source) <= 300
+
+
 # -- citing where the answer's figures are stated -------------------------------------------
 
 _FERRY = [

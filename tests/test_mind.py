@@ -1219,6 +1219,79 @@ def test_copying_two_figures_can_be_switched_off(image, encoder, tmp_path, monke
     assert models.of("figures") == [] and len(models.of("program")) == 1
 
 
+def _pitch_prices(image, encoder, tmp_path):
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    (tmp_path / "campsite.md").write_text(
+        "# Gorrel Hills campsite prices\n\nA tent pitch with an electric hook-up costs £29 a "
+        "night in August and £23 a night at other times."
+    )
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / "campsite.md"])
+    return catalog
+
+
+PITCH_QUESTION = "How much will a pitch with hook-up at Gorrel Hills cost for 3 nights in August?"
+
+
+@pytest.mark.parametrize("totals", ["on", "off"])
+def test_a_total_from_memory_is_worked_out_from_the_figures_babs_lists(
+    image, encoder, tmp_path, monkeypatch, totals
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_TOTALS", totals)
+    catalog = _pitch_prices(image, encoder, tmp_path)
+    terms = '{"terms": [{"words": "costs £29 a night in August", "value": 29, "times": 3}]}'
+    source = "    per_night = 29\n    nights = 3\n    return per_night * nights\n"
+    models = FakeModels(
+        lambda call: (
+            terms
+            if call_kind(call) == "figures"
+            else program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="Three nights cost £87 [1].")(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), PITCH_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["grounding"]["about_catalog"] and state["cycle"]["compute"]
+    assert "A program computed this for the request: 87" in models.of("answer")[0].text
+    [computed] = [p for p in state["partials"] if p.get("kind") == "computed"]
+    if totals == "off":  # straight to a program, as before
+        assert models.of("figures") == [] and len(models.of("program")) == 1
+        return
+    [call] = models.of("figures")
+    assert call.persona == "BABS" and call.options["temperature"] == 0.0
+    assert "£29 a night in August" in call.text and PITCH_QUESTION in call.text
+    assert models.of("program") == []
+    assert "term1 = 29 * 3" in computed["program"] and computed["operands"] == ["29"]
+
+
+def test_a_total_counted_more_times_than_the_question_says_goes_to_a_program(
+    image, encoder, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    catalog = _pitch_prices(image, encoder, tmp_path)
+    terms = '{"terms": [{"words": "costs £29 a night in August", "value": 29, "times": 7}]}'
+    source = "    per_night = 29\n    nights = 3\n    return per_night * nights\n"
+    models = FakeModels(
+        lambda call: (
+            terms
+            if call_kind(call) == "figures"
+            else program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="Three nights cost £87 [1].")(call)
+        )
+    )
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), PITCH_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("figures")) == 1 and len(models.of("program")) == 1
+    [computed] = [p for p in state["partials"] if p.get("kind") == "computed"]
+    assert computed["figures"] == "term 1's count 7 is not one the question states"
+    assert "A program computed this for the request: 87" in models.of("answer")[0].text
+
+
 def test_a_computation_whose_figures_are_nowhere_is_not_a_program_of_its_years(image) -> None:
     # No catalog holds the counts: subtracting 2023 from 2024 would be an exact wrong answer.
     models = FakeModels(responder(answer="I do not know how many newts were counted."))

@@ -482,6 +482,16 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_tables",
+            "BATOS_MIND_TABLES",
+            lambda: "on",
+            "Whether the passages a persona reads have their tables written out row by row, "
+            "each value after its column's header ('First permit — until 2 Nov 2025: 30.00; "
+            "from 3 Nov 2025: 45.00.'), Markdown, HTML and fixed-width alike ('on'), or are "
+            "given as stored ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_totals",
             "BATOS_MIND_TOTALS",
             lambda: "on",

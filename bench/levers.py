@@ -65,6 +65,12 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_TOTALS": None},
         "off": {"BATOS_MIND_TOTALS": "off"},
     },
+    # The passages a persona reads have their tables written out row by row, each value
+    # after its column's header (graph.tables), against the stored text as it is.
+    "tables": {
+        "on": {"BATOS_MIND_TABLES": None},
+        "off": {"BATOS_MIND_TABLES": "off"},
+    },
     # A short request about memory is answered from its passages however many personas were
     # routed (off: only when one was; several plan and weave).
     "memory_fast": {

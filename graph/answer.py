@@ -17,10 +17,12 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
+from batos import settings
 from graph import prompts as prompt_files
 from graph.compute import NUMBER
 from graph.request import content_text
 from graph.retrieval import CONTEXT_HEADER, fence
+from graph.tables import linearized
 
 #: Most passages one answer is given (each about 200 tokens: evaluating a prompt costs about a
 #: second per 90 tokens on two cores).
@@ -70,12 +72,16 @@ def prompts() -> dict[str, Any]:
 
 
 def passages_text(passages: Sequence[Mapping[str, Any]]) -> str:
-    """Numbered, fenced passages (``[n]`` is the position in ``passages``, from 1)."""
+    """Numbered, fenced passages (``[n]`` is the position in ``passages``, from 1), their
+    tables written out row by row (``mind_tables``; graph.tables): what the model reads.
+    Checks against the passages read their stored text, which states the same figures."""
     if not passages:
         return ""
+    rows = settings.get_str("mind_tables") == "on"
     parts = [CONTEXT_HEADER]
     for n, passage in enumerate(passages, start=1):
-        parts.append(fence(n, str(passage["citation"]), str(passage["text"])))
+        text = str(passage["text"])
+        parts.append(fence(n, str(passage["citation"]), linearized(text) if rows else text))
     return "\n\n".join(parts)
 
 

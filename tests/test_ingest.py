@@ -46,6 +46,7 @@ def test_html_inline_tags_stay_in_their_sentence_and_cells_on_their_row(tmp_path
         "The lens",
         "It was installed in 1931. Visit us at 4 Quay Street, opposite the pier.",
         "Ticket | Price",
+        "---|---",  # the header row, marked as Markdown marks one
         "Adult | £9.00",
     ]
 

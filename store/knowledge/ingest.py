@@ -214,6 +214,12 @@ def _html_text(path: Path, markup: str) -> str:
             tag.replace_with("\n")
         for tag in soup.find_all(_HTML_CELLS):
             tag.insert_after(" | ")
+        # A row of header cells is marked as Markdown marks one ("---|---" under it): which
+        # row names the columns is known here, and lost once the cells are plain text.
+        for row in soup.find_all("tr"):
+            cells = row.find_all(_HTML_CELLS, recursive=False)
+            if cells and all(cell.name == "th" for cell in cells):
+                row.insert_after("\n\n" + "|".join(["---"] * len(cells)) + "\n\n")
         for tag in soup.find_all(_HTML_BLOCKS):
             tag.insert_before("\n\n")
             tag.insert_after("\n\n")

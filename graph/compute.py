@@ -98,7 +98,7 @@ def looks_computational(text: str, *, grounded: bool = False, derived: bool = Tr
         return True
     if not derived:
         return grounded and bool(_DERIVED.search(_BY_HOW.sub(" ", text)))
-    return grounded and bool(_DERIVED.search(text) or _TOTAL.search(text))
+    return grounded and bool(_DERIVED.search(text) or asks_total(text))
 
 
 _BY_HOW = re.compile(r"\bby how (many|much)\b", re.IGNORECASE)
@@ -112,7 +112,7 @@ def needs_facts(text: str) -> bool:
     """Whether a computation asks for a quantity derived from figures it does not give: "how
     many more newts in 2024 than in 2023?" names its operands by year and leaves their values
     to the documents. A word problem that states two operands takes them from itself."""
-    if not (_DERIVED.search(text) or _TOTAL.search(text)):
+    if not (_DERIVED.search(text) or asks_total(text)):
         return False
     operands = [f for f in NUMBER.findall(text) if not _YEAR.match(f)]
     return len(operands) + 2 * len(_DATE.findall(text)) < 2
@@ -478,10 +478,19 @@ TOTAL_SCHEMA: dict[str, Any] = {
 }
 
 
+#: A question that asks for an amount: "on which day does the physiotherapist come to the
+#: island?" has "come to" and asks for nothing to add.
+_AMOUNT = re.compile(
+    r"\b(how (much|many)|cost|costs|add(s|ed)? up|total|sum|price|pay|spend)\b", re.IGNORECASE
+)
+
+
 def asks_total(question: str) -> bool:
     """Whether ``question`` asks for figures added up (in total, add up to, come to, for
     both, all three, for 3 nights…) and not for the size of a difference."""
-    return bool(_TOTAL.search(question)) and not asks_difference(question)
+    return bool(_TOTAL.search(question) and _AMOUNT.search(question)) and not asks_difference(
+        question
+    )
 
 
 def _counts(question: str) -> set[int]:

@@ -665,6 +665,7 @@ def _terms(*terms: tuple[str, object, object]) -> str:
         ("How many weeks of sick pay after working there for three years?", False),
         ("How much do they pay if the water is off for 12 hours?", False),
         ("How many more visitors came in 2024 than in 2023?", False),  # a difference
+        ("On which day does the physiotherapist come to the island?", False),  # no amount
     ],
 )
 def test_a_question_about_memory_that_adds_figures_up_asks_for_a_total(

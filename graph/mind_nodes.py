@@ -59,10 +59,12 @@ log = logging.getLogger("batos.mind")
 PLAN_TOKENS = 200
 FACET_TOKENS = 160
 ANSWER_TOKENS = 480
-#: A request about memory of at most GROUNDED_FAST_WORDS words is answered from its passages
-#: in one call, with no plan, by the first persona routed (``mind_memory_fast``). A grounded
-#: answer, and each BABS step of a plan, reads the best ``mind_passages`` passages.
+#: A request about memory of at most GROUNDED_FAST_WORDS words, or one question of at most
+#: GROUNDED_QUESTION_WORDS, is answered from its passages in one call, with no plan, by the
+#: first persona routed (``mind_memory_fast``). A grounded answer, and each BABS step of a
+#: plan, reads the best ``mind_passages`` passages.
 GROUNDED_FAST_WORDS = 30
+GROUNDED_QUESTION_WORDS = 60
 #: Who answers when the router cannot say (the one ``batos`` names with no router installed).
 FALLBACK_PERSONA = "BRICK"
 #: The step a plan gets for a request that needs a number or date computed.
@@ -357,7 +359,7 @@ class Mind:
             # a second persona routed to a question about documents gives it a plan whose
             # steps need not read them (BRICK's "steps" for a fee the passages state).
             single = settings.get_str("mind_memory_fast") == "single"
-            if len(request.split()) <= GROUNDED_FAST_WORDS and (len(chosen) == 1 or not single):
+            if _short_or_one_question(request) and (len(chosen) == 1 or not single):
                 routed = "" if len(chosen) == 1 else f" ({len(chosen)} personas routed)"
                 depth = Depth("fast", f"about memory: one answer from its passages{routed}")
         if depth.mode == "fast":
@@ -994,6 +996,18 @@ class Mind:
             output_tokens=sum(m["output_tokens"] for m in metrics),
             failure=(update.get("failure") or {}).get("reason"),
         )
+
+
+def _short_or_one_question(request: str) -> bool:
+    """Whether a request about memory needs no plan: it is short, or it is one question
+    however it sets the scene ("If I go to every home game left this season, how much does a
+    half-season ticket save me…?": 31 words, one question). A plan of such a question split
+    one reading of the passages into steps and wove an answer about none of them."""
+    words = len(request.split())
+    if words <= GROUNDED_FAST_WORDS:
+        return True
+    text = request.strip()
+    return words <= GROUNDED_QUESTION_WORDS and text.endswith("?") and text.count("?") == 1
 
 
 def _degrade(cycle_state: dict[str, Any], where: str, what: str, failure: dict[str, Any]) -> None:

@@ -1363,6 +1363,29 @@ def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -
     assert [call_kind(c) for c in models.calls] == ["answer"]
 
 
+def test_one_long_question_about_memory_needs_no_plan_but_a_long_request_has_one(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
+    services = mind(models, FakeRouter(("BRICK",)), catalog=remembered)
+    scene = "I am taking my old mother and my two children across to the island next Saturday and "
+    question = scene + "we must not miss it, so when does the Ondine ferry leave Harbour Pier?"
+    assert 30 < len(question.split()) <= 60
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["depth"]["rule"] == "about memory: one answer from its passages"
+    assert [call_kind(c) for c in models.calls] == ["answer"]
+    # several requests in one, or more than a question's words: planned as before
+    for request in (
+        question.replace("?", ". Plan the day around it: lunch, a walk and the way back."),
+        scene * 4 + "when does the Ondine ferry leave Harbour Pier?",
+    ):
+        before = len(models.calls)
+        state = run(image, services, request, thread=f"t-{len(request)}")
+        assert "plan" in [call_kind(c) for c in models.calls[before:]], state["cycle"]["depth"]
+
+
 def test_a_question_about_memory_routed_to_two_personas_needs_no_plan(
     image, remembered, monkeypatch
 ) -> None:

@@ -484,7 +484,9 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "mind_tables",
             "BATOS_MIND_TABLES",
-            lambda: "on",
+            # On 44 spent questions whose passages hold tables (fresh8, fresh9) the mind
+            # answered 28 with them written out and 29 without (bench/RESULTS.md).
+            lambda: "off",
             "Whether the passages a persona reads have their tables written out row by row, "
             "each value after its column's header ('First permit — until 2 Nov 2025: 30.00; "
             "from 3 Nov 2025: 45.00.'), Markdown, HTML and fixed-width alike ('on'), or are "

@@ -66,10 +66,11 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "off": {"BATOS_MIND_TOTALS": "off"},
     },
     # The passages a persona reads have their tables written out row by row, each value
-    # after its column's header (graph.tables), against the stored text as it is.
+    # after its column's header (graph.tables), against the stored text as it is (the
+    # default).
     "tables": {
-        "on": {"BATOS_MIND_TABLES": None},
-        "off": {"BATOS_MIND_TABLES": "off"},
+        "on": {"BATOS_MIND_TABLES": "on"},
+        "off": {"BATOS_MIND_TABLES": None},
     },
     # A short request about memory is answered from its passages however many personas were
     # routed (off: only when one was; several plan and weave).

@@ -193,6 +193,6 @@ def test_the_passages_a_persona_reads_have_their_tables_written_out(monkeypatch)
 
     passage = {"citation": "prices.md:0-80", "text": "| Item | Price |\n|---|---|\n| Tea | £2 |"}
     passage["text"] += "\n| Cake | £3 |"
+    assert "| Tea | £2 |" in passages_text([passage])  # off by default: as stored
+    monkeypatch.setenv("BATOS_MIND_TABLES", "on")
     assert "Tea — Price: £2." in passages_text([passage])
-    monkeypatch.setenv("BATOS_MIND_TABLES", "off")
-    assert "| Tea | £2 |" in passages_text([passage])

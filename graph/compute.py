@@ -387,12 +387,7 @@ def difference(
     evidence = facts if evidence is None else evidence
     reply = read(pair_messages(question, facts))
     try:
-        if len(reply) > MAX_PAIR_REPLY:
-            raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
-        # strict=False: a line break copied inside the words is no reason to refuse them
-        data = json.loads(reply, strict=False)
-        if not isinstance(data, dict):
-            raise ValueError("the reply is not a JSON object")
+        data = _json_object(reply)
         (first_words, first), (second_words, second) = (
             _figure(data.get("first"), "first"),
             _figure(data.get("second"), "second"),
@@ -404,11 +399,8 @@ def difference(
             _check_copied(which, words, value, evidence)
         if first == second:
             raise ValueError("the two figures are the same")
-    # json.JSONDecodeError is a ValueError; a reply nested deeper than the parser recurses
-    # (a server with no grammar can send one) is as untrustworthy, not a crash.
     except (ValueError, RecursionError) as exc:
-        reason = str(exc) if isinstance(exc, ValueError) else "the reply is nested too deeply"
-        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=reason, attempts=1)
+        return _refused(reply, exc)
     result = shown(_plain(abs(first - second)))
     working = (
         f"first = {shown(_plain(first))}  # {first_words}\n"
@@ -417,6 +409,26 @@ def difference(
     )
     figures = (shown(_plain(first)), shown(_plain(second)))
     return Computed(True, result, working, attempts=1, figures=figures)
+
+
+def _json_object(reply: str) -> dict[str, Any]:
+    """A reader's bounded reply as a JSON object; ValueError (or RecursionError, for one
+    nested deeper than the parser recurses) when it is none."""
+    if len(reply) > MAX_PAIR_REPLY:
+        raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
+    # strict=False: a line break copied inside the words is no reason to refuse them
+    data = json.loads(reply, strict=False)
+    if not isinstance(data, dict):
+        raise ValueError("the reply is not a JSON object")
+    return data
+
+
+def _refused(reply: str, exc: ValueError | RecursionError) -> Computed:
+    """No result from a reply that cannot be trusted, with the reason. json.JSONDecodeError
+    is a ValueError; a reply nested too deeply (a server with no grammar can send one) is as
+    untrustworthy, not a crash."""
+    reason = str(exc) if isinstance(exc, ValueError) else "the reply is nested too deeply"
+    return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=reason, attempts=1)
 
 
 def _check_copied(which: str, words: str, value: float, evidence: str) -> None:
@@ -526,10 +538,8 @@ def total(
     evidence = facts if evidence is None else evidence
     reply = read(total_messages(question, facts))
     try:
-        if len(reply) > MAX_PAIR_REPLY:
-            raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
-        data = json.loads(reply, strict=False)
-        if not isinstance(data, dict) or not isinstance(data.get("terms"), list):
+        data = _json_object(reply)
+        if not isinstance(data.get("terms"), list):
             raise ValueError("the reply is not a JSON object with a list of terms")
         raw_terms = data["terms"]
         if not 1 <= len(raw_terms) <= MAX_TERMS:
@@ -551,8 +561,7 @@ def total(
         if len(terms) == 1 and terms[0][2] == 1:
             raise ValueError("one figure taken once is nothing to add up")
     except (ValueError, RecursionError) as exc:
-        reason = str(exc) if isinstance(exc, ValueError) else "the reply is nested too deeply"
-        return Computed(False, source=reply[:MAX_RESULT_CHARS], reason=reason, attempts=1)
+        return _refused(reply, exc)
     result = shown(_plain(math.fsum(value * times for _, value, times in terms)))
     lines = []
     for n, (words, value, times) in enumerate(terms, start=1):

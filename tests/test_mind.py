@@ -1232,6 +1232,20 @@ def _pitch_prices(image, encoder, tmp_path):
     return catalog
 
 
+def _pitch_models(terms: str) -> FakeModels:
+    """BABS lists ``terms``; a program, if one is asked for, multiplies the nightly price."""
+    source = "    per_night = 29\n    nights = 3\n    return per_night * nights\n"
+    return FakeModels(
+        lambda call: (
+            terms
+            if call_kind(call) == "figures"
+            else program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="Three nights cost £87 [1].")(call)
+        )
+    )
+
+
 PITCH_QUESTION = "How much will a pitch with hook-up at Gorrel Hills cost for 3 nights in August?"
 
 
@@ -1243,16 +1257,7 @@ def test_a_total_from_memory_is_worked_out_from_the_figures_babs_lists(
     monkeypatch.setenv("BATOS_MIND_TOTALS", totals)
     catalog = _pitch_prices(image, encoder, tmp_path)
     terms = '{"terms": [{"words": "costs £29 a night in August", "value": 29, "times": 3}]}'
-    source = "    per_night = 29\n    nights = 3\n    return per_night * nights\n"
-    models = FakeModels(
-        lambda call: (
-            terms
-            if call_kind(call) == "figures"
-            else program(source)(call)
-            if call_kind(call) == "program"
-            else responder(answer="Three nights cost £87 [1].")(call)
-        )
-    )
+    models = _pitch_models(terms)
     state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), PITCH_QUESTION)
     assert state["status"] == "COMPLETE", state.get("failure")
     assert state["cycle"]["grounding"]["about_catalog"] and state["cycle"]["compute"]
@@ -1274,16 +1279,7 @@ def test_a_total_counted_more_times_than_the_question_says_goes_to_a_program(
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     catalog = _pitch_prices(image, encoder, tmp_path)
     terms = '{"terms": [{"words": "costs £29 a night in August", "value": 29, "times": 7}]}'
-    source = "    per_night = 29\n    nights = 3\n    return per_night * nights\n"
-    models = FakeModels(
-        lambda call: (
-            terms
-            if call_kind(call) == "figures"
-            else program(source)(call)
-            if call_kind(call) == "program"
-            else responder(answer="Three nights cost £87 [1].")(call)
-        )
-    )
+    models = _pitch_models(terms)
     state = run(image, mind(models, FakeRouter(("BABS",)), catalog=catalog), PITCH_QUESTION)
     assert state["status"] == "COMPLETE", state.get("failure")
     assert len(models.of("figures")) == 1 and len(models.of("program")) == 1

@@ -275,6 +275,28 @@ def test_a_stop_before_the_request_reached_the_thread_drops_it() -> None:
         session.close()
 
 
+def test_an_answer_the_gate_replaces_with_its_computed_result_is_shown(capsys) -> None:
+    from test_mind import program
+
+    source = "    before = 16975\n    after = 18412\n    return after - before\n"
+    models = FakeModels(
+        lambda call: (
+            program(source)(call)
+            if call_kind(call) == "program"
+            else responder(answer="The computed result is 1027.")(call)
+        )
+    )
+    session = Session(open_runtime("memory://", models=models))
+    try:
+        question = "A ferry carried 18412 passengers this year and 16975 last year. How many more?"
+        state = session.cycle(question, run_config("sums"), {"persona": "BABS"}, show=True)
+    finally:
+        session.close()
+    out = capsys.readouterr().out
+    assert state["response"].startswith("1437")  # twice wrong: the result and its program
+    assert "kept as: 1437" in out  # the user sees what was kept, not only what streamed
+
+
 def test_what_the_kept_answer_changed_from_the_streamed_one_is_shown(capsys) -> None:
     from batos.shell.cli.mind import _show_kept
 

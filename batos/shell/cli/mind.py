@@ -142,8 +142,10 @@ class Session:
                         console.print(piece, end="", markup=False)
                 continue
             for node, update in (payload or {}).items():
-                if show and node == "synthesize":
-                    _show_kept(update or {}, "".join(answer))
+                # the gate replaces an answer that twice contradicted its computed result:
+                # what is kept is shown, not only what was streamed
+                if show and (node == "synthesize" or (update or {}).get("response")):
+                    _show_kept(update or {}, "".join(answer), cut=node == "synthesize")
                 if answering and node != "synthesize":
                     answering = False
                     if show:
@@ -245,14 +247,15 @@ def _show_partial(partial: dict[str, Any]) -> None:
         console.print(f"  [yellow]degraded:[/] {shown(str(partial['degraded']))}")
 
 
-def _show_kept(update: dict[str, Any], streamed: str) -> None:
-    """What the kept answer adds to, or takes from, the streamed one: its sources line, or
-    the tail cut because the answer ran out of tokens."""
+def _show_kept(update: dict[str, Any], streamed: str, *, cut: bool = True) -> None:
+    """What the kept answer adds to, or takes from, the streamed one: its sources line, the
+    tail cut because the answer ran out of tokens (``cut``: the update is the synthesis's),
+    or the whole of an answer put in its place."""
     final = update.get("response") or ""
     if not final or final == streamed:
         return
     body, _, sources = final.partition("\n\nSources: ")
-    if (update.get("cycle") or {}).get("truncated"):
+    if cut and (update.get("cycle") or {}).get("truncated"):
         console.print("\n[dim](cut at its last full sentence: the answer ran out of tokens)[/]")
     if not streamed.startswith(body):  # a citation corrected, a placeholder taken out…
         console.print(f"\n[dim]kept as:[/] {shown(body)}")

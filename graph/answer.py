@@ -461,6 +461,16 @@ def attributed(
     return text[:at].rstrip() + f" [{n}]" + text[at:], n
 
 
+#: A word label right before a citation ("1437 passengers [report] [1]"): the number says it.
+_LABEL_BEFORE = re.compile(r"\[[A-Za-z][A-Za-z .'&_-]{0,40}\][ \t]*(?=\[\d{1,2}\])")
+
+
+def unlabelled(text: str) -> str:
+    """``text`` without the word labels a model put where the numbered citation that follows
+    them already stands."""
+    return _LABEL_BEFORE.sub("", text)
+
+
 def figure_sources(figures: Sequence[str], passages: Sequence[Mapping[str, Any]]) -> list[int]:
     """For each of ``figures``, the number (from 1) of the first passage that states it, in
     ``figures``' order, each once; a figure no passage states has none."""

@@ -765,6 +765,8 @@ class Mind:
                 text, changed = answer.cite_sources(text, passages, x["operands"], x["text"])
                 if changed:
                     cycle_state["sourced"] = {"dropped": changed[0], "added": changed[1]}
+        if passages:
+            text = answer.unlabelled(text)
         numbered = [{"n": n, **x} for n, x in enumerate(passages, start=1)]
         text, cited = render_citations(text, numbered)
         cycle_state["cited"] = [passages[n - 1]["citation"] for n in cited]

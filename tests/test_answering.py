@@ -733,6 +733,15 @@ def test_figures_that_cannot_be_trusted_give_no_total(reply: str, reason: str) -
     assert len(result.source) <= 300
 
 
+def test_a_word_label_before_a_citation_gives_way_to_it() -> None:
+    from graph.answer import unlabelled
+
+    assert unlabelled("Found: 1437 passengers [report] [1].") == "Found: 1437 passengers [1]."
+    assert unlabelled("It is £5 [price list][2][3] a day.") == "It is £5 [2][3] a day."
+    for kept in ("It is £5 [price list].", "[memory: none] [1]", "See [1] [2].", "[sic] a [b]"):
+        assert unlabelled(kept) == kept
+
+
 # -- citing where the answer's figures are stated -------------------------------------------
 
 _FERRY = [

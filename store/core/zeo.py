@@ -57,10 +57,6 @@ runpy.run_module("ZEO.runzeo", run_name="__main__", alter_sys=True)
 """
 
 
-class _StopServing(Exception):
-    """Raised by a stop signal's handler to leave ``ZeoServer.serve``."""
-
-
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
@@ -198,27 +194,39 @@ class ZeoServer:
         and the port; only SIGKILL cannot be caught. Call it from the main thread, where
         signals are handled. A server that fails by itself raises ``ImageError`` with its log.
         """
-        stopping = False
+        stopped: list[int] = []
 
         def stop(signum: int, frame: object) -> None:
-            if not stopping:  # a second signal must not interrupt the stopping itself
-                raise _StopServing(signum)
+            # Raising here could be lost: a handler runs between any two bytecodes, and an
+            # exception raised while a weakref callback or a __del__ runs is printed and
+            # ignored (the server then outlived its stop). The stop is recorded and the
+            # server told to end, which ends the wait below.
+            stopped.append(signum)
+            process = self.process
+            if process is not None and process.poll() is None:
+                process.terminate()
 
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
-            self.start()
-            if on_ready is not None:
+            try:
+                self.start()
+            except ImageError:
+                if not stopped:  # a server stopped while it started exits "at start"
+                    raise
+            if not stopped and on_ready is not None:
                 on_ready()
-            assert self.process is not None
-            status = self.process.wait()
-            if status:
-                raise ImageError(
-                    f"the ZEO server stopped by itself with status {status}:\n{self.output()}"
-                )
-        except (KeyboardInterrupt, _StopServing):
+            if not stopped:
+                assert self.process is not None
+                status = self.process.wait()
+                if status and not stopped:
+                    raise ImageError(
+                        f"the ZEO server stopped by itself with status {status}:\n{self.output()}"
+                    )
+            if stopped:
+                log.info("stopping the ZEO server at %s (signal %d)", self.uri, stopped[0])
+        except KeyboardInterrupt:
             log.info("stopping the ZEO server at %s", self.uri)
         finally:
-            stopping = True
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

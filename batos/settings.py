@@ -482,6 +482,19 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_rerank",
+            "BATOS_MIND_RERANK",
+            # Over 390 spent document questions a passage stating the answer came first for
+            # 264 reranked against 238, and among the first three for 361 against 354
+            # (bench/RESULTS.md).
+            lambda: "on",
+            "Whether the passages a request about memory reads are the catalog's best ten "
+            "reordered by the sentence in each that best answers it (its rarer words and its "
+            "embedding's closeness, fused with the catalog's order), about half a second a "
+            "search ('on'), or the catalog's best in its own order ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_tables",
             "BATOS_MIND_TABLES",
             # On 44 spent questions whose passages hold tables (fresh8, fresh9) the mind

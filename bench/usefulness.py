@@ -41,9 +41,11 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh9 --families document  # and a tenth
     .venv/bin/python bench/usefulness.py --split fresh10 --families document  # and an eleventh
     .venv/bin/python bench/usefulness.py --split fresh11 --families document  # and a twelfth
+    .venv/bin/python bench/usefulness.py --split fresh12 --families document  # a thirteenth
+    .venv/bin/python bench/usefulness.py --split fresh13 --families document  # a fourteenth
 
-``headline/`` and ``fresh1/`` to ``fresh11/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The eleven fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh13/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The thirteen fresh sets have
 document questions only, so name ``--families document`` with them.
 """
 
@@ -77,7 +79,7 @@ from store.knowledge.catalog import KnowledgeCatalog
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 12)))
+HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 14)))
 SPLITS = ("dev", *HELD_OUT)
 #: Family → its file in a split's folder.
 FAMILIES = {

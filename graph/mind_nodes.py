@@ -403,12 +403,31 @@ class Mind:
             cycle_state["grounding"] = grounding.as_dict()
             if grounding.about_catalog:
                 shown = settings.get_int("mind_passages")
-                hits = catalog.search(request, 2 * shown, record=False)
+                hits, failed = self._search(catalog, request, 2 * shown)
+                if failed:
+                    _degrade(cycle_state, "retrieval", "the passages' order", {"reason": failed})
                 cycle_state["passages"] = [passage(h) for h in hits[:shown]]
                 # The next best, for a second look when the first answer finds nothing.
                 cycle_state["more_passages"] = [passage(h) for h in hits[shown:]]
         except Exception as exc:
             _degrade(cycle_state, "retrieval", "the knowledge catalog", _failure("route", exc))
+
+    @staticmethod
+    def _search(catalog: Any, query: str, n: int) -> tuple[list[Any], str]:
+        """The ``n`` best passages for ``query``, and why they are in the catalog's order when
+        reranking failed ("" otherwise): the catalog's best ten reranked by the sentence in
+        each that best answers it (``mind_rerank``; graph.retrieval.rerank), or the catalog's
+        own order. A failed reranking costs the order, never the passages."""
+        from graph.retrieval import RERANK_POOL, rerank
+
+        if settings.get_str("mind_rerank") != "on":
+            return list(catalog.search(query, n, record=False)), ""
+        hits = catalog.search(query, max(n, RERANK_POOL), record=False)
+        try:
+            return rerank(query, hits, catalog.embedder.encode)[:n], ""
+        except Exception as exc:
+            log.warning("reranking passages failed, keeping the catalog's order: %s", exc)
+            return list(hits[:n]), f"{type(exc).__name__}: {exc}"
 
     @staticmethod
     def _fast_only(cycle_state: dict[str, Any]) -> bool:
@@ -567,7 +586,12 @@ class Mind:
 
             catalog = self.searchable_catalog(image)
             shown = settings.get_int("mind_passages")
-            hits = [] if catalog is None else catalog.search(query, shown, record=False)
+            hits: list[Any] = []
+            failed = ""
+            if catalog is not None:
+                hits, failed = self._search(catalog, query, shown)
+            if failed:
+                partial["rerank_failed"] = failed
             partial["passages"] = [passage(h) for h in hits]
             if hits:
                 found.append({"kind": "catalog_retrieved", "chunks": [h.chunk_id for h in hits]})
@@ -697,6 +721,9 @@ class Mind:
                 what = f"{x['persona']}.{x['facet']}"
                 where = "compute" if x["facet"] == "compute" else "facet"
                 _degrade(cycle_state, where, what, {"reason": x["degraded"]})
+            if x.get("rerank_failed"):
+                reason = {"reason": x["rerank_failed"]}
+                _degrade(cycle_state, "retrieval", "the passages' order", reason)
         groups = [cycle_state.get("passages") or []]
         groups += [x.get("passages") or [] for x in partials]
         cycle_state["passages"] = answer.merged_passages([g for g in groups if g])

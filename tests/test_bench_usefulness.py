@@ -369,6 +369,8 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh9",
             "fresh10",
             "fresh11",
+            "fresh12",
+            "fresh13",
         }
         <= set(usefulness.SPLITS)
     )

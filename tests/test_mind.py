@@ -1007,6 +1007,89 @@ def test_a_citation_line_copied_into_an_answer_is_given_as_its_number(
     assert first["source"] not in state["response"].split("Sources:")[0]
 
 
+HARBOUR_DOCS = {
+    "ferry_guide.md": "# The Kelvick ferry\n\nThe Kelvick ferry crosses the sound between Kelvick "
+    "and Orra Point. The Kelvick ferry is the oldest crossing on the coast, and the Kelvick "
+    "ferry company has run it since 1921.\n\nTickets are sold on board. A return runs until "
+    "the last sailing. Every adult must show a ticket on request. How much luggage you bring "
+    "is up to you.",
+    "harbour_notes.md": "# Harbour notes\n\nThe harbour office opens at eight and closes at "
+    "six. Parking by the slipway is free on Sundays and costs two pounds on other days. The "
+    "chandlery sells charts, rope, paint and fuel. Moorings are let by the season; the waiting "
+    "list is kept by the harbour master. The fish market runs on Tuesday and Friday mornings. "
+    "An adult return ticket on the ferry costs 7.50 pounds. The lifeboat station holds an "
+    "open day each August. Crab lines and buckets may not be left on the quay overnight.",
+    "bakery.md": "# Rye bread\n\nKnead the rye dough for ten minutes and prove it overnight.",
+}
+FARE_QUESTION = "How much is an adult return ticket on the Kelvick ferry?"
+FARE_ANSWER = "An adult return ticket on the Kelvick ferry costs 7.50 pounds [1]."
+
+
+@pytest.fixture
+def harbour(image, encoder, tmp_path) -> Any:
+    """A catalog whose own order puts the guide that names the ferry throughout before the
+    notes whose one sentence gives the fare."""
+    from store.knowledge.catalog import KnowledgeCatalog
+    from store.knowledge.ingest import ingest_paths
+
+    for name, text in HARBOUR_DOCS.items():
+        (tmp_path / name).write_text(text)
+    catalog = KnowledgeCatalog.open(image, encoder)
+    ingest_paths(catalog, [tmp_path / name for name in HARBOUR_DOCS])
+    return catalog
+
+
+def _read_first(state: dict[str, Any]) -> str:
+    return Path(state["cycle"]["passages"][0]["source"]).name
+
+
+def test_a_request_about_memory_reads_first_the_passage_whose_sentence_answers_it(
+    image, harbour, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
+    services = mind(
+        FakeModels(responder(answer=lambda c: FARE_ANSWER)),
+        FakeRouter(("BABS",)),
+        catalog=harbour,
+    )
+    assert Path(harbour.search(FARE_QUESTION, 3, record=False)[0].source).name == "ferry_guide.md"
+    state = run(image, services, FARE_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert _read_first(state) == "harbour_notes.md"
+    assert state["cycle"]["degraded"] == []
+    # off, the catalog's own order
+    monkeypatch.setenv("BATOS_MIND_RERANK", "off")
+    state = run(image, services, FARE_QUESTION, thread="t-rerank-off")
+    assert _read_first(state) == "ferry_guide.md"
+
+
+def test_a_reranking_that_fails_keeps_the_catalogs_order_and_says_so(
+    image, harbour, monkeypatch
+) -> None:
+    import graph.retrieval
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("encoder gone")
+
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
+    monkeypatch.setattr(graph.retrieval, "rerank", broken)
+    services = mind(
+        FakeModels(responder(answer=lambda c: FARE_ANSWER)),
+        FakeRouter(("BABS",)),
+        catalog=harbour,
+    )
+    state = run(image, services, FARE_QUESTION)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert _read_first(state) == "ferry_guide.md" and len(state["cycle"]["passages"]) == 3
+    assert state["cycle"]["degraded"] == [
+        {
+            "where": "retrieval",
+            "what": "the passages' order",
+            "reason": "RuntimeError: encoder gone",
+        }
+    ]
+
+
 def test_a_request_far_from_memory_gets_no_passages(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder())

@@ -9,6 +9,8 @@ from typing import Any, TypedDict
 
 import pytest
 from fakes import ScriptedChatModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
@@ -145,3 +147,71 @@ def test_a_graph_node_answers_from_cited_fenced_context_and_quoted_text_never_ac
     assert drafter.calls == 2  # its examples, then its one draft
     with memory_image.read() as root:
         assert "wipe_disk" in root["calc"]._slots()
+
+
+# -- reranking the passages the mind reads ------------------------------------------------------
+
+
+def _hits(*texts: str) -> list[Any]:
+    from store.knowledge.catalog import Hit
+
+    return [
+        Hit(chunk_id=n, source=f"doc{n}.md", start=0, end=len(t), text=t, score=1.0 / (n + 1))
+        for n, t in enumerate(texts)
+    ]
+
+
+GUIDE = (
+    "The Kelvick ferry crosses the sound to Orra Point. The Kelvick ferry is the oldest "
+    "crossing on the coast. Tickets are sold on board. Every adult must show one."
+)
+HARBOUR = (
+    "The harbour office opens at eight. Parking by the slipway is free on Sundays. An adult "
+    "return ticket on the Kelvick ferry costs 7.50 pounds. The chandlery sells rope."
+)
+BREAD = "Knead the rye dough for ten minutes. Prove it overnight."
+
+
+def test_the_passage_whose_one_sentence_answers_is_read_first() -> None:
+    from fakes import FakeEmbedder
+
+    from graph.retrieval import rerank
+
+    hits = _hits(GUIDE, HARBOUR, BREAD)
+    question = "How much is an adult return ticket on the Kelvick ferry?"
+    assert [h.text for h in rerank(question, hits, FakeEmbedder().encode)] == [
+        HARBOUR,
+        GUIDE,
+        BREAD,
+    ]
+    # a passage the catalog put first and whose sentence answers best stays first
+    assert rerank(question, _hits(HARBOUR, GUIDE, BREAD), FakeEmbedder().encode)[0].text == HARBOUR
+
+
+def test_reranking_one_passage_or_none_changes_nothing_and_encodes_nothing() -> None:
+    from graph.retrieval import rerank
+
+    def refuse(texts: list[str]) -> Any:
+        raise AssertionError("nothing to order: nothing should be encoded")
+
+    assert rerank("anything", [], refuse) == []
+    one = _hits(GUIDE)
+    assert rerank("the Kelvick ferry", one, refuse) == one
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(st.text(min_size=1, max_size=200), min_size=2, max_size=10),
+    question=st.text(max_size=80),
+)
+def test_reranking_gives_back_the_same_passages_in_some_order(
+    texts: list[str], question: str
+) -> None:
+    from fakes import FakeEmbedder
+
+    from graph.retrieval import rerank
+
+    hits = _hits(*texts)
+    out = rerank(question, hits, FakeEmbedder().encode)
+    assert sorted(h.chunk_id for h in out) == [h.chunk_id for h in hits]
+    assert rerank(question, hits, FakeEmbedder().encode) == out  # the same order each time

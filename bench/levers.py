@@ -74,10 +74,10 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
     },
     # The passages a request about memory reads are the catalog's best ten reranked by the
     # sentence in each that best answers it (graph.retrieval.rerank), against the catalog's
-    # own order.
+    # own order (the default).
     "rerank": {
-        "on": {"BATOS_MIND_RERANK": None},
-        "off": {"BATOS_MIND_RERANK": "off"},
+        "on": {"BATOS_MIND_RERANK": "on"},
+        "off": {"BATOS_MIND_RERANK": None},
     },
     # A short request about memory is answered from its passages however many personas were
     # routed (off: only when one was; several plan and weave).

@@ -35,8 +35,8 @@ def test_a_question_whose_document_is_not_retrieved_has_no_ranks() -> None:
 
 def test_the_line_counts_answers_only_among_those_their_document_states() -> None:
     rows = [
-        {"id": "a", "source": 1, "answer": 2, "stated": True},
-        {"id": "b", "source": 4, "answer": None, "stated": False},
-        {"id": "c", "source": None, "answer": None, "stated": True},
+        {"id": "a", "source": 1, "answer": 2, "stated": True, "reranked": 1},
+        {"id": "b", "source": 4, "answer": None, "stated": False, "reranked": None},
+        {"id": "c", "source": None, "answer": None, "stated": True, "reranked": None},
     ]
-    assert line("dev", rows) == "| dev | 3 | 1 / 1 / 2 / 2 | 2 | 0 / 1 / 1 / 1 |"
+    assert line("dev", rows) == ("| dev | 3 | 1 / 1 / 2 / 2 | 2 | 0 / 1 / 1 / 1 | 1 / 1 / 1 / 1 |")

@@ -1043,10 +1043,11 @@ def _read_first(state: dict[str, Any]) -> str:
     return Path(state["cycle"]["passages"][0]["source"]).name
 
 
-def test_a_request_about_memory_reads_first_the_passage_whose_sentence_answers_it(
+def test_reranked_a_request_about_memory_reads_first_the_passage_whose_sentence_answers_it(
     image, harbour, monkeypatch
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
+    monkeypatch.setenv("BATOS_MIND_RERANK", "on")
     services = mind(
         FakeModels(responder(answer=lambda c: FARE_ANSWER)),
         FakeRouter(("BABS",)),
@@ -1057,8 +1058,8 @@ def test_a_request_about_memory_reads_first_the_passage_whose_sentence_answers_i
     assert state["status"] == "COMPLETE", state.get("failure")
     assert _read_first(state) == "harbour_notes.md"
     assert state["cycle"]["degraded"] == []
-    # off, the catalog's own order
-    monkeypatch.setenv("BATOS_MIND_RERANK", "off")
+    # off (the default), the catalog's own order
+    monkeypatch.delenv("BATOS_MIND_RERANK")
     state = run(image, services, FARE_QUESTION, thread="t-rerank-off")
     assert _read_first(state) == "ferry_guide.md"
 
@@ -1072,6 +1073,7 @@ def test_a_reranking_that_fails_keeps_the_catalogs_order_and_says_so(
         raise RuntimeError("encoder gone")
 
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
+    monkeypatch.setenv("BATOS_MIND_RERANK", "on")
     monkeypatch.setattr(graph.retrieval, "rerank", broken)
     services = mind(
         FakeModels(responder(answer=lambda c: FARE_ANSWER)),

@@ -485,8 +485,8 @@ SETTINGS: dict[str, Setting] = {
             "mind_rerank",
             "BATOS_MIND_RERANK",
             # Over 390 spent document questions a passage stating the answer came first for
-            # 264 reranked against 238, but on the held-out fresh12 the mind answered 30 of 40
-            # with it and 31 without (bench/RESULTS.md): off until it wins on answers.
+            # 264 reranked against 238, but on the held-out fresh12 and fresh13 the mind
+            # answered 50 of 80 with it and 53 without (bench/RESULTS.md): off.
             lambda: "off",
             "Whether the passages a request about memory reads are the catalog's best ten "
             "reordered by the sentence in each that best answers it (its rarer words and its "

@@ -238,11 +238,13 @@ def rerank(query: str, hits: Sequence[Hit], encode: Callable[[list[str]], Any]) 
     passages hold them), and the best sentence's embedding closeness to the query.
 
     The catalog ranks whole chunks, so a passage that mentions the question's subject
-    throughout outranks the one whose single sentence answers it; the mind reads only the
-    first three, and its small model answers best from the first. Over the 390 spent document
-    questions whose documents state the answer as written, a passage stating it came first
-    for 238 in the catalog's order and 264 reranked, and among the first three for 354 and
-    361 (bench/RESULTS.md). ``encode`` turns texts into unit vectors (the catalog's embedder):
+    throughout can outrank the one whose single sentence answers it, and the mind reads only
+    the first three. Over the 390 spent document questions whose documents state the answer
+    as written, a passage stating it came first for 238 in the catalog's order and 264
+    reranked (the order was chosen on them); on the held-out fresh12 and fresh13 it moved none
+    to the first place and the mind answered fewer right with it (bench/RESULTS.md), so the
+    mind reranks only when ``mind_rerank`` is on. ``encode`` turns texts into unit vectors (the
+    catalog's embedder):
     one batch of the passages' sentences and the query, about half a second for ten passages
     on two cores.
     """

@@ -427,7 +427,7 @@ class Mind:
             return rerank(query, hits, catalog.embedder.encode)[:n], ""
         except Exception as exc:
             log.warning("reranking passages failed, keeping the catalog's order: %s", exc)
-            return list(hits[:n]), f"{type(exc).__name__}: {exc}"
+            return list(hits[:n]), f"{type(exc).__name__}: {exc}"[:300]  # kept in state
 
     @staticmethod
     def _fast_only(cycle_state: dict[str, Any]) -> bool:

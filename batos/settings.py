@@ -485,7 +485,7 @@ SETTINGS: dict[str, Setting] = {
             "mind_rerank",
             "BATOS_MIND_RERANK",
             # Over 390 spent document questions a passage stating the answer came first for
-            # 264 reranked against 238, but on the held-out fresh12 and fresh13 the mind
+            # 270 reranked against 245, but on the held-out fresh12 and fresh13 the mind
             # answered 50 of 80 with it and 53 without (bench/RESULTS.md): off.
             lambda: "off",
             "Whether the passages a request about memory reads are the catalog's best ten "

@@ -240,7 +240,7 @@ def rerank(query: str, hits: Sequence[Hit], encode: Callable[[list[str]], Any]) 
     The catalog ranks whole chunks, so a passage that mentions the question's subject
     throughout can outrank the one whose single sentence answers it, and the mind reads only
     the first three. Over the 390 spent document questions whose documents state the answer
-    as written, a passage stating it came first for 238 in the catalog's order and 264
+    as written, a passage stating it came first for 245 in the catalog's order and 270
     reranked (the order was chosen on them); on the held-out fresh12 and fresh13 it moved none
     to the first place and the mind answered fewer right with it (bench/RESULTS.md), so the
     mind reranks only when ``mind_rerank`` is on. ``encode`` turns texts into unit vectors (the

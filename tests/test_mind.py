@@ -1039,6 +1039,13 @@ def harbour(image, encoder, tmp_path) -> Any:
     return catalog
 
 
+def _fare_services(catalog: Any) -> MindServices:
+    """BABS answering the fare question from ``catalog``, the same answer each time."""
+    return mind(
+        FakeModels(responder(answer=lambda c: FARE_ANSWER)), FakeRouter(("BABS",)), catalog=catalog
+    )
+
+
 def _read_first(state: dict[str, Any]) -> str:
     return Path(state["cycle"]["passages"][0]["source"]).name
 
@@ -1048,11 +1055,7 @@ def test_reranked_a_request_about_memory_reads_first_the_passage_whose_sentence_
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
     monkeypatch.setenv("BATOS_MIND_RERANK", "on")
-    services = mind(
-        FakeModels(responder(answer=lambda c: FARE_ANSWER)),
-        FakeRouter(("BABS",)),
-        catalog=harbour,
-    )
+    services = _fare_services(harbour)
     assert Path(harbour.search(FARE_QUESTION, 3, record=False)[0].source).name == "ferry_guide.md"
     state = run(image, services, FARE_QUESTION)
     assert state["status"] == "COMPLETE", state.get("failure")
@@ -1075,11 +1078,7 @@ def test_a_reranking_that_fails_keeps_the_catalogs_order_and_says_so(
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.2")
     monkeypatch.setenv("BATOS_MIND_RERANK", "on")
     monkeypatch.setattr(graph.retrieval, "rerank", broken)
-    services = mind(
-        FakeModels(responder(answer=lambda c: FARE_ANSWER)),
-        FakeRouter(("BABS",)),
-        catalog=harbour,
-    )
+    services = _fare_services(harbour)
     state = run(image, services, FARE_QUESTION)
     assert state["status"] == "COMPLETE", state.get("failure")
     assert _read_first(state) == "ferry_guide.md" and len(state["cycle"]["passages"]) == 3

@@ -11,7 +11,7 @@ import pytest
 from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
 from images import laid_out
 
-from batos.errors import CatalogError, ConfigurationError, DocumentError
+from batos.errors import CatalogError, ConfigurationError, DocumentError, ImageError
 from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.chunking import MIN_TOKENS, chunk_and_embed
@@ -431,3 +431,64 @@ def test_an_image_from_before_encoder_records_keeps_float32(memory_image: Living
     reopened = KnowledgeCatalog.open(laid_out(memory_image))  # as the runtime opens it
     assert reopened.embedder.encoder == FLOAT32
     assert reopened.search("purring", 1, mode="dense")[0].source == "cats"
+
+
+def test_a_file_is_found_by_its_name_when_its_text_never_says_it(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    package = tmp_path / "libdpkg-perl"
+    package.mkdir()
+    (package / "copyright").write_text(DEBIAN_COPYRIGHT)  # names its upstream, not the package
+    (tmp_path / "kelvick_ferry_report_2024.txt").write_text(
+        "Passengers carried this year: 18,412. The crossing took forty minutes."
+    )
+    (tmp_path / "birds.txt").write_text(BIRDS)
+    report = ingest_paths(catalog, [tmp_path])
+    assert len(report.added) == 3, report.failed
+    [licence] = catalog.search("libdpkg-perl", 1, mode="lexical")
+    assert licence.source == str((package / "copyright").resolve())
+    # the passage handed to a reader is the file's own text: the name is only searched
+    assert "libdpkg" not in licence.text and licence.text in DEBIAN_COPYRIGHT
+    [ferry] = catalog.search("Kelvick ferry 2024", 1)
+    assert ferry.source.endswith("kelvick_ferry_report_2024.txt")
+    assert catalog.known_terms(["kelvick", "libdpkg", "walrus"]) == {"kelvick", "libdpkg"}
+
+
+def test_a_removed_document_takes_its_name_out_of_the_index(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "quillbrook_tariffs.txt").write_text(DOGS)
+    (tmp_path / "birds.txt").write_text(BIRDS)
+    ingest_paths(catalog, [tmp_path])
+    assert catalog.search("quillbrook", 1, mode="lexical")
+    (tmp_path / "quillbrook_tariffs.txt").write_text(CATS)  # replaced: same name, new text
+    ingest_paths(catalog, [tmp_path])
+    [hit] = catalog.search("quillbrook", 1, mode="lexical")
+    assert hit.text == CATS
+    catalog.image.transact(lambda root: catalog.remove_document(root, hit.source))
+    assert catalog.search("quillbrook", 1, mode="lexical") == []
+
+
+def test_an_image_indexed_before_file_names_finds_them_after_its_upgrade(
+    tmp_path: Path, memory_image: LivingImage, embedder: Embedder
+) -> None:
+    (tmp_path / "libdpkg-perl.txt").write_text(DEBIAN_COPYRIGHT)
+    (tmp_path / "birds.txt").write_text(BIRDS)
+    ingest_paths(KnowledgeCatalog.open(memory_image, embedder), [tmp_path])
+
+    def as_before(root):  # type: ignore[no-untyped-def]
+        for chunk in root["catalog"]["chunks"].values():
+            root["catalog"]["text"].index_doc(chunk.id, chunk.text)
+        del root["schema"]["catalog-4"]
+
+    memory_image.transact(as_before)
+    with memory_image.read() as root:
+        assert not root["catalog"]["text"].apply("libdpkg")
+        version = root["catalog"]["version"]()
+    with pytest.raises(ImageError, match="catalog-4"):  # an older layout is not half-used
+        KnowledgeCatalog.open(memory_image, embedder)
+    upgraded = KnowledgeCatalog.open(laid_out(memory_image), embedder)  # as the runtime opens it
+    [hit] = upgraded.search("libdpkg", 1, mode="lexical")
+    assert hit.source.endswith("libdpkg-perl.txt") and hit.text in DEBIAN_COPYRIGHT
+    assert upgraded.stats()["version"] > version  # caches of other processes reload
+    assert upgraded.search("penguins", 1)[0].source.endswith("birds.txt")

@@ -5,7 +5,9 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
     documents   OOBTree  source → Document (content hash, chunk ids, float32 vectors)
     chunks      IOBTree  chunk id → Chunk (text, span in its document, metadata)
     fields      OOBTree  field → OOBTree value → IFTreeSet of chunk ids (metadata filters)
-    text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id
+    text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id; a chunk is
+                indexed with its text and the words of its document's file name
+                and folder
     archives    IOBTree  archive id → Archive (compressed originals the curator folded away)
     retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
                          chunk "cold" for the curator: not retrieved lately)
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,6 +66,8 @@ RETRIEVAL_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
 
 IFTreeSet = family32.IF.TreeSet
+#: At most this many characters of file-name words are indexed with each chunk.
+NAME_WORDS_CHARS = 200
 
 
 # -- persistent records -------------------------------------------------------------------
@@ -152,6 +157,15 @@ def _layout_3(root: Any) -> None:
     cat["encoder"] = FLOAT32 if len(cat["chunks"]) else None
 
 
+def _layout_4(root: Any) -> None:
+    cat = layout.catalog(root)
+    # Reindexing a chunk with the text it already has changes nothing, so a catalog indexed
+    # this way already (or an empty one) passes through unchanged.
+    for chunk in cat["chunks"].values():
+        cat["text"].index_doc(chunk.id, indexed_text(chunk))
+    cat["version"].change(1)
+
+
 CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "catalog-1",
@@ -168,7 +182,42 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
         "the catalog records which embedding encoder made its vectors (float32 until now)",
         _layout_3,
     ),
+    UpgradeStep(
+        "catalog-4",
+        "chunks are found by the words of their document's file name as well as their text",
+        _layout_4,
+    ),
 )
+
+
+def name_words(source: str) -> str:
+    """The words of a source's file name without its extension, after those of the folder
+    holding it: ``/usr/share/doc/libdpkg-perl/copyright`` gives ``libdpkg perl copyright``.
+    A file's name often says what its text never does (which package a licence file covers,
+    which year a report is for), and a file called ``copyright`` or ``README`` is named by
+    its folder."""
+    parts = [p for p in re.split(r"[/\\]", source) if p]
+    if not parts:
+        return ""
+    stem, dot, _ = parts[-1].rpartition(".")
+    named = [*parts[-2:-1], stem if dot and stem else parts[-1]]
+    words = [w for part in named for w in re.findall(r"[^\W_]+", part)]
+    return " ".join(words)[:NAME_WORDS_CHARS]
+
+
+def indexed_text(chunk: Chunk) -> str:
+    """What the full-text index holds for ``chunk``: its text, then its file name's words.
+
+    A curator's summary has no file of its own; it carries the names of the documents it
+    was folded from, so folding does not lose what their names found.
+    """
+    sources = chunk.metadata.get("sources")
+    if chunk.kind == "summary" and isinstance(sources, list):
+        names = [str(s) for s in sources]
+    else:
+        names = [chunk.source]
+    words = " ".join(dict.fromkeys(w for w in (name_words(n) for n in names) if w))
+    return f"{chunk.text}\n{words[:NAME_WORDS_CHARS]}" if words else chunk.text
 
 
 def catalog_root(root: Any) -> Any:
@@ -446,7 +495,7 @@ class KnowledgeCatalog:
 
     def _index_chunk(self, cat: Any, chunk: Chunk, fmt: str) -> None:
         cat["chunks"][chunk.id] = chunk
-        cat["text"].index_doc(chunk.id, chunk.text)
+        cat["text"].index_doc(chunk.id, indexed_text(chunk))
         for name, value in self._field_values(chunk, fmt).items():
             values = cat["fields"].get(name)
             if values is None:

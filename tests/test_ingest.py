@@ -492,3 +492,85 @@ def test_an_image_indexed_before_file_names_finds_them_after_its_upgrade(
     assert hit.source.endswith("libdpkg-perl.txt") and hit.text in DEBIAN_COPYRIGHT
     assert upgraded.stats()["version"] > version  # caches of other processes reload
     assert upgraded.search("penguins", 1)[0].source.endswith("birds.txt")
+
+
+LICENCE = (
+    "This package is free software; you can redistribute it and/or modify it under the terms "
+    "of the GNU General Public License as published by the Free Software Foundation."
+)
+PACKAGES = [
+    "libquill-perl",
+    "libquill-xs-perl",
+    "libtide-perl",
+    "libharbour-perl",
+    "pilotd",
+    "ferrylog",
+    "moorings",
+    "buoyctl",
+]
+
+
+def _licences(folder: Path) -> list[Path]:
+    """Licence files that read alike, each named only by its package's folder."""
+    files = []
+    for n, package in enumerate(PACKAGES):
+        (folder / package).mkdir()
+        (folder / package / "copyright").write_text(f"{LICENCE} Copyright {1990 + n} Ann Lee.")
+        files.append(folder / package / "copyright")
+    return files
+
+
+def test_a_question_naming_a_file_finds_it_among_files_that_read_alike(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    files = _licences(tmp_path)
+    ingest_paths(catalog, files)
+    for package, path in zip(PACKAGES, files, strict=True):
+        question = f"Which licence covers the {package} package?"
+        assert catalog.search(question, 1)[0].source == str(path.resolve()), package
+    # a word a few names share lifts none of them over the one the question names
+    [first] = catalog.search("What year is the libquill-perl copyright from?", 1)
+    assert first.source.endswith("/libquill-perl/copyright") and "1990" in first.text
+
+
+def test_only_the_best_named_files_and_no_folder_word_make_the_name_ranking(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    ingest_paths(catalog, _licences(tmp_path))
+
+    def named(query: str) -> set[str]:
+        with catalog.image.read() as root:
+            cat = root["catalog"]
+            lexical = catalog._lexical(cat, query, 50, None)
+            return {
+                cat["chunks"][cid].source.split("/")[-2]
+                for cid in catalog._named(cat, query, lexical)
+            }
+
+    assert named("libquill-perl licence") == {"libquill-perl"}
+    assert named("libquill-xs-perl licence") == {"libquill-xs-perl"}
+    # a word that is less than half of any name names no file: "perl" names no package
+    assert named("perl licence") == set()
+    assert named("the copyright of every package") == set()  # every name holds "copyright"
+    assert named("GNU General Public License") == set()  # names none
+
+
+def test_one_word_of_a_longer_name_does_not_name_the_file(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    (tmp_path / "ferry_committee_minutes_2025-02-03.txt").write_text(
+        "The committee approved the new timetable. The ferry carried 41,000 passengers."
+    )
+    (tmp_path / "kitchen_recipes.md").write_text(
+        "Halloway rye dough should prove for 45 minutes before it is shaped and baked."
+    )
+    (tmp_path / "birds.txt").write_text(BIRDS)
+    ingest_paths(catalog, [tmp_path])
+    question = "How long should the Halloway rye dough prove, in minutes?"
+    with catalog.image.read() as root:
+        cat = root["catalog"]
+        assert catalog._named(cat, question, catalog._lexical(cat, question, 50, None)) == []
+    assert catalog.search(question, 1)[0].source.endswith("kitchen_recipes.md")
+    # the file's own name, most of it, does name it
+    [minutes] = catalog.search("what did the ferry committee minutes say", 1)
+    assert minutes.source.endswith("ferry_committee_minutes_2025-02-03.txt")

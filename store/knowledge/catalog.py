@@ -6,8 +6,7 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
     chunks      IOBTree  chunk id → Chunk (text, span in its document, metadata)
     fields      OOBTree  field → OOBTree value → IFTreeSet of chunk ids (metadata filters)
     text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id; a chunk is
-                indexed with its text and the words of its document's file name
-                and folder
+                indexed with its text and the words of its document's file name and folder
     archives    IOBTree  archive id → Archive (compressed originals the curator folded away)
     retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
                          chunk "cold" for the curator: not retrieved lately)
@@ -16,10 +15,10 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
                          first chunk): queries and new chunks must use the same one, since
                          int8 and float32 vectors of one text differ (cosine 0.98-1.0)
 
-Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index) and an
-exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) with
-reciprocal-rank fusion. Retrieved text is data: nothing here executes it
-or hands it to anything that could.
+Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index), an
+exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) and, when the
+query names a file, the BM25 candidates from that file, with reciprocal-rank fusion. Retrieved
+text is data: nothing here executes it or hands it to anything that could.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ searched as a user would search it:
   and the naive RAG search.
 
 Counted: the package's file first, and among the first three. The same files go into a second
-image indexed as catalogs were before ``catalog-4`` (each chunk's text alone, no file name),
-and the two are printed side by side with their ratio. No model is run.
+image indexed and searched as catalogs were before ``catalog-4`` (each chunk's text alone, no
+file name, no ranking of named files), and the two are printed side by side with their ratio.
+No model is run.
 
     .venv/bin/python bench/name_recall.py                 # 200 files
     .venv/bin/python bench/name_recall.py --files 60
@@ -32,7 +33,7 @@ if str(ROOT) not in sys.path:
 from store.core.image import LivingImage  # noqa: E402
 from store.core.schema import upgrade  # noqa: E402
 from store.knowledge import catalog as catalog_module  # noqa: E402
-from store.knowledge.catalog import Chunk, KnowledgeCatalog  # noqa: E402
+from store.knowledge.catalog import KnowledgeCatalog  # noqa: E402
 from store.knowledge.embeddings import Embedder  # noqa: E402
 from store.knowledge.ingest import ingest_paths, read_document  # noqa: E402
 from store.upgrades import STORE_STEPS  # noqa: E402
@@ -64,13 +65,16 @@ def _text(source: str) -> str:
 
 @contextmanager
 def text_alone() -> Iterator[None]:
-    """Index chunks as catalogs did before ``catalog-4``: their text, no file name."""
-    kept: Callable[[Chunk], str] = catalog_module.indexed_text
+    """Index and search chunks as catalogs did before ``catalog-4``: by their text, with no
+    file name in the index and no ranking of the files a query names."""
+    kept = catalog_module.indexed_text, catalog_module.name_terms
     setattr(catalog_module, "indexed_text", lambda chunk: chunk.text)  # noqa: B010
+    setattr(catalog_module, "name_terms", lambda chunk: set())  # noqa: B010
     try:
         yield
     finally:
-        setattr(catalog_module, "indexed_text", kept)  # noqa: B010
+        setattr(catalog_module, "indexed_text", kept[0])  # noqa: B010
+        setattr(catalog_module, "name_terms", kept[1])  # noqa: B010
 
 
 def ranks(catalog: KnowledgeCatalog, sources: Sequence[str], template: str) -> list[int | None]:

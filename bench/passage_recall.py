@@ -21,8 +21,8 @@ wrong answer was lost in the reading, not in the retrieval.
     .venv/bin/python bench/passage_recall.py --split dev --split fresh3
     .venv/bin/python bench/passage_recall.py --split dev --text-alone   # as before catalog-4
 
-``--text-alone`` indexes each chunk by its text alone, without its file's name, as catalogs
-were before the upgrade step ``catalog-4``: the two runs side by side show what the names add.
+``--text-alone`` indexes and searches each chunk by its text alone, without its file's name, as
+catalogs were before the upgrade step ``catalog-4``: two runs side by side show what names add.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument(
         "--text-alone",
         action="store_true",
-        help="index chunks by their text alone, as before catalog-4 (no file names)",
+        help="index and search chunks by their text alone, as before catalog-4 (no file names)",
     )
     args = parser.parse_args()
     print(

@@ -44,3 +44,10 @@ def test_text_alone_indexes_the_text_and_puts_the_names_back() -> None:
 def test_within_counts_ranks_at_most_k_and_skips_the_missing() -> None:
     assert within([1, 3, None, 2], 1) == 1
     assert within([1, 3, None, 2], 3) == 3
+
+
+def test_text_alone_also_ranks_no_named_file() -> None:
+    chunk = Chunk(1, "/doc/tidewatch/copyright", 0, 4, "Text", "text", {})
+    with text_alone():
+        assert catalog_module.name_terms(chunk) == set()
+    assert catalog_module.name_terms(chunk) == {"tidewatch", "copyright"}

@@ -19,10 +19,6 @@ wrong answer was lost in the reading, not in the retrieval.
 
     .venv/bin/python bench/passage_recall.py                  # dev split
     .venv/bin/python bench/passage_recall.py --split dev --split fresh3
-    .venv/bin/python bench/passage_recall.py --split dev --text-alone   # as before catalog-4
-
-``--text-alone`` indexes and searches each chunk by its text alone, without its file's name, as
-catalogs were before the upgrade step ``catalog-4``: two runs side by side show what names add.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.name_recall import text_alone  # noqa: E402
 from bench.usefulness import DATA, SPLITS, fresh_image, ingest_corpus, load_items  # noqa: E402
 from graph.retrieval import rerank  # noqa: E402
 
@@ -121,11 +115,6 @@ def line(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", action="append", choices=SPLITS)
-    parser.add_argument(
-        "--text-alone",
-        action="store_true",
-        help="index and search chunks by their text alone, as before catalog-4 (no file names)",
-    )
     args = parser.parse_args()
     print(
         "| split | questions | source document's first passage at 1 / 3 / 5 / 10 "
@@ -133,9 +122,8 @@ def main() -> None:
         "| the same ten reranked as the mind reads them |"
     )
     print("|---|---|---|---|---|---|")
-    with text_alone() if args.text_alone else nullcontext():
-        for split in args.split or ["dev"]:
-            print(line(split, measure(split)), flush=True)
+    for split in args.split or ["dev"]:
+        print(line(split, measure(split)), flush=True)
 
 
 if __name__ == "__main__":

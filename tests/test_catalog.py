@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import textwrap
 import time
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from images import open_laid_out
 
 from batos.errors import CatalogError
 from graph.retrieval import cited_context, retrieval_node
 from store.core.image import LivingImage
-from store.knowledge.catalog import (
-    NAME_WORDS_CHARS,
-    Chunk,
-    KnowledgeCatalog,
-    indexed_text,
-    name_words,
-)
+from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.chunking import chunk, sentences
 from store.knowledge.embeddings import Embedder
 from store.knowledge.ingest import ingest_text
@@ -269,43 +260,3 @@ def _wait_for(catalog: KnowledgeCatalog, *, documents: int, version: int | None 
             return
         time.sleep(0.05)
     raise AssertionError(f"the second client never saw the writes: {catalog.stats()}")
-
-
-#: Sources as they come: parts joined by either separator (paths, URLs), odd letters and dots.
-SOURCES = st.tuples(
-    st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), max_size=6),
-    st.sampled_from(["/", "\\"]),
-).map(lambda t: t[1].join(t[0]))
-
-
-@given(SOURCES | st.text(max_size=300))
-def test_name_words_are_bounded_words_of_the_last_two_parts_of_any_source(source: str) -> None:
-    words = name_words(source)
-    assert len(words) <= NAME_WORDS_CHARS
-    tail = " ".join([p for p in re.split(r"[/\\\\]", source) if p][-2:])
-    for word in words.split():
-        assert re.fullmatch(r"[^\W_]+", word), word
-        assert word in tail
-
-
-def test_name_words_name_the_file_and_its_folder() -> None:
-    assert name_words("/usr/share/doc/libdpkg-perl/copyright") == "libdpkg perl copyright"
-    assert name_words("/home/ann/kelvick_ferry_report_2024.txt") == "ann kelvick ferry report 2024"
-    assert name_words("C:\\Reports\\Q3-sales.v2.md") == "Reports Q3 sales v2"
-    assert name_words("https://example.org/docs/page.html") == "docs page"
-    assert name_words("notes") == "notes" and name_words("") == name_words("///") == ""
-
-
-def test_a_summary_is_indexed_under_the_names_it_was_folded_from() -> None:
-    summary = Chunk(
-        7,
-        "summary:3",
-        0,
-        9,
-        "Two notes",
-        "summary",
-        {"sources": ["/n/tide_tables.txt", "/n/tide_tables.txt", "/m/pilots.md"]},
-    )
-    assert indexed_text(summary) == "Two notes\nn tide tables m pilots"
-    plain = Chunk(8, "/n/tide_tables.txt", 0, 4, "Tide", "text", {})
-    assert indexed_text(plain) == "Tide\nn tide tables"

@@ -260,20 +260,3 @@ def test_retrieval_counts_of_an_older_image_become_retrieval_times(embedder: Emb
     [cluster] = Curator(catalog, FakeSummarizer(), max_chunks=1000).plan()
     assert used not in cluster.chunk_ids  # the used chunk stays warm after the upgrade
     assert len(cluster.chunk_ids) == 2
-
-
-def test_a_summary_is_found_by_the_names_of_the_files_it_folded(
-    memory_image: LivingImage, embedder: Embedder
-) -> None:
-    catalog = KnowledgeCatalog.open(memory_image, embedder)
-    for i, text in enumerate(NEAR_DUPLICATES):
-        ingest_text(catalog, f"/srv/ops/harbourmaster_rota_{i}.txt", text)
-    for i, text in enumerate(OTHERS):
-        ingest_text(catalog, f"/srv/misc/other-{i}.txt", text)
-    report = Curator(catalog, FakeSummarizer(), max_chunks=1000).run()
-    assert report.archived_chunks == 3
-    [hit] = catalog.search("harbourmaster rota", 1, mode="lexical")
-    assert hit.kind == "summary" and "harbourmaster" not in hit.text
-    Curator(catalog, FakeSummarizer()).restore(report.archives[0])
-    found = catalog.search("harbourmaster rota", 5, mode="lexical")
-    assert sorted(h.text for h in found) == sorted(NEAR_DUPLICATES)

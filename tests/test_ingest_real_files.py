@@ -102,34 +102,3 @@ def test_a_few_hundred_real_files_ingest_and_stay_searchable(file_uri: str) -> N
         f"{len(files)} files, {len(report.added)} added, {len(report.unchanged)} unchanged, "
         f"{len(report.failed)} failed, {report.chunks} chunks in {seconds:.1f} s"
     )
-
-
-@pytest.mark.slow
-def test_a_package_is_found_by_its_name_where_its_copyright_file_never_says_it() -> None:
-    """Debian names a package's licence file only by its folder: /usr/share/doc/<package>/
-    copyright. A search for the package's name must still find the file."""
-    if not DOC.is_dir():
-        pytest.skip(f"{DOC} does not exist here (a Debian or Ubuntu system has it)")
-    files = _spread(sorted(p for p in DOC.glob("*/copyright") if _small(p)), 60)
-    with open_laid_out("memory://") as image:
-        catalog = KnowledgeCatalog.open(image)
-        report = ingest_paths(catalog, files)
-        unnamed = [
-            source
-            for source in sorted({str(Path(p).resolve()) for p in report.added})
-            if Path(source).parent.name.lower() not in read_document(Path(source))[0].lower()
-        ]
-        if len(unnamed) < 20:
-            pytest.skip(f"only {len(unnamed)} copyright files here leave out their package's name")
-        by_name, by_question = [], []
-        for source in unnamed:
-            package = Path(source).parent.name
-            if catalog.search(package, 1, record=False)[0].source == source:
-                by_name.append(source)
-            question = f"Which licence covers the {package} package?"
-            if catalog.search(question, 1, record=False)[0].source == source:
-                by_question.append(source)
-        catalog.close()
-    # Names that differ by a suffix (foo, foo-dev) may share a first place; most may not.
-    assert len(by_name) >= 0.9 * len(unnamed), sorted(set(unnamed) - set(by_name))
-    assert len(by_question) >= 0.9 * len(unnamed), sorted(set(unnamed) - set(by_question))

@@ -5,8 +5,7 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
     documents   OOBTree  source → Document (content hash, chunk ids, float32 vectors)
     chunks      IOBTree  chunk id → Chunk (text, span in its document, metadata)
     fields      OOBTree  field → OOBTree value → IFTreeSet of chunk ids (metadata filters)
-    text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id; a chunk is
-                indexed with its text and the words of its document's file name and folder
+    text        zope.index TextIndex with an Okapi BM25 ranking, docid = chunk id
     archives    IOBTree  archive id → Archive (compressed originals the curator folded away)
     retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
                          chunk "cold" for the curator: not retrieved lately)
@@ -15,21 +14,18 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
                          first chunk): queries and new chunks must use the same one, since
                          int8 and float32 vectors of one text differ (cosine 0.98-1.0)
 
-Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index), an
-exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) and, when the
-query names a file, the BM25 candidates from that file, with reciprocal-rank fusion. Retrieved
-text is data: nothing here executes it or hands it to anything that could.
+Retrieval fuses a BM25 ranking (over in-memory posting arrays loaded from the text index) and an
+exact cosine ranking (over an in-memory matrix rebuilt from the stored vectors) with
+reciprocal-rank fusion. Retrieved text is data: nothing here executes it
+or hands it to anything that could.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
-import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,8 +63,6 @@ RETRIEVAL_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
 
 IFTreeSet = family32.IF.TreeSet
-#: At most this many characters of file-name words are indexed with each chunk.
-NAME_WORDS_CHARS = 200
 
 
 # -- persistent records -------------------------------------------------------------------
@@ -158,15 +152,6 @@ def _layout_3(root: Any) -> None:
     cat["encoder"] = FLOAT32 if len(cat["chunks"]) else None
 
 
-def _layout_4(root: Any) -> None:
-    cat = layout.catalog(root)
-    # Reindexing a chunk with the text it already has changes nothing, so a catalog indexed
-    # this way already (or an empty one) passes through unchanged.
-    for chunk in cat["chunks"].values():
-        cat["text"].index_doc(chunk.id, indexed_text(chunk))
-    cat["version"].change(1)
-
-
 CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "catalog-1",
@@ -183,47 +168,7 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
         "the catalog records which embedding encoder made its vectors (float32 until now)",
         _layout_3,
     ),
-    UpgradeStep(
-        "catalog-4",
-        "chunks are found by the words of their document's file name as well as their text",
-        _layout_4,
-    ),
 )
-
-
-def name_words(source: str) -> str:
-    """The words of a source's file name without its extension, after those of the folder
-    holding it: ``/usr/share/doc/libdpkg-perl/copyright`` gives ``libdpkg perl copyright``.
-    A file's name often says what its text never does (which package a licence file covers,
-    which year a report is for), and a file called ``copyright`` or ``README`` is named by
-    its folder."""
-    parts = [p for p in re.split(r"[/\\]", source) if p]
-    if not parts:
-        return ""
-    stem, dot, _ = parts[-1].rpartition(".")
-    named = [*parts[-2:-1], stem if dot and stem else parts[-1]]
-    words = [w for part in named for w in re.findall(r"[^\W_]+", part)]
-    return " ".join(words)[:NAME_WORDS_CHARS]
-
-
-def _names(chunk: Chunk) -> list[str]:
-    """The names ``chunk`` is found by: its document's, or for a curator's summary (which has
-    no file of its own) those of the documents it was folded from."""
-    sources = chunk.metadata.get("sources")
-    if chunk.kind == "summary" and isinstance(sources, list):
-        return [str(s) for s in sources]
-    return [chunk.source]
-
-
-def indexed_text(chunk: Chunk) -> str:
-    """What the full-text index holds for ``chunk``: its text, then its file name's words."""
-    words = " ".join(dict.fromkeys(w for w in map(name_words, _names(chunk)) if w))
-    return f"{chunk.text}\n{words[:NAME_WORDS_CHARS]}" if words else chunk.text
-
-
-def name_terms(chunk: Chunk) -> set[str]:
-    """The lower-cased words of the names ``chunk`` is indexed under."""
-    return {w.lower() for name in _names(chunk) for w in name_words(name).split()}
 
 
 def catalog_root(root: Any) -> Any:
@@ -334,8 +279,6 @@ class KnowledgeCatalog:
         self.vectors = VectorIndex()
         self.lexical = LexicalIndex()
         self._last_filter: tuple[Any, np.ndarray] | None = None
-        #: (catalog version, documents, name word → how many documents' names hold it)
-        self._name_counts: tuple[int, int, Counter[str]] | None = None
         self._retrieved: dict[int, int] = {}
         self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -503,7 +446,7 @@ class KnowledgeCatalog:
 
     def _index_chunk(self, cat: Any, chunk: Chunk, fmt: str) -> None:
         cat["chunks"][chunk.id] = chunk
-        cat["text"].index_doc(chunk.id, indexed_text(chunk))
+        cat["text"].index_doc(chunk.id, chunk.text)
         for name, value in self._field_values(chunk, fmt).items():
             values = cat["fields"].get(name)
             if values is None:
@@ -670,9 +613,7 @@ class KnowledgeCatalog:
             elif mode == "dense":
                 ranked = dense[:k]
             else:
-                rankings = [[i for i, _ in lexical], [i for i, _ in dense]]
-                named = self._named(cat, query, lexical)
-                ranked = reciprocal_rank_fusion([*rankings, named] if named else rankings, k)
+                ranked = reciprocal_rank_fusion([[i for i, _ in lexical], [i for i, _ in dense]], k)
             lexical_rank = {cid: rank for rank, (cid, _) in enumerate(lexical, start=1)}
             dense_rank = {cid: rank for rank, (cid, _) in enumerate(dense, start=1)}
             hits = [
@@ -683,66 +624,6 @@ class KnowledgeCatalog:
         if record:
             self._record_retrievals(hit.chunk_id for hit in hits)
         return hits
-
-    def _named(self, cat: Any, query: str, lexical: Sequence[tuple[int, float]]) -> list[int]:
-        """The lexical candidates whose file name the query names best, in lexical order.
-
-        A third ranking for the fusion. The name's words are in the full-text index already,
-        but one ranking among two counts for little: a passage in both rankings at middling
-        places outranks one first in only one, and a question naming a file (a package
-        among two hundred licence files that read alike) is far in meaning from every
-        passage of it. A name's words weigh as rarely as names hold them; a word most
-        names share (the folder they all sit in) names nothing, and a file is named only by
-        a query holding at least half its name's weight.
-        """
-        wanted = set(re.findall(r"[^\W_]+", query.lower()))
-        if not wanted or not lexical:
-            return []
-        documents, counts = self._name_frequencies(cat)
-
-        def rarity(word: str) -> float:
-            held = counts[word]
-            return math.log(1 + documents / held) if 0 < held <= documents / 2 else 0.0
-
-        if not any(rarity(w) for w in wanted):
-            return []
-        scores: list[tuple[float, int] | None] = []
-        for chunk_id, _ in lexical:
-            chunk = cat["chunks"].get(chunk_id)
-            terms = name_terms(chunk) if chunk is not None else set()
-            named = sum(rarity(w) for w in terms & wanted)
-            unnamed = [rarity(w) for w in terms - wanted if rarity(w)]
-            # A query names a file when it holds most of the name's weight: one word of a
-            # name ("minutes" of ferry_committee_minutes, "2024" of annual_report_2024) is a
-            # word of the question, not the file's name.
-            if not named or named < sum(unnamed):
-                scores.append(None)
-                continue
-            # more of the question's rare words first; then the name with fewer words beside
-            # them ("libquill-perl" is named better than "libquill-xs-perl" by that question)
-            scores.append((round(named, 9), -len(unnamed)))
-        best = max((s for s in scores if s is not None), default=None)
-        if best is None:
-            return []
-        # only the best-named files: a word a few names share ("perl" among Perl modules)
-        # would otherwise lift every one of them over the file the question names
-        return [cid for (cid, _), score in zip(lexical, scores, strict=True) if score == best]
-
-    def _name_frequencies(self, cat: Any) -> tuple[int, Counter[str]]:
-        """How many documents there are, and how many of their names hold each word (kept
-        for the catalog version: the names change only when documents do)."""
-        version = cat["version"]()
-        with self._lock:
-            if self._name_counts is not None and self._name_counts[0] == version:
-                return self._name_counts[1], self._name_counts[2]
-        counts: Counter[str] = Counter()
-        documents = 0
-        for source in cat["documents"].keys():
-            documents += 1
-            counts.update({w.lower() for w in name_words(source).split()})
-        with self._lock:
-            self._name_counts = (version, documents, counts)
-        return documents, counts
 
     def known_terms(self, terms: Iterable[str]) -> set[str]:
         """Which of ``terms`` occur in the catalog's text (as its full-text index splits and

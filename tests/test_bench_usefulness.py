@@ -371,6 +371,7 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh11",
             "fresh12",
             "fresh13",
+            "fresh14",
         }
         <= set(usefulness.SPLITS)
     )

@@ -44,10 +44,12 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh12 --families document  # a thirteenth
     .venv/bin/python bench/usefulness.py --split fresh13 --families document  # a fourteenth
     .venv/bin/python bench/usefulness.py --split fresh14 --families document  # a fifteenth
+    .venv/bin/python bench/usefulness.py --split fresh14 --families recall    # recall, held out
 
 ``headline/`` and ``fresh1/`` to ``fresh14/`` are for reported figures only: nobody reads their
 replies to decide what to change (bench/data/usefulness/README.md). The fourteen fresh sets have
-document questions only, so name ``--families document`` with them.
+document questions only, so name ``--families document`` with them; ``fresh14`` also has the
+second held-out recall set (``--families recall``).
 """
 
 from __future__ import annotations

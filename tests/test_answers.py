@@ -3,8 +3,8 @@
 The checker must find the value a reply states, not any mention of it; the sets must hold what
 the benchmark's headline figures stand on: unique ids, answers their own check accepts, document
 answers that are in (or derivable from) the document named, and held-out sets (headline, and
-fresh1 to fresh14, which have document questions only) kept apart from the development one and
-each other.
+fresh1 to fresh14, which have document questions only, fresh14 recall too) kept apart from the
+development one and each other.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ DATA = ROOT / "bench" / "data" / "usefulness"
 FRESH = tuple(f"fresh{n}" for n in range(1, 15))
 SPLITS = ("dev", "headline", *FRESH)
 #: The question files each split must have, and has only: the fresh sets are document questions
-#: alone.
+#: alone, but for fresh14's recall set.
 SPLIT_FILES = {
     "dev": ("doc_questions", "computations", "recall"),
     "headline": ("doc_questions", "computations", "recall"),
     **{split: ("doc_questions",) for split in FRESH},
+    "fresh14": ("doc_questions", "recall"),
 }
 KINDS = {"number", "string", "date"}
 REQUEST_FAMILIES = {
@@ -471,8 +472,20 @@ def test_computations_cover_every_topic(split: str) -> None:
 
 @pytest.mark.parametrize("split", SPLITS)
 def test_recall_items_give_the_fact_once_then_one_to_three_unrelated_turns(split: str) -> None:
+    """A recall item's ``shape``: a fact, then one to three unrelated turns (the default);
+    ``said``, the user's only message, asked back; ``corrected``, a fact, unrelated turns,
+    then a turn changing it: the later value is the answer, the first is not."""
     for item in _split_lines(split, "recall"):
+        shape = item.get("shape", "fact")
+        assert shape in {"fact", "said", "corrected"}, item["id"]
         fact, *filler = item["turns"]
+        if shape == "said":
+            assert not filler and matches(item, fact), item["id"]
+            continue
+        if shape == "corrected":
+            *filler, fact = filler
+            first = item["turns"][0]
+            assert not matches(item, first), (item["id"], first)
         assert 1 <= len(filler) <= 3, item["id"]
         assert matches(item, fact), (item["id"], judge(item, fact).reason)
         for turn in filler:

@@ -95,6 +95,13 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_FIGURES": "on"},
         "off": {"BATOS_MIND_FIGURES": None},
     },
+    # A request the user's earlier messages answer (it speaks of the conversation, or one of
+    # them is nearer than any passage) is answered from the thread, greedily, with no
+    # passages and no plan (graph.thread), against like any other request.
+    "thread": {
+        "on": {"BATOS_MIND_THREAD": None},
+        "off": {"BATOS_MIND_THREAD": "off"},
+    },
 }
 
 

@@ -349,6 +349,14 @@ class Mind:
             cycle_state["compute"] = compute.looks_computational(
                 request, grounded=grounded, derived=derived
             ) and (grounded or not compute.needs_facts(request))
+        if self._about_thread(state, cycle_state, request, vector) and grounded:
+            # The user's own words answer it: passages of documents would only compete.
+            cycle_state.update(passages=[], more_passages=[])
+            cycle_state["grounding"]["about_catalog"] = grounded = False
+            cycle_state["compute"] = compute.looks_computational(
+                request, grounded=False, derived=derived
+            ) and not compute.needs_facts(request)
+        about_thread = _about_thread(cycle_state)
         unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
         forced_depth = context.get("depth") in ("fast", "full")
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:
@@ -362,6 +370,10 @@ class Mind:
             if _short_or_one_question(request) and (len(chosen) == 1 or not single):
                 routed = "" if len(chosen) == 1 else f" ({len(chosen)} personas routed)"
                 depth = Depth("fast", f"about memory: one answer from its passages{routed}")
+        elif about_thread and depth.mode == "full" and not forced_depth:
+            if _short_or_one_question(request) and not cycle_state["compute"]:
+                # What the user said answers it: a plan's steps would not see the thread.
+                depth = Depth("fast", "about the thread: one answer from what was said")
         if depth.mode == "fast":
             chosen = chosen[:1]
         cycle_state["depth"] = depth.as_dict()
@@ -411,6 +423,29 @@ class Mind:
                 cycle_state["more_passages"] = [passage(h) for h in hits[shown:]]
         except Exception as exc:
             _degrade(cycle_state, "retrieval", "the knowledge catalog", _failure("route", exc))
+
+    def _about_thread(
+        self, state: MindState, cycle_state: dict[str, Any], request: str, vector: Any
+    ) -> bool:
+        """Whether the request is answered by what the user said earlier on the thread
+        (graph.thread), recorded in ``cycle.thread``. Earlier messages that cannot be weighed
+        leave only the request's own words to say so."""
+        from graph import thread
+
+        if settings.get_str("mind_thread") != "on":
+            return False
+        turns = thread.earlier_turns(state.get("messages") or [])
+        if not turns:
+            return False
+        catalog_best = (cycle_state.get("grounding") or {}).get("best")
+        bar = settings.get_float("mind_thread_bar")
+        try:
+            found = thread.probe(request, turns, vector, self.embedder().encode, catalog_best, bar)
+        except Exception as exc:  # the encoder failed: the request's words alone decide
+            _degrade(cycle_state, "route", "the thread's earlier messages", _failure("route", exc))
+            found = thread.probe(request, turns, None, lambda texts: None, catalog_best, bar)
+        cycle_state["thread"] = found.as_dict()
+        return found.about_thread
 
     @staticmethod
     def _search(catalog: Any, query: str, n: int) -> tuple[list[Any], str]:
@@ -753,6 +788,8 @@ class Mind:
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}
         if passages and not partials and settings.get_str("mind_grounded_sampling") == "greedy":
             options["temperature"] = 0.0
+        elif not passages and not partials and _about_thread(cycle_state):
+            options["temperature"] = 0.0  # the answer quotes the thread, not a sample of it
         if attempt > 1 and not second_look:
             messages += [
                 AIMessage(state.get("response") or ""),
@@ -1025,6 +1062,10 @@ class Mind:
             output_tokens=sum(m["output_tokens"] for m in metrics),
             failure=(update.get("failure") or {}).get("reason"),
         )
+
+
+def _about_thread(cycle_state: dict[str, Any]) -> bool:
+    return bool((cycle_state.get("thread") or {}).get("about_thread"))
 
 
 def _short_or_one_question(request: str) -> bool:

@@ -1,0 +1,140 @@
+"""Whether a request is answered by its own thread: what the user said earlier on it.
+
+"What did I just say?", "What was my first question about?", "How much do I owe Priya?" after
+"I owe Priya 25 pounds": the answer is in the conversation, not in the knowledge catalog and
+not in the persona's imagination. Such a request is *about the thread* when it speaks of the
+conversation itself (``speaks_of_conversation``: a participant's saying, asking or telling in
+the past, "my first message", "this conversation", "repeat that") or when an earlier message of
+the user is nearer to it than the catalog's best passage, and near enough
+(``mind_thread_bar``), by the same encoder the catalog and the router use.
+
+The mind then answers it in one call from the thread (no passages, no plan for a short
+question) and decodes greedily: sampled at a persona's temperature, a reply quotes the
+conversation or drifts from it by chance ("Oh, that was your question. It felt so light and
+simple." for "what did I just say?" after "hello").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from langchain_core.messages import BaseMessage, HumanMessage
+
+from graph.request import content_text
+
+#: Earlier messages of the user weighed against a request: the ones the answer sees
+#: (graph.answer.HISTORY_TURNS), each cut as it is there.
+THREAD_TURNS = 12
+TURN_CHARS = 600
+
+_ADVERB = r"(?:just|first|last|earlier|already|previously|originally|once)\s+"
+_SAYING_PAST = (
+    r"said|told|asked|mentioned|wrote|typed|talked|called|gave|shared|sent|meant|named|"
+    r"described|suggested|recommended|answered|replied|discussed"
+)
+_SAYING = (
+    r"say|tell|ask|mention|write|type|talk|call|give|share|send|mean|name|describe|suggest|"
+    r"recommend|answer|reply|discuss"
+)
+#: How English speaks of the conversation itself: a question about a participant's saying,
+#: asking or telling ("did you say", "what have I told you", "the code I gave you", "which
+#: one I mentioned earlier"; not "how do I tell…" or "I told my boss…"), a message by its
+#: place ("my first question", "your last answer"), the conversation named ("this chat"), and
+#: asking for it again ("repeat that", "say that again", "do you remember").
+_PARTY = r"(?:i|you|we)\s+"
+_TO_US = (
+    r"(?:to\s+)?(?:you|me|us|earlier|before|above|just\s+now|at\s+(?:the\s+)?(?:start|beginning))"
+)
+CONVERSATION = re.compile(
+    r"\b(?:"
+    rf"(?:did|have|had)\s+{_PARTY}(?:{_ADVERB})?(?:{_SAYING}|{_SAYING_PAST})"
+    rf"|{_PARTY}(?:{_ADVERB})?(?:{_SAYING_PAST})\s+{_TO_US}"
+    rf"|{_PARTY}just\s+(?:{_SAYING_PAST})"
+    rf"|(?:what|which|where|when|who|how\s+(?:much|many|long|old))\b[^.?!]{{0,40}}?\b{_PARTY}"
+    rf"(?:{_ADVERB})?(?:{_SAYING_PAST})\b"
+    r"|(?:my|your|our)\s+(?:very\s+)?(?:first|last|previous|earlier|latest|original|other)\s+"
+    r"(?:message|question|word|request|reply|answer|point|topic|sentence)s?"
+    r"|(?:this|our|the)\s+(?:conversation|chat|thread|discussion)"
+    r"|(?:repeat|remind\s+me\s+(?:of|what))\s+(?:what|that|it|back|the|my|your|me)"
+    r"|say\s+(?:that|it)\s+again"
+    r"|(?:were|are|have)\s+we\s+(?:just\s+|been\s+|already\s+)?"
+    r"(?:talking|discussing|chatting|saying|talked|discussed|covered|said)"
+    r"|you\s+remember"
+    r")\b",
+    re.IGNORECASE,
+)
+
+
+def speaks_of_conversation(request: str) -> bool:
+    """Whether ``request`` speaks of the conversation it is part of (``CONVERSATION``)."""
+    return CONVERSATION.search(request) is not None
+
+
+def earlier_turns(messages: Sequence[BaseMessage]) -> list[str]:
+    """The user's messages before the request (the last message), the latest
+    ``THREAD_TURNS``, each cut to ``TURN_CHARS``; empty ones left out."""
+    said = [
+        content_text(m.content)[:TURN_CHARS].strip()
+        for m in messages[:-1]
+        if isinstance(m, HumanMessage)
+    ]
+    return [text for text in said if text][-THREAD_TURNS:]
+
+
+@dataclass(frozen=True)
+class ThreadSource:
+    """Why a request is, or is not, answered from its thread; kept in the cycle's record."""
+
+    about_thread: bool
+    #: "conversation" (it speaks of it), "nearest" (an earlier message is nearer than the
+    #: catalog and at least ``bar``), or "" (not about the thread).
+    why: str
+    #: The nearest earlier message's cosine similarity to the request, and its index among
+    #: the earlier messages (None: none weighed).
+    best: float | None
+    turn: int | None
+    bar: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "about_thread": self.about_thread,
+            "why": self.why,
+            "best": None if self.best is None else round(self.best, 4),
+            "turn": self.turn,
+            "bar": self.bar,
+        }
+
+
+def probe(
+    request: str,
+    turns: Sequence[str],
+    request_vector: Any,
+    encode: Callable[[list[str]], Any],
+    catalog_best: float | None,
+    bar: float,
+) -> ThreadSource:
+    """Whether ``request`` is answered by the earlier ``turns`` of its thread.
+
+    ``catalog_best`` is the similarity of the catalog's nearest passage (None: no catalog or
+    none searched): the thread wins only over a farther catalog, so a question about a
+    document the user also mentioned keeps its passages.
+    """
+    if not turns:
+        return ThreadSource(False, "", None, None, bar)
+    best, turn = None, None
+    if request_vector is not None:
+        vectors = np.asarray(encode(list(turns)), dtype=np.float32)
+        query = np.asarray(request_vector, dtype=np.float32)
+        norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
+        scores = vectors @ query / np.maximum(norms, 1e-12)
+        turn = int(np.argmax(scores))
+        best = float(scores[turn])
+    if speaks_of_conversation(request):
+        return ThreadSource(True, "conversation", best, turn, bar)
+    if best is not None and best >= bar and (catalog_best is None or best >= catalog_best):
+        return ThreadSource(True, "nearest", best, turn, bar)
+    return ThreadSource(False, "", best, turn, bar)

@@ -1433,6 +1433,92 @@ def test_an_answer_without_passages_keeps_the_persona_s_sampling(image, monkeypa
     assert "temperature" not in models.of("answer")[0].options
 
 
+def test_a_question_about_what_was_just_said_is_answered_greedily_from_the_thread(image) -> None:
+    def answer(call: ModelCall) -> str:
+        return "What did I just say? You said hello." if "just" in call.text else "Hello!"
+
+    models = FakeModels(responder(answer=answer))
+    services = mind(models, FakeRouter(("ROBIN",)))
+    run(image, services, "hello")
+    state = run(image, services, "what did I just say?")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["thread"]["about_thread"]
+    assert state["cycle"]["thread"]["why"] == "conversation"
+    first, second = models.of("answer")
+    assert "temperature" not in first.options and second.options["temperature"] == 0.0
+    said = [m.content for m in second.messages if isinstance(m, HumanMessage)]
+    assert said == ["hello", "what did I just say?"]
+    assert state["response"].endswith("You said hello.")
+
+
+def test_a_fact_the_user_gave_is_answered_from_the_thread_not_from_memory(
+    image, remembered, encoder, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder())
+    router = FakeRouter(("BABS", "BRICK"))
+    router.embedder = encoder  # one encoder weighs the thread and the catalog, as in use
+    services = MindServices(models=models, router=router, embedder=encoder, catalog=remembered)
+    run(image, services, "My Ondine ferry ticket from Harbour Pier cost 6.20 dollars.")
+    question = "How much did my Ondine ferry ticket from Harbour Pier cost?"
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    record = state["cycle"]["thread"]
+    assert record["about_thread"] and record["why"] == "nearest" and record["turn"] == 0
+    assert record["best"] >= state["cycle"]["grounding"]["best"]
+    assert state["cycle"]["passages"] == [] and state["cycle"]["cited"] == []
+    assert not state["cycle"]["grounding"]["about_catalog"]
+    # two personas routed, yet one answer from what was said: a plan's steps would not see it
+    assert state["cycle"]["depth"]["mode"] == "fast"
+    assert "about the thread" in state["cycle"]["depth"]["rule"]
+    [answer] = models.of("answer")[1:]
+    assert answer.options["temperature"] == 0.0
+    assert answer.messages[-1].content == question  # no passages put before it
+
+
+def test_with_the_thread_setting_off_the_same_question_is_answered_from_memory(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_THREAD", "off")
+    models = FakeModels(responder(answer=lambda call: "It costs 4.80 dollars [1]."))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    run(image, services, "My Ondine ferry ticket from Harbour Pier cost 6.20 dollars.")
+    state = run(image, services, "How much did my Ondine ferry ticket from Harbour Pier cost?")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert "thread" not in state["cycle"] and state["cycle"]["passages"]
+
+
+def test_a_request_the_thread_does_not_answer_keeps_the_persona_s_sampling(image) -> None:
+    models = FakeModels(responder())
+    services = mind(models, FakeRouter(("ROBIN",)))
+    run(image, services, "hello")
+    state = run(image, services, "tell me a joke about cats")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["thread"]["about_thread"] is False
+    assert all("temperature" not in call.options for call in models.of("answer"))
+
+
+def test_earlier_messages_that_cannot_be_weighed_leave_the_request_s_words_to_decide(
+    image,
+) -> None:
+    class Failing(FakeEmbedder):
+        def encode(self, texts):  # the earlier messages, weighed in one batch
+            if "hello" in texts:
+                raise RuntimeError("the encoder is gone")
+            return super().encode(texts)
+
+    models = FakeModels(responder(answer="What did I just say? You said hello."))
+    services = MindServices(models=models, router=FakeRouter(("ROBIN",)), embedder=Failing())
+    run(image, services, "hello")
+    state = run(image, services, "what did I just say?")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["thread"]["about_thread"] and state["cycle"]["thread"]["best"] is None
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["what"] == "the thread's earlier messages"
+    assert "the encoder is gone" in json.dumps(degraded)
+
+
 def test_a_question_about_memory_needs_no_plan(image, remembered, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))

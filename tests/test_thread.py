@@ -1,0 +1,156 @@
+"""graph.thread: which requests the user's earlier messages answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import FakeEmbedder
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from graph import thread
+
+ENCODER = FakeEmbedder()
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "what did I just say?",
+        "What was my first question about?",
+        "Which antibiotic did I say I'm allergic to?",
+        "What is the wifi password I told you?",
+        "Repeat the name I just told you.",
+        "Can you repeat that?",
+        "Say that again, please",
+        "Do you remember my name?",
+        "What have we discussed so far?",
+        "What were we talking about?",
+        "What did you say about the soil?",
+        "Remind me what the plumber's day was",
+        "What was your last answer?",
+        "Summarise this conversation",
+        "Have I told you where I live?",
+        "The code I gave you earlier, what was it?",
+    ],
+)
+def test_a_request_speaking_of_the_conversation_is_seen(request_text: str) -> None:
+    assert thread.speaks_of_conversation(request_text)
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "hello",
+        "How do I ask for a raise?",
+        "How do I tell someone I like them?",
+        "Can you tell me how to bake bread?",
+        "I told my boss I was quitting, what now?",
+        "I said something stupid at work today",
+        "How do I write a unit test in Python?",
+        "Why can owls turn their heads so far?",
+        "What's the weather like on Mars?",
+        "Explain what a heat pump does",
+    ],
+)
+def test_a_request_about_something_else_is_not_taken_for_one_about_the_conversation(
+    request_text: str,
+) -> None:
+    assert not thread.speaks_of_conversation(request_text)
+
+
+def test_earlier_turns_are_the_user_s_messages_before_the_request_latest_first_cut() -> None:
+    long = "x" * (thread.TURN_CHARS + 50)
+    said = [HumanMessage(f"turn {n}") for n in range(thread.THREAD_TURNS + 3)]
+    messages = [
+        SystemMessage("system"),
+        *[m for turn in said for m in (turn, AIMessage("an answer"))],
+        HumanMessage(long),
+        AIMessage("another answer"),
+        HumanMessage("   "),
+        HumanMessage("the request"),
+    ]
+    turns = thread.earlier_turns(messages)
+    assert len(turns) == thread.THREAD_TURNS
+    assert turns[-1] == "x" * thread.TURN_CHARS  # cut, and the empty message left out
+    assert turns[0] == f"turn {len(said) - thread.THREAD_TURNS + 1}"
+    assert "the request" not in turns and "an answer" not in turns
+    assert thread.earlier_turns([HumanMessage("only the request")]) == []
+
+
+def probe(request: str, turns: list[str], catalog_best: float | None, bar: float = 0.5):
+    return thread.probe(
+        request, turns, ENCODER.encode_one(request), ENCODER.encode, catalog_best, bar
+    )
+
+
+def test_an_earlier_message_nearer_than_the_catalog_answers_the_request() -> None:
+    turns = ["I owe Priya 25 pounds for the concert ticket.", "How do I remind someone?"]
+    found = probe("How much do I owe Priya for the concert ticket?", turns, catalog_best=0.3)
+    assert found.about_thread and found.why == "nearest" and found.turn == 0
+    assert found.best is not None and found.best > 0.5
+    record = found.as_dict()
+    assert record["about_thread"] and record["turn"] == 0 and record["bar"] == 0.5
+
+
+def test_a_nearer_passage_or_a_message_under_the_bar_leaves_the_request_to_memory() -> None:
+    turns = ["I owe Priya 25 pounds for the concert ticket."]
+    question = "How much do I owe Priya for the concert ticket?"
+    assert not probe(question, turns, catalog_best=0.99).about_thread
+    assert not probe(question, turns, catalog_best=None, bar=0.99).about_thread
+    assert not probe("Tell me a joke about cats", turns, catalog_best=None).about_thread
+
+
+def test_the_conversation_named_is_about_the_thread_whatever_the_catalog_holds() -> None:
+    found = probe("what did I just say?", ["hello"], catalog_best=0.99, bar=1.0)
+    assert found.about_thread and found.why == "conversation"
+
+
+def test_no_earlier_message_means_nothing_to_answer_from() -> None:
+    found = probe("what did I just say?", [], catalog_best=None)
+    assert not found.about_thread and found.best is None and found.turn is None
+
+
+def test_without_vectors_only_the_request_s_words_decide() -> None:
+    def blind(texts: list[str]) -> None:
+        raise AssertionError("no encoding without a request vector")
+
+    said = thread.probe("what did I just say?", ["hello"], None, blind, None, 0.0)
+    assert said.about_thread and said.best is None
+    other = thread.probe("how much do I owe Priya?", ["I owe Priya 25"], None, blind, None, 0.0)
+    assert not other.about_thread
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    request_text=st.text(max_size=400),
+    turns=st.lists(st.text(max_size=200), max_size=4),
+    catalog_best=st.none() | st.floats(-1, 1),
+)
+def test_any_text_gets_a_bounded_answer(
+    request_text: str, turns: list[str], catalog_best: float | None
+) -> None:
+    found = thread.probe(
+        request_text,
+        turns,
+        ENCODER.encode_one(request_text),
+        ENCODER.encode,
+        catalog_best,
+        0.5,
+    )
+    assert isinstance(found.about_thread, bool)
+    if found.best is not None:
+        assert -1.0001 <= found.best <= 1.0001 and found.turn is not None
+        assert 0 <= found.turn < len(turns) and np.isfinite(found.best)
+    assert found.about_thread == (
+        bool(turns)
+        and (
+            thread.speaks_of_conversation(request_text)
+            or (
+                found.best is not None
+                and found.best >= 0.5
+                and (catalog_best is None or found.best >= catalog_best)
+            )
+        )
+    )

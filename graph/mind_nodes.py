@@ -32,7 +32,7 @@ from langgraph.types import Send
 
 from batos import settings
 from batos.errors import BatosError, MindError
-from graph import answer, compute, cycle, facets
+from graph import answer, compute, cycle, facets, thread
 from graph import prompts as prompt_files
 from graph.answer import MAX_ANSWER_CHARS, REFUSAL, history, repetition
 from graph.mind_state import MindServices, MindState
@@ -430,8 +430,6 @@ class Mind:
         """Whether the request is answered by what the user said earlier on the thread
         (graph.thread), recorded in ``cycle.thread``. Earlier messages that cannot be weighed
         leave only the request's own words to say so."""
-        from graph import thread
-
         if settings.get_str("mind_thread") != "on":
             return False
         turns = thread.earlier_turns(state.get("messages") or [])
@@ -783,6 +781,11 @@ class Mind:
             quote_first = settings.get_str("mind_quote_first") == "on"
             grounded = answer.grounded_quote_prompt if quote_first else answer.grounded_prompt
             messages.append(HumanMessage(grounded(request, shown)))
+        elif _about_thread(cycle_state) and cycle_state["thread"]["why"] == "conversation":
+            # A question about the conversation itself ("what was my first question?") gets
+            # the user's messages listed in order: a small model does not count chat turns.
+            turns = thread.earlier_turns(state.get("messages") or [])
+            messages.append(HumanMessage(thread.said_prompt(request, turns)))
         else:
             messages.append(HumanMessage(request))
         options: dict[str, Any] = {"num_predict": ANSWER_TOKENS}

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from langchain_core.messages import BaseMessage, HumanMessage
 
+from graph import prompts as prompt_files
 from graph.request import content_text
 
 #: Earlier messages of the user weighed against a request: the ones the answer sees
@@ -138,3 +139,9 @@ def probe(
     if best is not None and best >= bar and (catalog_best is None or best >= catalog_best):
         return ThreadSource(True, "nearest", best, turn, bar)
     return ThreadSource(False, "", best, turn, bar)
+
+
+def said_prompt(request: str, turns: Sequence[str]) -> str:
+    """``request`` after the user's earlier messages, numbered oldest first, each quoted."""
+    listed = "\n".join(f'{n}. "{text}"' for n, text in enumerate(turns, start=1))
+    return prompt_files.load("mind")["thread_said"].format(turns=listed, request=request)

@@ -1447,7 +1447,8 @@ def test_a_question_about_what_was_just_said_is_answered_greedily_from_the_threa
     first, second = models.of("answer")
     assert "temperature" not in first.options and second.options["temperature"] == 0.0
     said = [m.content for m in second.messages if isinstance(m, HumanMessage)]
-    assert said == ["hello", "what did I just say?"]
+    # the user's messages listed in order before the question, since it asks about them
+    assert said[0] == "hello" and said[1].endswith('\n1. "hello"\n\nwhat did I just say?')
     assert state["response"].endswith("You said hello.")
 
 

@@ -154,3 +154,9 @@ def test_any_text_gets_a_bounded_answer(
             )
         )
     )
+
+
+def test_the_said_prompt_lists_the_user_s_messages_oldest_first_then_the_request() -> None:
+    text = thread.said_prompt("What was my first question?", ["How do I descale a kettle?", "ok"])
+    assert text.index('1. "How do I descale a kettle?"') < text.index('2. "ok"')
+    assert text.endswith("\n\nWhat was my first question?")

@@ -256,6 +256,7 @@ def cycle_facts(state: dict[str, Any]) -> dict[str, Any]:
         "degraded": _cycle_field(state, "degraded"),
         "truncated": _cycle_field(state, "truncated"),
         "grounding": _cycle_field(state, "grounding"),
+        "thread": _cycle_field(state, "thread"),  # whether the thread answered it, and why
         "cited_passages": _cycle_field(state, "cited"),
         "evidence": _cycle_field(state, "evidence"),
         "plan": state.get("plan") or [],

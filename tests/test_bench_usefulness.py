@@ -332,6 +332,7 @@ def test_a_cycle_without_the_newer_state_fields_reads_as_unknown() -> None:
     assert facts["depth"] == "fast" and facts["model_calls"] == 0
     assert facts["degraded"] is None and facts["truncated"] is None
     assert facts["plan_quality"] is None and facts["cached_tokens"] is None
+    assert facts["thread"] is None
     assert usefulness.cites("It is 31 [2].") and usefulness.cites("Done.\nSources: a.txt")
     assert not usefulness.cites("It is 31.")
 

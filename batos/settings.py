@@ -549,20 +549,22 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_MIND_THREAD",
             lambda: "on",
             "Whether a request answered by what the user said earlier on its thread (it speaks "
-            "of the conversation, or an earlier message is nearer to it than the catalog's best "
-            "passage and at least BATOS_MIND_THREAD_BAR) is answered from the thread in one "
-            "call, greedily, with no passages ('on'), or like any other request ('off').",
+            "of the conversation, or what an earlier message states is nearer to it than the "
+            "catalog's best passage and at least BATOS_MIND_THREAD_BAR) is answered from the "
+            "thread in one call, greedily, with no passages ('on'), or like any other request "
+            "('off').",
             _choice("on", "off"),
         ),
         Setting(
             "mind_thread_bar",
             "BATOS_MIND_THREAD_BAR",
-            # On the development recall items every question naming its fact met 0.5, and 2 of
-            # 16 unrelated turns did (graph.thread).
+            # On the development recall items every question naming its fact met 0.5, and 1 of
+            # 21 later turns did (graph.thread).
             lambda: "0.5",
-            "Least cosine similarity (all-MiniLM-L6-v2) between a request and an earlier "
-            "message of the user on its thread for the thread to answer it (when no passage of "
-            "the catalog is nearer); 1 leaves only requests that speak of the conversation.",
+            "Least cosine similarity (all-MiniLM-L6-v2) between a request and what an earlier "
+            "message of the user on its thread states for the thread to answer it (when no "
+            "passage of the catalog is nearer); 1 leaves only requests that speak of the "
+            "conversation.",
             _unit_interval,
         ),
         Setting(

@@ -4,9 +4,10 @@
 "I owe Priya 25 pounds": the answer is in the conversation, not in the knowledge catalog and
 not in the persona's imagination. Such a request is *about the thread* when it speaks of the
 conversation itself (``speaks_of_conversation``: a participant's saying, asking or telling in
-the past, "my first message", "this conversation", "repeat that") or when an earlier message of
-the user is nearer to it than the catalog's best passage, and near enough
-(``mind_thread_bar``), by the same encoder the catalog and the router use.
+the past, "my first message", "this conversation", "repeat that") or when what an earlier
+message of the user states (``statements``: its questions and requests answer nothing) is
+nearer to it than the catalog's best passage, and near enough (``mind_thread_bar``), by the
+same encoder the catalog and the router use.
 
 The mind then answers it in one call from the thread (no passages, no plan for a short
 question) and decodes greedily: sampled at a persona's temperature, a reply quotes the
@@ -70,6 +71,35 @@ CONVERSATION = re.compile(
 )
 
 
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+#: How a sentence that asks rather than states begins: a question word or an inverted verb
+#: ("Can you…", "Is it…"), or a request ("Tell me…", "Please explain…"; "Please keep in mind
+#: that…" states).
+_ASKING = re.compile(
+    r"^\W*(?:and\s+|so\s+|but\s+|ok(?:ay)?\W+|thanks\W+|also\s+)*(?:"
+    r"how|what|what's|whats|why|when|where|which|who|whom|whose|"
+    r"can|could|would|will|should|shall|is|are|was|were|do|does|did|have|has|may|might|"
+    r"let's|lets|(?:please\s+)?(?:tell|explain|give|show|list|describe|summari[sz]e|compare|"
+    r"find|help|write|recommend|suggest)"
+    r")\b",
+    re.IGNORECASE,
+)
+
+
+def statements(text: str) -> str:
+    """The sentences of ``text`` that state something ("My locker code is 4471."), joined;
+    questions and requests are left out ("What should I pack?", "Tell me about fees.")."""
+    kept = [
+        sentence.strip()
+        for sentence in _SENTENCE_BREAK.split(text)
+        if sentence.strip()
+        and not sentence.rstrip().endswith("?")
+        and not _ASKING.match(sentence)
+        and re.search(r"\w", sentence)
+    ]
+    return " ".join(kept)
+
+
 def speaks_of_conversation(request: str) -> bool:
     """Whether ``request`` speaks of the conversation it is part of (``CONVERSATION``)."""
     return CONVERSATION.search(request) is not None
@@ -91,11 +121,11 @@ class ThreadSource:
     """Why a request is, or is not, answered from its thread; kept in the cycle's record."""
 
     about_thread: bool
-    #: "conversation" (it speaks of it), "nearest" (an earlier message is nearer than the
-    #: catalog and at least ``bar``), or "" (not about the thread).
+    #: "conversation" (it speaks of it), "nearest" (what an earlier message states is nearer
+    #: than the catalog and at least ``bar``), or "" (not about the thread).
     why: str
-    #: The nearest earlier message's cosine similarity to the request, and its index among
-    #: the earlier messages (None: none weighed).
+    #: The cosine similarity to the request of what the nearest earlier message stated, and
+    #: that message's index among the earlier messages (None: none weighed).
     best: float | None
     turn: int | None
     bar: float
@@ -122,18 +152,21 @@ def probe(
 
     ``catalog_best`` is the similarity of the catalog's nearest passage (None: no catalog or
     none searched): the thread wins only over a farther catalog, so a question about a
-    document the user also mentioned keeps its passages.
+    document the user also mentioned keeps its passages. Only what the user stated is
+    weighed (``statements``): an earlier question or request answers nothing, and a follow-up
+    ("And for students?" after "What does the report say about fees?") resembles it most.
     """
     if not turns:
         return ThreadSource(False, "", None, None, bar)
     best, turn = None, None
-    if request_vector is not None:
-        vectors = np.asarray(encode(list(turns)), dtype=np.float32)
+    told = [(i, stated) for i, text in enumerate(turns) if (stated := statements(text))]
+    if request_vector is not None and told:
+        vectors = np.asarray(encode([text for _, text in told]), dtype=np.float32)
         query = np.asarray(request_vector, dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
         scores = vectors @ query / np.maximum(norms, 1e-12)
-        turn = int(np.argmax(scores))
-        best = float(scores[turn])
+        nearest = int(np.argmax(scores))
+        turn, best = told[nearest][0], float(scores[nearest])
     if speaks_of_conversation(request):
         return ThreadSource(True, "conversation", best, turn, bar)
     if best is not None and best >= bar and (catalog_best is None or best >= catalog_best):

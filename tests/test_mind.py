@@ -1477,6 +1477,18 @@ def test_a_fact_the_user_gave_is_answered_from_the_thread_not_from_memory(
     assert answer.messages[-1].content == question  # no passages put before it
 
 
+def test_a_follow_up_about_a_document_keeps_its_passages(image, remembered, monkeypatch) -> None:
+    """The user's earlier question resembles the follow-up most, but states nothing."""
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    run(image, services, "When does the Ondine ferry leave Harbour Pier?")
+    state = run(image, services, "And when does the Ondine ferry leave Harbour Pier on Sundays?")
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["thread"]["about_thread"] is False
+    assert state["cycle"]["passages"] and state["cycle"]["cited"]
+
+
 def test_with_the_thread_setting_off_the_same_question_is_answered_from_memory(
     image, remembered, monkeypatch
 ) -> None:

@@ -160,3 +160,45 @@ def test_the_said_prompt_lists_the_user_s_messages_oldest_first_then_the_request
     text = thread.said_prompt("What was my first question?", ["How do I descale a kettle?", "ok"])
     assert text.index('1. "How do I descale a kettle?"') < text.index('2. "ok"')
     assert text.endswith("\n\nWhat was my first question?")
+
+
+@pytest.mark.parametrize(
+    ("said", "stated"),
+    [
+        (
+            "My locker code is 4471, please remember it.",
+            "My locker code is 4471, please remember it.",
+        ),
+        ("My ticket cost 6.20 dollars. What should I pack?", "My ticket cost 6.20 dollars."),
+        ("Please keep in mind that I'm allergic to penicillin.", None),
+        ("Correction: the train leaves at 6:45.", None),
+        ("What's a good warm-up before a run?", ""),
+        ("Tell me about the Tidewater report.", ""),
+        ("Please explain the fees", ""),
+        ("Can you suggest a present for my sister", ""),
+        ("And which colours hide stains best?", ""),
+        ("Let's talk about chillies.", ""),
+    ],
+)
+def test_what_the_user_stated_is_kept_and_questions_and_requests_are_not(
+    said: str, stated: str | None
+) -> None:
+    assert thread.statements(said) == (said if stated is None else stated)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_statements_are_words_of_the_message(text: str) -> None:
+    stated = thread.statements(text)
+    assert len(stated) <= len(text)
+    assert set(stated.split()) <= set(text.split())
+
+
+def test_a_follow_up_to_an_earlier_question_is_not_answered_by_it() -> None:
+    """An earlier question answers nothing: the follow-up of a question about a document
+    resembles it most, and must keep the catalog's passages."""
+    turns = ["What does the Tidewater report say about membership fees?"]
+    found = probe("What does the Tidewater report say about fees for students?", turns, 0.3)
+    assert not found.about_thread and found.best is None
+    stated = ["The Tidewater report says membership fees are 40 pounds."]
+    assert probe("What are the Tidewater report membership fees?", stated, 0.3).about_thread

@@ -150,6 +150,7 @@ def probe(catalog: KnowledgeCatalog, request: str, threshold: float) -> Groundin
 
 _CITED = re.compile(r"\[(\d{1,2})\]")
 _PLACEHOLDER = re.compile(r"\s?\[n\]")
+_UNBACKED = re.compile(r"[ \t]?\[\d{1,2}(?:\s*,\s*\d{1,2})*\](?!\()")
 #: A citation a small model makes up in words instead of a passage number: "[memory]",
 #: "[memory: none]", "[source: the manual]", "[passage 2]". It points the user at nothing, so
 #: it goes; a bracket followed by "(" is a Markdown link and stays.
@@ -189,8 +190,14 @@ def render_citations(answer: str, citations: Sequence[Mapping[str, Any]]) -> tup
     """``answer`` with a line naming the sources its ``[n]`` markers refer to, and the numbers
     it cited. A literal ``[n]`` copied from the instructions is removed, and so is a citation
     made up in words ("[memory]", a file's name); a number with no passage behind it is left
-    out of the sources line (and of the returned list)."""
+    out of the sources line (and of the returned list); with no passages at all, every
+    ``[n]`` goes, since it can only be copied from an earlier answer on the thread."""
     text = _strip_pseudo_citations(_PLACEHOLDER.sub("", answer), citations).rstrip()
+    if not citations:
+        parts = _CODE.split(text)  # code at the odd indices, where [1] is an index
+        text = "".join(
+            part if i % 2 else _UNBACKED.sub("", part) for i, part in enumerate(parts)
+        ).rstrip()
     known = {int(c["n"]): c for c in citations}
     cited = sorted({int(m) for m in _CITED.findall(text)} & set(known))
     if not cited:

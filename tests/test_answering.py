@@ -63,6 +63,15 @@ def test_a_placeholder_and_an_unknown_number_name_no_source() -> None:
     assert cited == [] and text == "Facts and more [9]."
 
 
+def test_with_no_passages_a_numbered_citation_points_at_nothing_and_goes() -> None:
+    text, cited = render_citations("You owe Priya 35 pounds [1]. See [2, 3] and `row[1]`.", [])
+    assert text == "You owe Priya 35 pounds. See and `row[1]`." and cited == []
+    assert render_citations("A [link](http://x.org) [1](http://y.org).", []) == (
+        "A [link](http://x.org) [1](http://y.org).",
+        [],
+    )
+
+
 def test_citations_made_up_in_words_are_removed_and_links_stay() -> None:
     text, cited = render_citations(
         "Hello! [memory: none] The fee is £40 [memory] per year [b] [2].", CITATIONS

@@ -32,6 +32,10 @@ from graph.request import content_text
 #: (graph.answer.HISTORY_TURNS), each cut as it is there.
 THREAD_TURNS = 12
 TURN_CHARS = 600
+#: Longest a message is listed before a question about the conversation: each listed word is
+#: prompt the model reads again (about 90 tokens a second on two cores), and the whole
+#: message is in the thread the answer sees anyway.
+LISTED_CHARS = 240
 
 _ADVERB = r"(?:just|first|last|earlier|already|previously|originally|once)\s+"
 _SAYING_PAST = (
@@ -175,6 +179,10 @@ def probe(
 
 
 def said_prompt(request: str, turns: Sequence[str]) -> str:
-    """``request`` after the user's earlier messages, numbered oldest first, each quoted."""
-    listed = "\n".join(f'{n}. "{text}"' for n, text in enumerate(turns, start=1))
+    """``request`` after the user's earlier messages, numbered oldest first, each quoted and
+    cut to ``LISTED_CHARS``."""
+    listed = "\n".join(
+        f'{n}. "{text if len(text) <= LISTED_CHARS else text[:LISTED_CHARS] + "…"}"'
+        for n, text in enumerate(turns, start=1)
+    )
     return prompt_files.load("mind")["thread_said"].format(turns=listed, request=request)

@@ -160,6 +160,8 @@ def test_the_said_prompt_lists_the_user_s_messages_oldest_first_then_the_request
     text = thread.said_prompt("What was my first question?", ["How do I descale a kettle?", "ok"])
     assert text.index('1. "How do I descale a kettle?"') < text.index('2. "ok"')
     assert text.endswith("\n\nWhat was my first question?")
+    long = "y" * (thread.LISTED_CHARS + 100)
+    assert f'1. "{"y" * thread.LISTED_CHARS}…"' in thread.said_prompt("Repeat that", [long])
 
 
 @pytest.mark.parametrize(

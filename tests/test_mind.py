@@ -1477,14 +1477,26 @@ def test_a_fact_the_user_gave_is_answered_from_the_thread_not_from_memory(
     assert answer.messages[-1].content == question  # no passages put before it
 
 
+def asked_after(image: LivingImage, catalog: Any, said: str, question: str) -> dict[str, Any]:
+    """``question`` on a thread where the user said ``said`` first; BABS answers from the
+    ferry timetable when given its passages."""
+    models = FakeModels(responder(answer=lambda call: "At 7:40, for 4.80 dollars [1]."))
+    services = mind(models, FakeRouter(("BABS",)), catalog=catalog)
+    run(image, services, said)
+    state = run(image, services, question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    return state
+
+
 def test_a_follow_up_about_a_document_keeps_its_passages(image, remembered, monkeypatch) -> None:
     """The user's earlier question resembles the follow-up most, but states nothing."""
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
-    models = FakeModels(responder(answer=lambda call: "At 7:40 [1]."))
-    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
-    run(image, services, "When does the Ondine ferry leave Harbour Pier?")
-    state = run(image, services, "And when does the Ondine ferry leave Harbour Pier on Sundays?")
-    assert state["status"] == "COMPLETE", state.get("failure")
+    state = asked_after(
+        image,
+        remembered,
+        "When does the Ondine ferry leave Harbour Pier?",
+        "And when does the Ondine ferry leave Harbour Pier on Sundays?",
+    )
     assert state["cycle"]["thread"]["about_thread"] is False
     assert state["cycle"]["passages"] and state["cycle"]["cited"]
 
@@ -1494,11 +1506,12 @@ def test_with_the_thread_setting_off_the_same_question_is_answered_from_memory(
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     monkeypatch.setenv("BATOS_MIND_THREAD", "off")
-    models = FakeModels(responder(answer=lambda call: "It costs 4.80 dollars [1]."))
-    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
-    run(image, services, "My Ondine ferry ticket from Harbour Pier cost 6.20 dollars.")
-    state = run(image, services, "How much did my Ondine ferry ticket from Harbour Pier cost?")
-    assert state["status"] == "COMPLETE", state.get("failure")
+    state = asked_after(
+        image,
+        remembered,
+        "My Ondine ferry ticket from Harbour Pier cost 6.20 dollars.",
+        "How much did my Ondine ferry ticket from Harbour Pier cost?",
+    )
     assert "thread" not in state["cycle"] and state["cycle"]["passages"]
 
 

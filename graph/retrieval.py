@@ -150,7 +150,10 @@ def probe(catalog: KnowledgeCatalog, request: str, threshold: float) -> Groundin
 
 _CITED = re.compile(r"\[(\d{1,2})\]")
 _PLACEHOLDER = re.compile(r"\s?\[n\]")
-_UNBACKED = re.compile(r"[ \t]?\[\d{1,2}(?:\s*,\s*\d{1,2})*\](?!\()")
+#: A numbered citation after the words it backs: never [0], never right after a name or a
+#: bracket, where code outside backticks indexes ("lst[1]", "grid[2][3]"), and never opening
+#: a line, where it numbers an item.
+_UNBACKED = re.compile(r"(?:(?<=\S)[ \t]|(?<=[^\w\s\])]))\[[1-9]\d?(?:\s*,\s*[1-9]\d?)*\](?!\()")
 #: A citation a small model makes up in words instead of a passage number: "[memory]",
 #: "[memory: none]", "[source: the manual]", "[passage 2]". It points the user at nothing, so
 #: it goes; a bracket followed by "(" is a Markdown link and stays.

@@ -66,6 +66,10 @@ def test_a_placeholder_and_an_unknown_number_name_no_source() -> None:
 def test_with_no_passages_a_numbered_citation_points_at_nothing_and_goes() -> None:
     text, cited = render_citations("You owe Priya 35 pounds [1]. See [2, 3] and `row[1]`.", [])
     assert text == "You owe Priya 35 pounds. See and `row[1]`." and cited == []
+    code = "def first(lst):\n    return lst[0] + grid[2][3] + f(x)[1]"  # code without fences
+    assert render_citations(code, []) == (code, [])
+    items = "[1] Choose a plot.\n[2] Dig it.[3]"
+    assert render_citations(items, []) == ("[1] Choose a plot.\n[2] Dig it.", [])
     assert render_citations("A [link](http://x.org) [1](http://y.org).", []) == (
         "A [link](http://x.org) [1](http://y.org).",
         [],

@@ -349,14 +349,14 @@ class Mind:
             cycle_state["compute"] = compute.looks_computational(
                 request, grounded=grounded, derived=derived
             ) and (grounded or not compute.needs_facts(request))
-        if self._about_thread(state, cycle_state, request, vector) and grounded:
+        about_thread = self._about_thread(state, cycle_state, request, vector)
+        if about_thread and grounded:
             # The user's own words answer it: passages of documents would only compete.
             cycle_state.update(passages=[], more_passages=[])
             cycle_state["grounding"]["about_catalog"] = grounded = False
             cycle_state["compute"] = compute.looks_computational(
                 request, grounded=False, derived=derived
             ) and not compute.needs_facts(request)
-        about_thread = _about_thread(cycle_state)
         unplanned = depth_for(request, chosen, 10**6, None).mode == "fast"
         forced_depth = context.get("depth") in ("fast", "full")
         if cycle_state["compute"] and depth.mode == "full" and unplanned and not forced_depth:

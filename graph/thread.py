@@ -96,8 +96,7 @@ def statements(text: str) -> str:
     kept = [
         sentence.strip()
         for sentence in _SENTENCE_BREAK.split(text)
-        if sentence.strip()
-        and not sentence.rstrip().endswith("?")
+        if not sentence.rstrip().endswith("?")
         and not _ASKING.match(sentence)
         and re.search(r"\w", sentence)
     ]

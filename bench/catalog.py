@@ -75,6 +75,7 @@ import manpages  # noqa: E402
 import numpy as np  # noqa: E402
 
 from store.core.image import LivingImage  # noqa: E402
+from store.core.schema import upgrade  # noqa: E402
 from store.knowledge.catalog import KnowledgeCatalog, PreparedDocument, stored_vector  # noqa: E402
 from store.knowledge.curator import Curator  # noqa: E402
 from store.knowledge.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
@@ -105,6 +106,15 @@ FIRST_SEARCH_S = 0.5
 ROUNDS = 5
 #: Slices of the ingest corpus that alternate with the baselines.
 SLICES = 10
+
+
+def laid_out(image: LivingImage) -> LivingImage:
+    """``image`` with the store's layout, as ``batos init`` leaves it (the catalog refuses an
+    image without its steps)."""
+    from store.upgrades import STORE_STEPS
+
+    upgrade(image, STORE_STEPS)
+    return image
 
 
 def vocabulary(rng: random.Random) -> list[list[str]]:
@@ -237,7 +247,7 @@ def ingest_once(
     embedder = TimedEmbedder(encoder)
     embedder.encode(["warm up", "the model"])  # loading the model is not ingest work
     embedder.model_s = embedder.tokenizer_s = 0.0
-    image = LivingImage.open(f"file://{image_path}")
+    image = laid_out(LivingImage.open(f"file://{image_path}"))
     catalog = KnowledgeCatalog.open(image, embedder)
     writing = {"s": 0.0}
     transact, committed = image.transact, catalog.committed
@@ -364,7 +374,7 @@ def bench_ingest(corpus: list[manpages.Page], tmp: Path, reps: int) -> tuple[dic
             keep = (image, catalog)
         else:
             image.close()
-    f32_image = LivingImage.open(f"file://{tmp / 'ingest-f32.fs'}")
+    f32_image = laid_out(LivingImage.open(f"file://{tmp / 'ingest-f32.fs'}"))
     f32_catalog = KnowledgeCatalog.open(f32_image, raw)
     for first in range(0, len(float32_docs), 50):
         write_batch(f32_catalog, float32_docs[first : first + 50])
@@ -492,7 +502,7 @@ def build(
         )
         vectors.append(v / np.linalg.norm(v))
     matrix = np.asarray(vectors, dtype=np.float32)
-    image = LivingImage.open(f"file://{tmp / f'query-{n}.fs'}")
+    image = laid_out(LivingImage.open(f"file://{tmp / f'query-{n}.fs'}"))
     catalog = KnowledgeCatalog.open(image, Embedder(INT8))
     per_doc, batch = 100, []
     shelf = np.zeros(n, dtype=bool)  # True: on shelf "a", what the filtered queries accept
@@ -703,6 +713,9 @@ def main() -> None:
     )
     parser.add_argument("--pages", type=int, help="man pages to ingest (300; --quick 30)")
     parser.add_argument("--reps", type=int, default=1, help="ingest runs (median reported)")
+    parser.add_argument(
+        "--skip", type=int, default=0, help="leave out the walk's first N pages (a later slice)"
+    )
     args = parser.parse_args()
     # --quick measures on the development half of the man pages, a full run on the held-out half.
     pages_n, held_out = (30, False) if args.quick else (300, True)
@@ -721,9 +734,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.part in ("all", "ingest"):
-            corpus = manpages.pages(pages_n, held_out=held_out)
+            corpus = manpages.pages(args.skip + pages_n, held_out=held_out)[args.skip :]
             half = "held-out" if held_out else "development"
-            print(f"ingest: {len(corpus)} man pages, {half} half of {manpages.MAN1}", flush=True)
+            print(
+                f"ingest: {len(corpus)} man pages ({args.skip} skipped), {half} half of "
+                f"{manpages.MAN1}",
+                flush=True,
+            )
             results["ingest"], image, catalog = bench_ingest(corpus, tmp, reps)
             print_ingest(results["ingest"])
             results["curator"].append(

@@ -238,7 +238,7 @@ def _layout_3(root: Any) -> None:
     cat["encoder"] = FLOAT32 if len(cat["chunks"]) else None
 
 
-def _layout_4(root: Any) -> None:
+def _layout_5(root: Any) -> None:
     cat = layout.catalog(root)
     text = cat["text"]
     for chunk in cat["chunks"].values():
@@ -265,10 +265,12 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
         "the catalog records which embedding encoder made its vectors (float32 until now)",
         _layout_3,
     ),
+    # "catalog-4" was an earlier way of indexing names, taken out again; an image that had it
+    # keeps its record of it, and this step indexes every chunk afresh either way.
     UpgradeStep(
-        "catalog-4",
+        "catalog-5",
         "the text index holds each chunk's document name with its text (file and folder)",
-        _layout_4,
+        _layout_5,
     ),
 )
 

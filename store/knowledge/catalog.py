@@ -23,14 +23,11 @@ or hands it to anything that could.
 from __future__ import annotations
 
 import logging
-import math
 import random
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -64,24 +61,6 @@ MIN_CANDIDATES = 50
 #: does not turn every read into a write transaction.
 RETRIEVAL_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
-#: Of a name's characters, at most this many are indexed (a summary's sources: per source).
-NAME_CHARS = 160
-#: A summary chunk is indexed under the names of at most this many of its sources.
-SUMMARY_NAMES = 8
-#: The documents the curator's summaries live in are named with this prefix.
-SUMMARY_PREFIX = "curator://summary/"
-#: A query word picks documents by name only if at most this share of the names hold it: a
-#: word most names share ("copyright" in /usr/share/doc/*/copyright) names none of them.
-NAMED_SHARE = 1 / 3
-#: ... and only if at most this many other documents per document it names hold it in their
-#: text: "libdpkg" is in libdpkg-perl's chunks alone, while "file", the name of one man page,
-#: is in most pages' text and names nothing.
-NAMED_OUTSIDE = 1
-#: The documents a query names best that the fusion's third list is drawn from.
-NAMED_DOCUMENTS = 3
-_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,5}")
-_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
-_WORD = re.compile(r"[^\W_]+")
 
 IFTreeSet = family32.IF.TreeSet
 
@@ -138,71 +117,6 @@ class Chunk(Persistent):
         return f"<Chunk {self.id} {self.source}[{self.start}:{self.end}]>"
 
 
-def name_words(source: str) -> str:
-    """The words of a document's name: its folder's and its file's, without the suffix.
-
-    ``/usr/share/doc/libdpkg-perl/copyright`` gives "libdpkg perl copyright", and
-    ``guides/BookingGuide_2026.txt`` "guides Booking Guide 2026". The text index holds these with
-    each chunk's text, because a user names a document ("the libdpkg-perl package", "the
-    booking guide") by what it is called, and its text often never says that name.
-    """
-    path = PurePosixPath(source.replace("\\", "/"))
-    name = path.stem if _SUFFIX.fullmatch(path.suffix) else path.name
-    words = _WORD.findall(_CAMEL.sub(" ", f"{path.parent.name} {name}"))
-    return " ".join(words)[:NAME_CHARS]
-
-
-def indexed_text(chunk: Chunk) -> str:
-    """What the text index holds for ``chunk``: its text, then its document's name (a
-    curator's summary: the names of the documents it folded)."""
-    sources = chunk.metadata.get("sources") if chunk.kind == "summary" else None
-    if isinstance(sources, (list, tuple)):
-        names = [name_words(str(s)) for s in sources[:SUMMARY_NAMES]]
-    else:
-        names = [name_words(chunk.source)]
-    return "\n".join([chunk.text, *names])
-
-
-class _Owners:
-    """Which document each chunk belongs to, as sorted arrays (documents by their index)."""
-
-    def __init__(self, chunk_sets: Sequence[Iterable[int]]) -> None:
-        ids = [np.fromiter(chunks, dtype=np.int64) for chunks in chunk_sets]
-        owner = [np.full(len(block), index, dtype=np.int64) for index, block in enumerate(ids)]
-        ids_all = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        owner_all = np.concatenate(owner) if owner else np.zeros(0, dtype=np.int64)
-        order = np.argsort(ids_all, kind="stable")
-        self.ids = ids_all[order]
-        self.owner = owner_all[order]
-
-    def others(self, chunk_ids: Iterable[int], documents: Sequence[int]) -> int:
-        """How many documents besides ``documents`` own any of ``chunk_ids`` (a summary's
-        chunks belong to none)."""
-        wanted = np.fromiter(chunk_ids, dtype=np.int64)
-        if not len(wanted) or not len(self.ids):
-            return 0
-        at = np.minimum(np.searchsorted(self.ids, wanted), len(self.ids) - 1)
-        owned = self.owner[at[self.ids[at] == wanted]]
-        return len(np.setdiff1d(owned, np.asarray(documents, dtype=np.int64)))
-
-
-def _decisive(scores: Mapping[int, float], most: int) -> list[int]:
-    """The keys of ``scores``, best first, as many as fit in ``most`` without splitting a
-    group of equal scores: the documents a query singles out by name, and no more."""
-    ranked = sorted(scores.items(), key=lambda item: -item[1])
-    chosen: list[int] = []
-    start = 0
-    while start < len(ranked):
-        end = start
-        while end < len(ranked) and math.isclose(ranked[end][1], ranked[start][1]):
-            end += 1
-        if end > most:
-            break
-        chosen.extend(key for key, _ in ranked[start:end])
-        start = end
-    return chosen
-
-
 def _layout_1(root: Any) -> None:
     if layout.find(root, layout.CATALOG) is not None:
         return
@@ -238,17 +152,6 @@ def _layout_3(root: Any) -> None:
     cat["encoder"] = FLOAT32 if len(cat["chunks"]) else None
 
 
-def _layout_5(root: Any) -> None:
-    cat = layout.catalog(root)
-    text = cat["text"]
-    for chunk in cat["chunks"].values():
-        text.index_doc(chunk.id, indexed_text(chunk))  # a known id is reindexed in place
-        chunk._p_deactivate()  # thousands of chunks: keep them out of the object cache
-    # Other processes' caches follow the change counter, not the index's contents: counting
-    # one change tells them the image moved, and a process opened after this reads it fresh.
-    cat["version"].change(1)
-
-
 CATALOG_STEPS: tuple[UpgradeStep, ...] = (
     UpgradeStep(
         "catalog-1",
@@ -264,13 +167,6 @@ CATALOG_STEPS: tuple[UpgradeStep, ...] = (
         "catalog-3",
         "the catalog records which embedding encoder made its vectors (float32 until now)",
         _layout_3,
-    ),
-    # "catalog-4" was an earlier way of indexing names, taken out again; an image that had it
-    # keeps its record of it, and this step indexes every chunk afresh either way.
-    UpgradeStep(
-        "catalog-5",
-        "the text index holds each chunk's document name with its text (file and folder)",
-        _layout_5,
     ),
 )
 
@@ -383,9 +279,6 @@ class KnowledgeCatalog:
         self.vectors = VectorIndex()
         self.lexical = LexicalIndex()
         self._last_filter: tuple[Any, np.ndarray] | None = None
-        # (catalog version, document sources, word id → indexes of the sources naming it,
-        # chunk id → index of its source)
-        self._names: tuple[int, list[str], dict[int, list[int]], _Owners] | None = None
         self._retrieved: dict[int, int] = {}
         self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -553,7 +446,7 @@ class KnowledgeCatalog:
 
     def _index_chunk(self, cat: Any, chunk: Chunk, fmt: str) -> None:
         cat["chunks"][chunk.id] = chunk
-        cat["text"].index_doc(chunk.id, indexed_text(chunk))
+        cat["text"].index_doc(chunk.id, chunk.text)
         for name, value in self._field_values(chunk, fmt).items():
             values = cat["fields"].get(name)
             if values is None:
@@ -720,10 +613,7 @@ class KnowledgeCatalog:
             elif mode == "dense":
                 ranked = dense[:k]
             else:
-                named = self._named(cat, query, query_vector, depth, allowed)
-                ranked = reciprocal_rank_fusion(
-                    [[i for i, _ in lexical], [i for i, _ in dense], named], k
-                )
+                ranked = reciprocal_rank_fusion([[i for i, _ in lexical], [i for i, _ in dense]], k)
             lexical_rank = {cid: rank for rank, (cid, _) in enumerate(lexical, start=1)}
             dense_rank = {cid: rank for rank, (cid, _) in enumerate(dense, start=1)}
             hits = [
@@ -751,81 +641,6 @@ class KnowledgeCatalog:
             return []
         version = self._sync_lexical(cat)
         return self.lexical.search(text.index, wids, k, allowed, version=version)
-
-    def _named(
-        self,
-        cat: Any,
-        query: str,
-        query_vector: np.ndarray | None,
-        depth: int,
-        allowed: np.ndarray | None,
-    ) -> list[int]:
-        """The fusion's third list: chunks of the documents whose names ``query`` uses.
-
-        Documents score the summed rarity (BM25's idf, over names) of the query's words their
-        names hold. A word names documents only where it is specific to them: held by at most
-        ``NAMED_SHARE`` of the names, and by the text of at most ``NAMED_OUTSIDE`` other
-        documents per document it names (a page named "file" is not what every question about
-        files names). The
-        ``NAMED_DOCUMENTS`` best documents give their chunks, best document first, each
-        document's chunks nearest the query first; documents tied on a score are taken all or
-        none, so a word that many names share equally ("jobs" in a hundred "gcloud … jobs …"
-        pages) picks none of them rather than the first few in order. A query that names no
-        document adds an empty
-        list, and the search is the two-list fusion it always was. Within the text index a
-        name is one word among a passage's many, and a passage that shares no meaning with
-        the query never reaches the dense list: this list is what lets a user who names a
-        document ("the libdpkg-perl package") get its passages.
-        """
-        if query_vector is None:
-            return []
-        text = cat["text"]
-        wids = {wid for wid in text.lexicon.termToWordIds(query) if wid}
-        sources, naming, owners = self._document_names(cat)
-        total = len(sources)
-        scores: dict[int, float] = {}
-        for wid in wids:
-            holders = naming.get(wid, ())
-            if not holders or len(holders) > NAMED_SHARE * total:
-                continue
-            if owners.others(text.index._wordinfo.get(wid, ()), holders) > NAMED_OUTSIDE * len(
-                holders
-            ):
-                continue
-            rarity = math.log(1.0 + (total - len(holders) + 0.5) / (len(holders) + 0.5))
-            for index in holders:
-                scores[index] = scores.get(index, 0.0) + rarity
-        ranked: list[int] = []
-        for index in _decisive(scores, NAMED_DOCUMENTS):
-            document = cat["documents"].get(sources[index])
-            if document is None or not document.chunk_ids:
-                continue
-            ids = np.unique(np.asarray(document.chunk_ids, dtype=np.int64))
-            if allowed is not None:
-                ids = np.intersect1d(ids, allowed, assume_unique=True)
-            if len(ids):
-                nearest = self.vectors.search(query_vector, min(depth, len(ids)), ids)
-                ranked.extend(cid for cid, _ in nearest)
-        return ranked[:depth]
-
-    def _document_names(self, cat: Any) -> tuple[list[str], dict[int, list[int]], _Owners]:
-        """Every document's source (summaries aside), which of them each name word is in, and
-        which document each chunk belongs to; kept for the catalog's version."""
-        version = cat["version"]()
-        with self._lock:
-            if self._names is not None and self._names[0] == version:
-                return self._names[1:]
-        lexicon = cat["text"].lexicon
-        by_source = cat["fields"].get("source", {})
-        sources = [s for s in cat["documents"].keys() if not s.startswith(SUMMARY_PREFIX)]
-        naming: dict[int, list[int]] = {}
-        for index, source in enumerate(sources):
-            for wid in {w for w in lexicon.termToWordIds(name_words(source)) if w}:
-                naming.setdefault(wid, []).append(index)
-        owners = _Owners([by_source.get(source, ()) for source in sources])
-        with self._lock:
-            self._names = (version, sources, naming, owners)
-        return sources, naming, owners
 
     def _allowed(self, cat: Any, filters: Mapping[str, Any] | None) -> np.ndarray | None:
         """The chunk ids every filter accepts (sorted int64), or None for no filter.

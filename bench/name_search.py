@@ -67,7 +67,7 @@ def packages(docs: Path = DOCS) -> list[str]:
 
 def sample(names: Sequence[str], which: str, n: int) -> list[str]:
     """``n`` packages for sample ``which``; the two samples never share a package."""
-    order = list(names)
+    order = sorted(names)  # the same packages give the same samples, in any order
     random.Random(0).shuffle(order)
     half = len(order) // 2
     pool = order[:half] if which == "dev" else order[half:]

@@ -1,0 +1,54 @@
+"""bench/name_search.py: its package samples and its measure, on a small copyright tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import name_search
+
+
+def _tree(root: Path, names: list[str]) -> Path:
+    docs = root / "doc"
+    for name in names:
+        (docs / name).mkdir(parents=True)
+        (docs / name / "copyright").write_text(
+            f"Upstream-Name: project {len(name)}\nFiles: *\nCopyright: 2001 Someone\n"
+            f"License: GPL-2+\n This package is free software.\n"
+        )
+    (docs / "alias").symlink_to(docs / names[0])  # a doc folder that is another package's
+    (docs / "no-copyright").mkdir()
+    return docs
+
+
+def test_packages_leave_out_symlinked_folders_and_folders_without_a_file(tmp_path: Path) -> None:
+    docs = _tree(tmp_path, ["zlib1g", "libdpkg-perl", "apt"])
+    assert name_search.packages(docs) == ["apt", "libdpkg-perl", "zlib1g"]
+
+
+def test_the_two_samples_are_seeded_and_never_share_a_package() -> None:
+    names = [f"pkg{i:03d}" for i in range(200)]
+    dev, held = name_search.sample(names, "dev", 60), name_search.sample(names, "held", 60)
+    assert len(dev) == len(held) == 60 and not set(dev) & set(held)
+    assert dev == name_search.sample(list(reversed(names)), "dev", 60) == sorted(dev)
+    assert len(name_search.sample(names[:10], "held", 60)) == 5  # at most its half
+
+
+def test_rank_of_is_the_first_place_of_the_file() -> None:
+    assert name_search.rank_of(["a", "b", "b"], "b") == 2
+    assert name_search.rank_of(["a"], "b") is None
+
+
+@pytest.mark.slow
+def test_measure_ranks_every_package_on_a_real_catalog(tmp_path: Path) -> None:
+    docs = _tree(tmp_path, [f"libthing{i}" for i in range(8)])
+    result = name_search.measure("dev", 10, docs)
+    rows = result["rows"]
+    assert len(rows) == 4 and result["chunks"] >= 4  # the dev half of eight packages
+    for row in rows:
+        assert row["package"] in row["question"]
+        assert row["rank"] is None or 1 <= row["rank"] <= name_search.DEPTH
+        assert row["named_in_text"] is False  # the name is in the path alone
+    text = name_search.table(result)
+    assert "name only in the path" in text and "sample dev: 4 packages" in text

@@ -74,8 +74,8 @@ for _blas_threads in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import manpages  # noqa: E402
 import numpy as np  # noqa: E402
 
+from batos.shell.runtime import open_image  # noqa: E402
 from store.core.image import LivingImage  # noqa: E402
-from store.core.schema import upgrade  # noqa: E402
 from store.knowledge.catalog import KnowledgeCatalog, PreparedDocument, stored_vector  # noqa: E402
 from store.knowledge.curator import Curator  # noqa: E402
 from store.knowledge.embeddings import FLOAT32, INT8, Embedder  # noqa: E402
@@ -106,15 +106,6 @@ FIRST_SEARCH_S = 0.5
 ROUNDS = 5
 #: Slices of the ingest corpus that alternate with the baselines.
 SLICES = 10
-
-
-def laid_out(image: LivingImage) -> LivingImage:
-    """``image`` with the store's layout, as ``batos init`` leaves it (the catalog refuses an
-    image without its steps)."""
-    from store.upgrades import STORE_STEPS
-
-    upgrade(image, STORE_STEPS)
-    return image
 
 
 def vocabulary(rng: random.Random) -> list[list[str]]:
@@ -247,7 +238,7 @@ def ingest_once(
     embedder = TimedEmbedder(encoder)
     embedder.encode(["warm up", "the model"])  # loading the model is not ingest work
     embedder.model_s = embedder.tokenizer_s = 0.0
-    image = laid_out(LivingImage.open(f"file://{image_path}"))
+    image = open_image(f"file://{image_path}", create=True)
     catalog = KnowledgeCatalog.open(image, embedder)
     writing = {"s": 0.0}
     transact, committed = image.transact, catalog.committed
@@ -374,7 +365,7 @@ def bench_ingest(corpus: list[manpages.Page], tmp: Path, reps: int) -> tuple[dic
             keep = (image, catalog)
         else:
             image.close()
-    f32_image = laid_out(LivingImage.open(f"file://{tmp / 'ingest-f32.fs'}"))
+    f32_image = open_image(f"file://{tmp / 'ingest-f32.fs'}", create=True)
     f32_catalog = KnowledgeCatalog.open(f32_image, raw)
     for first in range(0, len(float32_docs), 50):
         write_batch(f32_catalog, float32_docs[first : first + 50])
@@ -502,7 +493,7 @@ def build(
         )
         vectors.append(v / np.linalg.norm(v))
     matrix = np.asarray(vectors, dtype=np.float32)
-    image = laid_out(LivingImage.open(f"file://{tmp / f'query-{n}.fs'}"))
+    image = open_image(f"file://{tmp / f'query-{n}.fs'}", create=True)
     catalog = KnowledgeCatalog.open(image, Embedder(INT8))
     per_doc, batch = 100, []
     shelf = np.zeros(n, dtype=bool)  # True: on shelf "a", what the filtered queries accept

@@ -707,6 +707,12 @@ def main() -> None:
     parser.add_argument(
         "--skip", type=int, default=0, help="leave out the walk's first N pages (a later slice)"
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "catalog.json",
+        help="where the figures are written as JSON",
+    )
     args = parser.parse_args()
     # --quick measures on the development half of the man pages, a full run on the held-out half.
     pages_n, held_out = (30, False) if args.quick else (300, True)
@@ -807,10 +813,9 @@ def main() -> None:
         print(f"{line} ({load()})")
     results["verdicts"] = verdicts
     results["load_after"] = load()
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "catalog.json").write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {out / 'catalog.json'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.passage_recall import AT, DEPTH, within  # noqa: E402
 from bench.usefulness import RESULTS, fresh_image  # noqa: E402
 
 DOCS = Path("/usr/share/doc")
-DEPTH = 10
-AT = (1, 3, 5, 10)
 #: Phrasings a user might type; each package gets one, drawn with the sample's seed.
 PHRASINGS = (
     "Which licence covers the {p} package?",
@@ -115,10 +114,6 @@ def measure(which: str, n: int, docs: Path = DOCS) -> dict[str, Any]:
     return {"sample": which, "chunks": report.chunks, "ingest_s": round(ingest_s, 1), "rows": rows}
 
 
-def within(rows: Sequence[Mapping[str, Any]], k: int) -> int:
-    return sum(1 for row in rows if row["rank"] is not None and row["rank"] <= k)
-
-
 def table(result: Mapping[str, Any]) -> str:
     rows = result["rows"]
     unnamed = [r for r in rows if not r["named_in_text"]]
@@ -128,7 +123,7 @@ def table(result: Mapping[str, Any]) -> str:
         "packages                          n   file's first passage at " + " / ".join(map(str, AT)),
     ]
     for label, group in (("all", rows), ("name only in the path", unnamed)):
-        found = " / ".join(str(within(group, k)) for k in AT)
+        found = " / ".join(str(within(group, "rank", k)) for k in AT)
         lines.append(f"{label:<32} {len(group):>3}   {found}")
     return "\n".join(lines)
 
@@ -139,6 +134,10 @@ def main() -> None:
     parser.add_argument("--packages", type=int, default=60)
     parser.add_argument("--docs", type=Path, default=DOCS)
     args = parser.parse_args()
+    if args.packages < 1:
+        parser.error("--packages must be at least 1")
+    if not args.docs.is_dir():
+        parser.error(f"no folder at {args.docs}: name one that holds <package>/copyright files")
     result = measure(args.sample, args.packages, args.docs)
     print(table(result))
     RESULTS.mkdir(parents=True, exist_ok=True)

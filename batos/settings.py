@@ -813,6 +813,15 @@ SETTINGS: dict[str, Setting] = {
             _non_negative_float,
         ),
         Setting(
+            "catalog_names",
+            "BATOS_CATALOG_NAMES",
+            lambda: "on",
+            'Whether a search that names a document its text and vectors did not find ("the '
+            "libdpkg-perl package\", whose file never says that name) reads that document's "
+            "best passage first ('on'), or ranks by text and vectors alone ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "catalog_max_chunks",
             "BATOS_CATALOG_MAX_CHUNKS",
             lambda: "200000",

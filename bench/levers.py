@@ -79,6 +79,12 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_RERANK": "on"},
         "off": {"BATOS_MIND_RERANK": None},
     },
+    # A search that names a document its text and vectors did not find reads that
+    # document's best passage first (store.knowledge.names), against text and vectors alone.
+    "names": {
+        "on": {"BATOS_CATALOG_NAMES": None},
+        "off": {"BATOS_CATALOG_NAMES": "off"},
+    },
     # A short request about memory is answered from its passages however many personas were
     # routed (off: only when one was; several plan and weave).
     "memory_fast": {

@@ -13,8 +13,10 @@ user might type. It reports where the first passage of the named package's file 
 catalog's best ten (the mind reads three, the naive RAG five): over every package, and over the
 packages whose file never states the package's name.
 
-No model is run. Two samples are disjoint: ``--sample dev`` (seed 1) for working on retrieval,
-``--sample held`` (seed 2) to be run once a change is settled.
+No model is run. The samples are disjoint: ``--sample dev`` (seed 1) for working on retrieval,
+``--sample held`` (seed 2) to be run once a change is settled, and ``--sample held2`` (seed 3,
+drawn from the held half without the held sample's packages at the same size) for the next
+change, after ``held`` was run on an earlier one.
 
     .venv/bin/python bench/name_search.py --sample dev
     .venv/bin/python bench/name_search.py --sample held --packages 60
@@ -49,7 +51,7 @@ PHRASINGS = (
     "Can I redistribute {p}, and under what terms?",
     "who wrote {p}",
 )
-SEEDS = {"dev": 1, "held": 2}
+SEEDS = {"dev": 1, "held": 2, "held2": 3}
 
 
 def packages(docs: Path = DOCS) -> list[str]:
@@ -65,11 +67,14 @@ def packages(docs: Path = DOCS) -> list[str]:
 
 
 def sample(names: Sequence[str], which: str, n: int) -> list[str]:
-    """``n`` packages for sample ``which``; the two samples never share a package."""
+    """``n`` packages for sample ``which``; no two samples share a package."""
     order = sorted(names)  # the same packages give the same samples, in any order
     random.Random(0).shuffle(order)
     half = len(order) // 2
     pool = order[:half] if which == "dev" else order[half:]
+    if which == "held2":
+        taken = set(sample(names, "held", n))
+        pool = [name for name in pool if name not in taken]
     return sorted(random.Random(SEEDS[which]).sample(pool, min(n, len(pool))))
 
 

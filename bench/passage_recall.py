@@ -13,17 +13,24 @@ The last column ranks the same ten passages in the order the mind reads them
 (``graph.retrieval.rerank``: the catalog's order, the best sentence's rarer shared words and its
 embedding's closeness, fused).
 
+With ``--names``, it says instead which questions' first five passages (what the naive RAG
+reads; the mind reads three) change when the catalog reads the documents a query names
+(``BATOS_CATALOG_NAMES``, ``store.knowledge.names``) against text and vectors alone: a question
+whose passages do not change is one the names cannot change the answer of.
+
 No model is run: this is the catalog alone, in seconds. Where the answer-bearing passage is in
 the best three (what the mind reads) for nearly every question whose document states it, a
 wrong answer was lost in the reading, not in the retrieval.
 
     .venv/bin/python bench/passage_recall.py                  # dev split
     .venv/bin/python bench/passage_recall.py --split dev --split fresh3
+    .venv/bin/python bench/passage_recall.py --split fresh15 --names
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import tempfile
@@ -104,6 +111,37 @@ def measure(split: str) -> list[dict[str, Any]]:
             image.close()
 
 
+#: Passages compared with names read and without: what the naive RAG reads (the mind reads 3).
+COMPARED = 5
+
+
+def names_changed(split: str) -> tuple[int, list[str]]:
+    """How many document questions ``split`` has, and the ids of those whose first
+    ``COMPARED`` passages differ between names read and text and vectors alone."""
+    items = load_items(split, ["document"])["document"]
+    changed = []
+    before = os.environ.get("BATOS_CATALOG_NAMES")
+    with tempfile.TemporaryDirectory() as folder:
+        image = fresh_image(Path(folder))
+        try:
+            catalog, _ = ingest_corpus(image, DATA / split / "docs")
+            for item in items:
+                found = []
+                for value in ("on", "off"):
+                    os.environ["BATOS_CATALOG_NAMES"] = value
+                    hits = catalog.search(item["question"], COMPARED, record=False)
+                    found.append([(h.source, h.start) for h in hits])
+                if found[0] != found[1]:
+                    changed.append(item["id"])
+        finally:
+            image.close()
+            if before is None:
+                os.environ.pop("BATOS_CATALOG_NAMES", None)
+            else:
+                os.environ["BATOS_CATALOG_NAMES"] = before
+    return len(items), changed
+
+
 def line(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
     stated = [r for r in rows if r["stated"]]
     sources = " / ".join(str(within(rows, "source", k)) for k in AT)
@@ -115,7 +153,21 @@ def line(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", action="append", choices=SPLITS)
+    parser.add_argument(
+        "--names",
+        action="store_true",
+        help="say which questions' passages change when the documents a query names are read",
+    )
     args = parser.parse_args()
+    if args.names:
+        for split in args.split or ["dev"]:
+            total, changed = names_changed(split)
+            print(
+                f"{split}: the first {COMPARED} passages of {len(changed)} of {total} questions "
+                f"change with names read: {', '.join(changed) or 'none'}",
+                flush=True,
+            )
+        return
     print(
         "| split | questions | source document's first passage at 1 / 3 / 5 / 10 "
         "| answers their document states as written | a passage stating it at 1 / 3 / 5 / 10 "

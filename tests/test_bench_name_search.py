@@ -27,10 +27,12 @@ def test_packages_leave_out_symlinked_folders_and_folders_without_a_file(tmp_pat
     assert name_search.packages(docs) == ["apt", "libdpkg-perl", "zlib1g"]
 
 
-def test_the_two_samples_are_seeded_and_never_share_a_package() -> None:
-    names = [f"pkg{i:03d}" for i in range(200)]
+def test_the_samples_are_seeded_and_never_share_a_package() -> None:
+    names = [f"pkg{i:03d}" for i in range(300)]
     dev, held = name_search.sample(names, "dev", 60), name_search.sample(names, "held", 60)
-    assert len(dev) == len(held) == 60 and not set(dev) & set(held)
+    held2 = name_search.sample(names, "held2", 60)
+    assert len(dev) == len(held) == len(held2) == 60
+    assert not set(dev) & set(held) and not set(held2) & (set(dev) | set(held))
     assert dev == name_search.sample(list(reversed(names)), "dev", 60) == sorted(dev)
     assert len(name_search.sample(names[:10], "held", 60)) == 5  # at most its half
 

@@ -48,6 +48,7 @@ from store.core.layout import UpgradeStep
 from store.core.schema import require
 from store.knowledge.embeddings import DIMS, FLOAT32, Embedder, from_bytes, to_bytes
 from store.knowledge.lexical import LexicalIndex
+from store.knowledge.names import SUMMARY_PREFIX, DocumentNames
 from store.knowledge.vectors import VectorIndex, reciprocal_rank_fusion
 
 log = logging.getLogger("batos.catalog")
@@ -61,6 +62,9 @@ MIN_CANDIDATES = 50
 #: does not turn every read into a write transaction.
 RETRIEVAL_FLUSH_SECONDS = 30.0
 _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
+#: A document a query names is brought forward only when none of its passages is already among
+#: this many of the fused results: the mind reads three passages.
+NAMED_LEAVE = 3
 
 IFTreeSet = family32.IF.TreeSet
 
@@ -279,6 +283,7 @@ class KnowledgeCatalog:
         self.vectors = VectorIndex()
         self.lexical = LexicalIndex()
         self._last_filter: tuple[Any, np.ndarray] | None = None
+        self._names: tuple[int, DocumentNames] | None = None  # for one catalog version
         self._retrieved: dict[int, int] = {}
         self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -614,6 +619,8 @@ class KnowledgeCatalog:
                 ranked = dense[:k]
             else:
                 ranked = reciprocal_rank_fusion([[i for i, _ in lexical], [i for i, _ in dense]], k)
+                if query_vector is not None:
+                    ranked = self._with_named(cat, query, query_vector, ranked, k, allowed)
             lexical_rank = {cid: rank for rank, (cid, _) in enumerate(lexical, start=1)}
             dense_rank = {cid: rank for rank, (cid, _) in enumerate(dense, start=1)}
             hits = [
@@ -624,6 +631,62 @@ class KnowledgeCatalog:
         if record:
             self._record_retrievals(hit.chunk_id for hit in hits)
         return hits
+
+    def _with_named(
+        self,
+        cat: Any,
+        query: str,
+        query_vector: np.ndarray,
+        ranked: list[tuple[int, float]],
+        k: int,
+        allowed: np.ndarray | None,
+    ) -> list[tuple[int, float]]:
+        """``ranked`` with the best passage of each document ``query`` names in front, when
+        none of those documents has a passage among its first ``NAMED_LEAVE`` already.
+
+        A query whose text and vectors found the document it names keeps its order exactly:
+        it is a query whose words are in its document anyway, and reordering its passages by
+        the name lost answers that were right. A named document that nothing found ("the
+        libdpkg-perl package", whose file never says its name) gets its passage nearest the
+        query read first, scored level with the fusion's best.
+        """
+        if settings.get_str("catalog_names") == "off":
+            return ranked
+        text = cat["text"]
+        named = self._document_names(cat).named(text.lexicon, text.index._wordinfo, query)
+        if not named:
+            return ranked
+        if any(cat["chunks"][cid].source in named for cid, _ in ranked[:NAMED_LEAVE]):
+            return ranked
+        top = ranked[0][1] if ranked else 1.0
+        front: list[tuple[int, float]] = []
+        for source in named:
+            document = cat["documents"].get(source)
+            if document is None or not document.chunk_ids:
+                continue
+            ids = np.unique(np.asarray(document.chunk_ids, dtype=np.int64))
+            if allowed is not None:
+                ids = np.intersect1d(ids, allowed, assume_unique=True)
+            if len(ids):
+                [(best, _)] = self.vectors.search(query_vector, 1, ids)
+                front.append((best, top))
+        chosen = {cid for cid, _ in front}
+        return (front + [(cid, score) for cid, score in ranked if cid not in chosen])[:k]
+
+    def _document_names(self, cat: Any) -> DocumentNames:
+        """The catalog's document names, built once per catalog version."""
+        version = cat["version"]()
+        with self._lock:
+            if self._names is not None and self._names[0] == version:
+                return self._names[1]
+        by_source = cat["fields"].get("source", {})
+        sources = [s for s in cat["documents"].keys() if not s.startswith(SUMMARY_PREFIX)]
+        names = DocumentNames(
+            cat["text"].lexicon, sources, [by_source.get(source, ()) for source in sources]
+        )
+        with self._lock:
+            self._names = (version, names)
+        return names
 
     def known_terms(self, terms: Iterable[str]) -> set[str]:
         """Which of ``terms`` occur in the catalog's text (as its full-text index splits and

@@ -37,6 +37,7 @@ from ZODB.interfaces import IBlobStorage
 from batos import settings
 from batos.errors import ArchiveError
 from store.knowledge.catalog import Change, Chunk, KnowledgeCatalog, catalog_root, stored_vector
+from store.knowledge.names import SUMMARY_PREFIX
 
 log = logging.getLogger("batos.curator")
 
@@ -53,7 +54,6 @@ REDUNDANCY_SCAN = 4000
 #: When over budget, archive down to this fraction of ``catalog_max_chunks`` so the next
 #: ingest does not trigger the curator again at once.
 TARGET_FRACTION = 0.9
-SUMMARY_PREFIX = "curator://summary/"
 
 
 class Archive(Persistent):

@@ -115,16 +115,16 @@ def measure(split: str) -> list[dict[str, Any]]:
 COMPARED = 5
 
 
-def names_changed(split: str) -> tuple[int, list[str]]:
+def names_changed(split: str, data: Path = DATA) -> tuple[int, list[str]]:
     """How many document questions ``split`` has, and the ids of those whose first
     ``COMPARED`` passages differ between names read and text and vectors alone."""
-    items = load_items(split, ["document"])["document"]
+    items = load_items(split, ["document"], data=data)["document"]
     changed = []
     before = os.environ.get("BATOS_CATALOG_NAMES")
     with tempfile.TemporaryDirectory() as folder:
         image = fresh_image(Path(folder))
         try:
-            catalog, _ = ingest_corpus(image, DATA / split / "docs")
+            catalog, _ = ingest_corpus(image, data / split / "docs")
             for item in items:
                 found = []
                 for value in ("on", "off"):

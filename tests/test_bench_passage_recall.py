@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from bench.passage_recall import line, ranks, states
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.passage_recall import line, names_changed, ranks, states
 
 ITEM = {
     "id": "q1",
@@ -40,3 +46,31 @@ def test_the_line_counts_answers_only_among_those_their_document_states() -> Non
         {"id": "c", "source": None, "answer": None, "stated": True, "reranked": None},
     ]
     assert line("dev", rows) == ("| dev | 3 | 1 / 1 / 2 / 2 | 2 | 0 / 1 / 1 / 1 | 1 / 1 / 1 / 1 |")
+
+
+def test_names_changed_says_which_questions_passages_the_names_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Licence files that never say their package's name, and more files whose text speaks of
+    # licences and packages far more: a question naming libdpkg-perl gets its file's passage
+    # only by the name; a question the text answers keeps its passages.
+    docs = tmp_path / "dev" / "docs"
+    docs.mkdir(parents=True)
+    (docs / "libdpkg-perl.txt").write_text("Upstream-Name: dpkg\nLicense: GPL-2+\n", "utf-8")
+    for n in range(4):
+        (docs / f"tool{n}.txt").write_text(
+            f"Tool {n}. Which licence covers this package? The licence that covers the package "
+            "is the GPL; you can redistribute the package under the terms of that licence.",
+            "utf-8",
+        )
+    (docs / "ferry.txt").write_text("The ferry leaves the quay at 07:40 every day.", "utf-8")
+    questions = [
+        {"id": "named", "question": "Which licence covers the libdpkg-perl package?"},
+        {"id": "plain", "question": "When does the ferry leave the quay?"},
+    ]
+    (tmp_path / "dev" / "doc_questions.jsonl").write_text(
+        "".join(json.dumps({**q, "family": "document"}) + "\n" for q in questions), "utf-8"
+    )
+    monkeypatch.setenv("BATOS_CATALOG_NAMES", "off")
+    assert names_changed("dev", data=tmp_path) == (2, ["named"])
+    assert os.environ["BATOS_CATALOG_NAMES"] == "off"  # the caller's setting is given back

@@ -18,6 +18,8 @@ simple." for "what did I just say?" after "hello").
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,12 @@ TURN_CHARS = 600
 #: prompt the model reads again (about 90 tokens a second on two cores), and the whole
 #: message is in the thread the answer sees anyway.
 LISTED_CHARS = 240
+#: Statements' vectors kept between cycles, per encoder: a thread's earlier messages are the
+#: same from one cycle to the next, and encoding a dozen of them again each time is most of
+#: what weighing them costs.
+VECTOR_CACHE = 512
+_vectors: OrderedDict[tuple[Any, str], np.ndarray] = OrderedDict()
+_vectors_lock = threading.Lock()
 
 _ADVERB = r"(?:just|first|last|earlier|already|previously|originally|once)\s+"
 _SAYING_PAST = (
@@ -164,7 +172,7 @@ def probe(
     best, turn = None, None
     told = [(i, stated) for i, text in enumerate(turns) if (stated := statements(text))]
     if request_vector is not None and told:
-        vectors = np.asarray(encode([text for _, text in told]), dtype=np.float32)
+        vectors = _encoded([text for _, text in told], encode)
         query = np.asarray(request_vector, dtype=np.float32)
         norms = np.linalg.norm(vectors, axis=1) * max(float(np.linalg.norm(query)), 1e-12)
         scores = vectors @ query / np.maximum(norms, 1e-12)
@@ -175,6 +183,28 @@ def probe(
     if best is not None and best >= bar and (catalog_best is None or best >= catalog_best):
         return ThreadSource(True, "nearest", best, turn, bar)
     return ThreadSource(False, "", best, turn, bar)
+
+
+def _encoded(texts: list[str], encode: Callable[[list[str]], Any]) -> np.ndarray:
+    """``texts``' vectors, one row each: those encoded before by the same encoder (a bound
+    method's object, else the function itself) are read back, and the rest are encoded in one
+    batch and kept, the least recently used dropped past ``VECTOR_CACHE``."""
+    owner = getattr(encode, "__self__", encode)
+    with _vectors_lock:
+        known = {t: _vectors[(owner, t)] for t in texts if (owner, t) in _vectors}
+    missing = list(dict.fromkeys(t for t in texts if t not in known))
+    if missing:
+        fresh = np.asarray(encode(missing), dtype=np.float32)
+        if fresh.shape[0] != len(missing):
+            raise ValueError(f"the encoder gave {fresh.shape[0]} vectors for {len(missing)} texts")
+        known.update(zip(missing, fresh, strict=True))
+    with _vectors_lock:
+        for text in texts:
+            _vectors[(owner, text)] = known[text]
+            _vectors.move_to_end((owner, text))
+        while len(_vectors) > VECTOR_CACHE:
+            _vectors.popitem(last=False)
+    return np.stack([known[t] for t in texts])
 
 
 def said_prompt(request: str, turns: Sequence[str]) -> str:

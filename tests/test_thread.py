@@ -204,3 +204,26 @@ def test_a_follow_up_to_an_earlier_question_is_not_answered_by_it() -> None:
     assert not found.about_thread and found.best is None
     stated = ["The Tidewater report says membership fees are 40 pounds."]
     assert probe("What are the Tidewater report membership fees?", stated, 0.3).about_thread
+
+
+def test_earlier_messages_are_encoded_once_per_encoder() -> None:
+    class Counting:
+        def __init__(self, scale: float) -> None:
+            self.scale, self.seen = scale, []
+
+        def encode(self, texts: list[str]) -> np.ndarray:
+            self.seen.extend(texts)
+            return np.array([[len(t) * self.scale, 1.0] for t in texts], dtype=np.float32)
+
+    first, second = Counting(1.0), Counting(-1.0)
+    turns = ["I owe Priya 25 pounds.", "My sister lives in Leeds."]
+    vector = np.array([1.0, 0.0], dtype=np.float32)
+    before = thread.probe("How much do I owe?", turns, vector, first.encode, None, 0.0)
+    again = thread.probe(
+        "How much do I owe?", [*turns, "Leeds is rainy."], vector, first.encode, None, 0.0
+    )
+    assert first.seen == [*turns, "Leeds is rainy."]  # the new message alone the second time
+    assert again.best is not None and before.best is not None
+    other = thread.probe("How much do I owe?", turns, vector, second.encode, None, 0.0)
+    assert second.seen == turns  # another encoder's vectors are never read back
+    assert other.best is not None and other.best < 0 < before.best

@@ -186,10 +186,10 @@ def probe(
 
 
 def _encoded(texts: list[str], encode: Callable[[list[str]], Any]) -> np.ndarray:
-    """``texts``' vectors, one row each: those encoded before by the same encoder (a bound
-    method's object, else the function itself) are read back, and the rest are encoded in one
-    batch and kept, the least recently used dropped past ``VECTOR_CACHE``."""
-    owner = getattr(encode, "__self__", encode)
+    """``texts``' vectors, one row each: those encoded before by the same encoder (``encode``
+    itself: bound methods of one object compare equal) are read back, and the rest are
+    encoded in one batch and kept, the least recently used dropped past ``VECTOR_CACHE``."""
+    owner = encode
     with _vectors_lock:
         known = {t: _vectors[(owner, t)] for t in texts if (owner, t) in _vectors}
     missing = list(dict.fromkeys(t for t in texts if t not in known))

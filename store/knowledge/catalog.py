@@ -49,7 +49,7 @@ from store.core.schema import require
 from store.knowledge.embeddings import DIMS, FLOAT32, Embedder, from_bytes, to_bytes
 from store.knowledge.lexical import LexicalIndex
 from store.knowledge.names import SUMMARY_PREFIX, DocumentNames
-from store.knowledge.vectors import VectorIndex, reciprocal_rank_fusion
+from store.knowledge.vectors import RRF_K, VectorIndex, reciprocal_rank_fusion
 
 log = logging.getLogger("batos.catalog")
 
@@ -284,6 +284,7 @@ class KnowledgeCatalog:
         self.lexical = LexicalIndex()
         self._last_filter: tuple[Any, np.ndarray] | None = None
         self._names: tuple[int, DocumentNames] | None = None  # for one catalog version
+        self._names_lock = threading.Lock()
         self._retrieved: dict[int, int] = {}
         self._retrieved_flushed = time.monotonic()
         self._lock = threading.Lock()
@@ -656,9 +657,15 @@ class KnowledgeCatalog:
         named = self._document_names(cat).named(text.lexicon, text.index._wordinfo, query)
         if not named:
             return ranked
-        if any(cat["chunks"][cid].source in named for cid, _ in ranked[:NAMED_LEAVE]):
+        chunks = cat["chunks"]
+        # A chunk another thread's commit added after this read's snapshot is not in it: it
+        # counts for nothing here, as the hits leave it out.
+        if any(
+            chunk is not None and chunk.source in named
+            for chunk in (chunks.get(cid) for cid, _ in ranked[:NAMED_LEAVE])
+        ):
             return ranked
-        top = ranked[0][1] if ranked else 1.0
+        top = ranked[0][1] if ranked else 1.0 / (RRF_K + 1)  # a first place in one list
         front: list[tuple[int, float]] = []
         for source in named:
             document = cat["documents"].get(source)
@@ -667,26 +674,26 @@ class KnowledgeCatalog:
             ids = np.unique(np.asarray(document.chunk_ids, dtype=np.int64))
             if allowed is not None:
                 ids = np.intersect1d(ids, allowed, assume_unique=True)
-            if len(ids):
-                [(best, _)] = self.vectors.search(query_vector, 1, ids)
-                front.append((best, top))
+            # empty when another thread has just taken the document's vectors out
+            nearest = self.vectors.search(query_vector, 1, ids) if len(ids) else []
+            if nearest:
+                front.append((nearest[0][0], top))
         chosen = {cid for cid, _ in front}
         return (front + [(cid, score) for cid, score in ranked if cid not in chosen])[:k]
 
     def _document_names(self, cat: Any) -> DocumentNames:
         """The catalog's document names, built once per catalog version."""
         version = cat["version"]()
-        with self._lock:
+        with self._names_lock:  # one thread builds; the others wait for it, then read it
             if self._names is not None and self._names[0] == version:
                 return self._names[1]
-        by_source = cat["fields"].get("source", {})
-        sources = [s for s in cat["documents"].keys() if not s.startswith(SUMMARY_PREFIX)]
-        names = DocumentNames(
-            cat["text"].lexicon, sources, [by_source.get(source, ()) for source in sources]
-        )
-        with self._lock:
+            by_source = cat["fields"].get("source", {})
+            sources = [s for s in cat["documents"].keys() if not s.startswith(SUMMARY_PREFIX)]
+            names = DocumentNames(
+                cat["text"].lexicon, sources, [by_source.get(source, ()) for source in sources]
+            )
             self._names = (version, names)
-        return names
+            return names
 
     def known_terms(self, terms: Iterable[str]) -> set[str]:
         """Which of ``terms`` occur in the catalog's text (as its full-text index splits and

@@ -89,7 +89,7 @@ class Owners:
 def decisive(scores: Mapping[int, float], most: int) -> list[int]:
     """The keys of ``scores``, best first, as many as fit in ``most`` without splitting a
     group of equal scores: the documents a query singles out by name, and no more."""
-    ranked = sorted(scores.items(), key=lambda item: -item[1])
+    ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
     chosen: list[int] = []
     start = 0
     while start < len(ranked):
@@ -131,13 +131,16 @@ class DocumentNames:
         """
         total = len(self.sources)
         scores: dict[int, float] = {}
-        for word in set(terms(lexicon, query)):
+        # in the query's order, so the sums (and near ties) are the same in every process
+        for word in dict.fromkeys(terms(lexicon, query)):
             holders = self.naming.get(word)
             if not holders or len(holders) > NAMED_SHARE * total:
                 continue
             wid = lexicon.get_wid(word)
             in_text = wordinfo.get(wid, ()) if wid else ()
-            if self.owners.others(in_text, holders) > NAMED_OUTSIDE * len(holders):
+            most = NAMED_OUTSIDE * len(holders)
+            # fewer passages than that cannot belong to more documents: no need to count
+            if len(in_text) > most and self.owners.others(in_text, holders) > most:
                 continue
             rarity = math.log(1.0 + (total - len(holders) + 0.5) / (len(holders) + 0.5))
             for index in holders:

@@ -46,9 +46,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh14 --families document  # a fifteenth
     .venv/bin/python bench/usefulness.py --split fresh14 --families recall    # recall, held out
     .venv/bin/python bench/usefulness.py --split fresh15 --families document  # a sixteenth
+    .venv/bin/python bench/usefulness.py --split fresh16 --families document  # a seventeenth
 
-``headline/`` and ``fresh1/`` to ``fresh15/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The fifteen fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh16/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The sixteen fresh sets have
 document questions only, so name ``--families document`` with them; ``fresh14`` also has the
 second held-out recall set (``--families recall``).
 """
@@ -83,7 +84,7 @@ from store.knowledge.catalog import KnowledgeCatalog
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 16)))
+HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 17)))
 SPLITS = ("dev", *HELD_OUT)
 #: Family → its file in a split's folder.
 FAMILIES = {

@@ -374,6 +374,7 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh13",
             "fresh14",
             "fresh15",
+            "fresh16",
         }
         <= set(usefulness.SPLITS)
     )

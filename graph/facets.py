@@ -20,6 +20,7 @@ the writer in its own).
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ def instruction_from(result: Any) -> Instruction:
     Accepted: a non-empty string, or a dict with 'instruction' and optionally 'temperature'
     and 'num_predict' within bounds, and 'tool': a call of a tool proxy the host makes for
     the facet (``{"name": "weather", "selector": "today", "args": ["Oslo"]}``). Nothing else
-    crosses from generated code to the model.
+    crosses from generated code to the model: a dict's other keys are never read.
     """
     if isinstance(result, str):
         result = {"instruction": result}
@@ -79,11 +80,8 @@ def instruction_from(result: Any) -> Instruction:
         raise ValueError(
             f"a facet must return a dict with 'instruction', not a {type(result).__name__}"
         )
-    unknown = sorted(set(map(str, result)) - {"instruction", "temperature", "num_predict", "tool"})
-    if unknown:
-        raise ValueError(
-            f"a facet's dict takes instruction, temperature, num_predict and tool, not {unknown}"
-        )
+    # Other keys ('intent', 'details': drafts add them) are dropped unread: only these four
+    # cross from generated code to the model.
     text = result.get("instruction")
     if not isinstance(text, str) or not text.strip():
         raise ValueError("a facet's 'instruction' must be a non-empty string")
@@ -270,7 +268,10 @@ def _run_or_fall_back(
 
 
 def writer(
-    models: Callable[..., BaseChatModel], attempts: int, call: ModelCall | None = None
+    models: Callable[..., BaseChatModel],
+    attempts: int,
+    call: ModelCall | None = None,
+    intent: str = "",
 ) -> jit.JitRunner:
     """The JIT's mission as facets use it: ``models(persona, **options)`` (the author model,
     or a test double) writes one draft a round, each retry told the last one's findings, for
@@ -284,7 +285,7 @@ def writer(
         examples=False,
         trust=None,
         ask=None,
-        acceptance=_carries(SAMPLE_QUERIES[0]),
+        acceptance=_carries(SAMPLE_QUERIES[0], intent),
         call=call,
     )
 
@@ -302,8 +303,9 @@ def write_facet(
     installed on ``root``'s connection only, which the caller aborts: the approved source
     comes back as data. ``FacetError`` with the findings when no draft passes."""
     receiver = _receiver(root, persona, selector)
+    intent = str((receiver._slots().get(INTENTS_SLOT) or {}).get(selector) or "")
     try:
-        writer(models, attempts, call).send(receiver, selector, (SAMPLE_QUERIES[0],))
+        writer(models, attempts, call, intent).send(receiver, selector, (SAMPLE_QUERIES[0],))
     except MissionFailed as exc:
         raise FacetError(
             f"the method for facet {persona}.{selector} could not be written",
@@ -314,10 +316,11 @@ def write_facet(
     method = receiver._slots()[selector]
     for sample in SAMPLE_QUERIES[1:]:
         result = _call(method, receiver, sample, persona, selector)
-        if sample not in result.text:
+        wrong = _as_stated(result, sample, intent)
+        if wrong:
             raise FacetError(
-                f"the method for facet {persona}.{selector} ignores its question",
-                [f"called with {sample!r} it returned {result.text[:200]!r}"],
+                f"the method for facet {persona}.{selector} does not do what its intent says",
+                [f"called with {sample!r} it returned {result.text[:200]!r}: {wrong}"],
             )
     return WrittenMethod(
         persona=persona,
@@ -330,18 +333,55 @@ def write_facet(
     )
 
 
-def _carries(query: str) -> Callable[[Any], bool | str]:
+#: A facet intent of the codex's form: "… 'instruction' is the text '<text>' followed by the
+#: question; 'temperature' is <t>." — the whole of what its method must return.
+_STATED_TEXT = re.compile(r"'instruction' is the text '(?P<text>.+)' followed by the question")
+_STATED_TEMPERATURE = re.compile(r"'temperature' is (?P<t>[0-9]+(?:\.[0-9]+)?)")
+
+
+def stated(intent: str) -> tuple[str | None, float | None]:
+    """The instruction text and temperature an intent of the codex's form states (None for
+    what it does not state)."""
+    text = _STATED_TEXT.search(intent)
+    temperature = _STATED_TEMPERATURE.search(intent)
+    return (
+        text["text"] if text else None,
+        float(temperature["t"]) if temperature else None,
+    )
+
+
+def _as_stated(result: Instruction, query: str, intent: str) -> str:
+    """Why ``result`` is not what ``intent`` states for ``query`` ("" when it is).
+
+    The question must be in the instruction word for word. An intent of the codex's form
+    states the instruction's exact text and temperature, so a draft that reads a placeholder
+    into that text ("citing [n]" written as "citing 13") or drops its question is caught
+    here, by the intent's own words, before it is installed."""
+    if query not in result.text:
+        return (
+            "the instruction must contain the question the method was called with, "
+            "word for word (the intent's text, then the question argument)"
+        )
+    stated = _STATED_TEXT.search(intent)
+    if stated:
+        wanted = " ".join(f"{stated['text']}{query}".split())
+        if " ".join(result.text.split()) != wanted:
+            return (
+                f"the instruction must be exactly {wanted!r}: the intent's text, then the question"
+            )
+    temperature = _STATED_TEMPERATURE.search(intent)
+    if temperature and result.options.get("temperature") != float(temperature["t"]):
+        return f"'temperature' must be {temperature['t']}, as the intent says"
+    return ""
+
+
+def _carries(query: str, intent: str = "") -> Callable[[Any], bool | str]:
     def accept(result: Any) -> bool | str:
         try:
-            text = instruction_from(result).text
+            instruction = instruction_from(result)
         except ValueError as exc:
             return str(exc)
-        if query not in text:
-            return (
-                "the instruction must contain the question the method was called with, "
-                "word for word (the intent's text, then the question argument)"
-            )
-        return True
+        return _as_stated(instruction, query, intent) or True
 
     return accept
 

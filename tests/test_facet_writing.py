@@ -13,7 +13,7 @@ from test_mind import facet_source
 from batos.shell.cli import main
 from batos.shell.doctor import check_facets
 from batos.shell.runtime import open_image
-from graph import facet_writing
+from graph import facet_writing, facets
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store.core import method_queue
@@ -51,6 +51,15 @@ def test_a_facet_is_written_tried_on_samples_and_installed(image: LivingImage) -
         assert method_queue.entries(root)["BRICK.facet_steps"]["state"] == "written"
 
 
+def test_keys_a_facet_s_dict_does_not_take_are_dropped_unread(image: LivingImage) -> None:
+    extra = facet_source("facet_steps").replace("'temperature'", "'intent': 'steps', 'temperature'")
+    assert "'intent': 'steps'" in extra
+    result = facet_writing.write_one(image, "BRICK", "facet_steps", drafting(lambda s: extra))
+    assert result.ok, result.reason
+    instruction = facets.instruction_from({"instruction": "Do this", "details": {"x": 1}})
+    assert instruction == facets.Instruction("Do this", {}, None)
+
+
 @pytest.mark.parametrize(
     ("source", "why"),
     [
@@ -58,6 +67,23 @@ def test_a_facet_is_written_tried_on_samples_and_installed(image: LivingImage) -
         (  # a method that ignores its question and returns the same text for every one
             lambda s: f"def {s}(self, query):\n    return 'List the steps for a garden.'\n",
             "must contain the question the method was called with",
+        ),
+        (  # the intent's text with its placeholder read as a number, as drafts did
+            lambda s: facet_source(s).replace("at most six steps", "at most 6 steps"),
+            "the instruction must be exactly 'List the numbered steps that solve this, one "
+            "short line each, at most six steps: how do I keep",
+        ),
+        (  # the question quoted: not the intent's text followed by the question
+            lambda s: (
+                f"def {s}(self, query):\n    return {{'instruction': 'List the numbered "
+                "steps that solve this, one short line each, at most six steps: \"' + query + "
+                "'\"', 'temperature': 0.2}\n"
+            ),
+            "the instruction must be exactly",
+        ),
+        (
+            lambda s: facet_source(s).replace("'temperature': 0.2", "'temperature': 0.9"),
+            "'temperature' must be 0.2, as the intent says",
         ),
     ],
 )

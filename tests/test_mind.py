@@ -16,9 +16,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from batos.errors import CheckpointError, MindError, ModelError
 from batos.shell.runtime import ask, open_image
-from graph import cycle
+from graph import cycle, facets
 from graph.answer import repetition
 from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
+from prototypes.codex import load_codex
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
 from store.checkpoint import effects
@@ -28,10 +29,15 @@ from store.core.image import LivingImage
 SELECTOR = re.compile(r"Write the method `(\w+)`")
 
 
-def facet_source(selector: str, instruction: str = "Work on this: ") -> str:
+def facet_source(selector: str, instruction: str | None = None) -> str:
+    """A right facet method: the text and temperature its codex intent states (a selector
+    the codex lacks: "Work on this: " and 0.2), or ``instruction`` as its text."""
+    intents = {s: i for spec in load_codex().personas.values() for s, i in spec.intents.items()}
+    text, temperature = facets.stated(intents.get(selector, ""))
+    text = instruction if instruction is not None else (text or "Work on this: ")
     return (
         f"def {selector}(self, query):\n"
-        f"    return {{'instruction': {instruction!r} + query, 'temperature': 0.2}}\n"
+        f"    return {{'instruction': {text!r} + query, 'temperature': {temperature or 0.2}}}\n"
     )
 
 
@@ -150,7 +156,8 @@ def test_a_full_cycle_folds_the_lead_s_own_steps_into_one_answer(image) -> None:
     plan_call = models.of("plan")[0]
     assert plan_call.options["format"]["properties"]["steps"]["maxItems"] == 4
     weave = models.of("answer")[0].text
-    assert "(not only its heading):\n1. Work on this: which steps build a shed\n2. Work on" in weave
+    steps = "List the numbered steps that solve this, one short line each, at most six steps: "
+    assert f"(not only its heading):\n1. {steps}which steps build a shed\n2. Describe" in weave
     assert state["cycle"]["plan_quality"]["final"] == {
         "steps": 2,
         "duplicates": 0,
@@ -230,7 +237,11 @@ def test_inline_writing_writes_each_facet_once_on_sample_questions(image, monkey
     with image.read() as root:
         brick = personas(root)["BRICK"]
         assert isinstance(brick._slots()["facet_steps"], Method)
-        assert brick.facet_steps("x") == {"instruction": "Work on this: x", "temperature": 0.2}
+        assert brick.facet_steps("x") == {
+            "instruction": "List the numbered steps that solve this, one short line each, at most "
+            "six steps: x",
+            "temperature": 0.2,
+        }
         assert sorted(cycle.get(root, state["cycle"]["id"])["methods_written"]) == [
             "BRICK.facet_design",
             "BRICK.facet_steps",

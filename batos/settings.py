@@ -222,6 +222,18 @@ SETTINGS: dict[str, Setting] = {
             "own model writes.",
         ),
         Setting(
+            "author_adapters",
+            "BATOS_AUTHOR_ADAPTERS",
+            # batos init --prepare on the default model wrote 5 of 8 facets with the adapters
+            # (BABS's wrote prose where the body belongs) and 8 of 8 without; the JIT's
+            # drafts passed 44 of 75 intents either way (bench/RESULTS.md).
+            lambda: "off",
+            "Whether a persona's own model, when no author model is set, writes methods with "
+            "its voice adapter ('on') or with its system prompt alone ('off'); the embedded "
+            "backend only (a server's persona model has its adapter built in).",
+            _choice("on", "off"),
+        ),
+        Setting(
             "author_url",
             "BATOS_AUTHOR_URL",
             lambda: "",

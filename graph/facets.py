@@ -333,10 +333,14 @@ def write_facet(
     )
 
 
-#: A facet intent of the codex's form: "… 'instruction' is the text '<text>' followed by the
-#: question; 'temperature' is <t>." — the whole of what its method must return.
-_STATED_TEXT = re.compile(r"'instruction' is the text '(?P<text>.+)' followed by the question")
-_STATED_TEMPERATURE = re.compile(r"'temperature' is (?P<t>[0-9]+(?:\.[0-9]+)?)")
+#: A facet intent of the codex's form states the whole of what its method returns: "…
+#: {'instruction': '<text>' + question, 'temperature': <t>} …" (and, before codex version 4,
+#: "… 'instruction' is the text '<text>' followed by the question; 'temperature' is <t>.").
+_STATED_TEXT = re.compile(
+    r"'instruction': '(?P<text>.+)' \+ question"
+    r"|'instruction' is the text '(?P<old>.+)' followed by the question"
+)
+_STATED_TEMPERATURE = re.compile(r"'temperature'(?::| is) (?P<t>[0-9]+(?:\.[0-9]+)?)")
 
 
 def stated(intent: str) -> tuple[str | None, float | None]:
@@ -345,7 +349,7 @@ def stated(intent: str) -> tuple[str | None, float | None]:
     text = _STATED_TEXT.search(intent)
     temperature = _STATED_TEMPERATURE.search(intent)
     return (
-        text["text"] if text else None,
+        (text["text"] or text["old"]) if text else None,
         float(temperature["t"]) if temperature else None,
     )
 

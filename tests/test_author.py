@@ -224,6 +224,22 @@ def test_an_embedded_author_runs_without_the_persona_adapter(
     assert EmbeddedChatModel(persona="ROBIN").resolve()[2]
 
 
+def test_unset_the_persona_s_own_embedded_model_writes_without_its_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("BATOS_AUTHOR_MODEL", raising=False)
+    monkeypatch.delenv("BATOS_AUTHOR_ADAPTERS", raising=False)
+    monkeypatch.setenv("BATOS_MODEL", "test")
+    model = author_model("BABS", temperature=0.4, backend="embedded")
+    assert isinstance(model, EmbeddedChatModel)
+    assert (model.persona, model.use_adapters, model.temperature) == ("BABS", False, 0.4)
+    assert model.resolve()[2] == ()
+    monkeypatch.setenv("BATOS_AUTHOR_ADAPTERS", "on")
+    voiced = author_model("BABS", backend="embedded")
+    assert isinstance(voiced, EmbeddedChatModel) and voiced.use_adapters
+    assert voiced.resolve()[2]  # BABS's adapter for the test model
+
+
 # -- bad configuration --------------------------------------------------------------------------
 
 

@@ -86,7 +86,8 @@ def chat_model(persona: str, **options: Any) -> BaseChatModel:
 
 def author_model(persona: str, **options: Any) -> BaseChatModel:
     """The model that writes ``persona``'s methods: the ``author_model`` setting's model
-    (``batos.models.author``) when one is set, else ``chat_model(persona, **options)``.
+    (``batos.models.author``) when one is set, else ``chat_model(persona, **options)`` — on
+    the embedded backend without the persona's adapter unless ``author_adapters`` is 'on'.
 
     Options as ``chat_model`` takes them; ``backend`` only where no author is set (an
     author's backend is part of its setting).
@@ -95,7 +96,23 @@ def author_model(persona: str, **options: Any) -> BaseChatModel:
 
     chosen = author.configured()
     if chosen is None:
-        return chat_model(persona, **options)
+        if settings.get_str("author_adapters") == "on":
+            return chat_model(persona, **options)
+        options = dict(options)
+        name = select_backend(options.pop("backend", None))
+        if name != "embedded":  # a server's persona model has its adapter built in
+            return chat_model(persona, backend=name, **options)
+        from batos.models.embedded import EmbeddedChatModel
+
+        # The adapters are trained on the personas' replies, for their voice: writing code
+        # through one, BABS's drafts put a cited report where a method's body belongs.
+        timeout, options = _call_options(options)
+        return EmbeddedChatModel(
+            persona=load_codex().persona(persona).name,
+            use_adapters=False,
+            timeout=timeout,
+            **options,
+        )
     spec = load_codex().persona(persona)
     options = dict(options)
     if options.pop("backend", None) is not None:

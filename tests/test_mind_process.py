@@ -29,9 +29,12 @@ from pathlib import Path
 from fakes import FakeEmbedder, FakeModels, FakeRouter, call_kind
 from langchain_core.messages import HumanMessage
 from batos.shell.runtime import open_image
+from graph import facets
 from graph.mind import MindServices, build_graph, run_config
+from prototypes.codex import load_codex
 from store.checkpoint.saver import ZODBSaver
 
+INTENTS = {s: i for spec in load_codex().personas.values() for s, i in spec.intents.items()}
 uri, mode, threads = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 PLAN = json.dumps({"steps": [
     {"facet": "BRICK.facet_steps", "query": "which steps build a shed"},
@@ -45,8 +48,10 @@ def respond(call):
         return PLAN
     if kind == "draft":
         selector = re.search(r"Write the method `(\\w+)`", call.text).group(1)
-        return (f"```python\\ndef {selector}(self, query):\\n"
-                "    return {'instruction': 'Work on: ' + query}\\n```")
+        # a right facet: the text and temperature its codex intent states
+        text, temperature = facets.stated(INTENTS[selector])
+        body = f"{{'instruction': {text!r} + query, 'temperature': {temperature}}}"
+        return f"```python\\ndef {selector}(self, query):\\n    return {body}\\n```"
     if kind == "facet":
         return "1. measure 2. cut 3. build"
     if mode == "hang" and os.environ.get("SIGNAL_FILE"):

@@ -366,16 +366,15 @@ def _as_stated(result: Instruction, query: str, intent: str) -> str:
             "the instruction must contain the question the method was called with, "
             "word for word (the intent's text, then the question argument)"
         )
-    stated = _STATED_TEXT.search(intent)
-    if stated:
-        wanted = " ".join(f"{stated['text']}{query}".split())
+    text, temperature = stated(intent)
+    if text is not None:
+        wanted = " ".join(f"{text}{query}".split())
         if " ".join(result.text.split()) != wanted:
             return (
                 f"the instruction must be exactly {wanted!r}: the intent's text, then the question"
             )
-    temperature = _STATED_TEMPERATURE.search(intent)
-    if temperature and result.options.get("temperature") != float(temperature["t"]):
-        return f"'temperature' must be {temperature['t']}, as the intent says"
+    if temperature is not None and result.options.get("temperature") != temperature:
+        return f"'temperature' must be {temperature}, as the intent says"
     return ""
 
 

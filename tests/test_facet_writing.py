@@ -51,6 +51,29 @@ def test_a_facet_is_written_tried_on_samples_and_installed(image: LivingImage) -
         assert method_queue.entries(root)["BRICK.facet_steps"]["state"] == "written"
 
 
+@pytest.mark.parametrize(
+    "intent",
+    [  # codex version 4's form, and the form before it (an image not yet upgraded)
+        "Given a question, return {'instruction': 'Steps for: ' + question, 'temperature': 0.2}.",
+        "Given a question, return a dict: 'instruction' is the text 'Steps for: ' followed by "
+        "the question; 'temperature' is 0.2.",
+    ],
+)
+def test_a_result_is_held_to_what_its_intent_states(intent: str) -> None:
+    assert facets.stated(intent) == ("Steps for: ", 0.2)
+    right = facets.Instruction("Steps for:  a shed", {"temperature": 0.2})
+    assert facets._as_stated(right, "a shed", intent) == ""
+    quoted = facets.Instruction('Steps for: "a shed"', {"temperature": 0.2})
+    assert "must be exactly 'Steps for: a shed'" in facets._as_stated(quoted, "a shed", intent)
+    hot = facets.Instruction("Steps for: a shed", {"temperature": 0.9})
+    assert (
+        facets._as_stated(hot, "a shed", intent) == "'temperature' must be 0.2, as the intent says"
+    )
+    assert facets.stated("Return the question upper-cased.") == (None, None)
+    loose = facets.Instruction("Please: a shed", {})
+    assert facets._as_stated(loose, "a shed", "Return the question upper-cased.") == ""
+
+
 def test_keys_a_facet_s_dict_does_not_take_are_dropped_unread(image: LivingImage) -> None:
     extra = facet_source("facet_steps").replace("'temperature'", "'intent': 'steps', 'temperature'")
     assert "'intent': 'steps'" in extra

@@ -557,6 +557,16 @@ SETTINGS: dict[str, Setting] = {
             _choice("on", "off"),
         ),
         Setting(
+            "mind_asked",
+            "BATOS_MIND_ASKED",
+            lambda: "off",
+            "Whether the quality gate sends back, once, a fast answer from passages of memory "
+            "that does not give the kind of thing its question asks for (a date for 'when', a "
+            "figure for 'how much', a code, a name) while the passages do ('on'), or lets it "
+            "through ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_thread",
             "BATOS_MIND_THREAD",
             lambda: "on",

@@ -45,6 +45,12 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_RESTATES": None},
         "off": {"BATOS_MIND_RESTATES": "off"},
     },
+    # The gate asks again, on the same passages, when a fast answer does not give the kind of
+    # thing its question asks for (a date, figure, code or name) and the passages do.
+    "asked": {
+        "on": {"BATOS_MIND_ASKED": "on"},
+        "off": {"BATOS_MIND_ASKED": "off"},
+    },
     # An answer from passages decoded greedily (temperature 0, the default), against the
     # persona's own sampling.
     "greedy": {

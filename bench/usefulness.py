@@ -261,6 +261,8 @@ def cycle_facts(state: dict[str, Any]) -> dict[str, Any]:
         "thread": _cycle_field(state, "thread"),  # whether the thread answered it, and why
         "cited_passages": _cycle_field(state, "cited"),
         "evidence": _cycle_field(state, "evidence"),
+        # what the gate asked for again when the answer did not give it (mind_asked)
+        "gate_asked": _cycle_field(state, "gate_asked"),
         "plan": state.get("plan") or [],
         "plan_quality": _cycle_field(state, "plan_quality"),
         "partials": [
@@ -493,6 +495,13 @@ def summarise(records: Sequence[dict[str, Any]], system: str) -> dict[str, Any]:
     if system == "mind":
         found["complete"] = sum(1 for r in rows if r.get("status") == "COMPLETE")
         found["cited"] = sum(1 for r in rows if r.get("cited"))
+        asked = [r for r in records if (r["systems"].get(system) or {}).get("gate_asked")]
+        if asked:
+            found["asked_again"] = {
+                "n": len(asked),
+                "right": sum(1 for r in asked if r["systems"][system]["matched"]),
+                "ids": [r["id"] for r in asked],
+            }
     if any(r.get("cited_source") is not None for r in rows):
         # right answers citing a passage of the document the answer is in
         found["right_cited_source"] = sum(1 for r in rows if r["matched"] and r.get("cited_source"))
@@ -700,6 +709,12 @@ def table(report: dict[str, Any]) -> str:
                 f"{system:<8}{row['n']:>4}{_fraction(row['accuracy']):>10}{shown:>16}"
                 f"{mean:>9}{median:>10}{row['errors']:>8}{complete:>10}{cited:>7}{sourced:>11}"
             )
+            if "asked_again" in row:
+                again = row["asked_again"]
+                lines.append(
+                    f"  {system}: asked again for what its question asks on {again['n']} "
+                    f"({again['right']} right after): {', '.join(again['ids'])}"
+                )
     if report["comparisons"]:
         lines += ["", f"{'target':<28}{'value':>8}{'target':>9}  verdict"]
         for row in report["comparisons"]:

@@ -189,6 +189,23 @@ def grounded_quote_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -
     return prompts()["grounded_quote"].format(passages=passages_text(passages), request=request)
 
 
+#: What a question asks for, in the words a prompt asks for it again.
+ASKED_WORDS = {
+    "date": "date, day or time",
+    "code": "code, version or number",
+    "figure": "figure",
+    "name": "name",
+}
+
+
+def grounded_asked_prompt(request: str, passages: Sequence[Mapping[str, Any]], kind: str) -> str:
+    """The prompt of a second answer from ``passages`` whose first did not give the ``kind`` of
+    thing (answer.asked_kind) ``request`` asks for."""
+    return prompts()["grounded_asked"].format(
+        passages=passages_text(passages), request=request, what=ASKED_WORDS[kind]
+    )
+
+
 @dataclass(frozen=True)
 class Quoted:
     """A quote-first reply taken apart: the answer a user is given, the sentence the model
@@ -295,6 +312,128 @@ def restates(text: str, request: str) -> bool:
         return False
     own = content_words(body) - content_words(request) - _POINTERS
     return not own
+
+
+#: What a question asks for, by its words: a date (or time), a code or version, a figure, or a
+#: name. Earlier kinds win ("When is the 58A's last bus?" asks a time, not a code). "How long"
+#: and "how often" are left out: "overnight" and "weekly" answer them with no figure.
+_ASKS = (
+    (
+        "date",
+        re.compile(
+            r"\b(when|what (date|day|year|time)|which (date|day|year|month)|deadline)\b", re.I
+        ),
+    ),
+    (
+        "code",
+        re.compile(
+            r"\b(which|what)\b.{0,40}\b(version|release|code|(part|model|serial) number)\b",
+            re.I,
+        ),
+    ),
+    (
+        "figure",
+        re.compile(
+            r"\b(how (much|many|far|old|tall|high|deep|wide|heavy|big|fast)|by how|what "
+            r"(percentage|proportion|share))\b",
+            re.I,
+        ),
+    ),
+    (
+        "name",
+        re.compile(
+            r"\b(who|whom|whose|which (?!of\b|one|way\b|side\b|is\b|are\b)\w+|what(?: is|'s) the "
+            r"name)\b",
+            re.I,
+        ),
+    ),
+)
+#: Months and weekdays as English writes them, capitalised ("you may" is no month).
+_MONTH_OR_DAY = re.compile(
+    r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|January|February|March|April|"
+    r"June|July|August|September|October|November|December|"
+    r"(Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)days?|"
+    r"[Tt]oday|[Tt]omorrow|[Tt]onight|[Yy]esterday|[Nn]oon|[Mm]idnight)\b"
+)
+#: What answers "when": a month or weekday, a year, a time ("7:40", "0930", "9am") or a date
+#: in figures ("12/04", "2026-04-12").
+_WHEN = re.compile(
+    _MONTH_OR_DAY.pattern
+    + r"|\b(1[5-9]|20)\d\d\b|\b\d{1,2}[:.]\d\d\b|\b[0-2]\d[0-5]\d\b|\b\d{1,2} ?([ap]\.?m\b\.?)"
+    r"|\b\d{1,4}[/-]\d{1,2}([/-]\d{1,4})?\b|\b\d{1,2}(st|nd|rd|th)\b"
+)
+_NUMBER_WORD = re.compile(
+    r"\b(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|"
+    r"fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|"
+    r"eighty|ninety|hundred|thousand|million|billion|half|twice|dozen|none|nothing|free)\b",
+    re.I,
+)
+_CAPITALISED = re.compile(r"\b[A-Z][\w'&-]*")
+#: What the gate asks for again, by kind.
+ASKED_FOR = {
+    "date": "when (a date, day or time), and the answer gives none: give the one the passages "
+    "state for it",
+    "code": "for a version, code or number, and the answer gives none: give the one the "
+    "passages state",
+    "figure": "for a figure, and the answer gives none: give the figure the passages state, or "
+    "work it out from theirs",
+    "name": "who or which, and the answer names nothing the question did not: give the name "
+    "the passages state",
+}
+
+
+def asked_kind(request: str) -> str | None:
+    """What ``request`` asks for: "date", "code", "figure", "name", or None (anything else:
+    "why", "how do I", "what kind of" are answered in words)."""
+    for kind, pattern in _ASKS:
+        if pattern.search(request):
+            return kind
+    return None
+
+
+def _gives(kind: str, text: str, request: str, common: frozenset[str] = frozenset()) -> bool:
+    """Whether ``text`` states something of ``kind`` that ``request`` does not; a capitalised
+    word that is in ``common`` (written in lower case elsewhere) names nothing."""
+    from graph.plan import content_words
+
+    new_digits = any(c.isdigit() for c in text) and bool(
+        {m for m in re.findall(r"\w*\d\w*", text)} - set(re.findall(r"\w*\d\w*", request))
+    )
+    if kind == "date":  # a month, weekday, year, time or numeric date: "150 metres" is none
+        said = {m[0].lower() for m in _WHEN.finditer(text)}
+        return bool(said - {m[0].lower() for m in _WHEN.finditer(request)})
+    if kind == "code":
+        return new_digits
+    if kind == "figure":
+        return any(c.isdigit() for c in text) or bool(_NUMBER_WORD.search(text))
+    # A month or weekday names no one ("stops at the gate from Monday to Saturday").
+    asked = content_words(request) | _POINTERS
+    named = [
+        w
+        for w in _CAPITALISED.findall(text)
+        if not _MONTH_OR_DAY.fullmatch(w) and w.lower() not in common
+    ]
+    return new_digits or bool(content_words(" ".join(named)) - asked)
+
+
+def unasked(text: str, request: str, passages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The kind of thing a fast answer from passages was asked for and does not give, when the
+    passages do give one (None: it gives it, nothing is asked for, or no passage could).
+
+    A small model that has found the right passage answers around the fact it was asked for:
+    "The new Sunday bus starts on Sundays [1]" for when it starts, "Found in the table under
+    'Blade set'" for the blades' part code, while the passage it cites states the date or code.
+    """
+    kind = asked_kind(request)
+    if kind is None:
+        return None
+    body = _answer_body(text)
+    given = " ".join(str(p["text"]) for p in passages)
+    # "Every" opening a sentence is no name when the passages write "every".
+    common = frozenset(re.findall(r"\b[a-z][\w'-]*", given + " " + body))
+    if _gives(kind, body, request, common):
+        return None
+    return kind if _gives(kind, given, request, common) else None
 
 
 _LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)

@@ -775,7 +775,13 @@ class Mind:
             passages = cycle_state["passages"] = cycle_state.get("more_passages") or passages
         shown = answer.focus(passages, request, settings.get_int("mind_passage_words"))
         quote_first = False
-        if partials:
+        asked = attempt > 1 and cycle_state.get("gate_asked")
+        if asked:
+            # Sent back for not giving what its question asks for: asked afresh, on the same
+            # passages, for that thing first (a small model asked to "answer directly" after
+            # its own reply gives the same reply again).
+            messages.append(HumanMessage(answer.grounded_asked_prompt(request, shown, asked)))
+        elif partials:
             messages.append(HumanMessage(answer.answer_prompt(request, partials, shown)))
         elif passages:
             quote_first = settings.get_str("mind_quote_first") == "on"
@@ -793,7 +799,9 @@ class Mind:
             options["temperature"] = 0.0
         elif not passages and not partials and _about_thread(cycle_state):
             options["temperature"] = 0.0  # the answer quotes the thread, not a sample of it
-        if attempt > 1 and not second_look:
+        if asked:
+            options["temperature"] = 0.0
+        elif attempt > 1 and not second_look:
             messages += [
                 AIMessage(state.get("response") or ""),
                 HumanMessage(p["retry"].format(reason=cycle_state.get("gate_reason", ""))),
@@ -858,6 +866,15 @@ class Mind:
             return False
         return answer.restates(response, cycle_state["request"])
 
+    @staticmethod
+    def _unasked(state: MindState, cycle_state: dict[str, Any], response: str) -> str | None:
+        """What a fast answer from passages was asked for and does not give while they do
+        (``mind_asked`` on): a date, code, figure or name (graph.answer.unasked)."""
+        passages = cycle_state.get("passages") or []
+        if not passages or state.get("partials") or settings.get_str("mind_asked") == "off":
+            return None
+        return answer.unasked(response, cycle_state["request"], passages)
+
     def gate(self, state: MindState) -> dict[str, Any]:
         started = time.perf_counter()
         cycle_state = dict(state["cycle"])
@@ -897,6 +914,11 @@ class Mind:
                     "the answer only restates the question: say what the passages give as "
                     "its answer (the name, figure or date asked for)"
                 )
+                if self._unasked(state, cycle_state, response):
+                    cycle_state["gate_asked"] = answer.asked_kind(cycle_state["request"])
+            elif asked := self._unasked(state, cycle_state, response):
+                reason = f"the question asks {answer.ASKED_FOR[asked]}"
+                cycle_state["gate_asked"] = asked
             elif computed and not compute.gives(response, computed["text"]):
                 reason = (
                     f"the answer does not state what the program computed, {computed['text']}: "

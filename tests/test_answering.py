@@ -595,6 +595,59 @@ def test_an_answer_that_only_restates_its_question_is_told_apart(
     assert restates(text, request_) is restated
 
 
+_ASKED_PASSAGES = [
+    {"text": "Bus 58A stops at the villa gate every hour. Sunday buses start on 12 April 2026."},
+    {"text": "Blade set CB-24 costs 31 pounds. Gorringe & Dymond will recast the tenor."},
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "request_", "missing"),
+    [
+        ("The bus stops at the villa gate [1].", "Which bus goes to the villa?", "name"),
+        ("Take the 58A [1].", "Which bus goes to the villa?", None),
+        ("Sunday buses start soon [1].", "When do Sunday buses start?", "date"),
+        ("From Sunday 12 April [1].", "When do Sunday buses start?", None),
+        ("In April [1].", "From what date do Sunday buses run?", None),
+        ("On Tuesdays [1].", "On which day of the week do they meet?", None),
+        ("For gardens above 150 metres [1].", "When did they fix the frost alerts?", "date"),
+        ("At 0930 [1].", "What time does the bus leave?", None),
+        ("Every two hours from Monday [1].", "Which bus goes to the villa?", "name"),
+        ("See the blade set in the table [2].", "What's the part code for blades?", "code"),
+        ("It is CB-24 [2].", "What's the part code for blades?", None),
+        ("The blade set costs a fair amount [2].", "How much is a blade set?", "figure"),
+        ("Thirty-one pounds [2].", "How much is a blade set?", None),
+        ("The tenor is being recast [2].", "Who is recasting the tenor?", "name"),
+        ("Gorringe & Dymond are [2].", "Who is recasting the tenor?", None),
+        # Nothing of a kind is asked for: answered in words, never sent back.
+        ("Because it cracked [2].", "Why is the tenor being recast?", None),
+        ("Which of them? The cheaper one [2].", "Which of the two is cheaper?", None),
+        # A kind the passages do not give either cannot be asked for again.
+        ("Nobody says [1].", "How tall is the villa gate?", None),
+    ],
+)
+def test_an_answer_missing_what_its_question_asks_for_is_told_apart(
+    text: str, request_: str, missing: str | None
+) -> None:
+    from graph.answer import unasked
+
+    passages = _ASKED_PASSAGES
+    if request_.startswith("How tall"):
+        passages = [{"text": "The villa gate is old and made of oak."}]
+    assert unasked(text, request_, passages) == missing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300), st.text(max_size=200), st.lists(st.text(max_size=200), max_size=3))
+def test_checking_what_a_question_asks_for_never_raises(
+    text: str, request_: str, passages: list[str]
+) -> None:
+    from graph.answer import ASKED_FOR, asked_kind, unasked
+
+    missing = unasked(text, request_, [{"text": p} for p in passages])
+    assert missing is None or (missing in ASKED_FOR and missing == asked_kind(request_))
+
+
 FACTS = "The limit was raised from 100 MB to 250 MB. In 2024 we counted 91 adults, in 2023 64."
 
 

@@ -448,3 +448,15 @@ def test_only_some_questions_can_be_run(world) -> None:
     assert [i["id"] for i in found["document"]] == ["t-doc-2"] and found["computation"] == []
     with pytest.raises(SystemExit, match="no questions t-doc-9"):
         usefulness.load_items("dev", ["document"], data=world, only=["t-doc-2", "t-doc-9"])
+
+
+def test_the_summary_names_the_questions_the_gate_asked_again_and_how_many_came_right() -> None:
+    def record(id_: str, matched: bool, asked: str | None) -> dict[str, Any]:
+        mind = {"matched": matched, "seconds": 1.0, "status": "COMPLETE", "gate_asked": asked}
+        return {"id": id_, "family": "document", "systems": {"mind": mind}}
+
+    records = [record("q1", True, "date"), record("q2", False, "name"), record("q3", True, None)]
+    found = usefulness.summarise(records, "mind")
+    assert found["hits"] == 2
+    assert found["asked_again"] == {"n": 2, "right": 1, "ids": ["q1", "q2"]}
+    assert "asked_again" not in usefulness.summarise(records[2:], "mind")

@@ -1410,6 +1410,22 @@ def test_an_answer_that_restates_its_question_is_asked_again_on_the_same_passage
     assert state["cycle"]["degraded"] == []
 
 
+def test_a_restated_answer_to_a_when_question_is_asked_afresh_for_the_time_when_asked_is_on(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_ASKED", "on")
+    replies = iter(["The Ondine ferry leaves Harbour Pier [1].", "At 7:40 every morning [1]."])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    question = "When does the Ondine ferry leave Harbour Pier?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    first, second = models.of("answer")
+    assert "The question asks for a date, day or time" in second.text
+    assert "only restates" not in second.text
+    assert state["response"].startswith("At 7:40") and state["cycle"]["gate"]["passed"]
+
+
 def test_a_restated_question_is_let_through_when_that_check_is_off(
     image, remembered, monkeypatch
 ) -> None:
@@ -1417,6 +1433,44 @@ def test_a_restated_question_is_let_through_when_that_check_is_off(
     monkeypatch.setenv("BATOS_MIND_RESTATES", "off")
     models = FakeModels(responder(answer="The Ondine ferry leaves Harbour Pier [1]."))
     question = "When does the Ondine ferry leave Harbour Pier?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("answer")) == 1 and state["cycle"]["gate"]["passed"]
+
+
+@pytest.mark.parametrize("asked", ["on", "off"])
+def test_an_answer_that_gives_no_time_for_a_when_question_is_asked_again_when_that_check_is_on(
+    image, remembered, monkeypatch, asked: str
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_ASKED", asked)
+    # Words of its own, so the restating check lets it through; no time, which the passage has.
+    replies = iter(["It sails from Harbour Pier every morning [1].", "At 7:40 [1]."])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    question = "When does the Ondine ferry leave?"
+    state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert state["cycle"]["gate"]["passed"] and state["cycle"]["degraded"] == []
+    calls = models.of("answer")
+    if asked == "off":
+        assert len(calls) == 1 and state["response"].startswith("It sails from Harbour Pier")
+        return
+    first, second = calls
+    # Asked afresh for the time, greedily, not as a reply to the answer it sent back.
+    assert "The question asks for a date, day or time" in second.text
+    assert second.options["temperature"] == 0.0
+    shown = [" ".join(str(m.content) for m in c.messages) for c in (first, second)]
+    assert all("7:40" in text for text in shown) and "It sails from" not in shown[1]
+    assert state["response"].startswith("At 7:40")
+
+
+def test_an_answer_that_gives_the_time_asked_for_is_let_through_at_once(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_ASKED", "on")
+    models = FakeModels(responder(answer="It leaves Harbour Pier at 7:40 [1]."))
+    question = "When does the Ondine ferry leave?"
     state = run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), question)
     assert state["status"] == "COMPLETE", state.get("failure")
     assert len(models.of("answer")) == 1 and state["cycle"]["gate"]["passed"]

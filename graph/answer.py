@@ -314,36 +314,48 @@ def restates(text: str, request: str) -> bool:
     return not own
 
 
+#: Where a question's own words start: the request's start, a new sentence or clause, or a
+#: preposition before them ("on which day", "from what date"). "When" and "who" elsewhere are
+#: no question: "what happens when it runs out?", "people who have allergies".
+_CLAUSE = (
+    r"(?:^|[.?!;:,(]\s*|\b(?:and|but|so|or|then|please|also)\s+)"
+    r"(?:(?:on|in|at|from|since|until|till|by|for|to|with|of|after|before)\s+)?"
+)
 #: What a question asks for, by its words: a date (or time), a code or version, a figure, or a
-#: name. Earlier kinds win ("When is the 58A's last bus?" asks a time, not a code). "How long"
-#: and "how often" are left out: "overnight" and "weekly" answer them with no figure.
+#: name. The kind whose words come first wins, a date before a code at the same place ("what is
+#: the release date?"). "How long" and "how often" are left out: "overnight" and "weekly"
+#: answer them with no figure.
 _ASKS = (
     (
         "date",
         re.compile(
-            r"\b(when|what (date|day|year|time)|which (date|day|year|month)|deadline)\b", re.I
+            _CLAUSE + r"(when\b|(what|which)(?:'s| is| was| will be)?(?: the)?(?: [\w-]+)?? "
+            r"(date|day|year|month|time|deadline)\b)",
+            re.I,
         ),
     ),
     (
         "code",
         re.compile(
-            r"\b(which|what)\b.{0,40}\b(version|release|code|(part|model|serial) number)\b",
+            _CLAUSE + r"(what|which)(?:'s| is| was)?(?: the)? (?:(?:part|product|model|serial|"
+            r"reference|order|item|stock) (?:code|number)|version|release\b(?! date)|code\b)",
             re.I,
         ),
     ),
     (
         "figure",
         re.compile(
-            r"\b(how (much|many|far|old|tall|high|deep|wide|heavy|big|fast)|by how|what "
-            r"(percentage|proportion|share))\b",
+            _CLAUSE + r"(how (much|many|far|old|tall|high|deep|wide|heavy|big|fast)\b|by how\b|"
+            r"what (percentage|proportion|share)\b)",
             re.I,
         ),
     ),
     (
         "name",
         re.compile(
-            r"\b(who|whom|whose|which (?!of\b|one|way\b|side\b|is\b|are\b)\w+|what(?: is|'s) the "
-            r"name)\b",
+            _CLAUSE + r"(who|whom|whose)\b|" + _CLAUSE + r"which (?!(?:of|one|ones|way|side|is|"
+            r"are|was|were|would|should|do|does|did|can|could|will|has|have|had|must|might|may)"
+            r"\b)[\w-]+|" + _CLAUSE + r"what(?:'s| is| was) the name\b",
             re.I,
         ),
     ),
@@ -352,20 +364,24 @@ _ASKS = (
 _MONTH_OR_DAY = re.compile(
     r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|January|February|March|April|"
     r"June|July|August|September|October|November|December|"
-    r"(Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)days?|"
+    r"(Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)days?|Mon|Tue|Wed|Thu|Fri|Sat|Sun|"
     r"[Tt]oday|[Tt]omorrow|[Tt]onight|[Yy]esterday|[Nn]oon|[Mm]idnight)\b"
 )
-#: What answers "when": a month or weekday, a year, a time ("7:40", "0930", "9am") or a date
-#: in figures ("12/04", "2026-04-12").
+#: What answers "when": a month or weekday, a season or feast, a year or decade, a time
+#: ("7:40", "0930", "9am", "8 o'clock") or a date in figures ("12/04", "2026-04-12"). A price
+#: ("4.50") or a range ("9-5") is none.
 _WHEN = re.compile(
     _MONTH_OR_DAY.pattern
-    + r"|\b(1[5-9]|20)\d\d\b|\b\d{1,2}[:.]\d\d\b|\b[0-2]\d[0-5]\d\b|\b\d{1,2} ?([ap]\.?m\b\.?)"
-    r"|\b\d{1,4}[/-]\d{1,2}([/-]\d{1,4})?\b|\b\d{1,2}(st|nd|rd|th)\b"
+    + r"|\b([Ss]pring|[Ss]ummer|[Aa]utumn|[Ww]inter|Easter|Christmas|[Ww]eekdays?|[Ww]eekends?)\b"
+    r"|\b(1[5-9]|20)\d\d\b|\b\d{3}0s\b|\b\d{1,2}:\d\d\b|\b[0-2]\d[0-5]\d\b"
+    r"|\b\d{1,2}(?:[.:]\d\d)? ?[ap]\.?m\b|\b\w+ o'clock\b"
+    r"|\b\d{1,2}/\d{1,2}(/\d{2,4})?\b|\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}(st|nd|rd|th)\b"
 )
 _NUMBER_WORD = re.compile(
     r"\b(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|"
     r"fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|"
-    r"eighty|ninety|hundred|thousand|million|billion|half|twice|dozen|none|nothing|free)\b",
+    r"eighty|ninety|hundreds?|thousands?|millions?|billions?|half|twice|once|thrice|dozens?|"
+    r"none|nothing|free|no|both|zero|several|quarter|single|double|triple)\b",
     re.I,
 )
 _CAPITALISED = re.compile(r"\b[A-Z][\w'&-]*")
@@ -385,32 +401,65 @@ ASKED_FOR = {
 def asked_kind(request: str) -> str | None:
     """What ``request`` asks for: "date", "code", "figure", "name", or None (anything else:
     "why", "how do I", "what kind of" are answered in words)."""
-    for kind, pattern in _ASKS:
-        if pattern.search(request):
-            return kind
-    return None
+    found = []
+    for order, (kind, pattern) in enumerate(_ASKS):
+        match = pattern.search(request)
+        if match:
+            found.append((match.start(), order, kind))
+    return min(found)[2] if found else None
 
 
-def _gives(kind: str, text: str, request: str, common: frozenset[str] = frozenset()) -> bool:
+def _digit_words(text: str) -> set[str]:
+    # Each run of word characters once, kept when it holds a digit (a pattern around the digit
+    # backtracks over every start of a long run).
+    return {w for w in re.findall(r"\w+", text) if any(c.isdigit() for c in w)}
+
+
+def _when_words(text: str) -> set[str]:
+    """``text``'s dates and times, lower-cased, a weekday or month without its plural "s" (the
+    question's "Sunday" is the answer's "Sundays")."""
+    out = set()
+    for m in _WHEN.finditer(text):
+        said = m[0].lower()
+        out.add(said[:-1] if _MONTH_OR_DAY.fullmatch(m[0]) and said.endswith("s") else said)
+    return out
+
+
+def _capitalised(text: str, *, openers: bool) -> list[str]:
+    """``text``'s capitalised words; without the ones opening a sentence unless ``openers``."""
+    out = []
+    for m in _CAPITALISED.finditer(text):
+        before = text[: m.start()].rstrip()
+        if openers or (before and before[-1] not in ".!?:\n\"'*#>-|"):
+            out.append(m[0])
+    return out
+
+
+def _gives(
+    kind: str,
+    text: str,
+    request: str,
+    common: frozenset[str] = frozenset(),
+    *,
+    openers: bool = True,
+) -> bool:
     """Whether ``text`` states something of ``kind`` that ``request`` does not; a capitalised
-    word that is in ``common`` (written in lower case elsewhere) names nothing."""
+    word that is in ``common`` (written in lower case elsewhere) names nothing, nor, unless
+    ``openers``, one opening a sentence."""
     from graph.plan import content_words
 
-    new_digits = any(c.isdigit() for c in text) and bool(
-        {m for m in re.findall(r"\w*\d\w*", text)} - set(re.findall(r"\w*\d\w*", request))
-    )
-    if kind == "date":  # a month, weekday, year, time or numeric date: "150 metres" is none
-        said = {m[0].lower() for m in _WHEN.finditer(text)}
-        return bool(said - {m[0].lower() for m in _WHEN.finditer(request)})
-    if kind == "code":
-        return new_digits
+    if kind == "date":  # a month, weekday, year, time or date: "150 metres" is none
+        return bool(_when_words(text) - _when_words(request))
     if kind == "figure":
         return any(c.isdigit() for c in text) or bool(_NUMBER_WORD.search(text))
+    new_digits = bool(_digit_words(text) - _digit_words(request))
+    if kind == "code":
+        return new_digits or bool(re.search(r"\bversion [a-z]+\b", text, re.I))
     # A month or weekday names no one ("stops at the gate from Monday to Saturday").
     asked = content_words(request) | _POINTERS
     named = [
         w
-        for w in _CAPITALISED.findall(text)
+        for w in _capitalised(text, openers=openers)
         if not _MONTH_OR_DAY.fullmatch(w) and w.lower() not in common
     ]
     return new_digits or bool(content_words(" ".join(named)) - asked)
@@ -418,22 +467,25 @@ def _gives(kind: str, text: str, request: str, common: frozenset[str] = frozense
 
 def unasked(text: str, request: str, passages: Sequence[Mapping[str, Any]]) -> str | None:
     """The kind of thing a fast answer from passages was asked for and does not give, when the
-    passages do give one (None: it gives it, nothing is asked for, or no passage could).
+    passages do give one (None: it gives it, it says the passages do not, nothing is asked for,
+    or no passage could).
 
     A small model that has found the right passage answers around the fact it was asked for:
     "The new Sunday bus starts on Sundays [1]" for when it starts, "Found in the table under
     'Blade set'" for the blades' part code, while the passage it cites states the date or code.
     """
     kind = asked_kind(request)
-    if kind is None:
+    if kind is None or found_nothing(text):
         return None
     body = _answer_body(text)
     given = " ".join(str(p["text"]) for p in passages)
     # "Every" opening a sentence is no name when the passages write "every".
-    common = frozenset(re.findall(r"\b[a-z][\w'-]*", given + " " + body))
+    common = frozenset(w.lower() for w in re.findall(r"\b[a-z][\w'-]*", given + " " + body))
     if _gives(kind, body, request, common):
         return None
-    return kind if _gives(kind, given, request, common) else None
+    # The passages name someone only where a name stands inside a sentence: "Tenants report
+    # them." names no one.
+    return kind if _gives(kind, given, request, common, openers=False) else None
 
 
 _LIST_ITEM = re.compile(r"^\s*\d{1,3}[.)]\s", re.MULTILINE)

@@ -777,6 +777,7 @@ class Mind:
         quote_first = False
         asked = attempt > 1 and cycle_state.get("gate_asked")
         if asked:
+            cycle_state.pop("evidence", None)  # the first answer's quote is not this one's
             # Sent back for not giving what its question asks for: asked afresh, on the same
             # passages, for that thing first (a small model asked to "answer directly" after
             # its own reply gives the same reply again).
@@ -889,6 +890,7 @@ class Mind:
             ),
             None,
         )
+        asked: str | None = None  # what the question asks for and the answer does not give
         try:
             response_vector, relevance = self._relevance(cycle_state, cem, response)
             threshold = settings.get_float("mind_relevance")
@@ -914,11 +916,9 @@ class Mind:
                     "the answer only restates the question: say what the passages give as "
                     "its answer (the name, figure or date asked for)"
                 )
-                if self._unasked(state, cycle_state, response):
-                    cycle_state["gate_asked"] = answer.asked_kind(cycle_state["request"])
+                asked = self._unasked(state, cycle_state, response)
             elif asked := self._unasked(state, cycle_state, response):
                 reason = f"the question asks {answer.ASKED_FOR[asked]}"
-                cycle_state["gate_asked"] = asked
             elif computed and not compute.gives(response, computed["text"]):
                 reason = (
                     f"the answer does not state what the program computed, {computed['text']}: "
@@ -943,10 +943,24 @@ class Mind:
                 "repetition": round(repeats, 3),
             }
             update: dict[str, Any] = {"cycle": cycle_state, "cem": cem}
+            first = cycle_state.pop("asked_first", None)
             if reason and cycle_state["synthesis_attempts"] < 2:
                 cycle_state["gate_reason"] = reason
+                if asked:  # the next answer is asked afresh for that thing
+                    cycle_state["gate_asked"] = asked
+                    cycle_state["asked_first"] = {
+                        "response": response,
+                        "cited": cycle_state.get("cited"),
+                    }
                 update["status"] = "SYNTHESIZING"
                 _emit("retry", cycle=cycle_state["id"], node="gate", reason=reason)
+            elif reason and first:
+                # Asked again for what its question asks, the answer did no better: the first,
+                # which failed only that check, is given (with its citations), and marked.
+                _degrade(cycle_state, "gate", "the answer asked again", {"reason": reason})
+                update["response"] = first["response"]
+                cycle_state["cited"] = first["cited"]
+                cycle_state["gate"]["kept_first"] = True
             elif reason and response:
                 # An answer that failed twice is still the best this cycle can give: it is
                 # given, and marked, rather than none at all.

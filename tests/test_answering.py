@@ -619,6 +619,19 @@ _ASKED_PASSAGES = [
         ("Thirty-one pounds [2].", "How much is a blade set?", None),
         ("The tenor is being recast [2].", "Who is recasting the tenor?", "name"),
         ("Gorringe & Dymond are [2].", "Who is recasting the tenor?", None),
+        # "When", "who" and "code" inside a question that asks something else ask nothing.
+        ("The device switches to mains power [1].", "What happens when the bus is late?", None),
+        ("12 pounds [2].", "How much is a blade set when bought online?", None),
+        ("The filter is blocked [2].", "What does error code E42 mean?", None),
+        ("Smart casual [2].", "What is the dress code for the gala?", None),
+        ("Peanuts [2].", "What should people who have allergies avoid?", None),
+        # Answers "when" and "how many" in words, and a weekday the question already gave.
+        ("In the 1820s [1].", "When was the villa built?", None),
+        ("At eight o'clock [1].", "When does the villa open?", None),
+        ("Both of them [1].", "How many buses stop at the villa?", None),
+        ("On Sundays, as it says [1].", "When do Sunday buses start?", "date"),
+        # An answer that says the passages do not hold it is not asked to find it there.
+        ("The passages do not say when they start [1].", "When do Sunday buses start?", None),
         # Nothing of a kind is asked for: answered in words, never sent back.
         ("Because it cracked [2].", "Why is the tenor being recast?", None),
         ("Which of them? The cheaper one [2].", "Which of the two is cheaper?", None),
@@ -635,6 +648,19 @@ def test_an_answer_missing_what_its_question_asks_for_is_told_apart(
     if request_.startswith("How tall"):
         passages = [{"text": "The villa gate is old and made of oak."}]
     assert unasked(text, request_, passages) == missing
+
+
+def test_a_price_or_a_range_is_no_date_and_a_sentence_opener_no_name() -> None:
+    from graph.answer import unasked
+
+    prices = [{"text": "A single costs £4.50, a return 9-5 on weekdays costs £7.20."}]
+    assert unasked("It runs often [1].", "When does the 58A run?", prices) == "date"
+    prices = [{"text": "A single costs £4.50 and a return £7.20."}]
+    assert unasked("It runs often [1].", "When does the 58A run?", prices) is None
+    openers = [{"text": "The landlord fixes leaks. Tenants report them."}]
+    assert unasked("The landlord [1].", "Who fixes leaks?", openers) is None
+    inside = [{"text": "Leaks are fixed by Harbour Heating. Tenants report them."}]
+    assert unasked("The landlord [1].", "Who fixes leaks?", inside) == "name"
 
 
 @settings(max_examples=200, deadline=None)

@@ -1444,6 +1444,7 @@ def test_an_answer_that_gives_no_time_for_a_when_question_is_asked_again_when_th
 ) -> None:
     monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
     monkeypatch.setenv("BATOS_MIND_ASKED", asked)
+    monkeypatch.setenv("BATOS_MIND_GROUNDED_SAMPLING", "persona")  # the ask itself is greedy
     # Words of its own, so the restating check lets it through; no time, which the passage has.
     replies = iter(["It sails from Harbour Pier every morning [1].", "At 7:40 [1]."])
     models = FakeModels(responder(answer=lambda call: next(replies)))
@@ -1462,6 +1463,36 @@ def test_an_answer_that_gives_no_time_for_a_when_question_is_asked_again_when_th
     shown = [" ".join(str(m.content) for m in c.messages) for c in (first, second)]
     assert all("7:40" in text for text in shown) and "It sails from" not in shown[1]
     assert state["response"].startswith("At 7:40")
+    assert state["cycle"]["gate_asked"] == "date"
+
+
+def test_an_answer_asked_again_that_does_no_better_gives_way_to_the_first(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_ASKED", "on")
+    replies = iter(["It sails from Harbour Pier every morning [1].", ""])
+    models = FakeModels(responder(answer=lambda call: next(replies)))
+    state = run(
+        image, mind(models, FakeRouter(("BABS",)), catalog=remembered), "When does the ferry go?"
+    )
+    assert state["status"] == "COMPLETE", state.get("failure")
+    assert len(models.of("answer")) == 2
+    assert state["response"].startswith("It sails from Harbour Pier every morning")
+    assert state["cycle"]["gate"]["kept_first"] and not state["cycle"]["gate"]["passed"]
+    [degraded] = state["cycle"]["degraded"]
+    assert degraded["what"] == "the answer asked again" and "empty" in degraded["reason"]
+    assert state["cycle"]["cited"]  # the first answer's citation stands with it
+
+
+def test_an_answer_saying_its_passages_do_not_hold_it_is_not_asked_again(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    monkeypatch.setenv("BATOS_MIND_ASKED", "on")
+    models = FakeModels(responder(answer="The passages do not say when it leaves [1]."))
+    run(image, mind(models, FakeRouter(("BABS",)), catalog=remembered), "When does the ferry go?")
+    assert all("The question asks for" not in c.text for c in models.of("answer"))
 
 
 def test_an_answer_that_gives_the_time_asked_for_is_let_through_at_once(

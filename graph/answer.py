@@ -429,8 +429,10 @@ def _capitalised(text: str, *, openers: bool) -> list[str]:
     """``text``'s capitalised words; without the ones opening a sentence unless ``openers``."""
     out = []
     for m in _CAPITALISED.finditer(text):
-        before = text[: m.start()].rstrip()
-        if openers or (before and before[-1] not in ".!?:\n\"'*#>-|"):
+        at = m.start() - 1
+        while at >= 0 and text[at].isspace():  # back over spaces, not a copy of the text
+            at -= 1
+        if openers or (at >= 0 and text[at] not in ".!?:\"'*#>-|"):
             out.append(m[0])
     return out
 

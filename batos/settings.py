@@ -601,6 +601,14 @@ SETTINGS: dict[str, Setting] = {
             _choice("greedy", "persona"),
         ),
         Setting(
+            "mind_question_first",
+            "BATOS_MIND_QUESTION_FIRST",
+            lambda: "off",
+            "Whether an answer from passages of memory is asked its question before the "
+            "passages as well as after them ('on'), or only after them ('off').",
+            _choice("on", "off"),
+        ),
+        Setting(
             "mind_quote_first",
             "BATOS_MIND_QUOTE_FIRST",
             lambda: "off",

@@ -40,6 +40,12 @@ LEVERS: dict[str, dict[str, dict[str, str | None]]] = {
         "on": {"BATOS_MIND_DERIVED": None},
         "off": {"BATOS_MIND_DERIVED": "off"},
     },
+    # An answer from passages is asked its question before the passages as well as after
+    # them, against after them only (the default).
+    "question_first": {
+        "on": {"BATOS_MIND_QUESTION_FIRST": "on"},
+        "off": {"BATOS_MIND_QUESTION_FIRST": "off"},
+    },
     # The gate asks again, on the same passages, when a fast answer only restates its question.
     "restates": {
         "on": {"BATOS_MIND_RESTATES": None},

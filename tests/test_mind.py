@@ -898,6 +898,25 @@ def test_a_request_about_memory_is_answered_from_its_passages_with_citations(
         ]
 
 
+def test_an_answer_from_passages_is_asked_its_question_before_them_when_set(
+    image, remembered, monkeypatch
+) -> None:
+    monkeypatch.setenv("BATOS_MIND_GROUNDING", "0.3")
+    models = FakeModels(responder(answer=lambda call: "It leaves at 7:40 [1]."))
+    services = mind(models, FakeRouter(("BABS",)), catalog=remembered)
+    question = "when does the Ondine ferry leave Harbour Pier"
+    for value, thread in (("off", "t-after"), ("on", "t-both")):
+        monkeypatch.setenv("BATOS_MIND_QUESTION_FIRST", value)
+        state = run(image, services, question, thread=thread)
+        assert state["status"] == "COMPLETE", state.get("failure")
+        prompt = models.of("answer")[-1].text
+        assert prompt.endswith(f"Question: {question}")
+        assert prompt.startswith(f"Question: {question}") is (value == "on")
+        assert prompt.count(question) == (2 if value == "on" else 1)
+        assert "ferry leaves Harbour Pier at 7:40" in prompt
+        assert state["response"].startswith("It leaves at 7:40 [1].")
+
+
 def test_a_quote_first_answer_gives_the_answer_and_records_the_quote_it_stands_on(
     image, remembered, monkeypatch
 ) -> None:

@@ -48,9 +48,10 @@ reply, timing and judgement to ``bench/results/usefulness-<split>-<model>-<times
     .venv/bin/python bench/usefulness.py --split fresh15 --families document  # a sixteenth
     .venv/bin/python bench/usefulness.py --split fresh16 --families document  # a seventeenth
     .venv/bin/python bench/usefulness.py --split fresh17 --families document  # an eighteenth
+    .venv/bin/python bench/usefulness.py --split fresh18 --families document  # a nineteenth
 
-``headline/`` and ``fresh1/`` to ``fresh17/`` are for reported figures only: nobody reads their
-replies to decide what to change (bench/data/usefulness/README.md). The seventeen fresh sets have
+``headline/`` and ``fresh1/`` to ``fresh18/`` are for reported figures only: nobody reads their
+replies to decide what to change (bench/data/usefulness/README.md). The eighteen fresh sets have
 document questions only, so name ``--families document`` with them; ``fresh14`` also has the
 second held-out recall set (``--families recall``).
 """
@@ -85,7 +86,7 @@ from store.knowledge.catalog import KnowledgeCatalog
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The held-out splits: for reported figures only, never tuned on.
-HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 18)))
+HELD_OUT = ("headline", *(f"fresh{n}" for n in range(1, 19)))
 SPLITS = ("dev", *HELD_OUT)
 #: Family → its file in a split's folder.
 FAMILIES = {

@@ -3,7 +3,7 @@
 The checker must find the value a reply states, not any mention of it; the sets must hold what
 the benchmark's headline figures stand on: unique ids, answers their own check accepts, document
 answers that are in (or derivable from) the document named, and held-out sets (headline, and
-fresh1 to fresh17, which have document questions only, fresh14 recall too) kept apart from the
+fresh1 to fresh18, which have document questions only, fresh14 recall too) kept apart from the
 development one and each other.
 """
 
@@ -33,7 +33,7 @@ from bench.answers import (
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "usefulness"
 #: The held-out sets of document questions alone, each about a world of its own.
-FRESH = tuple(f"fresh{n}" for n in range(1, 18))
+FRESH = tuple(f"fresh{n}" for n in range(1, 19))
 SPLITS = ("dev", "headline", *FRESH)
 #: The question files each split must have, and has only: the fresh sets are document questions
 #: alone, but for fresh14's recall set.

@@ -376,6 +376,7 @@ def test_a_family_whose_file_a_split_lacks_is_refused_naming_the_file(world) -> 
             "fresh15",
             "fresh16",
             "fresh17",
+            "fresh18",
         }
         <= set(usefulness.SPLITS)
     )

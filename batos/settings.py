@@ -603,6 +603,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "mind_question_first",
             "BATOS_MIND_QUESTION_FIRST",
+            # On fresh16 and fresh17 it answered 50 of 80 against 48 and 50 without it
+            # (bench/RESULTS.md): no difference a rerun does not make.
             lambda: "off",
             "Whether an answer from passages of memory is asked its question before the "
             "passages as well as after them ('on'), or only after them ('off').",

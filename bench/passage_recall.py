@@ -13,6 +13,12 @@ The last column ranks the same ten passages in the order the mind reads them
 (``graph.retrieval.rerank``: the catalog's order, the best sentence's rarer shared words and its
 embedding's closeness, fused).
 
+With ``--kinds``, the rows of every split named are pooled and grouped by what each question
+asks for (``graph.answer.asked_kind``: a date, code, figure, name, or none of these), with
+where the first passage stating the answer falls in the catalog's order (what the mind and
+the naive RAG read: 1–3, 4–5, 6–10, not among the ten): whether questions of one kind need
+more passages than the mind's three.
+
 With ``--names``, it says instead which questions' first five passages (what the naive RAG
 reads; the mind reads three) change when the catalog reads the documents a query names
 (``BATOS_CATALOG_NAMES``, ``store.knowledge.names``) against text and vectors alone: a question
@@ -25,6 +31,7 @@ wrong answer was lost in the reading, not in the retrieval.
     .venv/bin/python bench/passage_recall.py                  # dev split
     .venv/bin/python bench/passage_recall.py --split dev --split fresh3
     .venv/bin/python bench/passage_recall.py --split fresh15 --names
+    .venv/bin/python bench/passage_recall.py --split dev --split fresh16 --kinds
 """
 
 from __future__ import annotations
@@ -150,6 +157,45 @@ def line(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
     return f"| {split} | {len(rows)} | {sources} | {len(stated)} | {answers} | {reranked} |"
 
 
+#: Where a stated answer's first passage falls, in the order the bands are printed.
+BANDS = (("1-3", 1, 3), ("4-5", 4, 5), ("6-10", 6, DEPTH))
+
+
+def band(rank: int | None) -> str:
+    """The band of ``rank`` (from 1) among ``BANDS``, or "none" when not among the ten."""
+    for name, low, high in BANDS:
+        if rank is not None and low <= rank <= high:
+            return name
+    return "none"
+
+
+def by_kind(rows: Sequence[Mapping[str, Any]], questions: Mapping[str, str]) -> list[str]:
+    """Table lines: per kind of question (``asked_kind`` of ``questions[row["id"]]``), how
+    many questions, how many their document does not state as written, and where the stated
+    answers' first passage falls among ``BANDS``."""
+    from graph.answer import asked_kind
+
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        kind = asked_kind(questions[row["id"]]) or "other"
+        count = counts.setdefault(kind, {"n": 0, "unstated": 0})
+        count["n"] += 1
+        key = band(row["answer"]) if row["stated"] else "unstated"
+        count[key] = count.get(key, 0) + 1
+    names = [name for name, _, _ in BANDS] + ["none"]
+    out = [
+        "| asks for | questions | not stated as written | "
+        + " | ".join(f"stated, first at {n}" for n in names)
+        + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for kind in sorted(counts, key=lambda k: -counts[k]["n"]):
+        c = counts[kind]
+        cells = " | ".join(str(c.get(n, 0)) for n in names)
+        out.append(f"| {kind} | {c['n']} | {c['unstated']} | {cells} |")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", action="append", choices=SPLITS)
@@ -158,7 +204,22 @@ def main() -> None:
         action="store_true",
         help="say which questions' passages change when the documents a query names are read",
     )
+    parser.add_argument(
+        "--kinds",
+        action="store_true",
+        help="pool the splits' questions by what each asks for and say where its answer falls",
+    )
     args = parser.parse_args()
+    if args.kinds:
+        rows: list[dict[str, Any]] = []
+        questions: dict[str, str] = {}
+        for split in args.split or ["dev"]:
+            items = load_items(split, ["document"])["document"]
+            questions.update({item["id"]: item["question"] for item in items})
+            rows += measure(split)
+            print(f"{split}: measured", flush=True)
+        print("\n".join(by_kind(rows, questions)))
+        return
     if args.names:
         for split in args.split or ["dev"]:
             total, changed = names_changed(split)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.passage_recall import line, names_changed, ranks, states
+from bench.passage_recall import band, by_kind, line, names_changed, ranks, states
 
 ITEM = {
     "id": "q1",
@@ -74,3 +74,31 @@ def test_names_changed_says_which_questions_passages_the_names_move(
     monkeypatch.setenv("BATOS_CATALOG_NAMES", "off")
     assert names_changed("dev", data=tmp_path) == (2, ["named"])
     assert os.environ["BATOS_CATALOG_NAMES"] == "off"  # the caller's setting is given back
+
+
+def test_ranks_fall_in_bands_and_questions_are_grouped_by_what_they_ask_for() -> None:
+    assert [band(r) for r in (1, 3, 4, 5, 6, 10, None)] == [
+        "1-3",
+        "1-3",
+        "4-5",
+        "4-5",
+        "6-10",
+        "6-10",
+        "none",
+    ]
+    rows = [
+        {"id": "who1", "answer": 4, "stated": True},
+        {"id": "who2", "answer": 1, "stated": True},
+        {"id": "when", "answer": None, "stated": False},
+        {"id": "why", "answer": None, "stated": True},
+    ]
+    questions = {
+        "who1": "Who chairs the orchard committee?",
+        "who2": "Who is the museum's curator?",
+        "when": "When does the autumn term start?",
+        "why": "Why was the race course changed?",
+    }
+    table = by_kind(rows, questions)
+    assert table[2] == "| name | 2 | 0 | 1 | 1 | 0 | 0 |"
+    assert "| date | 1 | 1 | 0 | 0 | 0 | 0 |" in table
+    assert "| other | 1 | 0 | 0 | 0 | 0 | 1 |" in table

@@ -184,10 +184,8 @@ def answer_prompt(
 def grounded_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:
     """The prompt of an answer from ``passages``: the question after them, and before them as
     well when ``mind_question_first`` is on."""
-    name = (
-        "grounded_question_first" if settings.get_str("mind_question_first") == "on" else "grounded"
-    )
-    return prompts()[name].format(passages=passages_text(passages), request=request)
+    first = prompts()["question_first"] if settings.get_str("mind_question_first") == "on" else ""
+    return (first + prompts()["grounded"]).format(passages=passages_text(passages), request=request)
 
 
 def grounded_quote_prompt(request: str, passages: Sequence[Mapping[str, Any]]) -> str:

@@ -13,6 +13,14 @@ user might type. It reports where the first passage of the named package's file 
 catalog's best ten (the mind reads three, the naive RAG five): over every package, and over the
 packages whose file never states the package's name.
 
+A file found can still be read at the wrong place: its header ("Format: …  Upstream-Name:
+dpkg") says nothing of the licence. So it also reports where the first passage of the named
+file that could answer the question ranks: one that holds the field the question asks about,
+by the file's own layout and nothing else (a licence question, a ``License:`` line or a
+licence's name; a copyright question, a copyright line with a year; the upstream source, a
+``Source:`` line, an address other than the format's, or "downloaded from"). That says whether
+the passage read can answer, not whether a model reads it right.
+
 No model is run. The samples are disjoint: ``--sample dev`` (seed 1) for working on retrieval,
 ``--sample held`` (seed 2) to be run once a change is settled, and ``--sample held2`` (seed 3,
 drawn from the held half without the held sample's packages at the same size) for the next
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -52,6 +61,25 @@ PHRASINGS = (
     "who wrote {p}",
 )
 SEEDS = {"dev": 1, "held": 2, "held2": 3}
+_LICENCE = re.compile(
+    r"^\s*licen[cs]e:\s*\S|\b(?:l?gpl|bsd|mit|apache|artistic|mpl|zlib|expat|public domain)\b",
+    re.I | re.M,
+)
+_COPYRIGHT = re.compile(r"copyright\b[^\n]{0,12}?(?:\(c\)|©)?\s*\d{4}", re.I)
+_SOURCE = re.compile(
+    r"^\s*source:\s*\S|(?:downloaded|obtained|retrieved|fetched) from|"
+    r"(?:https?|ftp)://(?!www\.debian\.org/doc/packaging-manuals)",
+    re.I | re.M,
+)
+#: What a passage must hold to answer each phrasing, by the file's layout alone.
+ANSWERS = {
+    PHRASINGS[0]: _LICENCE,
+    PHRASINGS[1]: _COPYRIGHT,
+    PHRASINGS[2]: _LICENCE,
+    PHRASINGS[3]: _SOURCE,
+    PHRASINGS[4]: _LICENCE,
+    PHRASINGS[5]: _COPYRIGHT,
+}
 
 
 def packages(docs: Path = DOCS) -> list[str]:
@@ -85,6 +113,11 @@ def rank_of(hits: Sequence[str], wanted: str) -> int | None:
     return None
 
 
+def answering(phrasing: str, text: str) -> bool:
+    """Whether a passage holds what ``phrasing`` asks about (see the module's docstring)."""
+    return bool(ANSWERS[phrasing].search(text))
+
+
 def measure(which: str, n: int, docs: Path = DOCS) -> dict[str, Any]:
     from store.knowledge.catalog import KnowledgeCatalog
     from store.knowledge.ingest import ingest_paths
@@ -103,14 +136,22 @@ def measure(which: str, n: int, docs: Path = DOCS) -> dict[str, Any]:
                 raise SystemExit(f"{len(report.failed)} files did not ingest: {report.failed[:3]}")
             rows = []
             for name, path in zip(chosen, files, strict=True):
-                question = wording.choice(PHRASINGS).format(p=name)
+                phrasing = wording.choice(PHRASINGS)
+                question = phrasing.format(p=name)
                 hits = catalog.search(question, DEPTH, record=False)
                 text = path.read_text(errors="replace").lower()
+                answer_ranks = [
+                    n
+                    for n, hit in enumerate(hits, start=1)
+                    if hit.source == str(path) and answering(phrasing, hit.text)
+                ]
                 rows.append(
                     {
                         "package": name,
                         "question": question,
                         "rank": rank_of([h.source for h in hits], str(path)),
+                        "answer_rank": answer_ranks[0] if answer_ranks else None,
+                        "answerable": answering(phrasing, text),
                         "named_in_text": name.lower() in text,
                     }
                 )
@@ -130,6 +171,17 @@ def table(result: Mapping[str, Any]) -> str:
     for label, group in (("all", rows), ("name only in the path", unnamed)):
         found = " / ".join(str(within(group, "rank", k)) for k in AT)
         lines.append(f"{label:<32} {len(group):>3}   {found}")
+    # rows of results written before the answer check have no answer rank
+    answerable = [r for r in rows if r.get("answerable")]
+    if answerable:
+        lines.append(
+            "packages whose file holds the answer  n   first passage that could answer at "
+            + " / ".join(map(str, AT))
+        )
+        unnamed_answerable = [r for r in answerable if not r["named_in_text"]]
+        for label, group in (("all", answerable), ("name only in the path", unnamed_answerable)):
+            found = " / ".join(str(within(group, "answer_rank", k)) for k in AT)
+            lines.append(f"{label:<32} {len(group):>3}   {found}")
     return "\n".join(lines)
 
 

@@ -65,8 +65,6 @@ _MAX_ID = 2**31 - 1  # zope.index and IF trees hold signed 32-bit document ids
 #: A document a query names is brought forward only when none of its passages is already among
 #: this many of the fused results: the mind reads three passages.
 NAMED_LEAVE = 3
-#: ... and then this many of its passages are put first: its nearest alone was often a header.
-NAMED_PASSAGES = 2
 
 IFTreeSet = family32.IF.TreeSet
 
@@ -644,16 +642,14 @@ class KnowledgeCatalog:
         k: int,
         allowed: np.ndarray | None,
     ) -> list[tuple[int, float]]:
-        """``ranked`` with the best passages of each document ``query`` names in front, when
+        """``ranked`` with the best passage of each document ``query`` names in front, when
         none of those documents has a passage among its first ``NAMED_LEAVE`` already.
 
         A query whose text and vectors found the document it names keeps its order exactly:
         it is a query whose words are in its document anyway, and reordering its passages by
         the name lost answers that were right. A named document that nothing found ("the
-        libdpkg-perl package", whose file never says its name) gets its ``NAMED_PASSAGES``
-        best passages read first, as a hybrid search of that document alone ranks them, scored
-        level with the fusion's best: the first passage of each named document, then the
-        second of each.
+        libdpkg-perl package", whose file never says its name) gets its passage nearest the
+        query read first, scored level with the fusion's best.
         """
         if settings.get_str("catalog_names") == "off":
             return ranked
@@ -670,8 +666,7 @@ class KnowledgeCatalog:
         ):
             return ranked
         top = ranked[0][1] if ranked else 1.0 / (RRF_K + 1)  # a first place in one list
-        depth = max(NAMED_PASSAGES * CANDIDATES_PER_RESULT, MIN_CANDIDATES)
-        best: list[list[int]] = []
+        front: list[tuple[int, float]] = []
         for source in named:
             document = cat["documents"].get(source)
             if document is None or not document.chunk_ids:
@@ -679,19 +674,12 @@ class KnowledgeCatalog:
             ids = np.unique(np.asarray(document.chunk_ids, dtype=np.int64))
             if allowed is not None:
                 ids = np.intersect1d(ids, allowed, assume_unique=True)
-            if not len(ids):
-                continue
-            # The document's nearest passage alone can be its header ("Format: …
-            # Upstream-Name: dpkg"), which answers nothing: its words rank its passages too.
-            # Both lists are empty when another thread has just taken the document out.
-            lexical = [cid for cid, _ in self._lexical(cat, query, depth, ids)]
-            dense = [cid for cid, _ in self.vectors.search(query_vector, depth, ids)]
-            fused = reciprocal_rank_fusion([lexical, dense], NAMED_PASSAGES)
-            best.append([cid for cid, _ in fused])
-        front = [row[place] for place in range(NAMED_PASSAGES) for row in best if place < len(row)]
-        chosen = set(front)
-        rest = [(cid, score) for cid, score in ranked if cid not in chosen]
-        return ([(cid, top) for cid in front] + rest)[:k]
+            # empty when another thread has just taken the document's vectors out
+            nearest = self.vectors.search(query_vector, 1, ids) if len(ids) else []
+            if nearest:
+                front.append((nearest[0][0], top))
+        chosen = {cid for cid, _ in front}
+        return (front + [(cid, score) for cid, score in ranked if cid not in chosen])[:k]
 
     def _document_names(self, cat: Any) -> DocumentNames:
         """The catalog's document names, built once per catalog version."""

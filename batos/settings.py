@@ -149,7 +149,9 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "image",
             "BATOS_IMAGE",
-            lambda: f"file://{Path(get_str('home')) / 'live_image.fs'}",
+            # absolute and percent-encoded: a relative home, or one with a space or '#', is
+            # still one folder
+            lambda: (Path(get_str("home")).absolute() / "live_image.fs").as_uri(),
             "URI of the living image: file://PATH.fs, zeo://HOST:PORT, postgres://… or memory://.",
         ),
         Setting(

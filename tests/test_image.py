@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -307,3 +308,71 @@ def test_an_older_codex_never_overwrites_a_newer_incarnation(file_uri):
     with open_image(file_uri, codex=_codex(NEWER)) as image, image.read() as root:
         assert root["objects"]["traits"].codex_version == NEWER
         assert f"codex-{SHIPPED}" not in applied(root)
+
+
+@pytest.mark.parametrize("folder", ["my images", "a#b", "50% off", "ünï"])
+def test_a_file_uri_is_percent_decoded_and_its_scheme_read_in_any_case(tmp_path, folder):
+    path = tmp_path / folder / "live_image.fs"
+    with LivingImage.open(path.as_uri()) as image:  # file:///…/my%20images/live_image.fs
+        image.transact(lambda root: root.__setitem__("k", "v"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder]  # no sibling folder
+    assert (path.parent / "live_image.fs.blobs").is_dir()
+    shouted = "FILE" + path.as_uri()[len("file") :]
+    with LivingImage.open(shouted, create=False) as image, image.read() as root:
+        assert root["k"] == "v"
+
+
+def test_the_default_image_of_a_relative_or_odd_home_is_one_absolute_folder(
+    tmp_path, monkeypatch
+):
+    from batos import settings
+    from store.core.image import image_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BATOS_IMAGE", raising=False)
+    for home in ("relative/dir", "odd #home"):
+        monkeypatch.setenv("BATOS_HOME", home)
+        uri = settings.get_str("image")
+        assert image_path(uri) == tmp_path / home / "live_image.fs"
+        LivingImage.open(uri).close()
+        assert (tmp_path / home / "live_image.fs.blobs").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd #home", "relative"]
+    monkeypatch.setenv("BATOS_HOME", "q?x=1")  # refused, not read as a storage option
+    with pytest.raises(ImageURIError, match=re.escape("holds a '?'")):
+        LivingImage.open(settings.get_str("image"))
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("file://relative/dir/x.fs", "names the host 'relative'"),
+        ("file:///tmp/a#b/x.fs", "has a '#'"),
+        ("file:x.fs", "no absolute path"),
+        ("file:///tmp/what%3Fnow/x.fs", "holds a '?'"),
+    ],
+)
+def test_a_file_uri_that_would_put_the_image_elsewhere_is_refused(tmp_path, uri, says):
+    with pytest.raises(ImageURIError, match=re.escape(says)) as info:
+        LivingImage.open(uri)
+    assert info.value.hint
+
+
+def test_a_path_that_cannot_hold_an_image_is_a_clear_error(tmp_path):
+    from batos.errors import ImageNotFoundError
+
+    with pytest.raises(ImageURIError, match="is a folder") as info:
+        LivingImage.open(tmp_path.as_uri(), create=False)
+    assert "live_image.fs" in info.value.hint
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ImageURIError, match="cannot be used"):
+        LivingImage.open((blocker / "x.fs").as_uri())
+    empty = tmp_path / "empty.fs"
+    empty.touch()
+    with pytest.raises(ImageNotFoundError, match="the file there is empty"):
+        LivingImage.open(empty.as_uri(), create=False)
+    assert empty.stat().st_size == 0  # a command that creates nothing wrote nothing
+    spaced = tmp_path / "new dir" / "x.fs"
+    with pytest.raises(ImageNotFoundError) as info:
+        LivingImage.open(spaced.as_uri(), create=False)
+    assert f"--image {spaced.as_uri()} init" in info.value.hint  # quoted only when needed

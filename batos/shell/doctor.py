@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from shlex import quote
 from typing import Any
-from urllib.parse import urlsplit
 
 from batos import settings
 from batos.errors import BatosError
-from store.core.image import LivingImage
+from store.core.image import LivingImage, image_path
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 #: Seconds a backend or server probe may take: doctor answers quickly when a host is down.
@@ -122,10 +122,14 @@ def _walk(image: LivingImage) -> Check:
 
 
 def check_image(uri: str) -> list[Check]:
-    scheme = uri.split(":", 1)[0]
-    path = Path(urlsplit(uri).path) if scheme == "file" else None
+    try:
+        path = image_path(uri)
+    except BatosError as exc:
+        return [Check("image", FAIL, exc.message, exc.hint or "check the image URI")]
     if path is not None and not path.exists():
-        return [Check("image", FAIL, f"no image at {path}", f"run 'batos --image {uri} init'")]
+        return [
+            Check("image", FAIL, f"no image at {path}", f"run 'batos --image {quote(uri)} init'")
+        ]
     found = _file_checks(path) if path is not None else []
     if any(c.status == FAIL for c in found):
         return found

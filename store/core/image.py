@@ -17,6 +17,7 @@ import contextvars
 import getpass
 import logging
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -25,7 +26,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import transaction
 import ZODB
@@ -123,13 +124,12 @@ def _with_default_blobs(uri: str) -> str:
     """Give file://, zeo:// and postgres:// URIs a blob directory unless the URI names one."""
     parts = urlsplit(uri)
     query = dict(parse_qsl(parts.query))
-    if parts.scheme == "file" and "blobstorage_dir" not in query:
-        if not parts.path:
-            raise ImageURIError(
-                f"image URI {uri!r} has no path", hint="write it as file:///abs/path/live_image.fs"
-            )
-        query["blobstorage_dir"] = parts.path + ".blobs"
-    elif parts.scheme == "zeo":
+    path = image_path(uri)
+    if path is not None:
+        query.setdefault("blobstorage_dir", f"{path}.blobs")
+        # zodburi reads a file URI's path as written, up to a '?': the decoded path goes to it
+        return f"file://{path}?{urlencode(query)}"
+    if parts.scheme == "zeo":
         if "blob_dir" not in query:
             label = (parts.netloc or Path(parts.path).name).replace(":", "_")
             query["blob_dir"] = str(Path(settings.get_str("home")) / "zeo-blob-cache" / label)
@@ -153,7 +153,7 @@ def _cut(text: str, limit: int = 200) -> str:
 
 
 def _open_db(uri: str, *, create: bool) -> ZODB.DB:
-    scheme = uri.split(":", 1)[0] if ":" in uri else ""
+    scheme = urlsplit(uri).scheme if ":" in uri else ""  # a scheme is read in any case
     resolved = _with_default_blobs(uri)
     try:
         factory, dbkw = zodburi.resolve_uri(resolved)
@@ -171,22 +171,37 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
         _prepare_blob_cache(Path(dict(parse_qsl(urlsplit(resolved).query))["blob_dir"]))
     if scheme != "file":
         return _connect(uri, factory, dbkw)
-    path = Path(urlsplit(uri).path)
+    path = image_path(uri)
+    assert path is not None  # a file:// URI
+    unusable = "give the path of a live_image.fs file in a folder you can write"
     try:
         exists = path.exists()
+        if path.is_dir():
+            raise ImageURIError(
+                f"the image path {_cut(str(path))} is a folder",
+                hint=f"name the image file inside it, e.g. {(path / 'live_image.fs').as_uri()}",
+            )
+        # An empty file is what a failed copy or 'touch' leaves: no image a command may write
+        # its first transaction into, unless it is asked to create one.
+        empty = exists and path.stat().st_size == 0
     except OSError as exc:  # a name too long, a component that is a file…
         raise ImageURIError(
-            f"the image path {_cut(str(path))} cannot be used: {exc.strerror}",
-            hint="give the path of a live_image.fs file in a folder you can write",
+            f"the image path {_cut(str(path))} cannot be used: {exc.strerror}", hint=unusable
         ) from None
-    if exists:
+    if exists and not empty:
         _check_file(uri, path)
     elif not create:
         raise ImageNotFoundError(
-            f"no image at {_cut(str(path))}",
-            hint=f"run 'batos --image {uri} init' to create one, or check the path",
+            f"no image at {_cut(str(path))}" + (" (the file there is empty)" if empty else ""),
+            hint=f"run 'batos --image {shlex.quote(uri)} init' to create one, or check the path",
         )
-    added = _FilesAdded(path)
+    try:
+        added = _FilesAdded(path)
+    except OSError as exc:  # a folder on the way is a file, or cannot be written
+        raise ImageURIError(
+            f"the image path {_cut(str(path))} cannot be used: {exc.strerror or exc}",
+            hint=unusable,
+        ) from None
     try:
         return _connect(uri, factory, dbkw)
     except ImageLockedError:
@@ -542,9 +557,41 @@ def _text(value: bytes | str) -> str:
 
 
 def image_path(uri: str) -> Path | None:
-    """The FileStorage path of a file:// URI, or None for other schemes."""
+    """The FileStorage path of a file:// URI, or None for other schemes.
+
+    The path is percent-decoded, as a file URI writes it (``Path.as_uri`` gives
+    ``file:///tmp/my%20images/live_image.fs``); the scheme is read in any case. A file URI
+    that names a host (``file://relative/dir/x.fs`` reads "relative" as one), carries a
+    fragment (an unencoded '#'), or has no absolute path is refused: each would put the image
+    somewhere other than where it was asked for.
+    """
     parts = urlsplit(uri)
-    return Path(parts.path) if parts.scheme == "file" else None
+    if parts.scheme != "file":
+        return None
+    shown = _cut(repr(uri))
+    if parts.netloc not in ("", "localhost"):
+        meant = Path(parts.netloc + parts.path).absolute().as_uri()
+        raise ImageURIError(
+            f"image URI {shown} names the host {parts.netloc!r}: a file image is a path here",
+            hint=f"write the absolute path after three slashes, e.g. {meant}",
+        )
+    if parts.fragment or uri.endswith("#"):
+        raise ImageURIError(
+            f"image URI {shown} has a '#', which ends a URI's path",
+            hint="write a '#' in a folder's name as %23 (Path.as_uri() does)",
+        )
+    path = unquote(parts.path)
+    if not path.startswith("/"):
+        raise ImageURIError(
+            f"image URI {shown} has no absolute path",
+            hint="write it as file:///abs/path/live_image.fs",
+        )
+    if "?" in path or "\0" in path:
+        raise ImageURIError(
+            f"the image path in {shown} holds a '?' or a NUL, which a storage URI cannot carry",
+            hint="keep the image in a folder whose name has neither",
+        )
+    return Path(path)
 
 
 class _SharedImages:

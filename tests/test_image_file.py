@@ -176,6 +176,18 @@ def test_cli_object_damaged_inside_the_file_is_a_clear_error(capsys, file_uri):
     err = capsys.readouterr().err
     assert "damaged" in err and "cannot be read" in err and "repair" in err
     assert "Traceback" not in err
+    # Recovery cannot mend a record's bytes: repair names the record, the transaction that
+    # wrote it and the undo that puts it back, and changes nothing.
+    before = _snapshot(path.parent)
+    assert main(["--image", file_uri, "repair"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"record 0x{oid.hex()}" in err and "Nothing was changed" in err
+    assert _snapshot(path.parent) == before
+    tid = err.split(f"record 0x{oid.hex()} (written by transaction ")[1][:16]
+    assert f"undo {tid}" in err
+    assert main(["--image", file_uri, "undo", tid]) == 0
+    assert main(["--image", file_uri, "repair"]) == 0
+    assert "all sound" in capsys.readouterr().out
 
 
 def test_a_file_another_process_is_writing_is_reported_in_use(file_uri):

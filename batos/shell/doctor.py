@@ -86,8 +86,9 @@ def _file_checks(path: Path) -> list[Check]:
                 "image",
                 FAIL,
                 f"fsrefs: {first[:300]}",
-                "run 'batos repair'; 'batos history' and 'batos undo' can revert the "
-                "transaction that left a dangling reference",
+                "run 'batos repair': it mends cut or broken transactions, and names the "
+                "transaction to undo for a record that cannot be read or a reference left "
+                "dangling ('batos history', 'batos undo')",
             )
         ]
     return [Check("image", OK, "fstest and fsrefs found no damage")]

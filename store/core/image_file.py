@@ -186,6 +186,7 @@ def repair(path: Path) -> RepairReport:
     try:
         found = check(path)
         if found.damage is None:
+            _refuse_unreadable_records(path, found)
             return RepairReport(found, transactions=found.transactions)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         recovered = path.with_name(f"{path.name}.recovered-{stamp}")
@@ -218,6 +219,82 @@ def repair(path: Path) -> RepairReport:
         lock.close()
         if not lock_was_there:
             lock_path.unlink(missing_ok=True)
+
+
+#: At most this many unreadable records are named in a message.
+SHOWN_RECORDS = 5
+
+
+def unreadable_records(path: Path) -> list[tuple[bytes, bytes, str]]:
+    """The records of a structurally sound FileStorage whose current state does not read
+    back, or refers to a record that is not stored: (oid, the transaction that wrote that
+    state, why), oldest oid first.
+
+    Bytes changed inside a record leave every transaction's length and links intact, so
+    ``check`` and ``fsrecover`` pass the file; the damage shows only when the record's pickle
+    is read. Each current record is read as ZODB reads its references (a pickle walk that
+    builds no objects), which is what fails there.
+    """
+    from ZODB.FileStorage import FileStorage
+    from ZODB.POSException import POSKeyError
+    from ZODB.serialize import referencesf
+
+    storage = FileStorage(str(path), read_only=True)
+    try:
+        found: list[tuple[bytes, bytes, str]] = []
+        stored: dict[bytes, tuple[bytes, bytes]] = {}
+        for oid in sorted(storage._index.keys()):
+            try:
+                stored[oid] = storage.load(oid)
+            except POSKeyError:
+                pass  # its creation was undone: no state, which is no damage
+            except Exception as exc:  # the record's header or back-pointer is what broke
+                found.append((oid, b"", _why(exc)))
+        for oid, (data, tid) in stored.items():
+            try:
+                missing = [ref for ref in referencesf(data) if ref not in stored]
+            except Exception as exc:
+                found.append((oid, tid, _why(exc)))
+                continue
+            if missing:  # what fsrefs calls a dangling reference
+                found.append((oid, tid, f"refers to record 0x{missing[0].hex()}, not stored"))
+        return sorted(found)
+    finally:
+        storage.close()
+
+
+def _why(exc: Exception) -> str:
+    text = str(exc).strip()[:120]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _refuse_unreadable_records(path: Path, found: FileCheck) -> None:
+    """Transactions sound, records not: say which, and what puts each back (nothing here
+    changes the file: undoing a transaction also reverts its other changes, the user's call)."""
+    bad = unreadable_records(path)
+    if not bad:
+        return
+    tids = sorted({tid for _, tid, _ in bad if tid}, reverse=True)
+    named = "; ".join(
+        f"record 0x{oid.hex()} (written by transaction {tid.hex() or 'unknown'}): {why}"
+        for oid, tid, why in bad[:SHOWN_RECORDS]
+    )
+    more = f" and {len(bad) - SHOWN_RECORDS} more" if len(bad) > SHOWN_RECORDS else ""
+    undo = " and ".join(f"'batos --image {path.as_uri()} undo {tid.hex()}'" for tid in tids[:3])
+    hint = (
+        (
+            f"{undo} puts each record back to its state before that transaction (its other "
+            "changes are reverted too; see 'batos history'); or restore the image from a backup"
+        )
+        if tids
+        else "restore the image from a backup"
+    )
+    raise ImageCorruptError(
+        f"{path}: its {found.transactions:,} transactions are sound, but {len(bad):,} "
+        f"record(s) cannot be read: {named}{more}. Recovery cannot mend a record's bytes. "
+        "Nothing was changed",
+        hint=hint,
+    )
 
 
 def _keep_aside(path: Path, damaged: Path) -> None:

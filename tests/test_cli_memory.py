@@ -59,6 +59,69 @@ def test_ingest_reports_each_outcome_and_skips_unchanged_files(capsys, file_uri,
     assert code == 0 and "replaced 1" in out
 
 
+def test_ingest_meta_reaches_unchanged_files_and_stays_without_it(capsys, file_uri, notes) -> None:
+    cats = str(notes / "cats.md")
+    assert run(capsys, "--image", file_uri, "ingest", str(notes), "-m", "topic=pets")[0] == 0
+    # the same unchanged file given a new value takes it; a run without --meta keeps it
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", cats, "-m", "topic=cats")
+    assert code == 0 and "replaced 1, unchanged 0" in out
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", str(notes), "-m", "lang=en")
+    assert code == 0 and "replaced 2" in out
+    code, out, _ = run(capsys, "--image", file_uri, "ingest", str(notes))
+    assert code == 0 and "unchanged 2" in out
+    found = {}
+    for topic in ("cats", "pets"):
+        code, out, _ = run(
+            capsys, "--image", file_uri, "search", "animals", "--json", "-w", f"topic={topic}"
+        )
+        found[topic] = {hit["source"] for hit in json.loads(out)["results"]}
+    assert found == {
+        "cats": {str(Path(cats).resolve())},
+        "pets": {str((notes / "dogs.txt").resolve())},
+    }
+    code, out, _ = run(capsys, "--image", file_uri, "search", "animals", "--json", "-w", "lang=en")
+    assert len({hit["source"] for hit in json.loads(out)["results"]}) == 2
+
+
+@pytest.mark.parametrize(
+    ("meta", "says"),
+    [
+        (["source=evil"], "names a field the catalog sets itself"),
+        (["kind=weird"], "names a field the catalog sets itself"),
+        (["topic=a", "topic=b"], "gives topic twice"),
+    ],
+)
+def test_ingest_refuses_meta_that_would_be_lost(capsys, file_uri, notes, meta, says) -> None:
+    argv = [x for pair in meta for x in ("-m", pair)]
+    code, out, err = run(capsys, "--image", file_uri, "ingest", str(notes), *argv)
+    assert code != 0 and flat(says) in flat(err) and "hint" in err
+    assert "added" not in out
+
+
+def test_ingest_walks_text_without_a_suffix_but_not_programs(capsys, file_uri, tmp_path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README").write_text(CATS)
+    (project / "runme").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(200))
+    (project / "data").write_bytes(b"GZ\x1f\x8b\x00\x00")
+    code, out, err = run(capsys, "--image", file_uri, "ingest", str(project))
+    assert code == 0 and "added 1, replaced 0, unchanged 0, failed 0" in out, err
+    # a program named on its own is still read, and says why it cannot be
+    code, _, err = run(capsys, "--image", file_uri, "ingest", str(project / "runme"))
+    assert code == 9 and flat("1 of 1 file(s) were not ingested") in flat(err)
+    assert "the others were" not in err
+
+
+def test_ingest_of_a_folder_with_nothing_to_read_says_so(capsys, file_uri, tmp_path) -> None:
+    folder = tmp_path / "sheets"
+    folder.mkdir()
+    (folder / "data.csv").write_text("a,b\n1,2\n")
+    (folder / "paper.docx").write_bytes(b"PK\x03\x04")
+    code, out, err = run(capsys, "--image", file_uri, "ingest", str(folder))
+    assert code == 9 and flat(f"nothing to read under {folder}") in flat(err)
+    assert flat(".txt .md .rst") in flat(err)
+
+
 def test_ingest_goes_on_past_missing_and_bad_files_and_exits_9(
     capsys, file_uri, notes, tmp_path
 ) -> None:

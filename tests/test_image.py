@@ -322,9 +322,7 @@ def test_a_file_uri_is_percent_decoded_and_its_scheme_read_in_any_case(tmp_path,
         assert root["k"] == "v"
 
 
-def test_the_default_image_of_a_relative_or_odd_home_is_one_absolute_folder(
-    tmp_path, monkeypatch
-):
+def test_the_default_image_of_a_relative_or_odd_home_is_one_absolute_folder(tmp_path, monkeypatch):
     from batos import settings
     from store.core.image import image_path
 

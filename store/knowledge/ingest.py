@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -254,7 +254,8 @@ def _pdf_text(path: Path, data: bytes) -> str:
 
 
 def expand(paths: Iterable[Path]) -> Iterator[Path]:
-    """Files named, and supported files under folders named (sorted, hidden ones skipped).
+    """Files named, and supported files under folders named (sorted, hidden ones skipped, and
+    files with no suffix that are binary).
 
     A folder that cannot be listed is yielded itself, so that reading it reports it by name
     rather than its files going missing without a word.
@@ -273,9 +274,25 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
                 if not name.startswith(".")
                 and Path(name).suffix.lower() in SUPPORTED
                 and _is_file(Path(folder, name))
+                and not (Path(name).suffix == "" and _binary(Path(folder, name)))
             )
         found.extend(Path(error.filename or path) for error in unlisted)
         yield from sorted(found)
+
+
+#: Bytes of a file with no suffix read to tell text from a program or an archive.
+SNIFF_BYTES = 8192
+
+
+def _binary(path: Path) -> bool:
+    """Whether a file with no suffix found in a folder is binary (a NUL byte in its first
+    ``SNIFF_BYTES``, as git and grep tell): a folder's programs and data files are not
+    documents, and listing them as failures would hide the files that did fail."""
+    try:
+        with path.open("rb") as handle:
+            return b"\0" in handle.read(SNIFF_BYTES)
+    except OSError:
+        return False  # reading it will say why
 
 
 def _is_folder(path: Path) -> bool:
@@ -415,7 +432,11 @@ def write_batch(
         outcome["version"] = catalog.version(root)
         for doc in batch:
             existing = documents.get(doc.source)
-            if existing is not None and existing.content_hash == doc.content_hash:
+            if (
+                existing is not None
+                and existing.content_hash == doc.content_hash
+                and dict(existing.metadata) == doc.metadata
+            ):
                 results[doc.source] = "unchanged"
                 continue
             savepoint = txn.savepoint()
@@ -513,15 +534,14 @@ def ingest_paths(
                 source = _source(path)
                 report.bytes += len(text.encode("utf-8", "surrogatepass"))
                 known = catalog.document(source)
+                kept = _metadata(known, metadata)
                 # A file reached again under another name (a linked folder) is the same
                 # document: once in a run, or its outcomes would be told under one name.
-                if source in paths_of or (
-                    known is not None and known["content_hash"] == content_hash
-                ):
+                if source in paths_of or _unchanged(known, content_hash, kept):
                     report.unchanged.append(str(path))
                     tell(path, "unchanged")
                     continue
-                pending.append(_plan(catalog, source, text, content_hash, fmt, metadata))
+                pending.append(_plan(catalog, source, text, content_hash, fmt, kept))
             except DocumentError as exc:
                 report.failed.append((str(path), exc))
                 tell(path, "failed")
@@ -546,6 +566,22 @@ def ingest_paths(
     return report
 
 
+def _metadata(known: Mapping[str, Any] | None, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A document's metadata once ingested again: what it held, updated with what is given
+    (a run without --meta keeps its values; one with new values gives them)."""
+    return {**(known["metadata"] if known is not None else {}), **(given or {})}
+
+
+def _unchanged(
+    known: Mapping[str, Any] | None, content_hash: str, metadata: Mapping[str, Any]
+) -> bool:
+    return (
+        known is not None
+        and known["content_hash"] == content_hash
+        and known["metadata"] == dict(metadata)
+    )
+
+
 def _source(path: Path) -> str:
     """The name a file's document is kept under: its absolute path, links resolved."""
     try:
@@ -566,12 +602,13 @@ def ingest_text(
     text = _well_formed(text)
     content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
     known = catalog.document(source)
-    if known is not None and known["content_hash"] == content_hash:
+    kept = _metadata(known, metadata)
+    if _unchanged(known, content_hash, kept):
         return "unchanged"
     if not text.strip():
         raise DocumentError(f"{source} is empty", hint="nothing to ingest")
     results, errors = write_batch(
-        catalog, [prepare(catalog, source, text, content_hash, fmt, metadata)]
+        catalog, [prepare(catalog, source, text, content_hash, fmt, kept)]
     )
     if source in errors:
         raise errors[source]

@@ -19,7 +19,7 @@ from batos.shell.cli.app import console, err_console, image_uri, model_factory
 from batos.shell.cli.progress import ProgressReport
 from batos.shell.cli.terminal import json_text, shown
 from graph.curation import babs_summarizer
-from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.catalog import BUILTIN_FIELDS, KnowledgeCatalog
 
 
 @contextmanager
@@ -35,11 +35,22 @@ def _catalog(ctx: typer.Context) -> Iterator[KnowledgeCatalog]:
 
 
 def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
-    pairs = {}
+    pairs: dict[str, str] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise CatalogError(f"{what} {item!r} is not NAME=VALUE", hint=f"e.g. {what} topic=cats")
+        if what == "--meta" and name in BUILTIN_FIELDS:
+            # the catalog sets these itself; one given here would be stored and never found
+            raise CatalogError(
+                f"--meta {name}=… names a field the catalog sets itself",
+                hint=f"choose another name than {', '.join(BUILTIN_FIELDS)}, e.g. -m topic=cats",
+            )
+        if pairs.get(name, value) != value:
+            raise CatalogError(
+                f"{what} gives {name} twice ({pairs[name]!r} and {value!r})",
+                hint=f"give each name once; a document holds one value of {name}",
+            )
         pairs[name] = value
     return pairs
 
@@ -47,20 +58,34 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
 def ingest(
     ctx: typer.Context,
     paths: list[Path] = typer.Argument(
-        ..., help="Files or folders (walked for .txt .md .html .pdf)."
+        ...,
+        help="Files or folders (walked for text: .txt .text .md .markdown .rst and names with "
+        "no suffix that hold no NUL byte; HTML: .html .htm .xhtml; PDF: .pdf).",
     ),
-    meta: list[str] = typer.Option(None, "--meta", "-m", help="NAME=VALUE stored on every chunk."),
+    meta: list[str] = typer.Option(
+        None,
+        "--meta",
+        "-m",
+        help="NAME=VALUE stored on every chunk, added to what the document holds already.",
+    ),
 ) -> None:
     """Read text, Markdown, HTML and PDF files into the knowledge catalog.
 
-    Unchanged files are skipped; changed ones replace their chunks; a file that cannot be
-    read (or does not exist) is reported and the others go on; the exit code is then 9.
+    Unchanged files are skipped (given new --meta values, they take them); changed ones
+    replace their chunks; a file that cannot be read (or does not exist) is reported and the
+    others go on; the exit code is then 9, as when nothing is found to read.
 
     Examples: batos ingest notes/ · batos ingest paper.pdf -m topic=physics
     """
     from store.knowledge.ingest import IngestReport, expand, ingest_paths
 
     files = list(expand(paths))  # a missing path stays in the list and fails on its own
+    if not files:
+        raise DocumentError(
+            f"nothing to read under {', '.join(map(str, paths))}",
+            hint="ingest reads text (.txt .md .rst, or no suffix), HTML and PDF files; "
+            "name such files, or a folder that holds them",
+        )
     with (
         _catalog(ctx) as catalog,
         ProgressReport(err_console, "ingest", total=len(files), unit="files") as progress,
@@ -88,9 +113,10 @@ def ingest(
         if error.hint:
             err_console.print(f"  [yellow]hint:[/] {shown(error.hint)}")
     if report.failed:
+        others = "the others were; " if len(report.failed) < len(files) else ""
         raise DocumentError(
             f"{len(report.failed)} of {len(files)} file(s) were not ingested",
-            hint="the others were; fix the files listed above and run the command again",
+            hint=f"{others}fix the files listed above and run the command again",
         )
 
 

@@ -139,11 +139,26 @@ def test_cli_lists_prunes_and_packs(
     assert "alpha" in out and "beta" in out
     assert batos(["--image", file_uri, "threads", "alpha"]) == 0
     assert "input" in capsys.readouterr().out
+    # the ids a user copies come whole, in the table as in JSON
+    long_id = "chat-" + "1f1f1f79-81af-6c5e-8c1d-" * 2
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
+        builder.compile(checkpointer=saver).invoke(
+            {"n": 1, "log": []}, {"configurable": {"thread_id": long_id}}
+        )
+    assert batos(["--image", file_uri, "threads"]) == 0
+    assert any(long_id in line for line in capsys.readouterr().out.splitlines())
+    assert batos(["--image", file_uri, "threads", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {row["thread_id"] for row in rows} == {"alpha", "beta", long_id}
+    assert batos(["--image", file_uri, "threads", long_id, "--json"]) == 0
+    points = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert points and all(len(p["checkpoint"]) == 36 for p in points)
+    assert points[-1]["parent"] is None and points[0]["parent"] == points[1]["checkpoint"]
     assert batos(["--image", file_uri, "threads", "gamma"]) == 8
     assert "batos threads" in capsys.readouterr().err
 
     assert batos(["--image", file_uri, "prune", "--keep", "2"]) == 0
-    assert "deleted 6 checkpoints" in capsys.readouterr().out
+    assert "deleted 9 checkpoints" in capsys.readouterr().out  # 3 of each of 3 threads
     assert batos(["--image", file_uri, "prune", "--keep", "1", "gamma"]) == 8
     assert batos(["--image", file_uri, "pack"]) == 0
     assert "packed" in capsys.readouterr().out

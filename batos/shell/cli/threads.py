@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 
 import typer
 from langchain_core.runnables import RunnableConfig
 from rich.table import Table
 
 from batos.shell.cli.app import console, image_uri
-from batos.shell.cli.terminal import shown
+from batos.shell.cli.terminal import json_text, shown
 from batos.shell.runtime import open_runtime
 from store.checkpoint.saver import ZODBSaver
 from store.core import packing
@@ -43,47 +44,74 @@ def _when(seconds: float) -> str:
 def threads(
     ctx: typer.Context,
     thread_id: str = typer.Argument(None, help="Show this thread's checkpoints."),
-    limit: int = typer.Option(50, "--limit", "-n", help="Most checkpoints to show."),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, help="Most checkpoints to show."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON line per thread or checkpoint."),
 ) -> None:
     """List conversation threads, or one thread's checkpoints newest first.
 
-    Examples: batos threads · batos threads 6f1c… -n 10
+    Thread and checkpoint ids are shown whole, to copy into 'batos threads ID' or 'batos chat
+    -t ID'; --json has every id whole.
+
+    Examples: batos threads · batos threads 6f1c… -n 10 · batos threads --json
     """
     with _saver(ctx) as saver:
         if thread_id is None:
-            table = Table(title=f"Threads in {shown(saver.image.uri)}")
-            for column in ("thread", "namespaces", "checkpoints", "writes", "size", "created"):
-                table.add_column(column)
+            if as_json:
+                for s in saver.threads():
+                    console.print(
+                        json_text(asdict(s), "a thread"),
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                return
+            # One line a thread, its id first and whole: a table cell would cut or fold an id
+            # at 80 columns, and an id cut short cannot be used again.
+            console.print(f"Threads in {shown(saver.image.uri)}", markup=False, highlight=False)
             for s in saver.threads():
-                table.add_row(
-                    shown(s.thread_id),
-                    str(s.namespaces),
-                    str(s.checkpoints),
-                    str(s.writes),
-                    _size(s.bytes),
-                    _when(s.created),
+                console.print(
+                    f"{shown(s.thread_id)}  {s.checkpoints} checkpoints, {s.namespaces} "
+                    f"namespaces, {s.writes} writes, {_size(s.bytes)}, created {_when(s.created)}",
+                    markup=False,
+                    highlight=False,
                 )
-            console.print(table)
             return
         summary = saver.thread_summary(thread_id)
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+        if as_json:
+            for item in saver.list(config, limit=limit):
+                conf = item.config["configurable"]
+                parent = item.parent_config and item.parent_config["configurable"]["checkpoint_id"]
+                row = {
+                    "namespace": conf["checkpoint_ns"],
+                    "checkpoint": conf["checkpoint_id"],
+                    "step": item.metadata.get("step"),
+                    "source": item.metadata.get("source"),
+                    "run": item.metadata.get("run_id"),
+                    "writes": len(item.pending_writes or []),
+                    "parent": parent or None,
+                }
+                console.print(
+                    json_text(row, "a checkpoint"), markup=False, highlight=False, soft_wrap=True
+                )
+            return
         table = Table(
             title=f"Thread {shown(thread_id)}: {summary.checkpoints} checkpoints, "
             f"{_size(summary.bytes)}"
         )
-        for column in ("namespace", "checkpoint", "step", "source", "run", "writes", "parent"):
-            table.add_column(column)
-        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+        # The checkpoint id whole, and what fits beside it at 80 columns: each checkpoint's
+        # parent is the next row; its run and parent ids are in --json.
+        for column in ("namespace", "checkpoint", "step", "source", "writes"):
+            whole = column == "checkpoint"
+            table.add_column(column, no_wrap=whole, overflow="fold")
         for item in saver.list(config, limit=limit):
             conf = item.config["configurable"]
-            parent = item.parent_config and item.parent_config["configurable"]["checkpoint_id"]
             table.add_row(
                 shown(conf["checkpoint_ns"] or "(root)"),
                 shown(conf["checkpoint_id"]),
                 shown(item.metadata.get("step", "")),
                 shown(item.metadata.get("source", "")),
-                shown(item.metadata.get("run_id", "") or "-"),
                 str(len(item.pending_writes or [])),
-                shown(parent or "-"),
             )
         console.print(table)
 

@@ -6,6 +6,7 @@ change without a restart; ``batos config`` prints the table with the values in f
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -54,6 +55,30 @@ def _passages(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 5:
         raise ValueError("must be an integer from 1 to 5")
+    return value
+
+
+def cem_weights(text: str) -> list[float]:
+    """``"w_rel,w_cog,w_sol,w_struc"`` → the four weights: non-negative numbers, not all zero."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4:
+        raise ValueError("must be four comma-separated numbers (H_rel,H_cog,H_sol,H_struc)")
+    values = [float(p) for p in parts]
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError("weights must be non-negative numbers, not all zero")
+    return values
+
+
+def _cem_weights(text: str) -> str:
+    cem_weights(text)
+    return text
+
+
+def _chunk_tokens(text: str) -> int:
+    # all-MiniLM-L6-v2 reads 256 positions, two of them [CLS] and [SEP]; the chunker needs 8
+    value = int(text)
+    if not 8 <= value <= 254:
+        raise ValueError("must be an integer from 8 to 254")
     return value
 
 
@@ -644,6 +669,7 @@ SETTINGS: dict[str, Setting] = {
             lambda: "0.25,0.25,0.25,0.25",
             "Starting weights of H_rel, H_cog, H_sol and H_struc in the Composite Entropy "
             "Metric; the audits then learn them (see 'batos audit report').",
+            _cem_weights,
         ),
         Setting(
             "audit_window",
@@ -812,8 +838,9 @@ SETTINGS: dict[str, Setting] = {
             "catalog_chunk_tokens",
             "BATOS_CATALOG_CHUNK_TOKENS",
             lambda: "200",
-            "Chunk budget in embedding-model tokens (all-MiniLM-L6-v2 reads at most 256).",
-            _positive_int,
+            "Chunk budget in embedding-model tokens, 8 to 254 (all-MiniLM-L6-v2 reads at "
+            "most 256).",
+            _chunk_tokens,
         ),
         Setting(
             "catalog_commit_chunks",

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from batos import settings
 from prototypes.codex import INTENTS_SLOT, PERSONAS
 
 COMPONENTS = ("H_rel", "H_cog", "H_sol", "H_struc")
@@ -214,13 +215,7 @@ def compute(
 
 def parse_weights(text: str) -> dict[str, float]:
     """``"w_rel,w_cog,w_sol,w_struc"`` → weights; four non-negative numbers, not all zero."""
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != len(COMPONENTS):
-        raise ValueError("must be four comma-separated numbers (H_rel,H_cog,H_sol,H_struc)")
-    values = [float(p) for p in parts]
-    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError("weights must be non-negative numbers, not all zero")
-    return dict(zip(COMPONENTS, values, strict=True))
+    return dict(zip(COMPONENTS, settings.cem_weights(text), strict=True))
 
 
 def normalised(weights: Mapping[str, float]) -> dict[str, float]:

@@ -217,7 +217,7 @@ def _show_object(label: str, obj: UvmObject) -> None:
 @image_app.command()
 def history(
     ctx: typer.Context,
-    limit: int = typer.Option(20, "--limit", "-n", help="How many transactions to show."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many transactions to show."),
 ) -> None:
     """List the image's most recent transactions: id, time, user, what was done.
 

@@ -137,7 +137,9 @@ def search(
 
     Examples: batos search "how do cats purr" -k 3 · batos search --file queries.txt --json
     """
-    wanted = list(queries or [])
+    wanted = [query for query in queries or [] if query.strip()]
+    if queries and len(wanted) < len(queries):
+        raise CatalogError("a query is empty", hint='batos search "your question"')
     if file is not None:
         try:
             text = sys.stdin.read() if str(file) == "-" else file.read_text(encoding="utf-8")
@@ -177,7 +179,9 @@ def curate(
     max_chunks: int = typer.Option(
         None, "--max-chunks", help="Live-chunk budget (setting catalog_max_chunks)."
     ),
-    clusters: int = typer.Option(None, "--clusters", "-n", help="Fold at most this many clusters."),
+    clusters: int = typer.Option(
+        None, "--clusters", "-n", min=1, help="Fold at most this many clusters."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan, change nothing."),
     show: int = typer.Option(None, "--show", help="Print the originals kept in archive ID."),
     restore: int = typer.Option(None, "--restore", help="Put archive ID's chunks back."),

@@ -582,7 +582,7 @@ def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
 def cycles(
     ctx: typer.Context,
     cycle_id: str = typer.Argument(None, help="One cycle's id: its whole record."),
-    limit: int = typer.Option(20, "--limit", "-n", help="How many cycles to list."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many cycles to list."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Recent mind cycles: status, personas, facets, timings, tokens; threads whose last cycle

@@ -154,7 +154,9 @@ def say(
     persona: str = typer.Argument(..., help="ROBIN, BRICK, BABS or ALFRED."),
     text: str = typer.Argument(..., help="What to say to the persona."),
     temperature: float = typer.Option(None, "--temperature", "-t", help="Override the Modelfile."),
-    max_tokens: int = typer.Option(None, "--max-tokens", "-n", help="Longest reply in tokens."),
+    max_tokens: int = typer.Option(
+        None, "--max-tokens", "-n", min=1, help="Longest reply in tokens."
+    ),
 ) -> None:
     """Stream one reply from one persona.
 

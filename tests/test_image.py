@@ -127,6 +127,13 @@ def test_history_and_undo(lasting_image_uri):
         assert image.history(1)[0].description.startswith("undo ")
         with pytest.raises(ImageError, match="no undoable transaction"):
             image.undo("00000000deadbeef")
+        undoing = image.history(1)[0].tid
+        with pytest.raises(ImageError, match=f"undone already, by transaction {undoing}") as info:
+            image.undo(log[0].tid)
+        assert f"undo {undoing}" in info.value.hint
+        image.undo(undoing)  # the undo undone: b is back
+        with image.read() as root:
+            assert root["b"] == 2
 
 
 def test_undo_unsupported_on_memory(memory_image):

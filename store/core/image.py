@@ -526,6 +526,11 @@ class LivingImage:
                 f"no undoable transaction {_cut(repr(tid), 80)} in {self.uri}",
                 hint="list them with 'batos history'",
             )
+        undone_by = [
+            _tid_hex(later["id"])
+            for later in self.db.undoLog(0, 10_000)
+            if _text(later.get("description", b"")) == f"undo {wanted}"
+        ]
         tm = transaction.TransactionManager()
         txn = tm.begin()
         txn.user = user or actor()
@@ -537,8 +542,16 @@ class LivingImage:
         except (UndoError, ReadOnlyError) as exc:
             tm.abort()
             metrics.count("transactions_aborted")
+            if undone_by:
+                raise ImageError(
+                    f"transaction {wanted} was undone already, by transaction {undone_by[0]}",
+                    hint=f"to bring its changes back, undo that one: 'batos undo {undone_by[0]}'",
+                ) from exc
+            # ZODB's message repeats itself ("Undo error 0x32: Undo error 0x32 …"): its reason
+            # is the last part
+            reason = str(exc).rsplit(":", 1)[-1].strip() or type(exc).__name__
             raise ImageError(
-                f"transaction {wanted} cannot be undone: {exc}",
+                f"transaction {wanted} cannot be undone ({reason})",
                 hint="a later transaction changed the same objects; undo that one first",
             ) from exc
 

@@ -208,7 +208,9 @@ class PersistenceGuardian(ast.NodeVisitor):
         try:
             tree = ast.parse(source, mode="exec")
         except SyntaxError as exc:
-            self._add(None, f"line {exc.lineno}: syntax error: {exc.msg}")
+            # a NUL byte is a SyntaxError with no line ("source code cannot contain null bytes")
+            where = f"line {exc.lineno}: " if exc.lineno is not None else ""
+            self._add(None, f"{where}syntax error: {exc.msg}")
             return report
         except (ValueError, RecursionError, MemoryError) as exc:
             self._add(None, f"source cannot be parsed: {type(exc).__name__}")

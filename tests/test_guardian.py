@@ -93,6 +93,8 @@ def test_shape_of_a_method() -> None:
     assert "exactly one top-level function" in other[0]
     assert "must be 'self'" in audit("m", "def m(x):\n    return x\n").findings[0]
     assert "syntax error" in audit("m", "def m(self):\n  return (\n").findings[0]
+    nul = audit("m", "def m(self):\n    return 1\0\n").findings[0]
+    assert "syntax error" in nul and "None" not in nul
     assert "public identifier" in audit("_m", "def _m(self):\n    pass\n").findings[0]
 
 

@@ -69,6 +69,36 @@ def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
     assert fmt == "text" and text == BIRDS
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        '<meta charset="iso-8859-1">',
+        "<meta http-equiv='Content-Type' content='text/html; charset=windows-1252'>",
+        "<META CHARSET=latin1>",
+    ],
+)
+def test_an_html_page_is_read_in_the_encoding_it_declares(tmp_path: Path, head: str) -> None:
+    page = tmp_path / "café.html"
+    page.write_bytes(f"<html><head>{head}</head><body><p>Crème brûlée, 4 €.</p>".encode("cp1252"))
+    if "iso-8859-1" in head or "latin1" in head:  # no euro sign in latin-1
+        page.write_bytes(f"<html><head>{head}</head><body><p>Crème brûlée.</p>".encode("latin-1"))
+    text, fmt, _ = read_document(page)
+    assert fmt == "html" and "Crème brûlée" in text
+
+
+def test_an_html_page_that_is_not_what_it_declares_is_refused(tmp_path: Path) -> None:
+    for declared in ("utf-8", "no-such-codec", "ascii"):
+        page = tmp_path / f"{declared}.html"
+        page.write_bytes(f'<meta charset="{declared}"><p>café</p>'.encode("latin-1"))
+        with pytest.raises(DocumentError, match="is not UTF-8") as info:
+            read_document(page)
+        assert "iconv" in info.value.hint
+    text = tmp_path / "notes.txt"  # a text file has nothing to declare: its <meta> is text
+    text.write_bytes('<meta charset="latin-1"> café'.encode("latin-1"))
+    with pytest.raises(DocumentError, match="is not UTF-8"):
+        read_document(text)
+
+
 def test_bad_files_get_their_own_error_and_the_batch_goes_on(
     tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -92,7 +93,7 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     if suffix in PDF_SUFFIXES:
         text, fmt = _pdf_text(path, data), "pdf"
     elif suffix in HTML_SUFFIXES:
-        text, fmt = _html_text(path, _decode(path, data)), "html"
+        text, fmt = _html_text(path, _decode(path, data, html=True)), "html"
     else:
         text = _decode(path, data)
         fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
@@ -166,7 +167,25 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
-def _decode(path: Path, data: bytes) -> str:
+#: An HTML page's declared encoding: ``<meta charset="…">`` or the http-equiv form, which
+#: the HTML standard looks for in the first 1,024 bytes.
+_META_CHARSET = re.compile(
+    rb"""<meta[^>]{0,200}?charset\s*=\s*["']?\s*([A-Za-z0-9._:-]{1,40})""", re.I
+)
+
+
+def _declared_charset(data: bytes) -> str | None:
+    """The codec an HTML page declares, when Python knows it (None otherwise)."""
+    found = _META_CHARSET.search(data[:1024])
+    if found is None:
+        return None
+    try:
+        return codecs.lookup(found.group(1).decode("ascii")).name
+    except LookupError:
+        return None
+
+
+def _decode(path: Path, data: bytes, *, html: bool = False) -> str:
     for bom, encoding in _BOMS:
         if data.startswith(bom):
             try:
@@ -186,9 +205,17 @@ def _decode(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        declared = _declared_charset(data) if html else None
+        if declared is not None and declared != "utf-8":
+            try:
+                return data.decode(declared)
+            except UnicodeDecodeError:
+                pass  # the page is not what it says it is: the UTF-8 error below
+        converted = f"{path.stem}.utf8{path.suffix or '.txt'}"
         raise DocumentError(
             f"{path} is not UTF-8 (bad byte at offset {exc.start}) and has no byte-order mark",
-            hint=f"convert it first, e.g. iconv -f LATIN1 -t UTF-8 {path.name} > out.txt",
+            hint="convert it first, e.g. iconv -f LATIN1 -t UTF-8 "
+            f"{shlex.quote(str(path))} > {shlex.quote(converted)}",
         ) from None
 
 

@@ -171,7 +171,7 @@ class ZeoServer:
         from store.core.image import LivingImage
 
         try:
-            LivingImage.open(f"file://{self.path}").close()
+            LivingImage.open(self.path.absolute().as_uri()).close()
         except ImageLockedError:
             raise ImageLockedError(
                 f"{self.path} is open in another process; ZEO cannot serve it",

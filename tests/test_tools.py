@@ -362,6 +362,12 @@ def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, bas
     assert run("init")[0] == 0
     code, out = run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")
     assert code == 0 and "declared tools.weather" in out
+    assert run("tools", "add", "weather", "--about", "  ")[0] == 2  # nothing to write from
+    code, out = run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")
+    assert code == 0 and "declared already, as it is" in out
+    code, out = run("tools", "add", "weather", "--about", f"Forecasts at {base[0]}/weather")
+    assert code == 0 and "its description was 'Weather at" in " ".join(out.split())
+    assert run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")[0] == 0
     source = WEATHER.format(base=base[0])
     with LivingImage.open(file_uri) as img:
         img.transact(

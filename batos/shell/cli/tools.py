@@ -135,19 +135,38 @@ def tools_add(
     """
     if not name.isidentifier() or name.startswith("_"):
         raise typer.BadParameter("a tool's name is a public identifier", param_hint="NAME")
+    about = about.strip()
+    if not about:
+        # the model that writes the tool's methods has nothing else to go on
+        raise typer.BadParameter(
+            "say what the service is and its base URL, e.g. 'Open-Meteo forecasts at "
+            "https://api.open-meteo.com'",
+            param_hint="--about",
+        )
 
-    def add(root: Any) -> None:
+    def add(root: Any) -> str | None:
         toolbox = _toolbox(root)
         intents = toolbox._slots().get("intents")
         if not isinstance(intents, PersistentMapping):
             intents = toolbox.intents = PersistentMapping()
+        before = intents.get(name)
         intents[name] = about
         proxy = tools.open_proxy(toolbox, name)
         proxy.about = about
+        return before if isinstance(before, str) else None
 
     with open_image(image_uri(ctx)) as image:
-        image.transact(add, note=f"tools add {name}")
-    console.print(f"declared tools.{name}", markup=False)
+        before = image.transact(add, note=f"tools add {name}")
+    if before is None:
+        console.print(f"declared tools.{name}", markup=False)
+    elif before == about:
+        console.print(f"tools.{name} was declared already, as it is", markup=False)
+    else:
+        console.print(
+            f"tools.{name} declared again: its description was {before!r} "
+            "('batos undo TID' brings it back; its methods are kept)",
+            markup=False,
+        )
 
 
 @tools_app.command("remove")

@@ -1,11 +1,12 @@
 """Dotted paths into the image: ``robin``, ``robin.intents``, ``robin.parent*.description``.
 
 The first name is a top-level object of the image's registry of named objects; each further name is
-a slot of a prototype (its own first, then inherited, never generative) or a key of a mapping."""
+a slot of a prototype (its own first, then inherited, never generative), a key of a mapping or
+an index of a list or tuple (``robin.router_examples.0``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batos.errors import ObjectPathError
@@ -19,7 +20,13 @@ def _names(obj: Any) -> list[str]:
         return sorted(obj._slots())
     if isinstance(obj, Mapping):
         return sorted(str(k) for k in obj.keys())
+    if _indexable(obj):
+        return [f"0 to {len(obj) - 1} (its indexes)"] if len(obj) else []
     return []
+
+
+def _indexable(obj: Any) -> bool:
+    return isinstance(obj, Sequence) and not isinstance(obj, (str, bytes, bytearray))
 
 
 def resolve(root: Any, path: str) -> Any:
@@ -56,6 +63,8 @@ def _step(obj: Any, name: str) -> Any:
         return _MISSING if hit is None else hit[1]
     if isinstance(obj, Mapping):
         return obj.get(name, _MISSING)
+    if _indexable(obj) and name.isdigit() and len(name) <= 18 and int(name) < len(obj):
+        return obj[int(name)]
     return _MISSING
 
 

@@ -56,6 +56,11 @@ def test_inspect_unknown_path_exits_4_with_choices(capsys, file_uri):
     code, _, err = run(capsys, "--image", file_uri, "inspect", "robin.nothing_here")
     assert code == 4
     assert "no 'nothing_here' in robin" in err and "intents" in err
+    # a list or tuple is walked by index, and says which indexes it has
+    code, out, _ = run(capsys, "--image", file_uri, "inspect", "robin.router_examples.0")
+    assert code == 0 and out.strip()
+    code, _, err = run(capsys, "--image", file_uri, "inspect", "robin.router_examples.99999")
+    assert code == 4 and "0 to" in err and "(its indexes)" in err
 
 
 def test_history_and_undo(capsys, file_uri):

@@ -76,6 +76,10 @@ def test_history_and_undo(capsys, file_uri):
         assert "scratch" not in root
     code, _, err = run(capsys, "--image", file_uri, "undo", "ffffffffffffffff")
     assert code == 3 and "batos history" in err
+    with LivingImage.open(file_uri) as image:
+        upgrade = next(r for r in image.history(100) if r.description.startswith("upgrade: "))
+    code, out, _ = run(capsys, "--image", file_uri, "undo", upgrade.tid)
+    assert code == 0 and "layout upgrade" in out and "applies it again" in " ".join(out.split())
 
 
 def test_history_records_the_os_user_and_the_command(capsys, file_uri):

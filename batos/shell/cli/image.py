@@ -244,10 +244,19 @@ def undo(
     from graph import learning
 
     with LivingImage.open(image_uri(ctx)) as image:
+        wanted = tid.strip().lower()
+        what = next((r.description for r in image.history(10_000) if r.tid == wanted), "")
         image.undo(tid)
         # An undone adapter swap (a retraining mission) serves the previous file again.
         restored = learning.reconcile(image)
     console.print(f"undid transaction {tid}", markup=False)
+    if what.startswith("upgrade:"):
+        # Opened through the runtime, an image gets every pending layout upgrade first.
+        console.print(
+            f"note: it was a layout upgrade ({what.removeprefix('upgrade:').strip()}); the next "
+            "command that opens the image applies it again",
+            markup=False,
+        )
     for key in restored:
         console.print(f"adapter {key}: the version the image names is served again", markup=False)
 

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,6 +149,27 @@ def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
 def test_serve_refuses_other_than_loopback(capsys, image) -> None:
     code, _, err = run(capsys, "--image", image, "serve", "--host", "0.0.0.0")
     assert code == 1 and "loopback only" in err
+
+
+def test_serve_refuses_a_missing_image_and_a_busy_port_before_it_starts(
+    capsys, tmp_path, monkeypatch
+) -> None:
+    import socket
+
+    config = Path(__file__).resolve().parent.parent / "langgraph.json"
+    typo = tmp_path / "typo" / "liv_image.fs"
+    argv = ["--image", typo.as_uri(), "serve", "--config", str(config)]
+    code, _, err = run(capsys, *argv, "--port", "2999")
+    assert code == 3 and "no image at" in err and "init" in err
+    assert not (tmp_path / "typo").exists()  # a mistyped path never becomes an empty image
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, _, err = run(capsys, *argv, "--port", str(port))
+    assert code == 1 and f"127.0.0.1:{port} cannot be served" in err and "--port" in err
+    code, _, err = run(capsys, *argv, "--port", "99999")
+    assert code == 2 and "65535" in err
 
 
 class Paced:

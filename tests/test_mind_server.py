@@ -165,6 +165,7 @@ def test_a_conversation_through_langgraph_dev(tmp_path: Path) -> None:
 def test_batos_serve_serves_every_graph(tmp_path: Path) -> None:
     image = tmp_path / "image" / "live_image.fs"
     command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
+    open_image(image.as_uri(), create=True).close()  # serve opens images; 'batos init' makes them
     with _serve(command, tmp_path, image) as base:
         found = httpx.post(f"{base}/assistants/search", json={}, timeout=30).json()
         served = json.loads((REPO / "langgraph.json").read_text())["graphs"]

@@ -13,6 +13,7 @@ import pytest
 from servers import serving
 
 from batos.errors import ConfigurationError
+from batos.shell.runtime import open_image
 from graph import audit, jit, mind
 from prototypes.codex import PERSONAS
 from store.core.image import LivingImage, acquire_shared, release_shared
@@ -83,6 +84,7 @@ def test_every_served_graph_has_forms_studio_can_draw(tmp_path: Path) -> None:
         "PYTHONPATH": str(REPO),
     }
     command = [sys.executable, "-m", "batos.shell.cli", "serve", "--port", str(port)]
+    open_image(env["BATOS_IMAGE"], create=True).close()  # as 'batos init' would
     with serving(
         command, port=port, cwd=REPO, env=env, log_path=tmp_path / "server.log", timeout=180
     ) as base:

@@ -611,6 +611,22 @@ def cycles(
             )
 
 
+def _port_free(host: str, port: int) -> None:
+    """Refuse a port something already listens on: the LangGraph server would move to another
+    one on its own, and clients of this one would reach whatever holds it."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise BatosError(
+                f"{host}:{port} cannot be served: {exc.strerror or exc}",
+                hint="pick another port with --port, or stop what listens there",
+            ) from None
+
+
 @mind_app.command()
 def serve(
     ctx: typer.Context,
@@ -648,6 +664,15 @@ def serve(
         ) from exc
     if not config.is_file():
         raise BatosError(f"no {config}", hint="run it in the project folder, or pass --config")
+    if not 1 <= port <= 65535:
+        raise typer.BadParameter("a port is a number from 1 to 65535", param_hint="--port")
+    _port_free(host, port)
+    # The server opens the image only inside its startup, where a missing or busy image is a
+    # page of uvicorn tracebacks (and a missing one would be created): it is opened here first.
+    from batos.shell.runtime import open_image
+
+    with open_image(image_uri(ctx)):
+        pass
     os.environ["BATOS_IMAGE"] = image_uri(ctx)  # the checkpointer and store factories read it
     settings_json = cli_config.validate_config_file(config)
     folder = config.resolve().parent

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from batos.errors import AuditRejected
+from batos.errors import AuditRejected, SlotError
 from prototypes import guardian, tools
 from prototypes.uvm import Method, UvmObject
 
@@ -49,6 +49,14 @@ def install_method(
     ``SandboxViolation`` with every finding when the source is refused; the image is then
     unchanged.
     """
+    held = target._slots().get(selector, None)
+    if held is not None and not isinstance(held, Method):
+        # A method would replace the data for good: removing it later would not bring it back.
+        raise SlotError(
+            f"{selector!r} is a data slot of this object, not a method",
+            hint=f"give the method another name, or change the slot's value instead of "
+            f"replacing it (it holds a {type(held).__name__})",
+        )
     compiler = compiler or compiler_for(target)
     if compiler not in GATED_COMPILERS:
         raise AuditRejected(

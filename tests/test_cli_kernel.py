@@ -54,6 +54,17 @@ def test_rejected_method_exits_non_zero_with_every_finding(capsys, image, tmp_pa
         assert fragment in err
 
 
+def test_a_method_never_replaces_a_data_slot(capsys, image, tmp_path) -> None:
+    source = tmp_path / "name.py"
+    source.write_text('def name(self):\n    return "x"\n')
+    with LivingImage.open(image) as living, living.read() as root:
+        before = root["objects"]["brick"]._slots()["name"]
+    code, _, err = run(capsys, "--image", image, "methods", "add", "brick", "name", str(source))
+    assert code != 0 and "is a data slot" in err and "another name" in " ".join(err.split())
+    with LivingImage.open(image) as living, living.read() as root:
+        assert root["objects"]["brick"]._slots()["name"] == before
+
+
 def test_send_unknown_selector_goes_through_does_not_understand(capsys, image, monkeypatch) -> None:
     monkeypatch.setenv("BATOS_JIT_DRAFTS", "1")
     model = ScriptedChatModel().enqueue(

@@ -82,6 +82,20 @@ def _chunk_tokens(text: str) -> int:
     return value
 
 
+#: The longest interval a heartbeat job takes: a year. Longer ones overflow the scheduler's
+#: dates ("date value out of range") rather than mean anything.
+MAX_INTERVAL_SECONDS = 366 * 86400.0
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= MAX_INTERVAL_SECONDS:
+        raise ValueError(
+            f"must be a number of seconds above 0 and at most {MAX_INTERVAL_SECONDS:.0f}"
+        )
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -727,14 +741,14 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_HEARTBEAT_AUDIT_SECONDS",
             lambda: "3600",
             "Interval of the heartbeat's audit job (ALFRED's self-audit).",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "heartbeat_curate_seconds",
             "BATOS_HEARTBEAT_CURATE_SECONDS",
             lambda: "86400",
             "Interval of the heartbeat's memory-curation job ('batos curate').",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "heartbeat_facets_seconds",
@@ -742,14 +756,14 @@ SETTINGS: dict[str, Setting] = {
             lambda: "900",
             "Interval of the heartbeat's job that writes the facet methods the image lacks (a "
             "few per run; one that fails waits longer after each failure).",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "heartbeat_prune_seconds",
             "BATOS_HEARTBEAT_PRUNE_SECONDS",
             lambda: "86400",
             "Interval of the heartbeat's checkpoint-pruning job.",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "heartbeat_methods_seconds",
@@ -757,7 +771,7 @@ SETTINGS: dict[str, Setting] = {
             lambda: "3600",
             "Interval of the heartbeat's job that runs every generated method's stored examples "
             "again and takes out each method that fails them ('batos methods --rejected').",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "heartbeat_learn_seconds",
@@ -766,7 +780,7 @@ SETTINGS: dict[str, Setting] = {
             "Interval of the heartbeat's job that retrains a persona's adapter on the examples "
             "it learnt from accepted cycles, and serves it only if it is better "
             "(graph.learning).",
-            _positive_float,
+            _interval,
         ),
         Setting(
             "learning_min_examples",

@@ -236,10 +236,18 @@ def test_list_on_a_new_image_says_what_will_run_and_when(capsys, image: str) -> 
     assert code == 0 and "start + 1 min" in out and "changes it to every 1 min" in out
 
 
-@pytest.mark.parametrize("every", ["nope=5", "audit=-1", "audit", "audit=soon"])
+@pytest.mark.parametrize(
+    "every", ["nope=5", "audit=-1", "audit", "audit=soon", "audit=1e99", "audit=1e12", "audit=inf"]
+)
 def test_every_refuses_what_is_not_a_job_and_an_interval(capsys, image: str, every) -> None:
     code, _, err = run(capsys, "--image", image, "heartbeat", "--list", "--every", every)
     assert code != 0 and "--every" in err and "hint:" in err
+
+
+def test_an_interval_setting_beyond_a_year_is_refused(capsys, image: str, monkeypatch) -> None:
+    monkeypatch.setenv("BATOS_HEARTBEAT_PRUNE_SECONDS", "1e99")
+    code, _, err = run(capsys, "--image", image, "heartbeat", "--list")
+    assert code != 0 and "BATOS_HEARTBEAT_PRUNE_SECONDS" in err and "Traceback" not in err
 
 
 def test_each_job_run_is_one_line_or_one_json_object(capsys, image: str, tmp_path) -> None:

@@ -22,6 +22,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from batos import settings
 from batos.errors import BatosError, ConfigurationError
 from batos.shell.cli.app import console, err_console, image_uri, model_factory
 from batos.shell.cli.terminal import json_text, plain, shown
@@ -64,9 +65,10 @@ def _intervals(every: list[str] | None) -> dict[str, float]:
             value = float(seconds) if sep else math.nan
         except ValueError:
             value = math.nan
-        if not sep or not 0 < value < math.inf:
+        if not sep or not 0 < value <= settings.MAX_INTERVAL_SECONDS:
             raise ConfigurationError(
-                f"--every {text!r} is not JOB=SECONDS with a positive number of seconds",
+                f"--every {text!r} is not JOB=SECONDS with a number of seconds above 0 and "
+                f"at most {settings.MAX_INTERVAL_SECONDS:.0f} (a year)",
                 hint="for example --every audit=600 --every methods=300",
             )
         if job not in JOBS:

@@ -381,3 +381,18 @@ def test_a_path_that_cannot_hold_an_image_is_a_clear_error(tmp_path):
     with pytest.raises(ImageNotFoundError) as info:
         LivingImage.open(spaced.as_uri(), create=False)
     assert f"--image {spaced.as_uri()} init" in info.value.hint  # quoted only when needed
+
+
+def test_an_image_used_after_close_says_so(file_uri):
+    image = LivingImage.open(file_uri)
+    image.close()
+    image.close()  # twice is harmless
+    for use in (
+        lambda: image.transact(lambda root: 1),
+        lambda: image.read().__enter__(),
+        lambda: image.history(1),
+        lambda: image.undo("00000000deadbeef"),
+    ):
+        with pytest.raises(ImageError, match="is closed") as info:
+            use()
+        assert "open it again" in info.value.hint

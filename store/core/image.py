@@ -413,6 +413,7 @@ class LivingImage:
     def __init__(self, db: ZODB.DB, uri: str) -> None:
         self.db = db
         self.uri = uri
+        self.closed = False
 
     @classmethod
     def open(cls, uri: str | None = None, *, create: bool | None = None) -> LivingImage:
@@ -429,7 +430,19 @@ class LivingImage:
         return cls(db, uri)
 
     def close(self) -> None:
-        self.db.close()
+        if not self.closed:
+            self.closed = True
+            self.db.close()
+
+    def _open_db(self) -> ZODB.DB:
+        """The database, or a clear error once the image is closed (ZODB's own is an
+        AttributeError from deep inside)."""
+        if self.closed:
+            raise ImageError(
+                f"the image {self.uri} is closed",
+                hint="open it again (LivingImage.open or batos.shell.runtime.open_image)",
+            )
+        return self.db
 
     def __enter__(self) -> LivingImage:
         return self
@@ -447,7 +460,7 @@ class LivingImage:
         The caller decides when to commit or abort; anything left open is aborted.
         """
         tm = transaction.TransactionManager()
-        conn = self.db.open(transaction_manager=tm)
+        conn = self._open_db().open(transaction_manager=tm)
         try:
             yield conn
         finally:
@@ -500,7 +513,7 @@ class LivingImage:
 
     def history(self, limit: int = 20) -> list[TransactionRecord]:
         """The newest undoable transactions, newest first."""
-        if not self.db.supportsUndo():
+        if not self._open_db().supportsUndo():
             raise ImageError(
                 f"the storage behind {self.uri} keeps no undo history",
                 hint="use a file:// image, a ZEO server over one, or history-preserving RelStorage",
@@ -518,7 +531,7 @@ class LivingImage:
     def undo(self, tid: str, *, user: str | None = None) -> None:
         """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction."""
         wanted = tid.strip().lower()
-        for entry in self.db.undoLog(0, 10_000):
+        for entry in self._open_db().undoLog(0, 10_000):
             if _tid_hex(entry["id"]) == wanted:
                 break
         else:

@@ -434,7 +434,7 @@ class LivingImage:
             self.closed = True
             self.db.close()
 
-    def _open_db(self) -> ZODB.DB:
+    def _live_db(self) -> ZODB.DB:
         """The database, or a clear error once the image is closed (ZODB's own is an
         AttributeError from deep inside)."""
         if self.closed:
@@ -460,7 +460,7 @@ class LivingImage:
         The caller decides when to commit or abort; anything left open is aborted.
         """
         tm = transaction.TransactionManager()
-        conn = self._open_db().open(transaction_manager=tm)
+        conn = self._live_db().open(transaction_manager=tm)
         try:
             yield conn
         finally:
@@ -513,7 +513,7 @@ class LivingImage:
 
     def history(self, limit: int = 20) -> list[TransactionRecord]:
         """The newest undoable transactions, newest first."""
-        if not self._open_db().supportsUndo():
+        if not self._live_db().supportsUndo():
             raise ImageError(
                 f"the storage behind {self.uri} keeps no undo history",
                 hint="use a file:// image, a ZEO server over one, or history-preserving RelStorage",
@@ -531,7 +531,7 @@ class LivingImage:
     def undo(self, tid: str, *, user: str | None = None) -> None:
         """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction."""
         wanted = tid.strip().lower()
-        for entry in self._open_db().undoLog(0, 10_000):
+        for entry in self._live_db().undoLog(0, 10_000):
             if _tid_hex(entry["id"]) == wanted:
                 break
         else:

@@ -41,6 +41,9 @@ TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".rst", ""}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
 SUPPORTED = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
+#: Bytes read from the start of a file to tell text from a program or an archive (a NUL byte
+#: among them means binary, as git and grep tell).
+SNIFF_BYTES = 8192
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"),
     (codecs.BOM_UTF32_BE, "utf-32"),
@@ -197,7 +200,7 @@ def _decode(path: Path, data: bytes, *, html: bool = False) -> str:
                     f"(bad bytes at offset {exc.start}: {exc.reason})",
                     hint="the file is damaged or mislabelled; re-export it as UTF-8",
                 ) from None
-    if b"\x00" in data[:8192]:
+    if b"\x00" in data[:SNIFF_BYTES]:
         raise DocumentError(
             f"{path} looks binary (it holds NUL bytes)",
             hint="ingest text, Markdown, HTML or PDF files",
@@ -305,10 +308,6 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
             )
         found.extend(Path(error.filename or path) for error in unlisted)
         yield from sorted(found)
-
-
-#: Bytes of a file with no suffix read to tell text from a program or an archive.
-SNIFF_BYTES = 8192
 
 
 def _binary(path: Path) -> bool:

@@ -50,12 +50,20 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _passages(text: str) -> int:
-    # graph.answer.MAX_PASSAGES: more would not be shown to the answer anyway.
-    value = int(text)
-    if not 1 <= value <= 5:
-        raise ValueError("must be an integer from 1 to 5")
-    return value
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    """A validator of integers from ``low`` to ``high``, both included."""
+
+    def check(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"must be an integer from {low} to {high}")
+        return value
+
+    return check
+
+
+#: graph.answer.MAX_PASSAGES: more would not be shown to the answer anyway.
+_passages = _int_between(1, 5)
 
 
 def cem_weights(text: str) -> list[float]:
@@ -74,12 +82,8 @@ def _cem_weights(text: str) -> str:
     return text
 
 
-def _chunk_tokens(text: str) -> int:
-    # all-MiniLM-L6-v2 reads 256 positions, two of them [CLS] and [SEP]; the chunker needs 8
-    value = int(text)
-    if not 8 <= value <= 254:
-        raise ValueError("must be an integer from 8 to 254")
-    return value
+#: all-MiniLM-L6-v2 reads 256 positions, two of them [CLS] and [SEP]; the chunker needs 8.
+_chunk_tokens = _int_between(8, 254)
 
 
 #: The longest interval a heartbeat job takes: a year. Longer ones overflow the scheduler's

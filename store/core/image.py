@@ -528,8 +528,9 @@ class LivingImage:
             for entry in self.db.undoLog(0, limit)
         ]
 
-    def undo(self, tid: str, *, user: str | None = None) -> None:
-        """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction."""
+    def undo(self, tid: str, *, user: str | None = None) -> str:
+        """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction;
+        returns what the undone transaction had recorded as its description."""
         wanted = tid.strip().lower()
         for entry in self._live_db().undoLog(0, 10_000):
             if _tid_hex(entry["id"]) == wanted:
@@ -552,6 +553,7 @@ class LivingImage:
             self.db.undo(entry["id"], txn)
             tm.commit()
             metrics.count("transactions_committed")
+            return _text(entry.get("description", b""))
         except (UndoError, ReadOnlyError) as exc:
             tm.abort()
             metrics.count("transactions_aborted")

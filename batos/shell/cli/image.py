@@ -244,9 +244,7 @@ def undo(
     from graph import learning
 
     with LivingImage.open(image_uri(ctx)) as image:
-        wanted = tid.strip().lower()
-        what = next((r.description for r in image.history(10_000) if r.tid == wanted), "")
-        image.undo(tid)
+        what = image.undo(tid)
         # An undone adapter swap (a retraining mission) serves the previous file again.
         restored = learning.reconcile(image)
     console.print(f"undid transaction {tid}", markup=False)

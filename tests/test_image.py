@@ -319,10 +319,12 @@ def test_an_older_codex_never_overwrites_a_newer_incarnation(file_uri):
 
 @pytest.mark.parametrize("folder", ["my images", "a#b", "50% off", "ünï"])
 def test_a_file_uri_is_percent_decoded_and_its_scheme_read_in_any_case(tmp_path, folder):
-    path = tmp_path / folder / "live_image.fs"
+    # A folder of its own: BATOS_HOME (the process's stats) also lives under tmp_path.
+    images = tmp_path / "images"
+    path = images / folder / "live_image.fs"
     with LivingImage.open(path.as_uri()) as image:  # file:///…/my%20images/live_image.fs
         image.transact(lambda root: root.__setitem__("k", "v"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [folder]  # no sibling folder
+    assert sorted(p.name for p in images.iterdir()) == [folder]  # no sibling folder
     assert (path.parent / "live_image.fs.blobs").is_dir()
     shouted = "FILE" + path.as_uri()[len("file") :]
     with LivingImage.open(shouted, create=False) as image, image.read() as root:

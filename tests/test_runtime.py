@@ -13,7 +13,13 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter
 from langchain_core.messages import HumanMessage
 from test_mind import responder
 
-from batos.errors import CheckpointError, ImageCorruptError, ImageError, ImageURIError
+from batos.errors import (
+    CheckpointError,
+    ImageCorruptError,
+    ImageError,
+    ImageNotFoundError,
+    ImageURIError,
+)
 from batos.shell import runtime
 from batos.shell.cli import main
 from batos.shell.runtime import Runtime, open_runtime, upgrade_steps
@@ -22,7 +28,7 @@ from graph.mind import MindServices, build_graph, run_config
 from store.checkpoint import effects
 from store.checkpoint.saver import ZODBSaver
 from store.core import layout
-from store.core.image import LivingImage
+from store.core.image import LivingImage, acquire_shared, release_shared
 from store.core.schema import applied
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,6 +280,7 @@ def test_a_stateless_served_run_still_commits_its_cycle(
 
 
 async def test_served_factories_share_one_runtime_and_close_it(file_uri: str) -> None:
+    LivingImage.open(file_uri, create=True).close()
     served = _load_as_the_server_does("__served_factories__")
     try:
         async with served.checkpointer(file_uri) as first:
@@ -286,6 +293,36 @@ async def test_served_factories_share_one_runtime_and_close_it(file_uri: str) ->
         del sys.modules["__served_factories__"]
     with LivingImage.open(file_uri) as image, image.read() as root:  # the lock was released
         assert ("s",) in layout.memory(root)
+
+
+async def test_a_server_never_creates_a_missing_image(tmp_path: Path) -> None:
+    """A server started on a mistyped path would otherwise serve a new, empty image."""
+    typo = tmp_path / "typo" / "live_image.fs"
+    served = _load_as_the_server_does("__served_missing__")
+    try:
+        with pytest.raises(ImageNotFoundError, match="no image at") as info:
+            async with served.checkpointer(typo.as_uri()):
+                pass
+        assert "init" in info.value.hint
+        assert not (tmp_path / "typo").exists()
+        assert not runtime._SERVED._open
+    finally:
+        del sys.modules["__served_missing__"]
+
+
+async def test_one_file_image_is_one_shared_image_however_its_uri_is_spelled(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "my images" / "live_image.fs"
+    LivingImage.open(path.as_uri(), create=True).close()
+    shouted = "FILE" + path.as_uri()[len("file") :]
+    first = acquire_shared(path.as_uri())
+    try:
+        assert acquire_shared(shouted) is first  # not a second opening, which the lock refuses
+        release_shared(shouted)
+    finally:
+        release_shared(path.as_uri())
+    assert first.closed
 
 
 def test_the_runtime_of_an_image_kept_by_its_caller_leaves_it_open(

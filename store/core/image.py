@@ -635,21 +635,32 @@ class _SharedImages:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[LivingImage, int]] = {}
 
+    @staticmethod
+    def _key(uri: str) -> str:
+        """One key per image: ``FILE:///x.fs`` and ``file:///x%2Efs`` name one file, which a
+        second opening in this process would find locked."""
+        path = image_path(uri)
+        return uri if path is None else path.as_uri()
+
     def acquire(self, uri: str) -> LivingImage:
+        """Never creates a file image: a server started on a mistyped or missing path would
+        otherwise serve a new, empty image instead of the user's."""
+        key = self._key(uri)
         with self._lock:
-            image, count = self._open.get(uri, (None, 0))
+            image, count = self._open.get(key, (None, 0))
             if image is None:
-                image = LivingImage.open(uri)
-            self._open[uri] = (image, count + 1)
+                image = LivingImage.open(uri, create=False)
+            self._open[key] = (image, count + 1)
             return image
 
     def release(self, uri: str) -> None:
+        key = self._key(uri)
         with self._lock:
-            image, count = self._open[uri]
+            image, count = self._open[key]
             if count > 1:
-                self._open[uri] = (image, count - 1)
+                self._open[key] = (image, count - 1)
                 return
-            del self._open[uri]
+            del self._open[key]
         image.close()
 
 

@@ -277,6 +277,30 @@ def test_each_job_run_is_one_line_or_one_json_object(capsys, image: str, tmp_pat
     assert said["audit"] == "audit report 1: CEM n/a (unknown)"
 
 
+def test_ctrl_c_in_once_leaves_the_jobs_not_run_due(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(image, models):
+        raise KeyboardInterrupt
+
+    def ran(out: str) -> set[str]:
+        return set(re.findall(r"^\S+ \S+ [✓✗] (\w+) ", out, re.MULTILINE))
+
+    with monkeypatch.context() as patch:
+        patch.setitem(JOBS, "prune", (interrupted, JOBS["prune"][1]))
+        code, out, err = run(
+            capsys, "--image", image, "heartbeat", "--once", models=alfred("Steady.")
+        )
+    assert code == 130 and "interrupted" in out and "stay due" in out, out + err
+    assert "Error submitting job" not in out + err
+    first = ran(out)
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list", "--json")
+    due = {r["job"] for r in map(json.loads, out.splitlines()) if r["due_at_start"]}
+    assert "prune" in due and due == set(JOBS) - first  # none moved to its next interval unrun
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Steady."))
+    assert code == 0 and ran(out) == due
+
+
 def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:
     def broken(persona: str, **options):
         return ScriptedChatModel().enqueue(RuntimeError("model is down"))

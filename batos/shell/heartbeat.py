@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.interval import IntervalTrigger
 
 from batos import settings
@@ -248,6 +249,22 @@ def _seconds(job: Any) -> float | None:
     return None if interval is None else interval.total_seconds()
 
 
+class _Scheduler(BackgroundScheduler):
+    """APScheduler's background scheduler, minus one pass too many at shutdown.
+
+    ``shutdown()`` stops the executors, then wakes the scheduler's thread, which processes the
+    due jobs once more before it sees the stop: every due job fails to reach the stopped
+    executor ("Error submitting job") and is moved to its next interval without having run.
+    Stopping a heartbeat (or Ctrl-C in ``--once``) while jobs were due pushed them back by
+    an interval; here a stopped scheduler processes nothing, so they stay due.
+    """
+
+    def _process_jobs(self) -> float | None:
+        if self.state == STATE_STOPPED:
+            return None
+        return super()._process_jobs()
+
+
 @dataclass
 class Heartbeat:
     """The scheduler over ``image``'s job store. ``intervals`` (job → seconds) overrides the
@@ -275,7 +292,7 @@ class Heartbeat:
                 hint="for example --every audit=600",
             )
         self.store = ImageJobStore(self.image)
-        self.scheduler = BackgroundScheduler(
+        self.scheduler = _Scheduler(
             jobstores={"default": self.store},
             executors={"default": {"type": "threadpool", "max_workers": 2}},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},

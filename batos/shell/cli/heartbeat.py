@@ -184,7 +184,16 @@ def heartbeat(
         # With --json, stdout holds the records alone; what else is said goes to stderr.
         say = err_console if as_json else console
         if once:
-            outcomes = beat.once()
+            try:
+                outcomes = beat.once()
+            except KeyboardInterrupt:  # the job in progress aborted its transaction
+                ran = ", ".join(o.job for o in beat.outcomes)
+                say.print(
+                    "interrupted" + (f" after {ran}" if ran else "") + "; the jobs that did not "
+                    "finish stay due and run at the next heartbeat",
+                    markup=False,
+                )
+                return 130
             if not outcomes:
                 say.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1

@@ -15,6 +15,7 @@ from test_mind import responder
 
 from batos.errors import (
     CheckpointError,
+    GraphRequestError,
     ImageCorruptError,
     ImageError,
     ImageNotFoundError,
@@ -187,6 +188,15 @@ def test_the_cli_answers_through_the_runtime_on_an_image_it_brings_up_to_date(
     with LivingImage.open(file_uri) as image, image.read() as root:
         assert set(applied(root)) == {step.name for step in upgrade_steps()}
         assert len(layout.cycles(root)) == 1  # committed with its checkpoint
+
+
+@pytest.mark.parametrize("text", [None, 5, ["hello"]])
+def test_ask_refuses_a_request_that_is_not_text(memory_image: LivingImage, text) -> None:
+    with pytest.raises(GraphRequestError, match="must be text") as info:
+        runtime.ask(text, image=memory_image, services=_services(FakeModels(responder())))
+    assert "ask('" in info.value.hint
+    with memory_image.read() as root:
+        assert not layout.cycles(root)  # nothing ran
 
 
 def test_ask_on_an_image_the_caller_keeps(memory_image: LivingImage) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base.id import uuid6
 
-from batos.errors import ImageNotFoundError
+from batos.errors import GraphRequestError, ImageNotFoundError
 from graph import cycle
 from graph.mind import MindServices, build_graph, run_config
 from prototypes.codex import Codex
@@ -273,6 +273,11 @@ def ask(
 ) -> dict[str, Any]:
     """Answer one request in one cycle on the image (a URI, an open image, or the ``image``
     setting) and return the cycle's final state (``status`` is 'COMPLETE' or 'FAILED')."""
+    if not isinstance(text, str):  # else pydantic's two-part error about message content
+        raise GraphRequestError(
+            f"the request must be text, not {type(text).__name__}",
+            hint="pass it as a string: ask('how do I plan a vegetable garden?')",
+        )
     if isinstance(image, LivingImage):
         runtime = Runtime.of(image)
     else:

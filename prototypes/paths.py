@@ -70,6 +70,12 @@ def _step(obj: Any, name: str) -> Any:
 
 def prototype(root: Any, path: str) -> UvmObject:
     """The prototype at ``path``; ``ObjectPathError`` if there is none, or it is plain data."""
+    if not any(path.strip().split(".")):  # resolve() reads it as the registry itself
+        names = ", ".join(_names(layout.find(root, layout.OBJECTS) or {})[:10])
+        raise ObjectPathError(
+            "no object named: the path is empty",
+            hint=f"name a prototype, e.g. {names or 'robin'} ('batos inspect' lists them)",
+        )
     target = resolve(root, path)
     if not isinstance(target, UvmObject):
         raise ObjectPathError(

@@ -114,6 +114,9 @@ def test_bad_arguments_and_paths_are_clear_errors(capsys, image) -> None:
     assert code == 1 and "JSON literal" in err
     code, _, err = run(capsys, "--image", image, "send", "nobody", "x")
     assert code == 4 and "nobody" in err
+    for empty in ("", " . "):  # not the registry of objects, read as one
+        code, _, err = run(capsys, "--image", image, "send", empty, "estimate")
+        assert code == 4 and "path is empty" in err and "robin" in err
 
 
 def test_a_data_slot_or_a_failing_method_is_a_clear_error(capsys, image, tmp_path) -> None:

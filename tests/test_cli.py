@@ -244,3 +244,30 @@ def test_zeo_start_killed_outright_takes_its_server_with_it(file_uri, tmp_path):
             assert time.monotonic() < deadline, "the image's lock is still held"
             time.sleep(0.1)
     assert list(temp.iterdir()) == []
+
+
+def _help_texts(command, name="batos"):
+    yield name, command
+    for sub_name, sub in getattr(command, "commands", {}).items():
+        yield from _help_texts(sub, f"{name} {sub_name}")
+
+
+def test_every_help_text_is_whole_paragraphs_that_rewrap_at_any_width(capsys, monkeypatch):
+    """A docstring's own line breaks would stay in the help and the terminal would wrap again,
+    leaving one-word lines between full ones."""
+    from batos.shell.cli.app import command
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for name, cmd in _help_texts(command()):
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert paragraph.startswith("\b") or "\n" not in paragraph, name
+        if name == "batos":
+            continue
+        assert main([*name.split()[1:], "--help"]) == 0
+        out = capsys.readouterr().out
+        described = out.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[2:]
+        lines = [line.strip() for line in described]
+        for line, after in zip(lines, lines[1:], strict=False):
+            # A line ends short only at a paragraph's end, or before a word too long for it.
+            fits_more = after and len(line) + 1 + len(after.split()[0]) <= 70
+            assert not line or not fits_more, (name, line)

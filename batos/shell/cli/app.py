@@ -10,6 +10,7 @@ through ``register(app)``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -131,6 +132,28 @@ def _report(exc: BatosError) -> int:
     return exc.exit_code
 
 
+def _unwrapped(text: str) -> str:
+    """A docstring's paragraphs, each on one line: Typer's rich help keeps the source's line
+    breaks in the list of commands and wraps again at the terminal, which left lines of one
+    word ("ones") between full ones. A paragraph marked ``\\b`` keeps its breaks."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
+
+
+def _unwrap_help(command: Any) -> None:  # typer carries its own copy of click
+    if command.help:
+        command.help = _unwrapped(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        _unwrap_help(sub)
+
+
+def command() -> Any:
+    """The ``batos`` click command, its help text in whole paragraphs."""
+    built = typer.main.get_command(app)
+    _unwrap_help(built)
+    return built
+
+
 def main(
     argv: list[str] | None = None,
     *,
@@ -145,7 +168,7 @@ def main(
     """
     passed = {"model_factory": models, "retraining": retraining}
     try:
-        result = app(args=argv, standalone_mode=False, obj=passed)
+        result = command()(args=argv, standalone_mode=False, obj=passed)
     except BatosError as exc:
         return _report(exc)
     except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command

@@ -191,8 +191,12 @@ class CheckpointConfigError(CheckpointError, ValueError):
     """The config passed to the checkpointer lacks a usable thread or checkpoint id."""
 
 
-class CheckpointNotFound(CheckpointError, LookupError):
-    """No thread or checkpoint with the requested id exists in the image."""
+class CheckpointNotFound(CheckpointError, LookupError, ValueError):
+    """No thread or checkpoint with the requested id exists in the image.
+
+    Also a ValueError: the LangGraph server passes the message of those (reason and hint) to
+    its clients, and only "An internal error occurred" of a LookupError.
+    """
 
 
 class CheckpointSerializationError(CheckpointError, TypeError):

@@ -1017,6 +1017,9 @@ class Mind:
         from store.checkpoint.saver import ZODBSaver
 
         carrier = (config.get("configurable") or {}).get(CONFIG_KEY_CHECKPOINTER)
+        # The LangGraph server hands its graphs the custom checkpointer inside an adapter of
+        # its own, which passes puts and attributes through to the saver it holds.
+        carrier = getattr(carrier, "_inner", carrier)
         return isinstance(carrier, ZODBSaver) and carrier.image is self.image(config)
 
     def complete(self, state: MindState, config: RunnableConfig) -> dict[str, Any]:

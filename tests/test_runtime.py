@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -224,8 +225,23 @@ def _load_as_the_server_does(name: str) -> object:
     return module
 
 
+def _as_the_server_hands_it(saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The checkpointer as the LangGraph server gives it to a run: inside its own adapter."""
+    # What 'langgraph dev' sets before the server's configuration is read at import.
+    for name, value in (("REDIS_URI", "fake"), ("DATABASE_URI", ":memory:")):
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    monkeypatch.setenv("MIGRATIONS_PATH", os.environ.get("MIGRATIONS_PATH", "__inmem"))
+    from langgraph_api._checkpointer._adapter import (
+        CheckpointerCapabilities,
+        _CustomCheckpointerAdapter,
+    )
+
+    return _CustomCheckpointerAdapter(saver, CheckpointerCapabilities.from_type(ZODBSaver))
+
+
+@pytest.mark.parametrize("handed", ["bare", "adapted"])
 def test_a_served_mind_finds_its_image_in_the_runtime_the_checkpointer_factory_opened(
-    file_uri: str, monkeypatch: pytest.MonkeyPatch
+    file_uri: str, monkeypatch: pytest.MonkeyPatch, handed: str
 ) -> None:
     """As under ``langgraph dev``: the server enters the checkpointer and store factories,
     then runs the served graph with that checkpointer; the graph gets no image of its own."""
@@ -237,7 +253,8 @@ def test_a_served_mind_finds_its_image_in_the_runtime_the_checkpointer_factory_o
     async def serve() -> dict:
         async with served.checkpointer() as saver, served.store() as memory:
             assert memory.image is saver.image  # one runtime: the image is opened once
-            graph = served.mind.copy(update={"checkpointer": saver})
+            carrier = saver if handed == "bare" else _as_the_server_hands_it(saver, monkeypatch)
+            graph = served.mind.copy(update={"checkpointer": carrier})
             return await graph.ainvoke(
                 {"messages": [HumanMessage("hello there")]},
                 run_config("served"),
@@ -255,8 +272,46 @@ def test_a_served_mind_finds_its_image_in_the_runtime_the_checkpointer_factory_o
         assert effects.applied(root, state["cycle"]["id"])
         assert cycle.get(root, state["cycle"]["id"])["status"] == "COMPLETE"
         history = image.history(3)
-    # the commit travelled with the checkpoint that records COMPLETE: one transaction
+        # the commit travelled with the checkpoint that records COMPLETE: one transaction,
+        # recorded against that checkpoint (COMPLETE applying it alone records none)
+        thread, _, checkpoint_id = layout.applied_commits(root)[state["cycle"]["id"]][1:]
+    assert thread == "served" and checkpoint_id
     assert any(entry.description.startswith("mind cycle") for entry in history)
+
+
+def test_a_served_run_from_an_unknown_checkpoint_writes_nothing(
+    file_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's made-up checkpoint_id: the checkpoint is refused, and so is the cycle's
+    commit that travels with it; the client is told why (a ValueError's message reaches it)."""
+    monkeypatch.setenv("BATOS_IMAGE", file_uri)
+    open_runtime(file_uri, create=True).close()
+    served = _load_as_the_server_does("__served_unknown__")
+    models = FakeModels(responder())
+    config = run_config("served")
+    config["configurable"]["checkpoint_id"] = "1f1f20b1-ef52-6234-bfff-000000000000"
+
+    async def serve() -> None:
+        async with served.checkpointer() as saver, served.store():
+            graph = served.mind.copy(
+                update={"checkpointer": _as_the_server_hands_it(saver, monkeypatch)}
+            )
+            await graph.ainvoke(
+                {"messages": [HumanMessage("hello there")]},
+                config,
+                context={"services": _services(models)},
+            )
+
+    try:
+        with pytest.raises(ValueError, match="nothing was written") as info:
+            asyncio.run(serve())
+        assert isinstance(info.value, CheckpointError) and "batos threads" in info.value.hint
+    finally:
+        del sys.modules["__served_unknown__"]
+        while runtime._SERVED._open:
+            runtime._SERVED.release(next(iter(runtime._SERVED._open)))
+    with LivingImage.open(file_uri) as image, image.read() as root:
+        assert not layout.cycles(root) and not layout.applied_commits(root)
 
 
 def test_a_stateless_served_run_still_commits_its_cycle(

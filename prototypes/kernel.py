@@ -25,6 +25,7 @@ import copy
 import functools
 import hashlib
 import json
+import keyword
 import logging
 import math
 import sys
@@ -39,6 +40,7 @@ from batos.errors import (
     DoesNotUnderstand,
     GeneratedCodeError,
     MissionFailed,
+    SlotError,
     ToolError,
 )
 from prototypes import examples, guardian, install, isolation, rejected, sandbox, tools
@@ -273,6 +275,20 @@ class Mission:
     ) -> None:
         if not selector.isidentifier() or selector.startswith("_"):
             raise DoesNotUnderstand(receiver, selector, hint="only public selectors are written")
+        if keyword.iskeyword(selector):  # every draft would be a syntax error
+            raise DoesNotUnderstand(
+                receiver,
+                selector,
+                hint=f"{selector!r} is a Python keyword, which no method can be named; "
+                "send another selector",
+            )
+        found = receiver._lookup(selector)
+        if found is not None and not isinstance(found[1], Method):
+            # Installing would be refused after every draft was written and tried.
+            raise SlotError(
+                f"{selector!r} is a data slot of {bounded_repr(receiver, 60)}, not a method",
+                hint="read it as data ('batos inspect' shows it), or send another selector",
+            )
         self.receiver = receiver
         self.selector = selector
         self.args = tuple(args)

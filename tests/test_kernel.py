@@ -6,7 +6,7 @@ import pytest
 from fakes import image_digest
 from persistent.mapping import PersistentMapping
 
-from batos.errors import DoesNotUnderstand, MissionFailed
+from batos.errors import DoesNotUnderstand, MissionFailed, SlotError
 from prototypes import kernel
 from prototypes.uvm import Method, UvmObject
 from store.core.image import LivingImage
@@ -210,3 +210,17 @@ def test_dates_format_in_the_sandbox_while_time_stays_out_of_reach() -> None:
     assert outcome.ok and outcome.value == "Wednesday, 14 February 2024"
     with pytest.raises(AuditRejected, match="time"):
         kernel.add_method(UvmObject(), "clock", "import time\n\ndef clock(self):\n    return 1\n")
+
+
+@pytest.mark.parametrize("selector", ["class", "lambda", "None"])
+def test_a_keyword_selector_is_refused_before_any_draft(selector: str) -> None:
+    with pytest.raises(DoesNotUnderstand, match=selector) as info:
+        kernel.Mission(UvmObject(name="box"), selector)
+    assert "Python keyword" in info.value.hint
+
+
+def test_a_data_slot_is_refused_as_a_selector_before_any_draft() -> None:
+    parent = UvmObject(name="traits", size=3)
+    with pytest.raises(SlotError, match="'size' is a data slot") as info:
+        kernel.Mission(UvmObject(parent, name="box"), "size", (1,))  # inherited data too
+    assert "batos inspect" in info.value.hint

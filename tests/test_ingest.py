@@ -462,3 +462,41 @@ def test_an_image_from_before_encoder_records_keeps_float32(memory_image: Living
     reopened = KnowledgeCatalog.open(laid_out(memory_image))  # as the runtime opens it
     assert reopened.embedder.encoder == FLOAT32
     assert reopened.search("purring", 1, mode="dense")[0].source == "cats"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "said"),
+    [
+        ({"source": "elsewhere"}, "the catalog sets itself"),
+        ({"kind": "summary"}, "the catalog sets itself"),
+        ({"topic": ["a", "b"]}, "holds a list"),
+        ({"topic": {"a": 1}}, "holds a dict"),
+        ({"topic": None}, "holds a NoneType"),
+        ({5: "x"}, "is not a name"),
+        ({"": "x"}, "is not a name"),
+        ({"n" * 65: "x"}, "is not a name"),
+        ({"topic": "x" * 1001}, "1,001 characters"),
+        ({f"f{i}": i for i in range(33)}, "33 fields"),
+        ("topic=cats", "must be a mapping"),
+    ],
+)
+def test_metadata_a_search_could_never_filter_by_is_refused_before_anything_is_read(
+    catalog: KnowledgeCatalog, tmp_path: Path, metadata, said: str
+) -> None:
+    """The Python API holds the rules the command line's --meta does: each value is indexed
+    for search filters, so what could not be indexed (or would be hidden) is refused."""
+    page = tmp_path / "page.txt"
+    page.write_text("Newts are small amphibians that live near ponds.")
+    with pytest.raises(CatalogError, match=said) as info:
+        ingest_text(catalog, "mem://newts", page.read_text(), metadata=metadata)
+    assert info.value.hint
+    with pytest.raises(CatalogError, match=said):
+        ingest_paths(catalog, [page], metadata=metadata)
+    assert catalog.document("mem://newts") is None and catalog.stats()["documents"] == 0
+
+
+def test_scalar_metadata_of_every_kind_is_kept_and_filters(catalog: KnowledgeCatalog) -> None:
+    given = {"topic": "newts", "year": 2024, "weight": 0.5, "reviewed": True}
+    assert ingest_text(catalog, "mem://n", "Newts live near ponds.", metadata=given) == "added"
+    assert catalog.document("mem://n")["metadata"] == given
+    assert [h.source for h in catalog.search("newts", filters={"year": 2024})] == ["mem://n"]

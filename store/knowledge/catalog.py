@@ -55,6 +55,56 @@ log = logging.getLogger("batos.catalog")
 
 #: Metadata fields every chunk is indexed under, whatever its document brings.
 BUILTIN_FIELDS = ("source", "kind", "format")
+#: Bounds of a document's own metadata: fields, a name's and a text value's characters.
+MAX_FIELDS, MAX_FIELD_NAME, MAX_FIELD_VALUE = 32, 64, 1000
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A document's own metadata as given to ingest, or ``CatalogError`` saying what to change.
+
+    Every value is indexed for ``search(filters=…)``: a value of another kind (a list, a
+    mapping, None) would be stored and never found, a name the catalog sets itself would be
+    hidden by the catalog's own value, and a name that is not text cannot sit beside the
+    others in the index."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise CatalogError(
+            f"metadata must be a mapping of names to values, not {type(metadata).__name__}",
+            hint="e.g. metadata={'topic': 'cats'}",
+        )
+    if len(metadata) > MAX_FIELDS:
+        raise CatalogError(
+            f"metadata has {len(metadata)} fields; at most {MAX_FIELDS} are kept",
+            hint="keep the fields you will filter searches by",
+        )
+    for name, value in metadata.items():
+        shown = repr(name)[:40]  # a client's name, echoed cut short
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_FIELD_NAME:
+            raise CatalogError(
+                f"metadata field {shown} is not a name of 1 to {MAX_FIELD_NAME} characters",
+                hint="name fields with short text, e.g. 'topic'",
+            )
+        if name in BUILTIN_FIELDS:
+            raise CatalogError(
+                f"metadata field {shown} is one the catalog sets itself",
+                hint=f"choose another name than {', '.join(BUILTIN_FIELDS)}, e.g. 'topic'",
+            )
+        if not isinstance(value, (str, int, float, bool)):
+            raise CatalogError(
+                f"metadata field {shown} holds a {type(value).__name__}: only text, numbers "
+                "and true/false are indexed for search filters",
+                hint="give one value per field, e.g. 'topic': 'cats'",
+            )
+        if isinstance(value, str) and len(value) > MAX_FIELD_VALUE:
+            raise CatalogError(
+                f"metadata field {shown} holds {len(value):,} characters; at most "
+                f"{MAX_FIELD_VALUE:,} are kept",
+                hint="keep long text in the document itself",
+            )
+    return dict(metadata)
+
+
 #: Candidates each half of a hybrid search contributes to the fusion, per result asked for.
 CANDIDATES_PER_RESULT = 4
 MIN_CANDIDATES = 50

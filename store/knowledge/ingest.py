@@ -31,7 +31,13 @@ from transaction.interfaces import TransientError
 
 from batos import settings
 from batos.errors import BatosError, ConfigurationError, DocumentError
-from store.knowledge.catalog import Change, KnowledgeCatalog, PreparedDocument, catalog_root
+from store.knowledge.catalog import (
+    Change,
+    KnowledgeCatalog,
+    PreparedDocument,
+    catalog_root,
+    check_metadata,
+)
 from store.knowledge.chunking import MIN_TOKENS, Plan, finish, plan
 from store.knowledge.curator import unfold
 
@@ -503,6 +509,7 @@ def ingest_paths(
     ``on_file(path, outcome, report)`` is called for each file once its outcome is final
     (written, skipped or failed), with the report so far.
     """
+    metadata = check_metadata(metadata)
     started = time.monotonic()
     report = IngestReport()
     commit_chunks = settings.get_int("catalog_commit_chunks")
@@ -625,6 +632,7 @@ def ingest_text(
     metadata: dict[str, Any] | None = None,
 ) -> str:
     """Ingest a text held in memory under the name ``source``; returns the outcome."""
+    metadata = check_metadata(metadata)
     text = _well_formed(text)
     content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
     known = catalog.document(source)

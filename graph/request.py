@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
 from langgraph.graph.message import add_messages
 
 from batos.errors import GraphRequestError, MindError
@@ -42,12 +42,31 @@ def check_context(context: Any) -> dict[str, Any]:
     return context
 
 
+#: The longest message the thread takes at all. A request over ``mind_max_request_chars``
+#: but under this ends its cycle FAILED with the limit in its reason; one over this is no
+#: request a person wrote, and is refused before the thread's messages hold it (every
+#: checkpoint after would carry another copy of it).
+MAX_MESSAGE_CHARS = 1_000_000
+
+
 def add_checked_messages(left: Any, right: Any) -> Any:
     """``add_messages``, refusing a client's malformed messages with a ``GraphRequestError``
     (a ValueError, whose message the server shows) instead of LangChain's coercion errors,
-    some of which (``NotImplementedError``) the server reports as an internal failure."""
+    some of which (``NotImplementedError``) the server reports as an internal failure; and
+    refusing a message over ``MAX_MESSAGE_CHARS`` the same way."""
     try:
-        return add_messages(left, right)
+        incoming: list[Any] = convert_to_messages(right if isinstance(right, list) else [right])
+        for message in incoming:
+            size = len(content_text(message.content))
+            if size > MAX_MESSAGE_CHARS:
+                raise GraphRequestError(
+                    f"a message of {size:,} characters is more than the thread takes "
+                    f"({MAX_MESSAGE_CHARS:,})",
+                    hint="ingest long material with 'batos ingest' and ask about it",
+                )
+        return add_messages(left, incoming)
+    except GraphRequestError:
+        raise
     except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
         errors = getattr(exc, "errors", None)  # pydantic: the first field that failed
         if callable(errors) and errors():

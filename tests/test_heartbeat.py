@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld
 from graph import audit
 from store.core import layout
 from store.core.image import LivingImage
-from store.core.jobstore import acquire_lease
+from store.core.jobstore import acquire_lease, lease_holder
 from store.knowledge.embeddings import to_bytes
 
 
@@ -299,6 +300,54 @@ def test_ctrl_c_in_once_leaves_the_jobs_not_run_due(
     assert "prune" in due and due == set(JOBS) - first  # none moved to its next interval unrun
     code, out, _ = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Steady."))
     assert code == 0 and ran(out) == due
+
+
+def test_sigterm_in_once_stops_as_ctrl_c_does_and_gives_the_lease_back(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def terminated(image, models):
+        os.kill(os.getpid(), signal.SIGTERM)  # as 'kill' or a service manager sends it
+        time.sleep(10)  # the handler interrupts this
+
+    monkeypatch.setitem(JOBS, "prune", (terminated, JOBS["prune"][1]))
+    started = time.monotonic()
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Steady."))
+    assert code == 143 and "interrupted" in out and "stay due" in out, out + err
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was put back
+    with LivingImage.open(image) as img:
+        assert lease_holder(img) is None  # given back, not left to expire
+
+
+def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "1.5")
+    running, release = threading.Event(), threading.Event()
+    prune = JOBS["prune"][0]
+
+    def slow(image, models):
+        running.set()
+        assert release.wait(20)
+        return prune(image, models)
+
+    monkeypatch.setitem(JOBS, "prune", (slow, JOBS["prune"][1]))
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred(*["Steady."] * 5))
+        stop = threading.Event()
+        worker = threading.Thread(target=beat.forever, args=(stop,))
+        worker.start()
+        assert running.wait(20)
+        stop.set()
+        time.sleep(3.0)  # twice the lease: it would have lapsed unrenewed
+        lease = lease_holder(img)
+        assert lease and lease["holder"] == beat.holder and lease["expires"] > time.time()
+        assert worker.is_alive()  # still waiting for the job
+        release.set()
+        worker.join(20)
+        assert not worker.is_alive()
+        assert lease_holder(img) is None
+        assert any(o.job == "prune" and o.ok for o in beat.outcomes)
 
 
 def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:

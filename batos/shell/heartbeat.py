@@ -446,12 +446,33 @@ class Heartbeat:
             log.info("heartbeat %s acting on %s", self.holder, self.image.uri)
             self._hold(stop, ttl)
         finally:
-            self.scheduler.shutdown(wait=True)
+            self._shut_down(ttl)
             _ACTIVE.pop("beat", None)
             try:
                 release_lease(self.image, self.holder)
             except Exception as exc:
                 log.warning("could not release the lease (%s); it expires by itself", exc)
+
+    def _shut_down(self, ttl: float) -> None:
+        """Stop the scheduler, letting a running job finish, and keep the lease renewed until
+        it has: a lease left to expire meanwhile would let another heartbeat start its jobs
+        beside one still writing."""
+        finished = threading.Event()
+
+        def shut_down() -> None:
+            try:
+                self.scheduler.shutdown(wait=True)
+            finally:
+                finished.set()
+
+        threading.Thread(target=shut_down, name="heartbeat-stop", daemon=True).start()
+        if not finished.wait(1.0):
+            log.warning("heartbeat stopping once its running job has finished")
+        while not finished.wait(ttl / 3):
+            try:
+                self._lease()
+            except Exception as exc:
+                log.warning("could not renew the lease while the last job ends: %s", exc)
 
     def _hold(self, stop: threading.Event, ttl: float) -> None:
         pause = ttl / 3

@@ -184,6 +184,16 @@ def heartbeat(
         # With --json, stdout holds the records alone; what else is said goes to stderr.
         say = err_console if as_json else console
         if once:
+            received: list[int] = []
+
+            def terminate(signum: int, _frame: Any) -> None:
+                received.append(signum)
+                raise KeyboardInterrupt  # in this thread, where --once runs its jobs
+
+            # SIGTERM stops it as Ctrl-C does, the lease given back, not the process killed
+            # with the lease held until it expires.
+            main_thread = threading.current_thread() is threading.main_thread()
+            before = signal.signal(signal.SIGTERM, terminate) if main_thread else None
             try:
                 outcomes = beat.once()
             except KeyboardInterrupt:  # the job in progress aborted its transaction
@@ -193,7 +203,10 @@ def heartbeat(
                     "finish stay due and run at the next heartbeat",
                     markup=False,
                 )
-                return 130
+                return 143 if signal.SIGTERM in received else 130
+            finally:
+                if main_thread:
+                    signal.signal(signal.SIGTERM, before)
             if not outcomes:
                 say.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1

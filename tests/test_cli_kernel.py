@@ -132,6 +132,25 @@ def test_a_data_slot_or_a_failing_method_is_a_clear_error(capsys, image, tmp_pat
     assert "Traceback" not in err
 
 
+def test_json_is_json_both_ways_nan_and_infinity_are_refused(capsys, image, tmp_path) -> None:
+    echo = tmp_path / "echo.py"
+    echo.write_text("def echo(self, x):\n    return x\n")
+    assert run(capsys, "--image", image, "methods", "add", "brick", "echo", str(echo))[0] == 0
+    for literal in ("NaN", "[-Infinity]", '{"a": Infinity}', "1e400"):
+        code, _, err = run(capsys, "--image", image, "send", "brick", "echo", literal)
+        assert code == 1 and "is not a JSON literal" in err, (literal, err)
+    overflow = tmp_path / "overflow.py"
+    overflow.write_text("def overflow(self):\n    return [1.5, float('inf')]\n")
+    added = run(capsys, "--image", image, "methods", "add", "brick", "overflow", str(overflow))
+    assert added[0] == 0
+    code, out, err = run(capsys, "--image", image, "send", "brick", "overflow", "--json")
+    assert code == 1 and out == "" and "NaN or an infinity" in err and "leave out --json" in err
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "overflow")
+    assert code == 0 and "inf" in out
+    code, out, _ = run(capsys, "--image", image, "send", "brick", "echo", "1e308", "--json")
+    assert code == 0 and json.loads(out) == 1e308
+
+
 def test_methods_lists_methods_on_objects_nested_anywhere(capsys, image, tmp_path) -> None:
     from prototypes import kernel
     from prototypes.uvm import UvmObject

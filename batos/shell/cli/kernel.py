@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -354,8 +355,17 @@ def _take_out_failing(image: Any) -> None:
 def _argument(text: str) -> Any:
     # json.loads raises ValueError past Python's integer-digit limit and RecursionError on
     # deeply nested brackets: both are malformed arguments, not crashes.
+    def finite(literal: str) -> float:
+        number = float(literal)
+        if not math.isfinite(number):  # 1e400
+            raise ValueError(f"{literal[:40]} is beyond the largest number a float holds")
+        return number
+
+    def refused(constant: str) -> Any:  # NaN, Infinity: Python's extension, not JSON
+        raise ValueError(f"{constant} is not JSON")
+
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=finite, parse_constant=refused)
     except (ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise BatosError(

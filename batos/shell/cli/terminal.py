@@ -64,9 +64,18 @@ def json_text(value: Any, what: str, *, indent: int | None = None) -> str:
     traceback. Values JSON has no type for are written as their bounded repr."""
     try:
         text = json.dumps(
-            value, ensure_ascii=False, indent=indent, default=lambda v: bounded_repr(v, 1_000)
+            value,
+            ensure_ascii=False,
+            indent=indent,
+            default=lambda v: bounded_repr(v, 1_000),
+            allow_nan=False,  # Python would write NaN and Infinity, which no JSON reader takes
         )
     except ValueError as exc:
+        if "not JSON compliant" in str(exc):
+            raise BatosError(
+                f"{what} holds NaN or an infinity, which JSON has no way to write",
+                hint="leave out --json to see the value as Python shows it",
+            ) from None
         if "integer string conversion" not in str(exc):
             raise
         raise BatosError(

@@ -34,9 +34,14 @@ def resolve(root: Any, path: str) -> Any:
     objects = layout.find(root, layout.OBJECTS)
     if objects is None:
         raise ObjectPathError("the image has no objects yet", hint="run 'batos init' first")
-    names = [part for part in path.strip().split(".") if part]
-    if not names:
+    if not path.strip():
         return objects
+    names = path.strip().split(".")
+    if not all(names):  # 'brick.', '.brick', 'brick..name': shown back as given, they mislead
+        raise ObjectPathError(
+            f"object path {bounded_repr(path, 80)} has an empty name in it",
+            hint="join names with one dot each, e.g. brick.parent*.name",
+        )
     current: Any = objects
     walked: list[str] = []
     for name in names:

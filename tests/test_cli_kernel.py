@@ -117,6 +117,10 @@ def test_bad_arguments_and_paths_are_clear_errors(capsys, image) -> None:
     for empty in ("", " . "):  # not the registry of objects, read as one
         code, _, err = run(capsys, "--image", image, "send", empty, "estimate")
         assert code == 4 and "path is empty" in err and "robin" in err
+    for gap in ("brick.", ".brick", "brick..name"):  # shown back as given, they misled
+        for argv in (["send", gap, "estimate"], ["inspect", gap], ["methods", "--path", gap]):
+            code, _, err = run(capsys, "--image", image, *argv)
+            assert code == 4 and "has an empty name" in err, (argv, err)
 
 
 def test_a_data_slot_or_a_failing_method_is_a_clear_error(capsys, image, tmp_path) -> None:

@@ -363,6 +363,9 @@ def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, bas
     code, out = run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")
     assert code == 0 and "declared tools.weather" in out
     assert run("tools", "add", "weather", "--about", "  ")[0] == 2  # nothing to write from
+    for name in ("class", "x" * 65, "_private"):  # no method could be called through it
+        assert run("tools", "add", name, "--about", "Weather at https://example.org")[0] == 2
+    assert run("tools", "add", "long", "--about", "w" * 2001)[0] == 2  # in every prompt
     code, out = run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")
     assert code == 0 and "declared already, as it is" in out
     code, out = run("tools", "add", "weather", "--about", f"Forecasts at {base[0]}/weather")

@@ -6,6 +6,7 @@ each change here is one transaction of its own, so ``batos undo TID`` reverts it
 
 from __future__ import annotations
 
+import keyword
 from typing import Any
 
 import typer
@@ -86,7 +87,7 @@ def tools_list(
         table.add_column(column)
     for row in rows:
         selectors = ", ".join(m["selector"] for m in row["methods"]) or "-"
-        table.add_row(shown(row["name"]), shown(selectors), shown(row["about"]))
+        table.add_row(shown(row["name"]), shown(selectors), shown(_cut(row["about"])))
     console.print(table)
     console.print(
         f"allowed: {tools.ToolPolicy.from_settings().described()}", markup=False, highlight=False
@@ -108,7 +109,7 @@ def tools_show(
     if as_json:
         typer.echo(json_text(row, f"tool {name}"))
         return
-    console.print(f"[bold]tools.{shown(name)}[/]: {shown(row['about'])}")
+    console.print(f"[bold]tools.{shown(name)}[/]: {shown(_cut(row['about']))}")
     if not row["methods"]:
         console.print(
             f"no methods yet: 'batos send tools.{name} SELECTOR ARGS...' writes one", markup=False
@@ -119,6 +120,17 @@ def tools_show(
             markup=False,
         )
         console.print(Syntax(visible(method["source"]), "python"))
+
+
+#: Bounds of a declared tool: its name, and the description every method prompt carries.
+MAX_NAME_CHARS, MAX_ABOUT_CHARS = 64, 2_000
+
+
+def _cut(about: str) -> str:
+    """A description as shown: one declared before descriptions were bounded can be long."""
+    if len(about) <= MAX_ABOUT_CHARS:
+        return about
+    return f"{about[:MAX_ABOUT_CHARS]}… ({len(about):,} characters)"
 
 
 @tools_app.command("add")
@@ -133,9 +145,24 @@ def tools_add(
 
     Example: batos tools add weather --about 'Open-Meteo forecasts at https://api.open-meteo.com'
     """
-    if not name.isidentifier() or name.startswith("_"):
-        raise typer.BadParameter("a tool's name is a public identifier", param_hint="NAME")
+    if (
+        not name.isidentifier()
+        or name.startswith("_")
+        or keyword.iskeyword(name)
+        or len(name) > MAX_NAME_CHARS
+    ):
+        raise typer.BadParameter(
+            f"a tool's name is a public identifier of at most {MAX_NAME_CHARS} characters, "
+            "not a Python keyword, e.g. weather",
+            param_hint="NAME",
+        )
     about = about.strip()
+    if len(about) > MAX_ABOUT_CHARS:  # it goes into every prompt that writes the tool's methods
+        raise typer.BadParameter(
+            f"the description is {len(about):,} characters; at most {MAX_ABOUT_CHARS:,}: say "
+            "what the service is and its base URL",
+            param_hint="--about",
+        )
     if not about:
         # the model that writes the tool's methods has nothing else to go on
         raise typer.BadParameter(

@@ -422,6 +422,18 @@ def test_audit_report_reads_whole_at_80_columns_in_a_pipe(image: str) -> None:
     assert "missions: 1 started, 0 kept, 0 undone" in lines
 
 
+def test_audit_show_wraps_alfreds_account_at_80_columns_in_a_pipe(image: str) -> None:
+    account = "Novelty has fallen across every persona this week, " * 4 + "so I propose a mission."
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0)), ("ROBIN", (0, 1, 0))])
+        audit.run(img, alfred(account))
+    shown = piped("--image", image, "audit", "show", "1")
+    assert shown.returncode == 0, shown.stderr
+    fits_80_columns(shown.stdout)
+    told = shown.stdout.split("ALFRED: ", 1)[1]
+    assert " ".join(told.split()) == account
+
+
 def test_config_reads_whole_at_80_columns_in_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
     from batos import settings
     from batos.settings import SETTINGS

@@ -25,7 +25,7 @@ from rich.text import Text
 from batos import settings
 from batos.errors import BatosError, ConfigurationError
 from batos.shell.cli.app import console, err_console, image_uri, model_factory
-from batos.shell.cli.terminal import json_text, plain, shown
+from batos.shell.cli.terminal import json_text, plain, shown, visible
 from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
@@ -479,8 +479,9 @@ def show(ctx: typer.Context, report_id: int = typer.Argument(..., help="Audit re
         console.print(f"mission {number} judged: {status}", markup=False)
     if r.get("mission"):
         console.print(f"mission {r['mission']} started (see 'batos audit report')")
-    console.print("[bold]ALFRED:[/] ", end="")
-    console.print(r["narrative"], markup=False)
+    # One Text, so the terminal's wrapping counts the label: printed apart, the narrative's
+    # first line ran past the width.
+    console.print(Text.assemble(("ALFRED: ", "bold"), visible(r["narrative"])))
 
 
 def register(app: typer.Typer) -> None:

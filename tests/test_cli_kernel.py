@@ -35,6 +35,8 @@ def test_add_list_send_remove_and_undo(capsys, image: str, tmp_path: Path) -> No
     rows = json.loads(out)
     assert rows[0]["selector"] == "shout" and rows[0]["verdict"] == "approved"
     assert rows[0]["author"] == "human" and "upper" in rows[0]["source"]
+    code, out, _ = run(capsys, "--image", image, "methods", "--json", "--no-source")
+    assert code == 0 and [set(r) for r in json.loads(out)] == [set(rows[0]) - {"source"}]
     assert run(capsys, "--image", image, "methods", "remove", "brick", "shout")[0] == 0
     with LivingImage.open(image) as img:
         with img.read() as root:

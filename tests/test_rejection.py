@@ -324,6 +324,8 @@ def test_cli_reject_list_restore(capsys, file_image: str) -> None:
     (row,) = json.loads(out)
     assert row["reason"] == "off by one" and row["status"] == "pending"
     assert row["examples"][0]["status"] == "agreed" and row["source"] == DOUBLE
+    code, out, _ = run(capsys, *uri, "methods", "--rejected", "--json", "--no-source")
+    assert code == 0 and [set(r) for r in json.loads(out)] == [set(row) - {"source"}]
     code, out, _ = run(capsys, *uri, "methods", "restore", "brick", "double")
     assert code == 0 and "restored brick.double from record 1" in out
     code, out, _ = run(capsys, *uri, "send", "brick", "double", "3", "--json")

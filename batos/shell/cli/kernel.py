@@ -86,6 +86,8 @@ def methods(
                 }
                 for where, m in found
             ]
+            if not source:
+                rows = [{k: v for k, v in row.items() if k != "source"} for row in rows]
             console.print_value_json(rows, "the methods")
             return
         table = Table(title="Methods written through the gate")
@@ -131,6 +133,8 @@ def _print_rejected(rows: list[dict[str, Any]], source: bool, as_json: bool) -> 
             }
             for row in rows
         ]
+        if not source:
+            plain = [{k: v for k, v in row.items() if k != "source"} for row in plain]
         console.print_value_json(plain, "the rejected methods")
         return
     if not rows:

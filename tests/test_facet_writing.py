@@ -159,6 +159,24 @@ def test_init_prepare_writes_every_facet_and_doctor_says_so(capsys, file_uri: st
     assert "every facet method is written" in capsys.readouterr().out
 
 
+def test_ctrl_c_in_init_prepare_keeps_what_was_written_and_says_so(capsys, file_uri: str) -> None:
+    drafts: list[str] = []
+
+    def respond(call: ModelCall) -> Any:
+        selector = SELECTOR.search(call.text).group(1)
+        if len(set(drafts) | {selector}) > 2:  # the third facet: the user presses Ctrl-C
+            raise KeyboardInterrupt
+        drafts.append(selector)
+        return "```python\n" + facet_source(selector) + "```"
+
+    code = main(["--image", file_uri, "init", "--prepare"], models=FakeModels(respond))
+    out = capsys.readouterr().out
+    assert code == 130
+    assert f"interrupted: 2 of {ALL} facet(s) written and kept" in " ".join(out.split())
+    [check] = check_facets(file_uri)
+    assert check.detail == f"2 of {ALL} facet methods written"
+
+
 def test_doctor_names_a_facet_that_failed_and_when_it_is_tried_again(file_uri: str) -> None:
     with open_image(file_uri, create=True) as image:
         bad = drafting(lambda s: f"def {s}(self, query):\n    return self.__class__\n")

@@ -85,20 +85,32 @@ def _prepare_facets(ctx: typer.Context, image: Any) -> None:
         console.print("[green]✓[/] every facet method is written")
         return
     done: list[Any] = []
-    with ProgressReport(console, "writing facets", total=len(todo), unit="facets") as bar:
+    interrupted = False
+    try:
+        with ProgressReport(console, "writing facets", total=len(todo), unit="facets") as bar:
 
-        def tell(result: Any) -> None:
-            done.append(result)
-            mark = "written" if result.ok else "could not be written"
-            bar.update(len(done), f"{result.key} {mark} ({result.seconds:.0f}s)")
+            def tell(result: Any) -> None:
+                done.append(result)
+                mark = "written" if result.ok else "could not be written"
+                bar.update(len(done), f"{result.key} {mark} ({result.seconds:.0f}s)")
 
-        facet_writing.write_all(image, model_factory(ctx), todo, tell)
+            facet_writing.write_all(image, model_factory(ctx), todo, tell)
+    except KeyboardInterrupt:  # each facet is its own transaction: those done are kept
+        interrupted = True
     for result in done:
         if result.ok:
             console.print(f"  [green]✓[/] {result.key}  ({result.seconds:.0f}s)")
         else:
             reason = shown(result.reason.splitlines()[0][:160])
             console.print(f"  [yellow]✗[/] {result.key}: {reason}")
+    if interrupted:
+        written = sum(1 for r in done if r.ok)
+        console.print(
+            f"interrupted: {written} of {len(todo)} facet(s) written and kept; 'batos init "
+            "--prepare' writes the rest (the heartbeat does too)",
+            markup=False,
+        )
+        raise typer.Exit(130)
     failed = [r for r in done if not r.ok]
     if failed:
         console.print(

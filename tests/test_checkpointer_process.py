@@ -139,6 +139,17 @@ def test_cli_lists_prunes_and_packs(
     assert "alpha" in out and "beta" in out
     assert batos(["--image", file_uri, "threads", "alpha"]) == 0
     assert "input" in capsys.readouterr().out
+    narrow = subprocess.run(  # a narrow terminal lists the checkpoints instead of folding
+        [sys.executable, "-m", "batos.shell.cli", "--image", file_uri, "threads", "alpha"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "40"},
+        timeout=120,
+    )
+    assert narrow.returncode == 0, narrow.stderr
+    assert all(len(line) <= 40 for line in narrow.stdout.splitlines()), narrow.stdout
+    ids = [line for line in narrow.stdout.splitlines() if len(line) == 36 and line.count("-") == 4]
+    assert len(ids) == 5 and "step -1 · input" in narrow.stdout
     # the ids a user copies come whole, in the table as in JSON
     long_id = "chat-" + "1f1f1f79-81af-6c5e-8c1d-" * 2
     with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:

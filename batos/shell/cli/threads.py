@@ -29,6 +29,10 @@ def _saver(ctx: typer.Context) -> Iterator[ZODBSaver]:
         yield runtime.saver
 
 
+#: Below this many columns a thread's checkpoints are listed, not tabled.
+NARROW = 72
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
@@ -95,10 +99,22 @@ def threads(
                     json_text(row, "a checkpoint"), markup=False, highlight=False, soft_wrap=True
                 )
             return
-        table = Table(
-            title=f"Thread {shown(thread_id)}: {summary.checkpoints} checkpoints, "
-            f"{_size(summary.bytes)}"
+        title = f"Thread {shown(thread_id)}: {summary.checkpoints} checkpoints, " + _size(
+            summary.bytes
         )
+        if console.width < NARROW:  # five columns beside a whole id would fold letter by letter
+            console.print(title)
+            for item in saver.list(config, limit=limit):
+                conf = item.config["configurable"]
+                console.print(shown(conf["checkpoint_id"]), soft_wrap=True)
+                console.print(
+                    f"  step {shown(item.metadata.get('step', ''))} · "
+                    f"{shown(item.metadata.get('source', ''))} · "
+                    f"{len(item.pending_writes or [])} writes · "
+                    f"{shown(conf['checkpoint_ns'] or '(root)')}"
+                )
+            return
+        table = Table(title=title)
         # The checkpoint id whole, and what fits beside it at 80 columns: each checkpoint's
         # parent is the next row; its run and parent ids are in --json.
         for column in ("namespace", "checkpoint", "step", "source", "writes"):

@@ -195,6 +195,7 @@ def test_langgraph_dev_uses_the_checkpointer_without_warnings(tmp_path: Path) ->
     config["graphs"] = {"tiny": "./tiny_graph.py:graph"}
     (project / "langgraph.json").write_text(json.dumps(config))
     image = tmp_path / "image" / "live_image.fs"
+    open_laid_out(f"file://{image}").close()  # a server never creates the image it serves
     port = free_port()
     log_path = tmp_path / "server.log"
     env = {

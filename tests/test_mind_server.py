@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @contextmanager
 def _serve(command: list[str], tmp_path: Path, image: Path, **extra_env: str) -> Iterator[str]:
+    if not image.exists():  # a server never creates the image it is told to serve
+        open_image(image.as_uri(), create=True).close()
     port = free_port()
     log_path = tmp_path / "server.log"
     env = {

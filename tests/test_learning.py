@@ -506,6 +506,7 @@ def test_batos_learn_run_refuses_with_too_few_lessons_unless_forced(
     code, _, err = cli(capsys, file_uri, "learn", "run", "alfred", retraining=doubles)
     assert code == 1 and "1 new accepted lessons on test, fewer than 5" in err
     assert "--force" in err and doubles.trainer.sizes == []
+    assert "0 steps" not in err  # no progress line for work that never started
     code, out, err = cli(capsys, file_uri, "learn", "run", "alfred", "--force", retraining=doubles)
     assert code == 0 and "mission 1: ALFRED declined" in out
     assert "warm start: the served adapter" in out and "kept aside: voice 0.500" in out

@@ -81,7 +81,8 @@ class ProgressReport:
     ) -> None:
         if self._bar is not None:
             self._bar.__exit__(kind, error, trace)
-        elif self._printed != (self.done, self.note):
+        elif self._printed != (self.done, self.note) and (error is None or self.done or self.note):
+            # A refusal before any work ('0 steps [0s]') says nothing the error does not.
             self._line(time.monotonic())
 
     def _line(self, now: float) -> None:

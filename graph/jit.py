@@ -874,6 +874,8 @@ def fail(state: JitState) -> JitState:
 
 #: Longest answer to a question, in characters, before it is parsed (it is hostile input).
 MAX_ANSWER_CHARS = 20_000
+#: How often a user is asked for the example when the answers cannot be used.
+ASKS = 3
 
 
 def question_for(mission: Mission) -> dict[str, Any]:
@@ -963,16 +965,24 @@ def ask(state: JitState) -> JitState:
     context = live
     mission = _mission()
     question = question_for(mission)
-    if callable(context.ask):
-        answer = context.ask(question)
-    else:
-        try:
-            answer = interrupt(question)
-        except GraphInterrupt:
-            # The run stops here until the user answers: nothing it wrote is kept meanwhile.
-            _finish_served(context, commit=False)
-            raise
-    example, why = example_from_answer(answer, mission)
+    # An answer that cannot be read (a typo in its JSON) is asked for again, saying why,
+    # rather than ending the mission and its drafting: null or nothing refuses at once.
+    why = ""
+    for asked in range(ASKS):
+        if asked:
+            question = {**question, "again": f"that answer could not be used: {why}"}
+        if callable(context.ask):
+            answer = context.ask(question)
+        else:
+            try:
+                answer = interrupt(question)  # the n-th call takes the n-th answer on resume
+            except GraphInterrupt:
+                # The run stops here until the user answers: nothing it wrote is kept meanwhile.
+                _finish_served(context, commit=False)
+                raise
+        example, why = example_from_answer(answer, mission)
+        if example is not None or answer is None or not str(answer).strip():
+            break
     if example is None:
         if mission.verdict is not None:
             mission.verdict.reasons.append(why)

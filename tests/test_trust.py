@@ -305,11 +305,27 @@ def test_when_the_example_refutes_every_draft_new_ones_are_written_with_it(image
 )
 def test_no_usable_answer_refuses_and_says_why(image, answer, why) -> None:
     before = image_digest(image.db)
-    runner = jit.JitRunner(_disagreeing(), drafts=2, trust=0.6, ask=lambda q: answer)
+    asked: list[dict] = []
+    runner = jit.JitRunner(
+        _disagreeing(), drafts=2, trust=0.6, ask=lambda q: asked.append(q) or answer
+    )
     with pytest.raises(MethodUntrusted) as caught:
         image.transact(lambda root: runner.send(root["o"], "double", (2,)))
     assert why in str(caught.value)
     assert image_digest(image.db) == before
+    # null refuses at once; an answer that cannot be used is asked for again, saying why
+    assert len(asked) == (1 if answer is None else jit.ASKS)
+    assert all(why in q["again"] for q in asked[1:])
+
+
+def test_an_answer_with_a_typo_is_asked_for_again_and_the_next_one_used(image) -> None:
+    answers = iter(['{"args": [2], "returns": 5', json.dumps(ANSWER)])
+    asked: list[dict] = []
+    runner = jit.JitRunner(
+        _disagreeing(), drafts=2, trust=0.6, ask=lambda q: asked.append(q) or next(answers)
+    )
+    assert image.transact(lambda root: runner.send(root["o"], "double", (2,))) == 5
+    assert len(asked) == 2 and "the answer is not JSON" in asked[1]["again"]
 
 
 def test_the_graph_interrupts_and_resumes_with_the_users_example(image) -> None:
@@ -334,6 +350,9 @@ def test_the_graph_interrupts_and_resumes_with_the_users_example(image) -> None:
         paused = graph.invoke({"selector": "double"}, config, context=context)
         (pending,) = paused["__interrupt__"]
         assert pending.value["selector"] == "double" and "double" not in conn.root()["o"]._methods
+        again = graph.invoke(Command(resume="{not json"), config, context=context)
+        (pending,) = again["__interrupt__"]  # asked once more, not refused
+        assert "the answer is not JSON" in pending.value["again"]
         done = graph.invoke(Command(resume=json.dumps(ANSWER)), config, context=context)
         assert done["status"] == "installed" and done["answer"] == {
             "args": [2],

@@ -471,6 +471,10 @@ def _ask_user(question: dict[str, Any], status: Any) -> str | None:
     """Put the mission's question on the terminal; the answer line (empty: refuse)."""
     status.stop()  # the spinner would write over the question
     try:
+        if question.get("again"):  # the last answer could not be read: ask once more
+            err_console.print(f"{question['again']}; try again (empty refuses)", markup=False)
+            line = typer.prompt("example", default="", show_default=False, err=True)
+            return line.strip() or None
         err_console.print(question["question"], markup=False)
         for why in question.get("why", []):
             err_console.print(f"  - {why}", markup=False)

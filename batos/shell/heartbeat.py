@@ -466,13 +466,15 @@ class Heartbeat:
                 finished.set()
 
         threading.Thread(target=shut_down, name="heartbeat-stop", daemon=True).start()
-        if not finished.wait(1.0):
+        if not finished.wait(min(1.0, ttl / 3)):
             log.warning("heartbeat stopping once its running job has finished")
-        while not finished.wait(ttl / 3):
+        # Renew first: the last renewal before the stop can be up to ttl/3 old already.
+        while not finished.is_set():
             try:
                 self._lease()
             except Exception as exc:
                 log.warning("could not renew the lease while the last job ends: %s", exc)
+            finished.wait(ttl / 3)
 
     def _hold(self, stop: threading.Event, ttl: float) -> None:
         pause = ttl / 3

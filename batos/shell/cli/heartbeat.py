@@ -205,8 +205,8 @@ def heartbeat(
                 )
                 return 143 if signal.SIGTERM in received else 130
             finally:
-                if main_thread:
-                    signal.signal(signal.SIGTERM, before)
+                if main_thread:  # None: a handler set outside Python, which means the default
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
             if not outcomes:
                 say.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1

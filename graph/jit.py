@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import keyword
 import logging
 import re
 from collections.abc import Callable
@@ -54,7 +55,7 @@ from prototypes.bounded import bounded_repr
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
-from prototypes.uvm import UvmObject
+from prototypes.uvm import Method, UvmObject
 
 log = logging.getLogger("batos.jit")
 
@@ -205,6 +206,11 @@ def _served(context: Any, state: JitState) -> JitContext:
         raise GraphRequestError(
             f"selector {bounded_repr(selector, 80)} is not a public name", hint=_REQUEST_HINT
         )
+    if keyword.iskeyword(selector):
+        raise GraphRequestError(
+            f"selector {selector!r} is a Python keyword, which no method can be named",
+            hint=_REQUEST_HINT,
+        )
     if not isinstance(path, str) or not path.strip():
         raise GraphRequestError("the run context names no receiver", hint=_REQUEST_HINT)
     if not isinstance(args, list) or not isinstance(kwargs, dict):
@@ -218,6 +224,12 @@ def _served(context: Any, state: JitState) -> JitContext:
             raise GraphRequestError(
                 f"{bounded_repr(path, 80)} is a {type(receiver).__name__}, not a prototype object",
                 hint="name an object as 'batos inspect' lists them",
+            )
+        found = receiver._lookup(selector)
+        if found is not None and not isinstance(found[1], Method):
+            raise GraphRequestError(
+                f"{selector!r} is a data slot of {bounded_repr(path, 80)}, not a method",
+                hint="read it with 'batos inspect', or send another selector",
             )
     except BaseException:
         tm.abort()

@@ -22,7 +22,7 @@
      │    └── MissionFailed           doesNotUnderstand gave up after every attempt
      ├── CheckpointError              a checkpointer request is malformed or names nothing
      │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
-     │    ├── CheckpointNotFound      no such thread or checkpoint (also a LookupError)
+     │    ├── CheckpointNotFound      no such thread or checkpoint (a LookupError, ValueError)
      │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
      ├── CatalogError                 the knowledge catalog cannot do what was asked
      │    ├── DocumentError           one input document cannot be ingested

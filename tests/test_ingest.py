@@ -477,6 +477,9 @@ def test_an_image_from_before_encoder_records_keeps_float32(memory_image: Living
         ({"n" * 65: "x"}, "is not a name"),
         ({"topic": "x" * 1001}, "1,001 characters"),
         ({f"f{i}": i for i in range(33)}, "33 fields"),
+        ({"weight": float("nan")}, "nan, not a number a filter can use"),
+        ({"weight": float("-inf")}, "-inf, not a number a filter can use"),
+        ({"size": 10**5000}, "an integer of 16,610 bits"),
         ("topic=cats", "must be a mapping"),
     ],
 )
@@ -500,3 +503,12 @@ def test_scalar_metadata_of_every_kind_is_kept_and_filters(catalog: KnowledgeCat
     assert ingest_text(catalog, "mem://n", "Newts live near ponds.", metadata=given) == "added"
     assert catalog.document("mem://n")["metadata"] == given
     assert [h.source for h in catalog.search("newts", filters={"year": 2024})] == ["mem://n"]
+
+
+def test_fields_added_run_by_run_are_bounded_together(catalog: KnowledgeCatalog) -> None:
+    half = {f"a{i}": i for i in range(20)}
+    assert ingest_text(catalog, "mem://n", "Newts live near ponds.", metadata=half) == "added"
+    more = {f"b{i}": i for i in range(20)}
+    with pytest.raises(DocumentError, match="would have 40 metadata fields"):
+        ingest_text(catalog, "mem://n", "Newts live near ponds.", metadata=more)
+    assert catalog.document("mem://n")["metadata"] == half

@@ -23,6 +23,7 @@ or hands it to anything that could.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -59,6 +60,13 @@ BUILTIN_FIELDS = ("source", "kind", "format")
 MAX_FIELDS, MAX_FIELD_NAME, MAX_FIELD_VALUE = 32, 64, 1000
 
 
+def bounded(value: Any) -> str:
+    """A number as shown in an error: whole, or its size when it is too long to read."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length():,} bits"
+    return repr(value)
+
+
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """A document's own metadata as given to ingest, or ``CatalogError`` saying what to change.
 
@@ -75,7 +83,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         )
     if len(metadata) > MAX_FIELDS:
         raise CatalogError(
-            f"metadata has {len(metadata)} fields; at most {MAX_FIELDS} are kept",
+            f"metadata has {len(metadata)} fields; a document takes at most {MAX_FIELDS}",
             hint="keep the fields you will filter searches by",
         )
     for name, value in metadata.items():
@@ -98,9 +106,16 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             )
         if isinstance(value, str) and len(value) > MAX_FIELD_VALUE:
             raise CatalogError(
-                f"metadata field {shown} holds {len(value):,} characters; at most "
-                f"{MAX_FIELD_VALUE:,} are kept",
+                f"metadata field {shown} holds {len(value):,} characters; a value takes at "
+                f"most {MAX_FIELD_VALUE:,}",
                 hint="keep long text in the document itself",
+            )
+        if (isinstance(value, float) and not math.isfinite(value)) or (
+            isinstance(value, int) and value.bit_length() > 64
+        ):  # no JSON for NaN and infinities; an integer's digits could not all be written
+            raise CatalogError(
+                f"metadata field {shown} holds {bounded(value)}, not a number a filter can use",
+                hint="give a finite number within 64 bits, or the value as text",
             )
     return dict(metadata)
 

@@ -32,6 +32,7 @@ from transaction.interfaces import TransientError
 from batos import settings
 from batos.errors import BatosError, ConfigurationError, DocumentError
 from store.knowledge.catalog import (
+    MAX_FIELDS,
     Change,
     KnowledgeCatalog,
     PreparedDocument,
@@ -602,7 +603,14 @@ def ingest_paths(
 def _metadata(known: Mapping[str, Any] | None, given: Mapping[str, Any] | None) -> dict[str, Any]:
     """A document's metadata once ingested again: what it held, updated with what is given
     (a run without --meta keeps its values; one with new values gives them)."""
-    return {**(known["metadata"] if known is not None else {}), **(given or {})}
+    kept = {**(known["metadata"] if known is not None else {}), **(given or {})}
+    if len(kept) > MAX_FIELDS:  # each run's fields within bounds, but together too many
+        raise DocumentError(
+            f"with the fields it holds already, this document would have {len(kept)} "
+            f"metadata fields; it takes at most {MAX_FIELDS}",
+            hint="give values to the fields it has, or ingest it under a new name",
+        )
+    return kept
 
 
 def _unchanged(

@@ -14,7 +14,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages
 from langgraph.graph.message import add_messages
 
-from batos.errors import GraphRequestError, MindError
+from batos import settings
+from batos.errors import ConfigurationError, GraphRequestError, MindError
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS
 
@@ -42,11 +43,20 @@ def check_context(context: Any) -> dict[str, Any]:
     return context
 
 
-#: The longest message the thread takes at all. A request over ``mind_max_request_chars``
-#: but under this ends its cycle FAILED with the limit in its reason; one over this is no
-#: request a person wrote, and is refused before the thread's messages hold it (every
-#: checkpoint after would carry another copy of it).
+#: The longest message the thread takes at all (or ``mind_max_request_chars``, if larger). A
+#: request over that setting but under this ends its cycle FAILED with the limit in its
+#: reason; one over this is no request a person wrote, and is refused before the thread's
+#: messages hold it (every checkpoint after would carry another copy of it).
 MAX_MESSAGE_CHARS = 1_000_000
+
+
+def _request_limit() -> int:
+    """The request limit as set; a setting that cannot be read is the route's to report,
+    with the cycle's own failure, not the message store's."""
+    try:
+        return settings.get_int("mind_max_request_chars")
+    except ConfigurationError:
+        return 0
 
 
 def add_checked_messages(left: Any, right: Any) -> Any:
@@ -56,13 +66,15 @@ def add_checked_messages(left: Any, right: Any) -> Any:
     refusing a message over ``MAX_MESSAGE_CHARS`` the same way."""
     try:
         incoming: list[Any] = convert_to_messages(right if isinstance(right, list) else [right])
+        most = max(MAX_MESSAGE_CHARS, _request_limit())
         for message in incoming:
-            size = len(content_text(message.content))
-            if size > MAX_MESSAGE_CHARS:
+            content = message.content  # every part counts, an image's data as much as text
+            size = len(content) if isinstance(content, str) else len(str(content))
+            if size > most:
                 raise GraphRequestError(
-                    f"a message of {size:,} characters is more than the thread takes "
-                    f"({MAX_MESSAGE_CHARS:,})",
-                    hint="ingest long material with 'batos ingest' and ask about it",
+                    f"a message of {size:,} characters is more than the thread takes ({most:,})",
+                    hint="send shorter messages; ingest long material with 'batos ingest' "
+                    "and ask about it",
                 )
         return add_messages(left, incoming)
     except GraphRequestError:

@@ -133,6 +133,23 @@ def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeyp
         assert root["objects"]["robin"].stats["cycles"] == 2  # the image keeps both
 
 
+def test_undo_walks_back_one_exchange_at_a_time_and_then_to_a_new_thread(
+    capsys, image, monkeypatch
+) -> None:
+    lines = "first one\nsecond one\nthird one\n/undo\n/undo\n/history\n/undo\n/undo\n/quit\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    models = FakeModels(responder())
+    argv = ("--image", image, "chat", "-t", "walk", "-p", "robin")
+    code, out, err = run(capsys, *argv, models=models)
+    assert code == 0, err
+    assert out.count("the last exchange is undone") == 2  # the third, then the second
+    shown = out.split("the last exchange is undone")[2]  # /history after two undos
+    assert "you: first one" in shown and "second one" not in shown and "third one" not in shown
+    # the first exchange has nothing before it: a new, empty thread, with nothing to undo
+    new = shown.split("nothing before the first request: starting a new thread")[1]
+    assert "nothing to undo" in new
+
+
 def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
     plan = plan_of(
         ("BRICK.facet_steps", "steps for a first week of learning to program"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -481,9 +482,22 @@ def _mark(session: Session, config: RunnableConfig, verdict: str) -> None:
     )
 
 
+def _ancestry(session: Session, config: RunnableConfig) -> Iterator[Any]:
+    """The conversation's checkpoints from where ``config`` stands back to its first, parent
+    by parent. After an undo the config names a checkpoint, and the thread's history listed
+    from it would hold that one alone; a thread's newest checkpoints may be another branch."""
+    at: RunnableConfig | None = config
+    while at is not None:
+        snapshot = session.graph.get_state(at)
+        if not snapshot.config:  # an empty thread
+            return
+        yield snapshot
+        at = snapshot.parent_config
+
+
 def _undo(session: Session, config: RunnableConfig) -> RunnableConfig:
     """Fork the thread from just before its last request; the image keeps what was learned."""
-    for snapshot in session.graph.get_state_history(config):
+    for snapshot in _ancestry(session, config):
         if snapshot.metadata and snapshot.metadata.get("source") == "input":
             parent = snapshot.parent_config
             if parent is None:

@@ -163,6 +163,40 @@ def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
     assert "COMPLETE cycle" in out
 
 
+class _Terminal(io.StringIO):
+    """Typed lines on a stdin that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_run_says_a_failed_first_answer_before_the_chat_opens(capsys, image, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", _Terminal("/thread\n/quit\n"))
+    models = FakeModels(responder())
+    code, out, err = run(capsys, "--image", image, "run", "-r", "   ", models=models)
+    # reported, and the chat then ran to its end: before, the error waited for the chat to
+    # end and then became the exit code
+    assert code == 0 and "the request is empty" in err and "thread run-" in out, err
+
+
+def test_run_and_chat_with_stdin_closed_end_cleanly(capsys, image, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", None)
+    models = FakeModels(responder())
+    code, _, err = run(capsys, "--image", image, "run", "-r", "   ", models=models)
+    assert code == 10 and "the request is empty" in err and "Traceback" not in err
+    code, _, err = run(capsys, "--image", image, "chat", "-t", "closed")
+    assert code == 0 and "Traceback" not in err
+
+
+def test_a_line_that_is_not_utf8_is_sent_nowhere(capsys, monkeypatch) -> None:
+    from batos.shell.cli.repl import LineReader
+
+    typed = "caf\udce9 ok"  # what input() makes of the bytes caf\xe9 ok
+    monkeypatch.setattr("builtins.input", lambda prompt="": typed)
+    assert LineReader(interactive=False).read() == ""
+    assert "not UTF-8 text; type it again" in capsys.readouterr().err
+
+
 def test_serve_refuses_other_than_loopback(capsys, image) -> None:
     code, _, err = run(capsys, "--image", image, "serve", "--host", "0.0.0.0")
     assert code == 1 and "loopback only" in err

@@ -125,7 +125,8 @@ def _register_features() -> None:
 _register_features()
 
 
-def _report(exc: BatosError) -> int:
+def report_error(exc: BatosError) -> int:
+    """Print an error and its hint as every command ends with one; its exit code."""
     err_console.print(f"[bold red]error:[/] {shown(exc.message)}")
     if exc.hint:
         err_console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
@@ -170,9 +171,9 @@ def main(
     try:
         result = command()(args=argv, standalone_mode=False, obj=passed)
     except BatosError as exc:
-        return _report(exc)
+        return report_error(exc)
     except LOAD_ERRORS as exc:  # damage found while loading objects, whatever the command
-        return _report(load_error(_current["image"], exc))
+        return report_error(load_error(_current["image"], exc))
     except typer.TyperException as exc:  # a usage error: unknown command or option, bad value
         # Typer carries its own copy of click: click's exception classes never match these.
         show = getattr(exc, "show", None)

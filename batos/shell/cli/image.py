@@ -146,7 +146,7 @@ def run_main(
 
     from langgraph.checkpoint.base.id import uuid6
 
-    from batos.shell.cli.app import model_factory
+    from batos.shell.cli.app import model_factory, report_error
     from batos.shell.cli.mind import SAMPLE_REQUEST, Session, _outcome, chat_loop
     from graph.mind import run_config
     from store.core.model_files import model_path
@@ -167,13 +167,18 @@ def run_main(
         text = request or SAMPLE_REQUEST
         console.print(f"[bold]you>[/] {shown(text)}")
         context = session.context(None, "full" if request is None else "auto")
+        # stdin may be closed (None) as well as a file or a pipe: then there is no chat
+        chatting = sys.stdin is not None and sys.stdin.isatty()
         try:
             state = session.cycle(text, run_config(thread_id), context)
             console.print()
             _outcome(state, as_json=False)
-        finally:  # a FAILED or stopped first answer still opens the chat
-            if sys.stdin.isatty():
-                chat_loop(session, thread_id, None, "auto")
+        except BatosError as exc:  # a FAILED or stopped first answer: said now, then the chat
+            if not chatting:
+                raise
+            report_error(exc)
+        if chatting:
+            chat_loop(session, thread_id, None, "auto")
     finally:
         session.close()
 

@@ -61,7 +61,7 @@ class LineReader:
 
     def __init__(self, commands: Sequence[str] = (), *, interactive: bool | None = None) -> None:
         if interactive is None:
-            interactive = sys.stdin.isatty() and sys.stdout.isatty()
+            interactive = bool(sys.stdin and sys.stdin.isatty() and sys.stdout.isatty())
         self.commands = tuple(commands)
         self.readline: Any = None
         self.path = history_path()
@@ -98,12 +98,17 @@ class LineReader:
         if self.readline is not None:
             # \x01 and \x02 tell readline the bold codes take no room on screen.
             prompt = f"\x01\x1b[1m\x02{prompt.rstrip()}\x01\x1b[0m\x02 "
+        if sys.stdin is None:  # started with stdin closed: nothing will ever be read
+            return None
         try:
             raw = input(prompt)
         except EOFError:
             return None
         except UnicodeDecodeError:
-            # the terminal sent bytes that are not UTF-8: nothing of it is sent anywhere
+            raw = "\udcff"  # the same as bytes decoded with surrogateescape, below
+        if any("\ud800" <= c <= "\udfff" for c in raw):
+            # the terminal sent bytes that are not UTF-8 (read as lone surrogates, which
+            # clean_line would drop and send the rest): nothing of it is sent anywhere
             print("that line was not UTF-8 text; type it again", file=sys.stderr)
             return ""
         line = clean_line(raw)

@@ -163,6 +163,22 @@ def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
     assert "COMPLETE cycle" in out
 
 
+def test_chat_says_at_once_when_a_persona_or_depth_does_not_exist(
+    capsys, image, monkeypatch
+) -> None:
+    lines = "/persona nobody\n/depth bogus\n/persona robin\n/depth fast\nhello there\n/quit\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    models = FakeModels(responder())
+    code, out, err = run(capsys, "--image", image, "chat", "-t", "set", models=models)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "no persona nobody: /persona robin|brick|babs|alfred|auto" in flat
+    assert "no depth bogus: /depth auto|fast|full" in flat
+    assert "persona ROBIN" in flat and "depth fast" in flat and "FAILED" not in flat
+    code, _, err = run(capsys, "--image", image, "ask", "hi", "--depth", "deep", models=models)
+    assert code == 2 and "--depth" in err and "auto, fast, full" in err
+
+
 class _Terminal(io.StringIO):
     """Typed lines on a stdin that says it is a terminal."""
 

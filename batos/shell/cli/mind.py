@@ -36,8 +36,9 @@ from batos.shell.cli.repl import LineReader, StopOnInterrupt
 from batos.shell.cli.terminal import shown
 from batos.shell.runtime import Runtime, open_image, open_runtime
 from graph.mind import MAX_ANSWER_CHARS, run_config
-from graph.request import check_thread_id, content_text
+from graph.request import DEPTHS, check_thread_id, content_text
 from prototypes.bounded import bounded_repr
+from prototypes.codex import PERSONAS
 from store.checkpoint.saver import ZODBSaver
 from store.core.image import LivingImage
 
@@ -331,6 +332,11 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
     )
 
 
+def _check_depth(depth: str) -> None:
+    if depth not in DEPTHS:  # the mind's own refusal would hint at an API run context
+        raise typer.BadParameter(f"choose {', '.join(DEPTHS)}", param_hint="--depth")
+
+
 @mind_app.command()
 def ask(
     ctx: typer.Context,
@@ -345,6 +351,7 @@ def ask(
     Examples: batos ask "how do I plan a garden?" · batos ask hi -t chat-1 --json
     """
     thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
+    _check_depth(depth)
     session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
     try:
         state = session.cycle(
@@ -423,9 +430,19 @@ def chat_loop(
             elif command in ("good", "bad"):
                 _mark(session, config, command)
             elif command == "persona":
-                persona = None if argument in ("", "auto") else argument.upper()
+                chosen = None if argument.lower() in ("", "auto") else argument.upper()
+                if chosen is not None and chosen not in PERSONAS:  # said now, not next request
+                    console.print(
+                        f"[red]no persona {shown(argument)}[/]: /persona "
+                        f"{'|'.join(p.lower() for p in PERSONAS)}|auto"
+                    )
+                    continue
+                persona = chosen
                 console.print(f"persona {shown(persona or 'routed')}")
             elif command == "depth":
+                if (argument or "auto") not in DEPTHS:
+                    console.print(f"[red]no depth {shown(argument)}[/]: /depth {'|'.join(DEPTHS)}")
+                    continue
                 depth = argument or "auto"
                 console.print(f"depth {shown(depth)}")
             elif command == "cycles":
@@ -525,6 +542,7 @@ def chat(
     Example: batos chat -t kitchen
     """
     thread_id = check_thread_id(thread) if thread else f"chat-{uuid6()}"
+    _check_depth(depth)
     session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
     try:
         chat_loop(session, thread_id, persona, depth)

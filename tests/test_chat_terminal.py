@@ -282,6 +282,9 @@ def test_the_history_outlives_the_chat_and_stays_bounded(
         ("c1 \x9b31m csi", "c1  csi"),  # the 8-bit CSI
         ("bad byte \udcff", "bad byte"),  # what an undecodable byte becomes
         ("ünïcödé ✓ 汉字 👩‍💻", "ünïcödé ✓ 汉字 👩‍💻"),  # typed text stays, joiners included
+        ("pay \u202etxt.exe\u202c now", "pay txt.exe now"),  # a right-to-left override
+        ("a \u2066b\u2069 c", "a b c"),  # an isolate
+        ("שלום \u200fעולם", "שלום \u200fעולם"),  # right-to-left text keeps its marks
     ],
 )
 def test_clean_line_keeps_only_the_typed_text(typed: str, kept: str) -> None:

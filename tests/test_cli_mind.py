@@ -179,6 +179,19 @@ def test_chat_says_at_once_when_a_persona_or_depth_does_not_exist(
     assert code == 2 and "--depth" in err and "auto, fast, full" in err
 
 
+def test_ask_keeps_escape_codes_and_controls_out_of_the_thread(capsys, image) -> None:
+    models = FakeModels(responder())
+    typed = "\x1b[31mhello\x1b[0m there\x07"
+    code, _, err = run(capsys, "--image", image, "ask", typed, "-t", "esc", models=models)
+    assert code == 0, err
+    session = Session(open_runtime(image, models=models))
+    try:
+        messages = session.graph.get_state(run_config("esc")).values["messages"]
+    finally:
+        session.close()
+    assert messages[0].content == "hello there"
+
+
 class _Terminal(io.StringIO):
     """Typed lines on a stdin that says it is a terminal."""
 

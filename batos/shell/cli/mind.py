@@ -32,7 +32,7 @@ from batos.errors import (
     MindError,
 )
 from batos.shell.cli.app import console, image_uri, model_factory
-from batos.shell.cli.repl import LineReader, StopOnInterrupt
+from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
 from batos.shell.cli.terminal import shown
 from batos.shell.runtime import Runtime, open_image, open_runtime
 from graph.mind import MAX_ANSWER_CHARS, run_config
@@ -352,6 +352,7 @@ def ask(
     """
     thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
     _check_depth(depth)
+    text = clean_line(text)  # as a chat line is: no escape codes or controls in the thread
     session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
     try:
         state = session.cycle(

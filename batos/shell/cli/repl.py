@@ -41,10 +41,17 @@ _ESCAPES = re.compile(
 _SPACES = str.maketrans({"\t": " ", "\n": " ", "\r": " ", "\v": " ", "\f": " "})
 
 
+#: Bidirectional embeddings, overrides and isolates: they reorder the text around them when
+#: shown, so a request would read otherwise than it is (joiners and marks stay: emoji and
+#: right-to-left text need them).
+_BIDI = {c: None for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
 def clean_line(text: str) -> str:
-    """``text`` with escape sequences and control characters removed (tabs and line breaks
-    become spaces; unpaired surrogates, what undecodable bytes become, go too), stripped."""
-    text = _ESCAPES.sub("", text).translate(_SPACES)
+    """``text`` with escape sequences, control characters and bidirectional overrides removed
+    (tabs and line breaks become spaces; unpaired surrogates, what undecodable bytes become,
+    go too), stripped."""
+    text = _ESCAPES.sub("", text).translate(_SPACES).translate(_BIDI)
     return "".join(c for c in text if unicodedata.category(c) not in ("Cc", "Cs")).strip()
 
 

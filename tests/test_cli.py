@@ -269,3 +269,18 @@ def test_every_help_text_is_whole_paragraphs_that_rewrap_at_any_width(capsys, mo
             # A line ends short only at a paragraph's end, or before a word too long for it.
             fits_more = after and len(line) + 1 + len(after.split()[0]) <= 70
             assert not line or not fits_more, (name, line)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["say", "robin", ""], "the text is empty"),
+        (["say", "robin", "\x1b[0m \x07"], "the text is empty"),  # nothing typed but controls
+        (["say", "robin", "hi", "-t", "9"], "less than or equal to 2"),
+        (["say", "robin", "hi", "-t", "-1"], "greater than or equal to 0"),
+        (["say", "robin", "hi", "-n", "99999999"], "less than or equal to 32768"),
+    ],
+)
+def test_say_refuses_what_no_model_call_should_get(capsys, argv, said):
+    assert main(argv) == 2
+    assert said in " ".join(capsys.readouterr().err.split())

@@ -153,9 +153,11 @@ def status() -> None:
 def say(
     persona: str = typer.Argument(..., help="ROBIN, BRICK, BABS or ALFRED."),
     text: str = typer.Argument(..., help="What to say to the persona."),
-    temperature: float = typer.Option(None, "--temperature", "-t", help="Override the Modelfile."),
+    temperature: float = typer.Option(
+        None, "--temperature", "-t", min=0.0, max=2.0, help="Override the Modelfile (0 to 2)."
+    ),
     max_tokens: int = typer.Option(
-        None, "--max-tokens", "-n", min=1, help="Longest reply in tokens."
+        None, "--max-tokens", "-n", min=1, max=32_768, help="Longest reply in tokens."
     ),
 ) -> None:
     """Stream one reply from one persona.
@@ -163,6 +165,11 @@ def say(
     Example: BATOS_MODEL=test batos say robin "I feel lost today"
     """
     from batos.models import chat_model
+    from batos.shell.cli.repl import clean_line
+
+    text = clean_line(text)  # as ask and chat read theirs
+    if not text:
+        raise typer.BadParameter("say something: the text is empty", param_hint="TEXT")
 
     options = {
         k: v

@@ -192,6 +192,19 @@ def test_ask_keeps_escape_codes_and_controls_out_of_the_thread(capsys, image) ->
     assert messages[0].content == "hello there"
 
 
+def test_a_request_that_begins_with_a_slash_is_sent_with_two(capsys, image, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("//etc/hosts: what is it for?\n/quit\n"))
+    models = FakeModels(responder())
+    code, out, err = run(capsys, "--image", image, "chat", "-t", "slash", models=models)
+    assert code == 0 and "unknown command" not in out, err
+    session = Session(open_runtime(image, models=models))
+    try:
+        messages = session.graph.get_state(run_config("slash")).values["messages"]
+    finally:
+        session.close()
+    assert messages[0].content == "/etc/hosts: what is it for?"
+
+
 class _Terminal(io.StringIO):
     """Typed lines on a stdin that says it is a terminal."""
 

@@ -379,7 +379,8 @@ COMMANDS = (
 )
 CHAT_HELP = (
     "commands: /thread [ID|new]  /history  /undo  /good  /bad  /persona NAME|auto  "
-    "/depth auto|fast|full  /cycles  /help  /quit  (anything else is a request)\n"
+    "/depth auto|fast|full  /cycles  /help  /quit  (anything else is a request; begin one "
+    "with // to start it with /)\n"
     "keys: ↑/↓ earlier lines  Tab completes a /command  Ctrl-C stops an answer (at the prompt: "
     "clears the line)  Ctrl-D quits"
 )
@@ -408,7 +409,9 @@ def chat_loop(
             return
         if not line:
             continue
-        if line.startswith("/"):
+        if line.startswith("//"):  # a request that itself begins with '/': a path, say
+            line = line[1:]
+        elif line.startswith("/"):
             command, _, argument = line[1:].partition(" ")
             argument = argument.strip()
             if command in ("quit", "exit"):

@@ -205,6 +205,14 @@ def test_a_request_that_begins_with_a_slash_is_sent_with_two(capsys, image, monk
     assert messages[0].content == "/etc/hosts: what is it for?"
 
 
+def test_chat_cycles_lists_the_failed_threads_too(capsys, image, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("/cycles\n/quit\n"))
+    models = FakeModels(responder())
+    assert run(capsys, "--image", image, "ask", "hi", "-p", "joker", models=models)[0] == 10
+    code, out, err = run(capsys, "--image", image, "chat", "-t", "c", models=models)
+    assert code == 0 and "FAILED thread" in out and "unknown persona" in out, err
+
+
 class _Terminal(io.StringIO):
     """Typed lines on a stdin that says it is a terminal."""
 

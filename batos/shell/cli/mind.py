@@ -449,8 +449,9 @@ def chat_loop(
                     continue
                 depth = argument or "auto"
                 console.print(f"depth {shown(depth)}")
-            elif command == "cycles":
+            elif command == "cycles":  # as 'batos cycles' lists them
                 _cycles_table(session.image, None, 10)
+                _print_failed(session.image, 10)
             else:
                 console.print(f"[red]unknown command /{shown(command)}[/]\n{CHAT_HELP}")
             continue
@@ -639,12 +640,18 @@ def cycles(
         if cycle_id:
             console.print_value_json(rows[0], "the cycle")
             return
-        for stopped in _failed_threads(image, limit):
-            console.print(
-                f"[red]FAILED[/] thread {shown(stopped['thread_id'])} "
-                f"cycle {shown(stopped['cycle'])} at {shown(stopped.get('node'))}: "
-                f"{shown(stopped['reason'])}"
-            )
+        _print_failed(image, limit)
+
+
+def _print_failed(image: LivingImage, limit: int) -> None:
+    """The threads whose last cycle FAILED or was stopped: they changed nothing in the image,
+    so only the threads know them."""
+    for stopped in _failed_threads(image, limit):
+        console.print(
+            f"[red]FAILED[/] thread {shown(stopped['thread_id'])} "
+            f"cycle {shown(stopped['cycle'])} at {shown(stopped.get('node'))}: "
+            f"{shown(stopped['reason'])}"
+        )
 
 
 def _port_free(host: str, port: int) -> None:

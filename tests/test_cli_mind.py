@@ -179,17 +179,21 @@ def test_chat_says_at_once_when_a_persona_or_depth_does_not_exist(
     assert code == 2 and "--depth" in err and "auto, fast, full" in err
 
 
+def _first_request(image: str, thread_id: str) -> Any:
+    """The first message the thread holds, as the thread stored it."""
+    session = Session(open_runtime(image, models=FakeModels(responder())))
+    try:
+        return session.graph.get_state(run_config(thread_id)).values["messages"][0].content
+    finally:
+        session.close()
+
+
 def test_ask_keeps_escape_codes_and_controls_out_of_the_thread(capsys, image) -> None:
     models = FakeModels(responder())
     typed = "\x1b[31mhello\x1b[0m there\x07"
     code, _, err = run(capsys, "--image", image, "ask", typed, "-t", "esc", models=models)
     assert code == 0, err
-    session = Session(open_runtime(image, models=models))
-    try:
-        messages = session.graph.get_state(run_config("esc")).values["messages"]
-    finally:
-        session.close()
-    assert messages[0].content == "hello there"
+    assert _first_request(image, "esc") == "hello there"
 
 
 def test_a_request_that_begins_with_a_slash_is_sent_with_two(capsys, image, monkeypatch) -> None:
@@ -197,12 +201,7 @@ def test_a_request_that_begins_with_a_slash_is_sent_with_two(capsys, image, monk
     models = FakeModels(responder())
     code, out, err = run(capsys, "--image", image, "chat", "-t", "slash", models=models)
     assert code == 0 and "unknown command" not in out, err
-    session = Session(open_runtime(image, models=models))
-    try:
-        messages = session.graph.get_state(run_config("slash")).values["messages"]
-    finally:
-        session.close()
-    assert messages[0].content == "/etc/hosts: what is it for?"
+    assert _first_request(image, "slash") == "/etc/hosts: what is it for?"
 
 
 def test_chat_cycles_lists_the_failed_threads_too(capsys, image, monkeypatch) -> None:

@@ -133,14 +133,17 @@ def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeyp
         assert root["objects"]["robin"].stats["cycles"] == 2  # the image keeps both
 
 
+def _chat(capsys, image: str, monkeypatch, typed: str, *options: str) -> tuple[int, str, str]:
+    """``batos chat OPTIONS`` given ``typed`` as its input, on scripted models."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+    return run(capsys, "--image", image, "chat", *options, models=FakeModels(responder()))
+
+
 def test_undo_walks_back_one_exchange_at_a_time_and_then_to_a_new_thread(
     capsys, image, monkeypatch
 ) -> None:
     lines = "first one\nsecond one\nthird one\n/undo\n/undo\n/history\n/undo\n/undo\n/quit\n"
-    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
-    models = FakeModels(responder())
-    argv = ("--image", image, "chat", "-t", "walk", "-p", "robin")
-    code, out, err = run(capsys, *argv, models=models)
+    code, out, err = _chat(capsys, image, monkeypatch, lines, "-t", "walk", "-p", "robin")
     assert code == 0, err
     assert out.count("the last exchange is undone") == 2  # the third, then the second
     shown = out.split("the last exchange is undone")[2]  # /history after two undos
@@ -167,9 +170,8 @@ def test_chat_says_at_once_when_a_persona_or_depth_does_not_exist(
     capsys, image, monkeypatch
 ) -> None:
     lines = "/persona nobody\n/depth bogus\n/persona robin\n/depth fast\nhello there\n/quit\n"
-    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    code, out, err = _chat(capsys, image, monkeypatch, lines, "-t", "set")
     models = FakeModels(responder())
-    code, out, err = run(capsys, "--image", image, "chat", "-t", "set", models=models)
     assert code == 0, err
     flat = " ".join(out.split())
     assert "no persona nobody: /persona robin|brick|babs|alfred|auto" in flat
@@ -197,18 +199,16 @@ def test_ask_keeps_escape_codes_and_controls_out_of_the_thread(capsys, image) ->
 
 
 def test_a_request_that_begins_with_a_slash_is_sent_with_two(capsys, image, monkeypatch) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO("//etc/hosts: what is it for?\n/quit\n"))
-    models = FakeModels(responder())
-    code, out, err = run(capsys, "--image", image, "chat", "-t", "slash", models=models)
+    typed = "//etc/hosts: what is it for?\n/quit\n"
+    code, out, err = _chat(capsys, image, monkeypatch, typed, "-t", "slash")
     assert code == 0 and "unknown command" not in out, err
     assert _first_request(image, "slash") == "/etc/hosts: what is it for?"
 
 
 def test_chat_cycles_lists_the_failed_threads_too(capsys, image, monkeypatch) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO("/cycles\n/quit\n"))
     models = FakeModels(responder())
     assert run(capsys, "--image", image, "ask", "hi", "-p", "joker", models=models)[0] == 10
-    code, out, err = run(capsys, "--image", image, "chat", "-t", "c", models=models)
+    code, out, err = _chat(capsys, image, monkeypatch, "/cycles\n/quit\n", "-t", "c")
     assert code == 0 and "FAILED thread" in out and "unknown persona" in out, err
 
 

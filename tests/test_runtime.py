@@ -381,10 +381,13 @@ async def test_one_file_image_is_one_shared_image_however_its_uri_is_spelled(
     path = tmp_path / "my images" / "live_image.fs"
     LivingImage.open(path.as_uri(), create=True).close()
     shouted = "FILE" + path.as_uri()[len("file") :]
+    (tmp_path / "link").symlink_to(path.parent)
+    around = (tmp_path / "elsewhere" / ".." / "link" / "live_image.fs").as_uri()
     first = acquire_shared(path.as_uri())
     try:
-        assert acquire_shared(shouted) is first  # not a second opening, which the lock refuses
-        release_shared(shouted)
+        for spelled in (shouted, around):  # not a second opening, which the lock refuses
+            assert acquire_shared(spelled) is first
+            release_shared(spelled)
     finally:
         release_shared(path.as_uri())
     assert first.closed

@@ -637,10 +637,10 @@ class _SharedImages:
 
     @staticmethod
     def _key(uri: str) -> str:
-        """One key per image: ``FILE:///x.fs`` and ``file:///x%2Efs`` name one file, which a
-        second opening in this process would find locked."""
+        """One key per image: ``FILE:///x.fs``, ``file:///x%2Efs``, ``file:///a/../x.fs`` and a
+        link to it name one file, which a second opening in this process would find locked."""
         path = image_path(uri)
-        return uri if path is None else path.as_uri()
+        return uri if path is None else path.resolve().as_uri()
 
     def acquire(self, uri: str) -> LivingImage:
         """Never creates a file image: a server started on a mistyped or missing path would

@@ -51,6 +51,22 @@ def test_html_inline_tags_stay_in_their_sentence_and_cells_on_their_row(tmp_path
     ]
 
 
+def test_an_html_paragraph_wrapped_in_its_source_is_one_run_of_sentences(tmp_path: Path) -> None:
+    """As a browser shows it: the source's line breaks are spaces, but in <pre> and at <br>."""
+    (tmp_path / "groups.html").write_text(
+        "<p>Members of this\ngroup can read the\nsystem's memory.</p>\n"
+        "<p>Line one<br>line two</p>\n<pre>make\nmake install</pre>"
+    )
+    text, _, _ = read_document(tmp_path / "groups.html")
+    assert text.split("\n\n") == [
+        "Members of this group can read the system's memory.",
+        "Line one",
+        "line two",
+        "make",
+        "make install",
+    ]
+
+
 def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Cats\n\n" + CATS)
     (tmp_path / "b.html").write_text(

@@ -244,6 +244,11 @@ def _html_text(path: Path, markup: str) -> str:
         soup = BeautifulSoup(markup, "html.parser")
         for tag in soup(["script", "style", "noscript", "template"]):
             tag.decompose()
+        # A line break in the source is a space on the page (but in <pre>): a paragraph
+        # wrapped at 72 columns is one run of sentences, not one paragraph per line.
+        for string in soup.find_all(string=True):
+            if "\n" in string and string.find_parent("pre") is None:
+                string.replace_with(string.replace("\n", " "))
         # Block elements become paragraphs, table cells are set apart on their row, and inline
         # elements (<b>, <a>, <span>…) stay inside their sentence: "built in <b>1931</b>." is
         # one sentence, not three paragraphs.

@@ -16,7 +16,7 @@ from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.chunking import MIN_TOKENS, chunk_and_embed
 from store.knowledge.embeddings import FLOAT32, INT8, Embedder
-from store.knowledge.ingest import ingest_paths, ingest_text, read_document
+from store.knowledge.ingest import expand, ingest_paths, ingest_text, read_document
 
 CATS = "Cats purr when they are content. Kittens learn to hunt by playing with siblings."
 DOGS = "Dogs bark at strangers. Puppies chew shoes while their teeth grow."
@@ -306,6 +306,21 @@ def test_a_debian_copyright_file_is_ingested(tmp_path: Path, catalog: KnowledgeC
     [hit] = catalog.search("where is the complete text of the GPL on Debian", 1)
     assert hit.source == str(tmp_path / "copyright")
     assert DEBIAN_COPYRIGHT[hit.start : hit.end] == hit.text
+
+
+def test_a_walk_reads_names_whose_last_dot_starts_a_version_or_a_word(tmp_path: Path) -> None:
+    """Debian's licences and notes: "Apache-2.0", "README.Debian" are text with no suffix."""
+    for name in ("Apache-2.0", "LGPL-2.1", "README.Debian", "notes.txt"):
+        (tmp_path / name).write_text(f"The text of {name}.")
+    for name in ("tool.so.6", "archive.Z", "data.json", "prog.1"):
+        (tmp_path / name).write_bytes(b"\x7fELF\0\0" if name != "data.json" else b"{}")
+    assert [p.name for p in expand([tmp_path])] == [
+        "Apache-2.0",
+        "LGPL-2.1",
+        "README.Debian",
+        "notes.txt",
+    ]  # a binary one sniffed as ever, a real file type not in the list left out
+    assert read_document(tmp_path / "README.Debian")[1] == "text"
 
 
 def test_a_pdf_whose_character_map_yields_lone_surrogates_is_ingested(

@@ -99,7 +99,7 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     data = _read_bytes(path, limit)
     if not data.strip():
         raise DocumentError(f"{path} is empty", hint="nothing to ingest; remove it from the list")
-    suffix = path.suffix.lower()
+    suffix = file_type(path.name)
     if suffix in PDF_SUFFIXES:
         text, fmt = _pdf_text(path, data), "pdf"
     elif suffix in HTML_SUFFIXES:
@@ -295,6 +295,18 @@ def _pdf_text(path: Path, data: bytes) -> str:
     return "\n\n".join(page.strip() for page in pages if page.strip())
 
 
+#: What follows a name's last dot but is no file type: a version ("Apache-2.0", "LGPL-2.1") or a
+#: capitalised word ("README.Debian", "NEWS.Source"), as Debian's documentation names files.
+_NAME_PART = re.compile(r"\.(?:\d+|[A-Z][a-z]+)")
+
+
+def file_type(name: str) -> str:
+    """The suffix that says what a file holds, lower-cased; "" for a name whose last dot
+    starts a version or a capitalised word, which is read as a name with no suffix."""
+    suffix = Path(name).suffix
+    return "" if _NAME_PART.fullmatch(suffix) else suffix.lower()
+
+
 def expand(paths: Iterable[Path]) -> Iterator[Path]:
     """Files named, and supported files under folders named (sorted, hidden ones skipped, and
     files with no suffix that are binary).
@@ -314,9 +326,9 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
                 Path(folder, name)
                 for name in names
                 if not name.startswith(".")
-                and Path(name).suffix.lower() in SUPPORTED
+                and file_type(name) in SUPPORTED
                 and _is_file(Path(folder, name))
-                and not (Path(name).suffix == "" and _binary(Path(folder, name)))
+                and not (file_type(name) == "" and _binary(Path(folder, name)))
             )
         found.extend(Path(error.filename or path) for error in unlisted)
         yield from sorted(found)

@@ -108,3 +108,10 @@ def test_visible_shows_every_control_but_layout() -> None:
     assert shown("[/x] \x1b") == "\\[/x] \\x1b"
     assert json.loads(json_text({"k": text}, "x")) == {"k": text}
     assert not set(json_text({"k": text}, "x")) & {"\x1b", "\x9b", "\u202e", "\r", "\x7f"}
+
+
+def test_json_of_a_file_name_with_undecodable_bytes_is_valid_utf8() -> None:
+    name = "/docs/bad\udcffname.txt"  # how Python reads the byte 0xff in a path
+    text = json_text({"source": name, "title": "café"}, "x")
+    assert json.loads(text.encode("utf-8").decode("utf-8")) == {"source": name, "title": "café"}
+    assert json_text({"title": "café"}, "x") == '{"title": "café"}'  # else left as written

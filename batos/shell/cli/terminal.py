@@ -83,6 +83,16 @@ def json_text(value: Any, what: str, *, indent: int | None = None) -> str:
             "too long to write as JSON",
             hint="leave out --json: the integer is then shown by its size in bits",
         ) from None
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        # A file name's undecodable bytes: written raw they would make the output invalid
+        # UTF-8; as \\udcXX escapes (all non-ASCII escaped) it stays JSON any reader takes.
+        text = json.dumps(
+            value,
+            ensure_ascii=True,
+            indent=indent,
+            default=lambda v: bounded_repr(v, 1_000),
+            allow_nan=False,
+        )
     return text.translate(_JSON_ESCAPES)
 
 

@@ -83,6 +83,20 @@ def test_ingest_meta_reaches_unchanged_files_and_stays_without_it(capsys, file_u
     assert len({hit["source"] for hit in json.loads(out)["results"]}) == 2
 
 
+def test_search_where_takes_a_relative_source_and_says_when_a_filter_matches_nothing(
+    capsys, file_uri, notes, monkeypatch
+) -> None:
+    assert run(capsys, "--image", file_uri, "ingest", str(notes))[0] == 0
+    monkeypatch.chdir(notes)
+    code, out, err = run(
+        capsys, "--image", file_uri, "search", "animals", "--json", "-w", "source=cats.md"
+    )
+    sources = {hit["source"] for hit in json.loads(out)["results"]}
+    assert code == 0 and sources == {str((notes / "cats.md").resolve())} and not err
+    code, out, err = run(capsys, "--image", file_uri, "search", "animals", "-w", "topic=none")
+    assert code == 0 and "no chunk has topic=none" in err
+
+
 @pytest.mark.parametrize(
     ("meta", "says"),
     [

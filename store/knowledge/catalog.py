@@ -777,6 +777,19 @@ class KnowledgeCatalog:
         version = self._sync_lexical(cat)
         return self.lexical.search(text.index, wids, k, allowed, version=version)
 
+    def unmatched(self, filters: Mapping[str, Any]) -> list[str]:
+        """The fields of ``filters`` no chunk has any of the asked values of: what to tell a
+        user whose filtered search found nothing, rather than "no match"."""
+        with self.image.read() as root:
+            fields = catalog_root(root)["fields"]
+            missing = []
+            for name, value in filters.items():
+                accepted = [value] if isinstance(value, (str, int, float, bool)) else list(value)
+                values = fields.get(name)
+                if values is None or not any(str(v) in values for v in accepted):
+                    missing.append(name)
+            return missing
+
     def _allowed(self, cat: Any, filters: Mapping[str, Any] | None) -> np.ndarray | None:
         """The chunk ids every filter accepts (sorted int64), or None for no filter.
 

@@ -152,7 +152,16 @@ def search(
     if not wanted:
         raise CatalogError("no query given", hint='batos search "your question" (or --file FILE)')
     filters = _pairs(where, "--where")
+    if "source" in filters and Path(filters["source"]).exists():
+        # a file's source is kept as ingest names it: its absolute path, links resolved
+        filters["source"] = str(Path(filters["source"]).resolve())
     with _catalog(ctx) as catalog:
+        missing = catalog.unmatched(filters) if filters else []
+        for name in missing:
+            err_console.print(
+                f"no chunk has {shown(name)}={shown(filters[name])}: the search finds nothing",
+                markup=True,
+            )
         for query in wanted:
             hits = catalog.search(query, k, filters=filters, mode=mode)
             if as_json:

@@ -323,6 +323,31 @@ def test_a_walk_reads_names_whose_last_dot_starts_a_version_or_a_word(tmp_path: 
     assert read_document(tmp_path / "README.Debian")[1] == "text"
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "says", "hint"),
+    [
+        ("u16.txt", "Hello there.".encode("utf-16-le"), "UTF-16 text", "-f UTF-16LE"),
+        ("u16be.txt", "Hello there.".encode("utf-16-be"), "UTF-16 text", "-f UTF-16BE"),
+        ("changelog.Debian.gz", b"\x1f\x8b\x08\x00rest", "gzip-compressed", "zcat"),
+        ("latin1.txt", "caf\xe9".encode("latin-1"), "is not UTF-8", "iconv -f LATIN1"),
+    ],
+)
+def test_a_text_in_another_form_is_refused_with_the_command_that_converts_it(
+    tmp_path: Path, name: str, data: bytes, says: str, hint: str
+) -> None:
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DocumentError, match=says) as info:
+        read_document(tmp_path / name)
+    assert hint in info.value.hint
+    assert str(tmp_path) in info.value.hint.split(">")[-1]  # the copy goes beside the file
+
+
+def test_a_stray_nul_past_the_sniffed_head_is_dropped_from_a_text(tmp_path: Path) -> None:
+    (tmp_path / "log.txt").write_bytes(b"A" * 9000 + b"\0 tail text about iguanas.")
+    text, _, _ = read_document(tmp_path / "log.txt")
+    assert "\0" not in text and text.endswith("A tail text about iguanas.")
+
+
 def test_a_pdf_whose_character_map_yields_lone_surrogates_is_ingested(
     tmp_path: Path, catalog: KnowledgeCatalog
 ) -> None:

@@ -207,11 +207,29 @@ def _decode(path: Path, data: bytes, *, html: bool = False) -> str:
                     f"(bad bytes at offset {exc.start}: {exc.reason})",
                     hint="the file is damaged or mislabelled; re-export it as UTF-8",
                 ) from None
-    if b"\x00" in data[:SNIFF_BYTES]:
+    head = data[:SNIFF_BYTES]
+    if head.startswith(b"\x1f\x8b"):  # gzip, as Debian keeps changelogs
+        plain = path.with_suffix("") if path.suffix == ".gz" else path.with_name(path.name + ".txt")
+        raise DocumentError(
+            f"{path} is gzip-compressed",
+            hint=f"uncompress it first: zcat {shlex.quote(str(path))} > {shlex.quote(str(plain))}",
+        )
+    if b"\x00" in head:
+        odd, even = head[1::2], head[0::2]
+        if head and (odd.count(0) > len(odd) * 0.9 or even.count(0) > len(even) * 0.9):
+            # text in UTF-16 with no byte-order mark: every other byte of ASCII is a NUL
+            endian = "LE" if odd.count(0) > even.count(0) else "BE"
+            raise DocumentError(
+                f"{path} looks like UTF-16 text with no byte-order mark",
+                hint=f"convert it first: iconv -f UTF-16{endian} -t UTF-8 "
+                f"{shlex.quote(str(path))} > {shlex.quote(str(_converted(path)))}",
+            )
         raise DocumentError(
             f"{path} looks binary (it holds NUL bytes)",
             hint="ingest text, Markdown, HTML or PDF files",
         )
+    if b"\x00" in data:  # past the sniffed head: a stray NUL in a text is no text
+        data = data.replace(b"\x00", b"")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -221,12 +239,16 @@ def _decode(path: Path, data: bytes, *, html: bool = False) -> str:
                 return data.decode(declared)
             except UnicodeDecodeError:
                 pass  # the page is not what it says it is: the UTF-8 error below
-        converted = f"{path.stem}.utf8{path.suffix or '.txt'}"
         raise DocumentError(
             f"{path} is not UTF-8 (bad byte at offset {exc.start}) and has no byte-order mark",
             hint="convert it first, e.g. iconv -f LATIN1 -t UTF-8 "
-            f"{shlex.quote(str(path))} > {shlex.quote(converted)}",
+            f"{shlex.quote(str(path))} > {shlex.quote(str(_converted(path)))}",
         ) from None
+
+
+def _converted(path: Path) -> Path:
+    """Where a converted copy of ``path`` goes: beside it, not in the current folder."""
+    return path.with_name(f"{path.stem}.utf8{path.suffix or '.txt'}")
 
 
 _HTML_BLOCKS = (

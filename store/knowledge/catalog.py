@@ -87,7 +87,8 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             hint="keep the fields you will filter searches by",
         )
     for name, value in metadata.items():
-        shown = repr(name)[:40]  # a client's name, echoed cut short
+        shown = repr(name)  # a client's name, echoed cut short
+        shown = shown if len(shown) <= 40 else f"{shown[:38]}…{shown[0]}"
         if not isinstance(name, str) or not name.strip() or len(name) > MAX_FIELD_NAME:
             raise CatalogError(
                 f"metadata field {shown} is not a name of 1 to {MAX_FIELD_NAME} characters",

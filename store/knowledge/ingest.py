@@ -300,6 +300,9 @@ def _pdf_text(path: Path, data: bytes) -> str:
 
     from pypdf import PdfReader
 
+    # pypdf logs what it repairs ("EOF marker not found") above the file's own error line
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):

@@ -568,3 +568,16 @@ def test_fields_added_run_by_run_are_bounded_together(catalog: KnowledgeCatalog)
     with pytest.raises(DocumentError, match="would have 40 metadata fields"):
         ingest_text(catalog, "mem://n", "Newts live near ponds.", metadata=more)
     assert catalog.document("mem://n")["metadata"] == half
+
+
+def test_a_long_round_of_embedding_is_announced_before_it_runs(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store.knowledge import ingest
+
+    monkeypatch.setattr(ingest, "LONG_ROUND", 1)  # a large document's round, in miniature
+    (tmp_path / "big.txt").write_text("Newts live near ponds. " * 40)
+    notes: list[str] = []
+    report = ingest_paths(catalog, [tmp_path / "big.txt"], on_note=notes.append)
+    assert report.added and notes and notes[0].startswith("embedding ")
+    assert "(most from big.txt)" in notes[0]

@@ -540,17 +540,24 @@ def write_batch(
     return dict(results), dict(errors)
 
 
+#: A round of embedding this many chunks (a large document's) is announced before it runs.
+LONG_ROUND = 500
+
+
 def ingest_paths(
     catalog: KnowledgeCatalog,
     paths: Iterable[Path],
     *,
     metadata: dict[str, Any] | None = None,
     on_file: Callable[[Path, str, IngestReport], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> IngestReport:
     """Ingest files (folders are walked).
 
     ``on_file(path, outcome, report)`` is called for each file once its outcome is final
-    (written, skipped or failed), with the report so far.
+    (written, skipped or failed), with the report so far; ``on_note(text)`` hears what a long
+    step is doing before it starts (a large document's chunks being embedded), so a run
+    silent for minutes says why.
     """
     metadata = check_metadata(metadata)
     started = time.monotonic()
@@ -596,6 +603,11 @@ def ingest_paths(
         if pending:
             began = time.monotonic()
             count = sum(len(d.plan.chunks) for d in pending)
+            if on_note is not None and count >= LONG_ROUND:
+                largest = max(pending, key=lambda d: len(d.plan.chunks))
+                guess = f", about {count / rate:.0f} s at the rate so far" if rate else ""
+                name = Path(largest.source).name
+                on_note(f"embedding {count:,} chunks (most from {name}){guess}")
             ready.extend(_embed(catalog, pending))
             pending.clear()
             rate = count / max(time.monotonic() - began, 1e-6)

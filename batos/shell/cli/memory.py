@@ -98,7 +98,13 @@ def ingest(
                 f"{report.chunks} chunks, {rate:.1f} chunks/s, {outcome}: {path.name}",
             )
 
-        report = ingest_paths(catalog, files, metadata=_pairs(meta, "--meta"), on_file=advance)
+        report = ingest_paths(
+            catalog,
+            files,
+            metadata=_pairs(meta, "--meta"),
+            on_file=advance,
+            on_note=lambda note: progress.update(note=note),
+        )
     seconds = max(report.seconds, 1e-9)
     console.print(
         f"added {len(report.added)}, replaced {len(report.replaced)}, "

@@ -158,3 +158,27 @@ def test_unreachable_zeo_server_is_a_clear_error(monkeypatch):
     with pytest.raises(ImageError, match="no ZEO server answers") as info:
         LivingImage.open(f"zeo://127.0.0.1:{free_port()}")
     assert "batos zeo start" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("address", "said"),
+    [("127.0.0.1:0", "a port is 1 to 65535"), ("h:70000", "a port is 1 to 65535"), ("h", "HOST")],
+)
+def test_an_address_no_server_could_be_reached_at_is_refused_at_once(address, said) -> None:
+    from store.core.zeo import parse_address
+
+    with pytest.raises(ImageError, match=said):
+        parse_address(address)
+
+
+def test_an_ipv6_address_in_brackets_is_probed_without_them() -> None:
+    import socket
+
+    try:
+        server = socket.socket(socket.AF_INET6)
+        server.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with server:
+        server.listen()
+        assert _answers("[::1]", server.getsockname()[1])

@@ -61,6 +61,11 @@ def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ImageError(f"ZEO address {address!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8100")
+    if not 0 < int(port) < 65536:  # 0 would bind a port nobody is told of
+        raise ImageError(
+            f"ZEO address {address!r} has port {int(port)}; a port is 1 to 65535",
+            hint="e.g. 127.0.0.1:8100, or leave --address out for a free port",
+        )
     return host or "127.0.0.1", int(port)
 
 
@@ -72,7 +77,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _answers(host: str, port: int) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=0.5):
+        # an IPv6 host is written in brackets in an address ([::1]:8100), not to a socket
+        with socket.create_connection((host.strip("[]"), port), timeout=0.5):
             return True
     except OSError:
         return False

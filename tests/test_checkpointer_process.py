@@ -174,6 +174,7 @@ def test_cli_lists_prunes_and_packs(
     assert batos(["--image", file_uri, "pack"]) == 0
     assert "packed" in capsys.readouterr().out
     assert Path(file_uri[len("file://") :]).stat().st_size < size_before
+    assert not Path(file_uri[len("file://") :] + ".old").exists()  # the space is given back
     with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
         assert len(list(saver.list({"configurable": {"thread_id": "alpha"}}))) == 2
         assert (

@@ -182,3 +182,14 @@ def test_an_ipv6_address_in_brackets_is_probed_without_them() -> None:
     with server:
         server.listen()
         assert _answers("[::1]", server.getsockname()[1])
+
+
+def test_a_pack_through_zeo_keeps_no_copy_of_the_file_before_it(tmp_path) -> None:
+    from store.core.packing import pack
+
+    with ZeoServer(tmp_path / "served.fs") as server, LivingImage.open(server.uri) as image:
+        for n in range(3):
+            image.transact(lambda root, n=n: root.__setitem__("k", "x" * 10_000 * (n + 1)))
+        report = pack(image)
+        assert report.after.bytes < report.before.bytes
+    assert not (tmp_path / "served.fs.old").exists()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from store.core.image import LivingImage
+from store.core.image import LivingImage, image_path
 
 log = logging.getLogger("batos.pack")
 
@@ -90,6 +91,12 @@ def pack(image: LivingImage, days: float = 0.0) -> PackReport:
         )
     before = footprint(image)
     image.db.pack(days=days)
+    path = image_path(image.uri)
+    if path is not None:
+        # FileStorage keeps the file as it was before the pack beside it (x.fs.old): more on
+        # disk than before the pack. A copy made first is the backup to keep. (A ZEO server
+        # started by 'batos zeo start' is told not to keep one.)
+        Path(f"{path}.old").unlink(missing_ok=True)
     after = footprint(image)
     log.info("packed %s (%s): %s -> %s", image.uri, kind, before, after)
     return PackReport(kind, before, after, tuple(notes))

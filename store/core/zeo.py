@@ -34,6 +34,7 @@ _CONFIG = """\
 <filestorage>
   path {path}
   blob-dir {blobs}
+  pack-keep-old false
 </filestorage>
 """
 

@@ -356,6 +356,45 @@ def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
         assert any(o.job == "prune" and o.ok for o in beat.outcomes)
 
 
+SLOW_HEARTBEAT = """
+import sys, time
+from batos.shell import heartbeat
+from batos.shell.cli import main
+
+def slow(image, models):
+    print("job started", flush=True)
+    time.sleep(600)
+
+for name in heartbeat.JOBS:  # every job due on a new image runs for ten minutes
+    heartbeat.JOBS[name] = (slow, heartbeat.JOBS[name][1])
+sys.exit(main(["--image", sys.argv[1], "heartbeat"]))
+"""
+
+
+def test_a_second_stop_abandons_the_running_job_and_gives_the_lease_back(image: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_HEARTBEAT, image],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        while "job started" not in process.stdout.readline():
+            assert process.poll() is None, "the heartbeat ended before its job began"
+        process.send_signal(signal.SIGTERM)  # the first: waits for the job
+        time.sleep(2.0)
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)  # the second: at once
+        out, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, out
+    assert "stopping now: the running job is abandoned" in out
+    with LivingImage.open(image) as img:  # the file is free, and so is the lease
+        assert lease_holder(img) is None
+
+
 def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:
     def broken(persona: str, **options):
         return ScriptedChatModel().enqueue(RuntimeError("model is down"))

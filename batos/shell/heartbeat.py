@@ -467,7 +467,10 @@ class Heartbeat:
 
         threading.Thread(target=shut_down, name="heartbeat-stop", daemon=True).start()
         if not finished.wait(min(1.0, ttl / 3)):
-            log.warning("heartbeat stopping once its running job has finished")
+            log.warning(
+                "heartbeat stopping once its running job has finished (stop it again to "
+                "abandon the job)"
+            )
         # Renew first: the last renewal before the stop can be up to ttl/3 old already.
         while not finished.is_set():
             try:

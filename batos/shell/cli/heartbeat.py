@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import signal
 import threading
 from pathlib import Path
@@ -30,6 +31,7 @@ from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
 from graph import cem, missions
+from store.core.jobstore import release_lease
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
 
@@ -211,9 +213,23 @@ def heartbeat(
                 say.print("no job was due")
             return 0 if all(o.ok for o in outcomes) else 1
         stop = threading.Event()
+
+        def stopping(signum: int, _frame: Any) -> None:
+            if not stop.is_set():  # the first: stop once the running job has finished
+                stop.set()
+                return
+            # The second: a job can run for minutes (writing facets on a slow model). It is
+            # abandoned uncommitted, the lease given back; the process ends at once, since
+            # the job's thread cannot be stopped from outside.
+            say.print("stopping now: the running job is abandoned, nothing of it committed")
+            try:
+                release_lease(image, beat.holder)
+            finally:
+                os._exit(128 + signum)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        say.print(f"heartbeat on {image.uri}; Ctrl-C stops it", markup=False)
+            signal.signal(sig, stopping)
+        say.print(f"heartbeat on {image.uri}; Ctrl-C stops it (twice: at once)", markup=False)
         beat.forever(stop)
         say.print("heartbeat stopped")
     return 0

@@ -60,7 +60,7 @@ BUILTIN_FIELDS = ("source", "kind", "format")
 MAX_FIELDS, MAX_FIELD_NAME, MAX_FIELD_VALUE = 32, 64, 1000
 
 
-def bounded(value: Any) -> str:
+def _number_shown(value: Any) -> str:
     """A number as shown in an error: whole, or its size when it is too long to read."""
     if isinstance(value, int) and value.bit_length() > 64:
         return f"an integer of {value.bit_length():,} bits"
@@ -115,7 +115,8 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             isinstance(value, int) and value.bit_length() > 64
         ):  # no JSON for NaN and infinities; an integer's digits could not all be written
             raise CatalogError(
-                f"metadata field {shown} holds {bounded(value)}, not a number a filter can use",
+                f"metadata field {shown} holds {_number_shown(value)}, not a number a filter "
+                "can use",
                 hint="give a finite number within 64 bits, or the value as text",
             )
     return dict(metadata)

@@ -712,8 +712,6 @@ def serve(
     _port_free(host, port)
     # The server opens the image only inside its startup, where a missing or busy image is a
     # page of uvicorn tracebacks (and a missing one would be created): it is opened here first.
-    from batos.shell.runtime import open_image
-
     with open_image(image_uri(ctx)):
         pass
     os.environ["BATOS_IMAGE"] = image_uri(ctx)  # the checkpointer and store factories read it

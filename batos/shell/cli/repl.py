@@ -38,20 +38,22 @@ _ESCAPES = re.compile(
     r"|\x1b[ -~]?",
     re.DOTALL,
 )
-_SPACES = str.maketrans({"\t": " ", "\n": " ", "\r": " ", "\v": " ", "\f": " "})
-
-
-#: Bidirectional embeddings, overrides and isolates: they reorder the text around them when
-#: shown, so a request would read otherwise than it is (joiners and marks stay: emoji and
-#: right-to-left text need them).
-_BIDI = {c: None for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+#: Layout characters become spaces; bidirectional embeddings, overrides and isolates go: they
+#: reorder the text around them when shown, so a request would read otherwise than it is
+#: (joiners and marks stay: emoji and right-to-left text need them).
+_SPACES = str.maketrans(
+    {
+        **{c: " " for c in "\t\n\r\v\f"},
+        **{chr(c): None for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+    }
+)
 
 
 def clean_line(text: str) -> str:
     """``text`` with escape sequences, control characters and bidirectional overrides removed
     (tabs and line breaks become spaces; unpaired surrogates, what undecodable bytes become,
     go too), stripped."""
-    text = _ESCAPES.sub("", text).translate(_SPACES).translate(_BIDI)
+    text = _ESCAPES.sub("", text).translate(_SPACES)
     return "".join(c for c in text if unicodedata.category(c) not in ("Cc", "Cs")).strip()
 
 

@@ -62,14 +62,13 @@ def json_text(value: Any, what: str, *, indent: int | None = None) -> str:
     """``value`` as JSON text, controls escaped; ``BatosError`` naming ``what`` when it holds an
     integer longer than Python writes (``sys.get_int_max_str_digits``), rather than a
     traceback. Values JSON has no type for are written as their bounded repr."""
+    options: dict[str, Any] = {
+        "indent": indent,
+        "default": lambda v: bounded_repr(v, 1_000),
+        "allow_nan": False,  # Python would write NaN and Infinity, which no JSON reader takes
+    }
     try:
-        text = json.dumps(
-            value,
-            ensure_ascii=False,
-            indent=indent,
-            default=lambda v: bounded_repr(v, 1_000),
-            allow_nan=False,  # Python would write NaN and Infinity, which no JSON reader takes
-        )
+        text = json.dumps(value, ensure_ascii=False, **options)
     except ValueError as exc:
         if "not JSON compliant" in str(exc):
             raise BatosError(
@@ -86,13 +85,7 @@ def json_text(value: Any, what: str, *, indent: int | None = None) -> str:
     if any("\ud800" <= c <= "\udfff" for c in text):
         # A file name's undecodable bytes: written raw they would make the output invalid
         # UTF-8; as \\udcXX escapes (all non-ASCII escaped) it stays JSON any reader takes.
-        text = json.dumps(
-            value,
-            ensure_ascii=True,
-            indent=indent,
-            default=lambda v: bounded_repr(v, 1_000),
-            allow_nan=False,
-        )
+        text = json.dumps(value, ensure_ascii=True, **options)
     return text.translate(_JSON_ESCAPES)
 
 

@@ -43,6 +43,9 @@ from store.knowledge.chunking import MIN_TOKENS, Plan, finish, plan
 from store.knowledge.curator import unfold
 
 log = logging.getLogger("batos.ingest")
+# pypdf logs what it repairs ("EOF marker not found") above the file's own error line, which
+# says what failed; set once here rather than on every PDF read.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".rst", ""}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
@@ -299,9 +302,6 @@ def _pdf_text(path: Path, data: bytes) -> str:
     import io
 
     from pypdf import PdfReader
-
-    # pypdf logs what it repairs ("EOF marker not found") above the file's own error line
-    logging.getLogger("pypdf").setLevel(logging.ERROR)
 
     try:
         reader = PdfReader(io.BytesIO(data))

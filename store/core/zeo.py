@@ -224,7 +224,15 @@ class ZeoServer:
                 on_ready()
             if not stopped:
                 assert self.process is not None
-                status = self.process.wait()
+                status = None
+                while status is None and not stopped:
+                    # Woken each second to see a stop: a SIGTERM that reaches runzeo in its
+                    # first moments can be lost there, and the server would serve on; the
+                    # stop below then terminates it again, and kills it if need be.
+                    try:
+                        status = self.process.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        continue
                 if status and not stopped:
                     raise ImageError(
                         f"the ZEO server stopped by itself with status {status}:\n{self.output()}"

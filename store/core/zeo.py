@@ -233,6 +233,11 @@ class ZeoServer:
                         status = self.process.wait(timeout=1.0)
                     except subprocess.TimeoutExpired:
                         continue
+                if stopped and status is None:
+                    try:  # its own shutdown first, before stop() signals it again
+                        self.process.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        pass
                 if status and not stopped:
                     raise ImageError(
                         f"the ZEO server stopped by itself with status {status}:\n{self.output()}"

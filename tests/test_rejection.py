@@ -4,6 +4,7 @@ code, the periodic check that takes out methods whose examples fail, and the CLI
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -358,7 +359,7 @@ def test_cli_errors(capsys, file_image: str, tmp_path) -> None:
 
 
 def test_a_send_that_finds_failing_examples_takes_the_method_out_after_it(
-    capsys, file_image: str
+    capsys, caplog, file_image: str
 ) -> None:
     uri = ("--image", file_image)
 
@@ -367,9 +368,13 @@ def test_a_send_that_finds_failing_examples_takes_the_method_out_after_it(
 
     with LivingImage.open(file_image) as img:
         img.transact(edit)
-    code, out, err = run(capsys, *uri, "send", "brick", "double", "1", "--json")
+    with caplog.at_level(logging.WARNING, logger="batos.kernel"):
+        code, out, err = run(capsys, *uri, "send", "brick", "double", "1", "--json")
     assert code == 0 and json.loads(out) == 4  # the send itself went through
     assert "took out brick.double: 1 stored example(s) fail" in err
+    # The failure is logged once, where it was found; the removal's own check is quiet.
+    said = [r.getMessage() for r in caplog.records if "stored example" in r.getMessage()]
+    assert said == ["method 'double' fails 1 stored example(s)"]
     with LivingImage.open(file_image) as img:
         notes = [e.description for e in img.history(3)]
     assert notes[0] == "methods reject brick.double: its examples fail"

@@ -395,6 +395,30 @@ def test_pipes_links_in_a_loop_and_vanished_files_fail_alone(
     assert catalog.stats()["documents"] == 2
 
 
+def test_a_walk_reports_documents_it_cannot_read_and_skips_what_is_no_document(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    """Inside a folder, an entry named as a document that is a dangling link, a link loop or a
+    pipe fails by name (before, it went missing without a word); an entry with no suffix that
+    is no regular file is no document and is left out, as a binary one is."""
+    (tmp_path / "a.txt").write_text(CATS)
+    (tmp_path / "gone.txt").symlink_to(tmp_path / "moved-away.txt")
+    (tmp_path / "loop.md").symlink_to(tmp_path / "loop2.md")
+    (tmp_path / "loop2.md").symlink_to(tmp_path / "loop.md")
+    os.mkfifo(tmp_path / "pipe.txt")
+    os.mkfifo(tmp_path / "control")
+    (tmp_path / "README").symlink_to(tmp_path / "nowhere")
+    report = ingest_paths(catalog, [tmp_path])
+    assert report.added == [str(tmp_path / "a.txt")]
+    failed = {Path(p).name: e.message for p, e in report.failed}
+    assert set(failed) == {"gone.txt", "loop.md", "loop2.md", "pipe.txt"}
+    assert failed["gone.txt"] == (
+        f"{tmp_path / 'gone.txt'} is a link to {tmp_path / 'moved-away.txt'}, which does not exist"
+    )
+    assert "symbolic links" in failed["loop.md"]
+    assert "not a regular file" in failed["pipe.txt"]
+
+
 def test_an_unreadable_file_and_an_unlistable_folder_are_reported_by_name(
     tmp_path: Path, catalog: KnowledgeCatalog
 ) -> None:

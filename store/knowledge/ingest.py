@@ -128,6 +128,11 @@ def _read_bytes(path: Path, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
+        if path.is_symlink():
+            raise DocumentError(
+                f"{path} is a link to {_echo_link(path)}, which does not exist",
+                hint="mend the link or remove it",
+            ) from None
         raise DocumentError(f"no such file: {path}", hint="check the path") from None
     except PermissionError as exc:
         raise DocumentError(
@@ -152,6 +157,13 @@ def _read_bytes(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise _too_large(path, len(data), limit)
     return data
+
+
+def _echo_link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "a missing file"
 
 
 def _too_large(path: Path, size: int, limit: int) -> DocumentError:
@@ -350,13 +362,22 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
             found.extend(
                 Path(folder, name)
                 for name in names
-                if not name.startswith(".")
-                and file_type(name) in SUPPORTED
-                and _is_file(Path(folder, name))
-                and not (file_type(name) == "" and _binary(Path(folder, name)))
+                if not name.startswith(".") and _listed(Path(folder, name), file_type(name))
             )
         found.extend(Path(error.filename or path) for error in unlisted)
         yield from sorted(found)
+
+
+def _listed(path: Path, kind: str) -> bool:
+    """Whether a folder's entry is read. One named as a document (``.txt``, ``.pdf``…) is,
+    whatever it is: a dangling link, a link loop or a pipe then fails by name when read (a
+    pipe without being opened), rather than the document going missing without a word. One
+    with no suffix is read only when it is a regular file with no NUL in its head."""
+    if kind not in SUPPORTED:
+        return False
+    if kind:
+        return True
+    return _is_file(path) and not _binary(path)
 
 
 def _binary(path: Path) -> bool:

@@ -102,8 +102,20 @@ def _interval(text: str) -> float:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError("must be a positive number")
+    return value
+
+
+#: The longest wait or time limit a setting takes: a week. Longer ones are no bound at all,
+#: and overflow the clocks they reach ("timestamp out of range for platform time_t").
+MAX_WAIT_SECONDS = 7 * 86400.0
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= MAX_WAIT_SECONDS:  # NaN fails both comparisons
+        raise ValueError(f"must be a number of seconds above 0 and at most {MAX_WAIT_SECONDS:.0f}")
     return value
 
 
@@ -229,7 +241,7 @@ SETTINGS: dict[str, Setting] = {
             lambda: "10",
             "How long a transaction that hit a conflict (or a brief ZEO disconnection) is "
             "retried, with jittered exponential back-off, before it fails.",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "checkpoint_blob_bytes",
@@ -394,7 +406,7 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_TOOLS_TIMEOUT",
             lambda: "10",
             "Seconds a tool proxy's call may take, redirects and reading the body included.",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "tools_max_bytes",
@@ -418,7 +430,7 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_SANDBOX_SECONDS",
             lambda: "2",
             "Wall-time limit in seconds for one call of a generated method.",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "sandbox_isolation",
@@ -814,7 +826,7 @@ SETTINGS: dict[str, Setting] = {
             "BATOS_LEARNING_TRAIN_SECONDS",
             lambda: "1800",
             "Longest a retraining may train (it stops after the step that passes it).",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "learning_steps",
@@ -843,7 +855,7 @@ SETTINGS: dict[str, Setting] = {
             lambda: "60",
             "How long the heartbeat's lease on an image lasts unless renewed (renewed at a "
             "third of it); a second heartbeat waits for it.",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "catalog_max_bytes",
@@ -873,7 +885,7 @@ SETTINGS: dict[str, Setting] = {
             lambda: "3",
             "Ingest commits at least this often, in seconds of work (whole documents only), "
             "so an interrupted run loses little.",
-            _positive_float,
+            _seconds,
         ),
         Setting(
             "catalog_encoder",

@@ -61,19 +61,35 @@ MAX_FIELDS = 32
 MAX_FIELD_CHARS = 1_024
 MAX_BODY_CHARS = 64_000
 MAX_BODY_NODES = 2_000
-#: Headers a request may not set by value: credentials go by secret name, framing is the
-#: client's.
+#: Headers a request may not set by value: credentials go by secret name; framing, encodings
+#: and hop-by-hop headers are the client's; and the headers by which services and proxies take
+#: a request for another method or host, which would get around the policy's methods (a GET
+#: that a service performs as a DELETE, and sends in a draft's trial as a GET).
 FORBIDDEN_HEADERS = frozenset(
     {
         "authorization",
         "proxy-authorization",
+        "proxy-connection",
         "cookie",
         "host",
         "content-length",
+        "content-encoding",
         "transfer-encoding",
+        "accept-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "keep-alive",
         "connection",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "forwarded",
     }
 )
+#: Prefixes of forbidden header names (``x-forwarded-host``, ``proxy-…``).
+FORBIDDEN_HEADER_PREFIXES = ("x-forwarded-", "proxy-")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 #: A secret reference: ``env:NAME``, optionally after a scheme word (``Bearer env:NAME``).
 _SECRET_REF = re.compile(r"^(?:(Bearer|Token|Basic) )?env:([A-Z_][A-Z0-9_]{0,63})$")
@@ -167,7 +183,26 @@ def _text_field(value: Any, what: str) -> str:
         raise ValueError(f"{what} is over {MAX_FIELD_CHARS} characters")
     if any(c in text for c in "\r\n\0"):
         raise ValueError(f"{what} holds a line break or NUL")
+    if _SURROGATE.search(text):
+        raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
     return text
+
+
+#: A lone UTF-16 surrogate: Python text may hold one, UTF-8 (and so a request) cannot.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: What a header's value may hold: visible ASCII, spaces and tabs (RFC 9110's field-value;
+#: httpx encodes values as ASCII).
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+#: What a URL may not hold: controls (C0, DEL, C1), spaces and line breaks.
+_URL_FORBIDDEN = re.compile("[\x00-\x20\x7f-\x9f]")
+
+
+def _header_value(name: str, value: str) -> None:
+    if not _HEADER_VALUE.fullmatch(value):
+        raise ValueError(
+            f"the value of header {bounded_repr(name, 60)} may hold only printable ASCII "
+            "(percent-encode other characters, or send them in params or the body)"
+        )
 
 
 def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
@@ -191,6 +226,8 @@ def plain_data(value: Any, what: str, max_nodes: int, max_chars: int) -> Any:
         budget[0] -= 1
         if budget[0] < 0 or depth > 20:
             raise ValueError(f"{what} has over {max_nodes} values or 20 levels")
+        if isinstance(v, str) and _SURROGATE.search(v):
+            raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
         if v is None or isinstance(v, bool | str | int):
             return v
         if isinstance(v, float) and math.isfinite(v):
@@ -198,6 +235,8 @@ def plain_data(value: Any, what: str, max_nodes: int, max_chars: int) -> Any:
         if isinstance(v, Mapping):
             if len(v) > budget[0] or not all(isinstance(k, str) for k in v):
                 raise ValueError(f"{what}'s objects need text keys and few entries")
+            if any(_SURROGATE.search(k) for k in v):
+                raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
             return {k: plain(x, depth + 1) for k, x in list(v.items())}
         if isinstance(v, list | tuple):
             if len(v) > budget[0]:
@@ -232,17 +271,22 @@ def read_request(value: Any) -> ToolRequest:
     origin_of(url)
     if parts.username or parts.password:
         raise ValueError("the url may not hold a user or password: name a secret instead")
-    if parts.fragment or any(c in url for c in "\r\n\0 "):
-        raise ValueError("the url may not hold a fragment, spaces or line breaks")
+    if parts.fragment or _URL_FORBIDDEN.search(url) or _SURROGATE.search(url):
+        raise ValueError(
+            "the url may not hold a fragment, spaces, tabs, line breaks or other control "
+            "characters (percent-encode them, or pass values in params)"
+        )
     headers = _pairs(value.get("headers") or {}, "headers")
-    for name, _ in headers:
+    for name, header_value in headers:
         if not _HEADER_NAME.match(name):
             raise ValueError(f"{bounded_repr(name, 60)} is not a header name")
-        if name.lower() in FORBIDDEN_HEADERS:
+        lowered = name.lower()
+        if lowered in FORBIDDEN_HEADERS or lowered.startswith(FORBIDDEN_HEADER_PREFIXES):
             raise ValueError(
-                f"header {name!r} may not be set by value: put credentials in "
-                "secret_headers as 'env:NAME'"
+                f"header {name!r} may not be set by value: credentials go in secret_headers "
+                "as 'env:NAME'; the method, host, encodings and framing are the client's"
             )
+        _header_value(name, header_value)
     secret_headers = _pairs(value.get("secret_headers") or {}, "secret_headers")
     secret_params = _pairs(value.get("secret_params") or {}, "secret_params")
     for name, ref in (*secret_headers, *secret_params):
@@ -254,6 +298,11 @@ def read_request(value: Any) -> ToolRequest:
     for name, _ in secret_headers:
         if not _HEADER_NAME.match(name):
             raise ValueError(f"{bounded_repr(name, 60)} is not a header name")
+        lowered = name.lower()
+        if lowered in FORBIDDEN_HEADERS - {"authorization", "proxy-authorization", "cookie"} or (
+            lowered.startswith(FORBIDDEN_HEADER_PREFIXES) and lowered != "proxy-authorization"
+        ):
+            raise ValueError(f"header {name!r} is the client's, and carries no secret")
     expect = value.get("expect", "json")
     if expect not in _EXPECT:
         raise ValueError("expect must be 'json' or 'text'")
@@ -371,7 +420,20 @@ def secret_value(name: str) -> str:
             f"secret {name} is not set in the environment; nothing was sent",
             hint=f"export {name}=... in the environment of the process that calls the tool",
         )
+    if not _SECRET_VALUE.fullmatch(value):
+        # Said without the value: a line break or a control character would otherwise come
+        # back in the HTTP library's error, and from there reach prompts and logs.
+        raise ToolRefused(
+            f"secret {name} holds a character a request cannot carry (a line break, a control "
+            "character or non-ASCII text); nothing was sent",
+            hint=f"set {name} again without it (a trailing newline read from a file is the "
+            f"usual cause: export {name}=\"$(tr -d '\\n' < FILE)\")",
+        )
     return value
+
+
+#: What a secret's value may hold: visible ASCII and spaces, as a header or a query carries it.
+_SECRET_VALUE = re.compile(r"[\x20-\x7e]{1,4096}")
 
 
 def request_findings(result: Any) -> list[str]:

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import ast
 import json
+import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fakes import ScriptedChatModel
-from tool_services import SLOW_SECONDS, WEATHER_KEY, service
+from tool_services import BOMB_BYTES, HOSTILE_SECONDS, SLOW_SECONDS, WEATHER_KEY, service
 
+from batos import settings
 from batos.errors import (
     AuditRejected,
+    ConfigurationError,
     MissionFailed,
     SandboxViolation,
     ToolCallFailed,
@@ -876,3 +881,173 @@ def test_an_untrusted_tool_method_is_refused_without_asking(image, base, monkeyp
     finally:
         jit.disable()
     assert not asked and model.calls == 6
+
+
+# -- hostile services and hostile requests ------------------------------------------------------
+
+
+def get_tool(image: LivingImage, base: str, path: str, **kw: str) -> None:
+    """A proxy ``h`` whose method ``go`` GETs ``path`` with the given request keywords."""
+    extra = "".join(f", {k}={v}" for k, v in kw.items())
+    source = f"def go(self):\n    return request('GET', '{base}{path}'{extra})\n"
+    with_tool(image, "h", "go", source)
+
+
+@pytest.mark.parametrize("path", ["/processing", "/dribble"])
+def test_the_deadline_holds_when_every_read_gets_data_in_time(
+    image, base, monkeypatch, path
+) -> None:
+    """httpx's timeout holds per read: a service sending ``102 Processing``, or one header
+    line, every 0.1 s never trips it. The call's deadline does, on every read."""
+    monkeypatch.setenv("BATOS_TOOLS_TIMEOUT", "1")
+    get_tool(image, base[0], path)
+    started = time.monotonic()
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "h", "go")
+    took = time.monotonic() - started
+    assert "did not answer within 1 s" in failed.value.message
+    assert took < HOSTILE_SECONDS / 2  # cut off at the deadline, not when the service gave up
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compression_bomb_stops_at_the_limit_without_inflating(
+    image, base, monkeypatch, encoding
+) -> None:
+    monkeypatch.setenv("BATOS_TOOLS_MAX_BYTES", "100000")
+    get_tool(image, base[0], f"/bomb?enc={encoding}")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ToolCallFailed) as failed:
+            call(image, "h", "go")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "over 100000 bytes" in failed.value.message
+    assert peak < BOMB_BYTES // 8  # one bounded piece at a time, never the whole 64 MiB
+    assert base[1][-1][2]["Accept-Encoding"] == "identity"  # it was asked for unencoded
+
+
+@pytest.mark.parametrize("encoding", ["gzip, gzip", "zstd"])
+def test_an_encoding_not_asked_for_is_refused_unread(image, base, encoding) -> None:
+    get_tool(image, base[0], f"/bomb?enc={quote(encoding)}")
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "h", "go")
+    assert f"an encoding it was not asked for (Content-Encoding '{encoding}')" in (
+        failed.value.message
+    )
+
+
+def test_a_small_gzip_answer_sent_anyway_is_read(image, base) -> None:
+    get_tool(image, base[0], "/gzipped")
+    assert call(image, "h", "go")["json"] == {"packed": True}
+
+
+def test_no_error_carries_a_secret_and_nothing_is_cut_before_it_is_scrubbed(
+    image, base, monkeypatch
+) -> None:
+    """An error quotes the answer or the redirect; a service can pad an echo so that a cut
+    to length falls inside the secret. Every secret is written as its name first."""
+    url, seen = base
+    key = {"secret_headers": "{'X-Api-Key': 'env:WEATHER_API_KEY'}"}
+    get_tool(image, url, "/echotext", **key)
+    with pytest.raises(ToolCallFailed) as failed:  # a 200 that is not JSON quotes its body
+        call(image, "h", "go")
+    assert "key=env:WEATHER_API_KEY" in failed.value.message
+    assert WEATHER_KEY in seen[-1][2]["X-Api-Key"]  # the service did get it
+    monkeypatch.setenv("BATOS_TOOLS_SECRETS", f"WEATHER_API_KEY@{url.removeprefix('http://')}")
+    get_tool(image, url, "/away-with-query", secret_params="{'k': 'env:WEATHER_API_KEY'}")
+    with pytest.raises(ToolRefused) as refused:  # the refused redirect names its target
+        call(image, "h", "go")
+    assert "k=env:WEATHER_API_KEY" in refused.value.message
+    for cut in range(1010, 1024):  # every cut that could fall inside the key
+        get_tool(image, url, f"/echotext?status=400&pad={'x' * (cut - 4)}", **key)
+        answer = call(image, "h", "go")
+        assert answer["status"] == 400 and not any(
+            WEATHER_KEY[:n] in answer["text"][-n:] for n in range(3, len(WEATHER_KEY) + 1)
+        ), answer["text"][-30:]
+
+
+def test_a_secret_that_no_request_can_carry_is_refused_without_its_value(
+    image, base, monkeypatch
+) -> None:
+    monkeypatch.setenv("WEATHER_API_KEY", WEATHER_KEY + "\n")
+    with_tool(image, "weather", "today", WEATHER.format(base=base[0]))
+    with pytest.raises(ToolRefused) as refused:
+        call(image, "weather", "today", "Oslo")
+    said = f"{refused.value.message} {refused.value.hint}"
+    assert "secret WEATHER_API_KEY holds a character" in said and WEATHER_KEY not in said
+    assert not base[1]  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("/charset?cs=rot13", {"a": 1}), ("/charset?cs=idna", {"a": 1})],
+)
+def test_a_charset_that_is_no_text_encoding_is_read_as_utf8(image, base, path, expected) -> None:
+    get_tool(image, base[0], path)
+    assert call(image, "h", "go")["json"] == expected
+
+
+def test_nan_in_a_json_answer_is_refused(image, base) -> None:
+    get_tool(image, base[0], "/nan")
+    with pytest.raises(ToolCallFailed) as failed:
+        call(image, "h", "go")
+    assert "NaN is not a JSON value" in failed.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (tools.request("GET", "https://h/x", headers={"X-Note": "caf\u00e9"}), "printable ASCII"),
+        (tools.request("GET", "https://h/x\ty"), "control characters"),
+        (tools.request("GET", "https://h/x\x7f"), "control characters"),
+        (tools.request("GET", "https://h/x", params={"q": "a\ud800"}), "lone surrogate"),
+        (tools.request("POST", "https://h/x", json={"a\udfff": 1}), "lone surrogate"),
+        (tools.request("POST", "https://h/x", json=["\ud800"]), "lone surrogate"),
+        *[
+            (tools.request("GET", "https://h/x", headers={name: "DELETE"}), "the client's")
+            for name in (
+                "X-HTTP-Method-Override",
+                "x-method-override",
+                "X-Forwarded-Host",
+                "Forwarded",
+                "Upgrade",
+                "Accept-Encoding",
+                "Expect",
+                "TE",
+                "Proxy-Connection",
+            )
+        ],
+        (
+            tools.request("GET", "https://h/x", secret_headers={"Upgrade": "env:K"}),
+            "carries no secret",
+        ),
+    ],
+)
+def test_a_request_httpx_cannot_send_or_that_gets_around_the_policy_is_refused(value, why) -> None:
+    with pytest.raises(ValueError) as refused:
+        tools.read_request(value)
+    assert why in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["inf", "1e12", "nan", "0", "-1"])
+def test_a_tool_timeout_that_is_no_bound_is_refused_when_read(monkeypatch, value) -> None:
+    """inf and 1e12 used to pass, and every call then failed in the clock ("timestamp out of
+    range"), blamed on the method; every time limit among the settings is held to a week."""
+    monkeypatch.setenv("BATOS_TOOLS_TIMEOUT", value)
+    with pytest.raises(ConfigurationError) as refused:
+        tools.ToolPolicy.from_settings()
+    assert "BATOS_TOOLS_TIMEOUT" in str(refused.value)
+    for name in (
+        "tx_retry_seconds",
+        "sandbox_seconds",
+        "learning_train_seconds",
+        "heartbeat_lease_seconds",
+        "catalog_commit_seconds",
+    ):
+        monkeypatch.setenv(f"BATOS_{name.upper()}", value)
+        with pytest.raises(ConfigurationError, match="at most 604800"):
+            settings.get_float(name)
+    monkeypatch.setenv("BATOS_AUDIT_DECAY", "inf")
+    with pytest.raises(ConfigurationError, match="positive number"):
+        settings.get_float("audit_decay")

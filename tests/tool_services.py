@@ -1,15 +1,20 @@
 """A real HTTP service on loopback for the tool tests: one that answers JSON, one that is slow,
-one that sends garbage, one that redirects (on and off the allow-list) and one that floods."""
+one that sends garbage, one that redirects (on and off the allow-list) and one that floods;
+and hostile ones (``_HOSTILE``): answers that never come, compression bombs, echoes of the
+secrets sent, charsets that are no text encoding, NaN."""
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 #: The key the weather route wants in its X-Api-Key header.
 WEATHER_KEY = "s3cret-weather-key"
@@ -79,8 +84,128 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(302)
             self.send_header("Location", f"http://localhost:{port}/weather?city=Away")
             self.end_headers()
+        elif parts.path in _HOSTILE:
+            try:
+                _HOSTILE[parts.path](self, query, port)
+            except OSError:
+                pass  # the client hung up, as it should
         else:
             self._json(404, {"error": "no such route"})
+
+    def _raw(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+#: How long a hostile service goes on before it gives up by itself, in seconds.
+HOSTILE_SECONDS = 20.0
+#: What the bomb routes decompress to: far over any limit the tests set.
+BOMB_BYTES = 64 * 1024 * 1024
+
+
+def _processing_for_ever(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """``102 Processing`` every 0.1 s and never an answer: each read gets data in time."""
+    end = time.monotonic() + HOSTILE_SECONDS
+    while time.monotonic() < end:
+        handler._raw(b"HTTP/1.1 102 Processing\r\n\r\n")
+        time.sleep(0.1)
+
+
+def _dribbled_headers(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """A status line, then one header line every 0.1 s, never the end of the headers."""
+    handler._raw(b"HTTP/1.1 200 OK\r\n")
+    end = time.monotonic() + HOSTILE_SECONDS
+    while time.monotonic() < end:
+        handler._raw(b"X-Wait: 1\r\n")
+        time.sleep(0.1)
+
+
+def _bomb(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """BOMB_BYTES of zeros, compressed as ``enc`` says (``gzip``, ``deflate``, ``gzip,
+    gzip``), or a few bytes said to be in an encoding httpx would decode unbounded."""
+    encoding = query.get("enc", "gzip")
+    body = _compressed(encoding)
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Encoding", encoding)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler._raw(body)
+
+
+@functools.cache
+def _compressed(encoding: str) -> bytes:
+    if encoding == "gzip":
+        return _zeros_packed(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return _zeros_packed(zlib.MAX_WBITS)
+    if encoding == "gzip, gzip":
+        return gzip.compress(_zeros_packed(16 + zlib.MAX_WBITS), compresslevel=9)
+    return b"\x28\xb5\x2f\xfd" + bytes(60)  # zstd's magic: never decoded
+
+
+def _zeros_packed(wbits: int) -> bytes:
+    """BOMB_BYTES of zeros compressed a MiB at a time (the tests measure the client's memory
+    in this process: the service must not hold the 64 MiB itself)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    mib = bytes(1 << 20)
+    parts = [packer.compress(mib) for _ in range(BOMB_BYTES >> 20)]
+    return b"".join([*parts, packer.flush()])
+
+
+def _gzip_json(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """A small JSON answer in gzip though nobody asked for it: decoded, within the limit."""
+    body = gzip.compress(json.dumps({"packed": True}).encode())
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Encoding", "gzip")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler._raw(body)
+
+
+def _text(handler: _Handler, status: int, body: str, content_type: str) -> None:
+    data = body.encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler._raw(data)
+
+
+def _echo_text(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """The key it was sent, after ``pad``, in a body that is not JSON (status ``status``)."""
+    key = handler.headers.get("X-Api-Key") or query.get("k", "")
+    status = int(query.get("status", "200"))
+    _text(handler, status, query.get("pad", "") + "key=" + key + " is fine", "text/plain")
+
+
+def _odd_charset(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """JSON said to be in a charset that is no text encoding."""
+    _text(handler, 200, '{"a": 1}', f"application/json; charset={query.get('cs', 'rot13')}")
+
+
+def _not_a_number(handler: _Handler, query: dict[str, str], port: int) -> None:
+    _text(handler, 200, '{"x": NaN, "y": Infinity}', "application/json")
+
+
+def _away_with_query(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """A redirect off the allow-list that carries the query it was sent along."""
+    handler.send_response(302)
+    handler.send_header("Location", f"http://localhost:{port}/echo?{urlencode(query)}")
+    handler.end_headers()
+
+
+_HOSTILE = {
+    "/processing": _processing_for_ever,
+    "/dribble": _dribbled_headers,
+    "/bomb": _bomb,
+    "/gzipped": _gzip_json,
+    "/echotext": _echo_text,
+    "/charset": _odd_charset,
+    "/nan": _not_a_number,
+    "/away-with-query": _away_with_query,
+}
 
 
 @contextmanager

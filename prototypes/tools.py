@@ -380,18 +380,27 @@ class ToolPolicy:
             )
 
     def check_secret(self, name: str, url: str) -> None:
-        _, host, port = origin_of(url)
+        scheme, host, port = origin_of(url)
         where = self.secrets.get(name)
+        entry = host if (scheme, port) == ("https", 443) else f"{host}:{port}"
         if where is None:
             raise ToolRefused(
                 f"secret {name} is not in tools_secrets; nothing was sent",
-                hint=f"let it go to {host} with BATOS_TOOLS_SECRETS='{name}@{host}' and "
+                hint=f"let it go to {host} with BATOS_TOOLS_SECRETS='{name}@{entry}' and "
                 f"set {name} in the environment",
             )
         if where[0] != host or (where[1] is not None and where[1] != port):
             raise ToolRefused(
                 f"secret {name} may only be sent to {where[0]}, not to {host}; nothing was sent",
                 hint="tools_secrets names the one host each secret may go to",
+            )
+        if where[1] is None and (scheme, port) != ("https", 443):
+            # A host named alone means https, as in tools_allow: a secret listed so never
+            # travels in clear text, nor to another service on the same machine.
+            raise ToolRefused(
+                f"secret {name} may only be sent to {host} over https (port 443), not to "
+                f"{scheme}://{host}:{port}; nothing was sent",
+                hint=f"to send it there, name the port: BATOS_TOOLS_SECRETS='{name}@{entry}'",
             )
 
     def check_request(self, req: ToolRequest) -> None:

@@ -274,6 +274,22 @@ def test_secrets_go_only_where_tools_secrets_says(image, base, monkeypatch) -> N
     assert "WEATHER_API_KEY is not set" in unset.value.message and not seen
 
 
+def test_a_secret_listed_by_host_alone_goes_over_https_only(image, base, monkeypatch) -> None:
+    """``NAME@HOST`` means https, as ``HOST`` does in tools_allow: the key is not sent in clear
+    text to the same host's plain-http port; naming the port lets it go there."""
+    url, seen = base
+    monkeypatch.setenv("BATOS_TOOLS_SECRETS", "WEATHER_API_KEY@127.0.0.1")
+    with_tool(image, "weather", "today", WEATHER.format(base=url))
+    with pytest.raises(ToolRefused) as refused:
+        call(image, "weather", "today", "Oslo")
+    assert "only be sent to 127.0.0.1 over https (port 443)" in refused.value.message
+    port = url.rsplit(":", 1)[1]
+    assert f"BATOS_TOOLS_SECRETS='WEATHER_API_KEY@127.0.0.1:{port}'" in refused.value.hint
+    assert not seen
+    monkeypatch.setenv("BATOS_TOOLS_SECRETS", f"WEATHER_API_KEY@127.0.0.1:{port}")
+    assert call(image, "weather", "today", "Oslo")["json"]["city"] == "Oslo"
+
+
 def test_a_post_sends_its_json_body_and_a_method_outside_the_allow_list_is_refused(
     image, base, monkeypatch
 ) -> None:

@@ -637,8 +637,12 @@ class Decoder:
 
 
 def _check_prototype(obj: UvmObject, state: dict[str, Any]) -> None:
-    """A prototype's new state keeps to the object model: its own methods only, no data slot
-    named like one of them, prototypes in its parent slots, no name the class answers."""
+    """A prototype's new state keeps to the object model: the very methods it had, no data
+    slot named like one of them, prototypes in its parent slots, no name the class answers.
+
+    A method may neither add nor remove methods: removing one (by writing a data slot of its
+    name) would take out a parent's shared or a hand-written method with no record and no
+    undo; methods come and go only through the kernel and ``batos methods``."""
     if "_methods" not in state:
         raise ReportRefused("a prototype's state must keep its method table")
     obj._p_activate()  # the host's own record, to compare with
@@ -646,9 +650,15 @@ def _check_prototype(obj: UvmObject, state: dict[str, Any]) -> None:
     for selector, method in state["_methods"].items():
         if held.get(selector) is not method:
             raise ReportRefused(
-                f"methods can only be kept or removed by a method: {selector!r} is not a "
-                f"method {_label(obj)} had"
+                f"methods can only be kept by a method: {selector!r} is not a method "
+                f"{_label(obj)} had"
             )
+    gone = sorted(set(held) - set(state["_methods"]))
+    if gone:
+        raise ReportRefused(
+            f"a method may not remove methods: {_label(obj)} would lose {gone[0]!r} "
+            "('batos methods reject' takes one out)"
+        )
     taken = set(state) & _NOT_SLOTS
     if taken:
         raise ReportRefused(f"slot {sorted(taken)[0]!r} is a name the class answers")

@@ -184,12 +184,24 @@ class _SlotWriter:
         object.__setattr__(self, "_target", target)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        self._not_a_method(name)
         _record_write(self._target, name)
         setattr(self._target, name, value)
 
     def __delattr__(self, name: str) -> None:
+        self._not_a_method(name)
         _record_write(self._target, name)
         delattr(self._target, name)
+
+    def _not_a_method(self, name: str) -> None:
+        # Writing a slot named like a method replaces the method (the object model's one
+        # namespace): from generated code that would take out any method it can reach, a
+        # parent's shared or a hand-written one, with no record and no undo.
+        if name in (self._target.__dict__.get("_methods") or {}):
+            raise _violation(
+                f"slot {name!r} is a method: a method may not replace or remove methods "
+                "('batos methods reject' takes one out)"
+            )
 
 
 def _record_write(target: UvmObject, name: str) -> None:

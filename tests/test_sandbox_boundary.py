@@ -342,6 +342,51 @@ def test_a_forged_report_cannot_shadow_a_method_with_a_data_slot(memory_image, m
         assert root["brick"].greet() == "brick"
 
 
+def test_a_forged_report_cannot_take_a_method_out(memory_image, monkeypatch) -> None:
+    """A child that drops a method from its table: before, the host applied it, and the method
+    was gone with no record (a hand-written one, which is never taken out, too)."""
+    _personas(memory_image)
+    before = image_digest(memory_image.db)
+
+    def drop(known, robin, brick, traits):
+        state = _state(brick, known)
+        state[1] = [report._DICT]  # the method table, emptied
+        return _envelope(None, [[[report._KNOWN, known[id(brick)]], state]])
+
+    with pytest.raises(SandboxViolation, match="a method may not remove methods: .* 'greet'"):
+        _forged_call(memory_image, monkeypatch, drop, receiver="brick")
+    assert image_digest(memory_image.db) == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    getattr(self, 'parent*').greet = 'pwned'\n",  # a parent's shared method
+        "    self.own = 1\n",  # its own hand-written one
+        "    del self.own\n",
+    ],
+)
+def test_a_method_cannot_replace_or_remove_methods_it_can_reach(memory_image, body) -> None:
+    """Writing a data slot named like a method replaces it in the object model; from generated
+    code that took out any method it could reach, for every object sharing the parent."""
+
+    def build(root):
+        traits = UvmObject(name="traits")
+        root["target"] = UvmObject(traits, name="brick")
+        kernel.add_method(traits, "greet", "def greet(self):\n    return 'hello ' + self.name\n")
+        kernel.add_method(root["target"], "own", "def own(self):\n    return 1\n")
+        kernel.add_method(root["target"], "wipe", f"def wipe(self):\n{body}    return 1\n")
+
+    memory_image.transact(build)
+    before = image_digest(memory_image.db)
+    with pytest.raises(SandboxViolation) as refused:
+        memory_image.transact(lambda root: root["target"].wipe())
+    assert "is a method: a method may not replace or remove methods" in str(refused.value)
+    assert image_digest(memory_image.db) == before
+    with memory_image.read() as root:
+        assert root["target"].greet() == "hello brick" and root["target"].own() == 1
+
+
 def test_a_forged_report_cannot_put_a_non_prototype_in_a_parent_slot(
     memory_image, monkeypatch
 ) -> None:

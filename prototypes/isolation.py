@@ -773,6 +773,13 @@ class _OidResolver:
         return self.named
 
 
+def stopped_iteration(name: str, message: str) -> RuntimeError:
+    """A method's ``StopIteration`` as the caller gets it: a ``RuntimeError``, as PEP 479 does
+    for generators. Raised as itself, it would end whatever loop of the host's made the call
+    (``map``, ``next``, a generator) as if it were done, without a word."""
+    return RuntimeError(f"the method raised {name}" + (f": {message}" if message else ""))
+
+
 def _rebuild_error(payload: bytes | bytearray) -> BaseException:
     """The child's exception as the host raises it: our errors as themselves, ordinary ones
     as their nearest built-in type, with the line of the method that raised."""
@@ -787,6 +794,14 @@ def _rebuild_error(payload: bytes | bytearray) -> BaseException:
         return ours(found.message, found.findings)
     import builtins
 
+    if found.name in ("StopIteration", "StopAsyncIteration") or {
+        "StopIteration",
+        "StopAsyncIteration",
+    } & set(found.bases):
+        exc = stopped_iteration(found.name, found.message)
+        if found.where:
+            exc.add_note(f"at {found.where}")
+        return exc
     for base in found.bases:
         cls = getattr(builtins, base, None)
         if isinstance(cls, type) and issubclass(cls, Exception):

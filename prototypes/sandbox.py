@@ -751,6 +751,10 @@ def call_limited(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             ) from None
         except (SandboxViolation, AuditRejected):
             raise
+        except (StopIteration, StopAsyncIteration) as exc:
+            if violations:
+                raise SandboxViolation("the sandbox refused an operation", violations) from None
+            raise isolation.stopped_iteration(type(exc).__name__, str(exc)) from None
         except Exception:
             if violations:
                 raise SandboxViolation("the sandbox refused an operation", violations) from None

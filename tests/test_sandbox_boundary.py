@@ -626,3 +626,20 @@ def test_random_and_mutated_reports_never_crash_and_change_nothing() -> None:
     assert refused > 1_000 and accepted > 10  # the fuzz reached both sides
     for payload in valid:
         assert isolation._decode(payload, known, None, {}).states
+
+
+@pytest.mark.parametrize("isolation_mode", ["process", "host"])
+def test_a_methods_stop_iteration_does_not_end_the_callers_loop(
+    memory_image, monkeypatch, isolation_mode
+) -> None:
+    """Raised as itself, it ended whatever host loop made the call (``map``, ``next``) as if
+    the loop were done: ``list(map(call, [1, 2]))`` gave ``[]`` with no error."""
+    monkeypatch.setenv("BATOS_SANDBOX_ISOLATION", isolation_mode)
+    source = "def stop(self):\n    raise StopIteration('x')\n"
+    memory_image.transact(
+        lambda root: kernel.add_method(
+            root.setdefault("target", UvmObject(name="t")), "stop", source
+        )
+    )
+    with pytest.raises(RuntimeError, match="the method raised StopIteration: x"):
+        list(map(lambda _: memory_image.transact(lambda root: root["target"].stop()), [1, 2]))

@@ -229,9 +229,38 @@ def guarded_write(obj: Any) -> Any:
 
     if isinstance(obj, UvmObject):
         return _SlotWriter(obj)
-    if isinstance(obj, (*_WRITABLE, PersistentList, PersistentMapping)):
+    if isinstance(obj, (PersistentList, PersistentMapping)):
+        return _ItemWriter(obj)
+    if isinstance(obj, _WRITABLE):
         return obj
     raise _violation(f"a method may not write to a {type(obj).__name__} object")
+
+
+class _ItemWriter:
+    """What a write to a persistent container goes through: its items, never its attributes
+    (``stats.data = [1, 2]`` would give a mapping a state no mapping has)."""
+
+    __slots__ = ("_target",)
+    _target: Any
+
+    def __init__(self, target: Any) -> None:
+        object.__setattr__(self, "_target", target)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._target[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._target[key]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise _violation(
+            f"a method may not set attributes of a {type(self._target).__name__}, only its items"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise _violation(
+            f"a method may not remove attributes of a {type(self._target).__name__}, only its items"
+        )
 
 
 def guarded_iter(obj: Any) -> Any:

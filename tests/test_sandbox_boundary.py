@@ -643,3 +643,39 @@ def test_a_methods_stop_iteration_does_not_end_the_callers_loop(
     )
     with pytest.raises(RuntimeError, match="the method raised StopIteration: x"):
         list(map(lambda _: memory_image.transact(lambda root: root["target"].stop()), [1, 2]))
+
+
+@pytest.mark.parametrize("isolation_mode", ["process", "host"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        "stats = self.stats\n    stats.data = [1, 2, 3]\n    self.stats = stats",
+        "stats = self.stats\n    del stats.data\n    self.stats = stats",
+        "log = self.log\n    log.data = 'x'\n    self.log = log",
+    ],
+)
+def test_a_persistent_containers_attributes_are_not_writable(
+    memory_image, monkeypatch, isolation_mode, write
+) -> None:
+    """In the host the write went through, and the mapping's state became a list."""
+    monkeypatch.setenv("BATOS_SANDBOX_ISOLATION", isolation_mode)
+
+    def build(root):
+        root["target"] = UvmObject(name="t", stats=PersistentMapping(a=1), log=PersistentList())
+        kernel.add_method(root["target"], "spoil", f"def spoil(self):\n    {write}\n    return 1\n")
+        kernel.add_method(
+            root["target"],
+            "fill",
+            "def fill(self):\n    stats = self.stats\n    stats['b'] = 2\n    del stats['a']\n"
+            "    self.stats = stats\n    log = self.log\n    log[0:0] = [5]\n    self.log = log\n"
+            "    return 1\n",
+        )
+
+    memory_image.transact(build)
+    before = image_digest(memory_image.db)
+    with pytest.raises(SandboxViolation):
+        memory_image.transact(lambda root: root["target"].spoil())
+    assert image_digest(memory_image.db) == before
+    memory_image.transact(lambda root: root["target"].fill())  # items stay writable
+    with memory_image.read() as root:
+        assert dict(root["target"].stats) == {"b": 2} and list(root["target"].log) == [5]

@@ -579,7 +579,8 @@ def run(
         os.set_blocking(to_host_r, False)
         os.set_blocking(from_host_w, False)
         try:
-            kind, payload = _serve(to_host_r, from_host_w, jar, served, deadline)
+            reach = _Reach(known, jar)
+            kind, payload = _serve(to_host_r, from_host_w, jar, served, reach, deadline)
         except TimeoutError:
             raise SandboxLimitExceeded(
                 f"the method ran longer than {seconds:g} s and its process was stopped",
@@ -621,9 +622,18 @@ def run(
 
 
 def _serve(
-    inbox: int, outbox: int, jar: Any, served: dict[bytes, bytes], deadline: float
+    inbox: int,
+    outbox: int,
+    jar: Any,
+    served: dict[bytes, bytes],
+    reach: _Reach,
+    deadline: float,
 ) -> tuple[bytes, bytearray]:
-    """Answer the child's loads until it reports; every step within the deadline."""
+    """Answer the child's loads until it reports; every step within the deadline.
+
+    Only records the child could reach from what it was given are served: a child that
+    escaped RestrictedPython could otherwise ask for any oid (the root's among them), and the
+    report's decoder accepts references to every record served, so it could rewrite any."""
     while True:
         kind, payload = _recv_from_child(inbox, deadline)
         if kind in (b"R", b"E"):
@@ -631,13 +641,82 @@ def _serve(
         if jar is None or len(payload) != 8:
             raise _ChildGone("a load request without a database")
         oid = bytes(payload)
+        if oid not in reach:
+            _send(outbox, b"X", b"not reachable from the method's receiver or arguments", deadline)
+            continue
         try:
             data, serial = jar._storage.load(oid)
         except Exception as exc:  # an unknown oid: the child gets a POSKeyError
             _send(outbox, b"X", str(exc).encode()[:200], deadline)
             continue
         served[oid] = data
+        reach.walked(data)
         _send(outbox, b"D", bytes(serial) + data, deadline)
+
+
+class _Reach:
+    """The oids a child may load: the objects it was given, the objects their states name,
+    and, as records are served, the objects those name (the closure it could walk to).
+
+    The child also starts with every object the host had loaded: one it reaches through
+    such an object's state needs no record served on the way. The first load outside the
+    cheap set widens it, once, by that closure through the host's loaded objects."""
+
+    def __init__(self, known: list[Any], jar: Any) -> None:
+        self.known = known
+        self.jar = jar
+        self.oids = _named_by(known, jar)
+        self.widened = False
+
+    def __contains__(self, oid: bytes) -> bool:
+        if oid not in self.oids and not self.widened:
+            self.widened = True
+            self.oids |= _loaded_closure(self.known, self.jar)
+        return oid in self.oids
+
+    def walked(self, data: bytes) -> None:
+        from ZODB.serialize import referencesf
+
+        self.oids.update(referencesf(data))
+
+
+def _loaded_closure(known: list[Any], jar: Any) -> set[bytes]:
+    """The oids reachable from ``known`` through the states of objects the host has loaded
+    (a ghost ends a path: its record, once served, names what lies past it)."""
+    oids: set[bytes] = set()
+    seen: set[int] = set()
+    todo = [o for o in known if isinstance(o, persistent.Persistent)]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if obj._p_oid is not None:
+            oids.add(bytes(obj._p_oid))
+        if obj._p_jar is not jar or jar is None or obj._p_state == persistent.GHOST:
+            continue
+        pickler = IdentityPickler(io.BytesIO(), obj)
+        try:
+            pickler.dump(obj.__getstate__())
+        except Exception:  # a state that does not pickle: nothing reached through it
+            continue
+        todo += pickler.met
+    return oids
+
+
+def _named_by(known: list[Any], jar: Any) -> set[bytes]:
+    """The oids of ``known`` objects and of the persistent objects their states hold."""
+    named: set[bytes] = set()
+    for obj in known:
+        if obj._p_oid is not None:
+            named.add(bytes(obj._p_oid))
+        if isinstance(obj, persistent.Persistent) and obj._p_jar is jar and jar is not None:
+            met: list[Any] = []
+            state = obj.__getstate__() if obj._p_state != persistent.GHOST else {}
+            for value in state.values() if isinstance(state, dict) else ():
+                slot_digest(obj, value, met)
+            named.update(bytes(o._p_oid) for o in met if o._p_oid is not None)
+    return named
 
 
 def _kill(pid: int) -> int:
@@ -757,18 +836,9 @@ class _OidResolver:
         if self.named is None:
             from ZODB.serialize import referencesf
 
-            named: set[bytes] = set()
+            named = _named_by(self.known, self.jar)
             for data in self.served.values():
                 named.update(referencesf(data))
-            for obj in self.known:
-                if obj._p_oid is not None:
-                    named.add(bytes(obj._p_oid))
-                if isinstance(obj, persistent.Persistent) and obj._p_jar is self.jar:
-                    met: list[Any] = []
-                    state = obj.__getstate__() if obj._p_state != persistent.GHOST else {}
-                    for value in state.values() if isinstance(state, dict) else ():
-                        slot_digest(obj, value, met)
-                    named.update(bytes(o._p_oid) for o in met if o._p_oid is not None)
             self.named = named
         return self.named
 
@@ -798,10 +868,10 @@ def _rebuild_error(payload: bytes | bytearray) -> BaseException:
         "StopIteration",
         "StopAsyncIteration",
     } & set(found.bases):
-        exc = stopped_iteration(found.name, found.message)
+        stopped = stopped_iteration(found.name, found.message)
         if found.where:
-            exc.add_note(f"at {found.where}")
-        return exc
+            stopped.add_note(f"at {found.where}")
+        return stopped
     for base in found.bases:
         cls = getattr(builtins, base, None)
         if isinstance(cls, type) and issubclass(cls, Exception):

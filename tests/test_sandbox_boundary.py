@@ -564,6 +564,43 @@ def test_an_escaped_child_has_no_files_environment_network_or_processes(file_uri
     # What the kernel sees of the child (descriptors, ids, capabilities): test_confine.py.
 
 
+def _load_the_root(obj: UvmObject) -> str:
+    """An escaped child asking the host for the image's root record, which it was never given
+    a way to reach, to rewrite it through a report that references it."""
+    from ZODB.POSException import POSKeyError
+
+    try:
+        obj._p_jar._storage.load(b"\0" * 8)
+    except POSKeyError as exc:
+        return f"refused: {exc}"
+    return "served"
+
+
+def test_an_escaped_child_is_served_only_records_it_could_reach(file_uri) -> None:
+    """The host used to serve any oid the child named; the decoder then took references to
+    every record served, so an escaped child could rewrite the root (the catalog, the rejected
+    methods, the method queue) though it was given one object."""
+    image = LivingImage.open(file_uri)
+    try:
+        image.transact(
+            lambda root: root.__setitem__("target", UvmObject(UvmObject(name="base"), name="t"))
+        )
+        image.db.cacheMinimize()  # the receiver and its parent are ghosts: loaded in the child
+        with image.connection() as conn:
+            receiver = conn.root()["target"]
+            said = isolation.run(_load_the_root, (receiver,), {}, seconds=5, memory_mb=256)
+            assert said.startswith("refused: ")
+            # What it can reach is still served: its parent, loaded through its own record.
+            assert (
+                isolation.run(
+                    lambda o: getattr(o, "parent*").name, (receiver,), {}, seconds=5, memory_mb=256
+                )
+                == "base"
+            )
+    finally:
+        image.close()
+
+
 # -- 4. fuzzing the decoder ---------------------------------------------------------------------
 
 

@@ -93,6 +93,15 @@ def trial_slot(
     return target._add_method(method)
 
 
+def end_trial(target: UvmObject, selector: str, held: Any) -> None:
+    """Take a trial's method out of ``target``'s slot, putting back the method it stood in
+    for (a checked method's own record): a report that lost it is refused by the host."""
+    if isinstance(held, Method):
+        target._add_method(held)
+    else:
+        delattr(target, selector)
+
+
 def _record(selector: str, source: str, compiler: str, **fields: Any) -> Method:
     # The only place a method record with a compiler is made: a new one reaches its slot
     # through ``install_method``, or for a trial through ``trial_slot``.

@@ -714,17 +714,13 @@ def observe(
         for name, value in slots.items():
             setattr(obj, name, copy.deepcopy(value))
         # In its slot, so a method that calls itself, or another object that inherits it,
-        # finds it as it will for real. The method held there before (a checked method's own
-        # record) is put back after: a report that lost it would be refused by the host.
+        # finds it as it will for real; the method held there before comes back after.
         held = target._own_slot(selector)
         install.trial_slot(target, selector, source, function)
         try:
             result = function(obj, *call_args, **call_kwargs)
         finally:
-            if isinstance(held, Method):
-                target._add_method(held)
-            else:
-                delattr(target, selector)
+            install.end_trial(target, selector, held)
         return [result, data_slots(obj)]
 
     outcome = sandbox.run_isolated(probe, receiver, *args, **kwargs)

@@ -214,4 +214,5 @@ def test_only_the_install_step_puts_methods_in_slots() -> None:
     assert callers == {
         ("prototypes/install.py", "install_method"),
         ("prototypes/install.py", "trial_slot"),
+        ("prototypes/install.py", "end_trial"),
     }

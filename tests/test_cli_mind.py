@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fakes import FakeModels, ModelCall, PacedPersonaModel, call_kind, image_digest
 from langchain_core.messages import BaseMessage, HumanMessage
+from test_heartbeat import fits_80_columns, piped
 from test_mind import plan_of, responder
 
 from batos.errors import CycleInterrupted
@@ -112,6 +113,46 @@ def test_ask_json_and_a_failed_cycle(capsys, image) -> None:
     assert code == 10 and "thread id 'no/slash' is malformed" in err
     code, out, _ = run(capsys, "--image", image, "cycles")
     assert code == 0 and "FAILED thread" in out and "unknown persona" in out
+
+
+def test_cycles_shows_whole_ids_at_80_columns_in_a_pipe(capsys, image) -> None:
+    plan = plan_of(
+        ("ALFRED.facet_audit", "is the image healthy"),
+        ("ALFRED.facet_assumptions", "what image health assumes"),
+    )
+    models = FakeModels(responder(plan=plan))
+    for text, persona in (("audit the image health", "alfred"), ("hello there", "robin")):
+        assert run(capsys, "--image", image, "ask", text, "-p", persona, models=models)[0] == 0
+    code, out, _ = run(capsys, "--image", image, "cycles", "--json")
+    committed = json.loads(out)["committed"]
+
+    shown = piped("--image", image, "cycles")
+    assert shown.returncode == 0, shown.stderr
+    fits_80_columns(shown.stdout)
+    lines = shown.stdout.splitlines()
+    for row in committed:  # its id alone on a line, to copy into 'batos cycles ID'
+        at = lines.index(row["id"])
+        when, thread = lines[at + 1].strip().split(" · thread ")
+        assert thread == row["thread_id"] and len(when.split()) == 2  # date and time
+    assert "ALFRED · ALFRED.facet_audit, ALFRED.facet_assumptions ·" in shown.stdout
+    assert "ROBIN · (fast path) ·" in shown.stdout
+    assert run(capsys, "--image", image, "cycles", lines[1])[0] == 0
+
+    # wide enough, it is a table whose cells are whole
+    wide = piped("--image", image, "cycles", COLUMNS="200")
+    assert wide.returncode == 0, wide.stderr
+    header = next(line for line in wide.stdout.splitlines() if line.startswith("┃ cycle"))
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == [
+        "cycle",
+        "when",
+        "thread",
+        "personas",
+        "facets",
+        "seconds",
+        "model s",
+        "tokens",
+    ]
+    assert all(f"│ {row['id']} │ " in wide.stdout for row in committed)
 
 
 def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeypatch) -> None:

@@ -22,6 +22,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END
+from rich.cells import cell_len
 from rich.table import Table
 
 from batos.errors import (
@@ -33,7 +34,7 @@ from batos.errors import (
 )
 from batos.shell.cli.app import console, image_uri, model_factory
 from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
-from batos.shell.cli.terminal import shown
+from batos.shell.cli.terminal import plain, shown
 from batos.shell.runtime import Runtime, open_image, open_runtime
 from graph.mind import MAX_ANSWER_CHARS, run_config
 from graph.request import DEPTHS, check_thread_id, content_text
@@ -567,25 +568,65 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
             hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
             "their threads keep them: 'batos threads THREAD_ID')",
         )
-    table = Table(title="Committed mind cycles, newest first")
-    for column in ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        # A record from an older version may lack fields: each is read with a default.
-        started, tokens = row.get("started"), row.get("tokens") or {}
-        when = "-" if started is None else dt.datetime.fromtimestamp(started)
-        table.add_row(
-            shown(row["id"]),
-            when if isinstance(when, str) else when.isoformat(sep=" ", timespec="seconds"),
-            shown(row.get("thread_id", "-")),
-            shown(", ".join(row.get("personas") or [])),
-            shown(", ".join(row.get("facets") or []) or _path(row)),
-            _number(row.get("seconds")),
-            _number(row.get("model_seconds")),
-            f"{tokens.get('input', '?')} in / {tokens.get('output', '?')} out",
+    title = "Committed mind cycles, newest first"
+    columns = ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens")
+    wrapping = ("personas", "facets")  # lists, which wrap at their commas
+    cells_of = [_cycle_cells(row) for row in rows]
+    # Ids, times and numbers are never broken: an id folded over lines cannot be copied into
+    # 'batos cycles ID'. The table is shown when it fits so; each column takes its widest
+    # cell (a list its longest item), plus a space either side and a rule.
+    widths = [
+        max(
+            [
+                cell_len(column),
+                *(
+                    max(map(cell_len, cells[i].split(", ")))
+                    if column in wrapping
+                    else cell_len(cells[i])
+                    for cells in cells_of
+                ),
+            ]
         )
-    console.print(table)
+        for i, column in enumerate(columns)
+    ]
+    if sum(width + 3 for width in widths) + 1 <= console.width:
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column, no_wrap=column not in wrapping)
+        for cells in cells_of:
+            table.add_row(*(plain(cell) for cell in cells))
+        console.print(table)
+        return rows
+    # Too narrow for the table with whole ids (80 columns, a pipe): one block a cycle, its id
+    # alone on the first line, as 'batos threads' lists threads.
+    console.print(title, markup=False, highlight=False)
+    for cycle_cell, when, thread, personas, facets, seconds, model_s, tokens in cells_of:
+        console.print(cycle_cell, markup=False, soft_wrap=True, highlight=False)
+        line = f"  {when} · thread {thread}"
+        console.print(line, markup=False, soft_wrap=True, highlight=False)
+        console.paragraph(
+            f"{personas or '-'} · {facets} · {seconds} s (model {model_s} s) · {tokens} tokens",
+            indent=4,
+        )
     return rows
+
+
+def _cycle_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """A cycle record's cells, in the table's columns' order: text from the image as it is,
+    to be printed without markup."""
+    # A record from an older version may lack fields: each is read with a default.
+    started, tokens = row.get("started"), row.get("tokens") or {}
+    when = "-" if started is None else dt.datetime.fromtimestamp(started)
+    return (
+        str(row["id"]),
+        when if isinstance(when, str) else when.isoformat(sep=" ", timespec="seconds"),
+        str(row.get("thread_id", "-")),
+        ", ".join(map(str, row.get("personas") or [])),
+        ", ".join(map(str, row.get("facets") or [])) or _path(row),
+        _number(row.get("seconds")),
+        _number(row.get("model_seconds")),
+        f"{tokens.get('input', '?')} in / {tokens.get('output', '?')} out",
+    )
 
 
 def _path(row: dict[str, Any]) -> str:

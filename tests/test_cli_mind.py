@@ -155,6 +155,20 @@ def test_cycles_shows_whole_ids_at_80_columns_in_a_pipe(capsys, image) -> None:
     assert all(f"│ {row['id']} │ " in wide.stdout for row in committed)
 
 
+def test_cycles_refuses_an_unknown_or_empty_id(capsys, image) -> None:
+    assert (
+        run(capsys, "--image", image, "ask", "hi", "-p", "robin", models=FakeModels(responder()))[0]
+        == 0
+    )
+    for argv in (["nonexistent"], ["nonexistent", "--json"]):
+        code, out, err = run(capsys, "--image", image, "cycles", *argv)
+        # an unknown name, as for 'batos tools show': 10 is a cycle that FAILED
+        assert code == 4 and "no committed cycle 'nonexistent'" in err and out == ""
+    for empty in ("", "  "):
+        code, out, err = run(capsys, "--image", image, "cycles", empty)
+        assert code == 2 and "a cycle id cannot be empty" in err and out == ""
+
+
 def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeypatch) -> None:
     models = FakeModels(responder())
     # a pasted colour code is no part of the request

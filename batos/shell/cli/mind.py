@@ -31,6 +31,7 @@ from batos.errors import (
     CycleInterrupted,
     GenerationCancelled,
     MindError,
+    ObjectPathError,
 )
 from batos.shell.cli.app import console, image_uri, model_factory
 from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
@@ -560,14 +561,7 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     from graph import cycle
 
     with image.read() as root:
-        found = cycle.get(root, cycle_id) if cycle_id else None
-        rows = [found] if found is not None else [] if cycle_id else cycle.recent(root, limit)
-    if cycle_id and not rows:
-        raise MindError(
-            f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
-            hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
-            "their threads keep them: 'batos threads THREAD_ID')",
-        )
+        rows = [_committed(image, root, cycle_id)] if cycle_id else cycle.recent(root, limit)
     title = "Committed mind cycles, newest first"
     columns = ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens")
     wrapping = ("personas", "facets")  # lists, which wrap at their commas
@@ -629,6 +623,22 @@ def _cycle_cells(row: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def _committed(image: LivingImage, root: Any, cycle_id: str) -> dict[str, Any]:
+    """The committed cycle ``cycle_id``'s record; ``ObjectPathError`` (exit code 4, as for any
+    name the image does not hold) when there is none: exit code 10 says a request could not be
+    routed or a cycle FAILED, which a mistyped id is not."""
+    from graph import cycle
+
+    found = cycle.get(root, cycle_id)
+    if found is None:
+        raise ObjectPathError(
+            f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
+            hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
+            "their threads keep them: 'batos threads THREAD_ID')",
+        )
+    return found
+
+
 def _path(row: dict[str, Any]) -> str:
     mode = (row.get("depth") or {}).get("mode")
     return f"({mode} path)" if mode else "-"
@@ -668,12 +678,16 @@ def cycles(
 
     Examples: batos cycles · batos cycles -n 5 --json · batos cycles CYCLE_ID
     """
+    if cycle_id is not None and not cycle_id.strip():  # else it would list every cycle
+        raise typer.BadParameter("a cycle id cannot be empty", param_hint="CYCLE_ID")
     with open_image(image_uri(ctx)) as image:
         if as_json:
             from graph import cycle
 
             with image.read() as root:
-                rows = [cycle.get(root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+                rows = (
+                    [_committed(image, root, cycle_id)] if cycle_id else cycle.recent(root, limit)
+                )
             failed = [] if cycle_id else _failed_threads(image, limit)
             console.print_value_json({"committed": rows, "failed": failed}, "the cycles")
             return

@@ -495,8 +495,12 @@ def reconcile(image: LivingImage) -> list[str]:
     return changed
 
 
-def undo(image: LivingImage, number: int) -> dict[str, Any]:
-    """Take a kept retraining back: undo its swap, serve the previous adapter again."""
+def undo(image: LivingImage, number: int, model: str | None = None) -> dict[str, Any]:
+    """Take a kept retraining back: undo its swap, serve the previous adapter again.
+
+    ``model``, when given, is the base model the caller means: a mission that retrained an
+    adapter of another one is refused rather than undone behind the caller's back.
+    """
     from graph.missions import Judgement, apply, valid_missions
 
     with image.read() as root:
@@ -505,6 +509,12 @@ def undo(image: LivingImage, number: int) -> dict[str, Any]:
         raise LearningError(
             f"mission {number} is no kept {MISSION_KIND} mission",
             hint="'batos audit report' lists the missions",
+        )
+    if model is not None and found.get("model") != model:
+        raise LearningError(
+            f"mission {number} retrained {found['persona']}'s adapter on "
+            f"{found.get('model')}, not on {model}",
+            hint=f"'batos learn --model {found.get('model')}' lists that model's missions",
         )
     tids = tuple(t for t in found.get("tids") or [] if t)
     done = apply(image, [Judgement(number, "undone", "undone by hand", {}, None, tids)], 0)

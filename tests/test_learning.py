@@ -546,6 +546,34 @@ def test_batos_learn_run_then_undo_serves_the_old_adapter_again(
     assert "ALFRED: mission 1 undone" in out
 
 
+def test_batos_learn_model_is_the_base_model_of_run_and_undo_too(
+    image, modelfiles, monkeypatch, capsys, file_uri
+) -> None:
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)  # lessons on test
+    image.close()
+    monkeypatch.setenv("BATOS_MODEL", "default")  # what --model stands in for
+    doubles = learning.Retraining(FakeTrainer(b"better"), FakeEvaluator({b"better": 14}))
+    code, out, err = cli(capsys, file_uri, "learn", "--model", "test", "run", "alfred",
+                         retraining=doubles)  # fmt: skip
+    assert code == 0 and "mission 1: ALFRED kept" in out, err
+    assert served.read_bytes() == b"better"
+    code, out, _ = cli(capsys, file_uri, "learn", "--model", "test")
+    assert out.startswith("Learning on test") and "ALFRED: mission 1 kept" in out
+
+    # undoing a mission of another base model than the one named is refused
+    code, _, err = cli(capsys, file_uri, "learn", "--model", "default", "undo", "1")
+    assert code == 1 and "mission 1 retrained ALFRED's adapter on test, not on default" in err
+    assert served.read_bytes() == b"better"
+    code, out, _ = cli(capsys, file_uri, "learn", "--model", "test", "undo", "1")
+    assert code == 0 and "ALFRED serves adapter" in out and "on test again" in out
+    assert served.read_bytes() == old
+
+    for argv in (["learn", "--model", "bogus"], ["learn", "--model", "bogus", "run", "alfred"]):
+        code, out, err = cli(capsys, file_uri, *argv, retraining=doubles)
+        assert code == 2 and "'bogus' is no named base model" in err and out == ""
+    assert len(doubles.trainer.sizes) == 1  # nothing trained on it
+
+
 def test_batos_learn_run_reports_a_failed_mission_with_an_error_exit(
     image, modelfiles, monkeypatch, capsys, file_uri
 ) -> None:

@@ -73,10 +73,32 @@ def _mission_line(mission: dict[str, Any]) -> str:
     return "; ".join(part for part in (head, scores, why) if part)
 
 
+def _check_model(model: str) -> None:
+    """Refuse a base model that has no adapters to learn on: only the named models ship them
+    (a GGUF path has none), and a typo would otherwise show an empty overview as if true."""
+    from store.core.model_files import catalog
+
+    if model not in catalog():
+        raise typer.BadParameter(
+            f"{model!r} is no named base model: choose {' or '.join(catalog())}",
+            param_hint="--model",
+        )
+
+
+def _model(ctx: typer.Context) -> str | None:
+    """The base model 'batos learn --model' named, or None for BATOS_MODEL."""
+    return (ctx.obj or {}).get("learn_model")
+
+
 @learn_app.callback(invoke_without_command=True)
 def status(
     ctx: typer.Context,
-    model: str = typer.Option(None, "--model", help="Base model (default: BATOS_MODEL)."),
+    model: str = typer.Option(
+        None,
+        "--model",
+        help="Base model, 'default' or 'test' (default: BATOS_MODEL); before 'run' or 'undo', "
+        "theirs too.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per persona."),
 ) -> None:
     """What each persona has learnt, the adapter it serves, and its last retraining missions.
@@ -87,8 +109,14 @@ def status(
 
       batos learn run alfred --seconds 600
 
+      batos learn --model test run robin
+
       batos learn undo 7
     """
+    if model is not None:
+        _check_model(model)
+    # 'learn run' and 'learn undo' read it from here: the option belongs to the group.
+    ctx.obj = {**(ctx.obj or {}), "learn_model": model}
     if ctx.invoked_subcommand is not None:
         return
     from graph import learning
@@ -169,6 +197,7 @@ def run_mission(
         mission = learning.retrain_mission(
             image,
             name,
+            model=_model(ctx),
             evaluator=doubles.evaluator,
             trainer=doubles.trainer,
             seconds=seconds,
@@ -229,7 +258,7 @@ def undo(
     from graph import learning
 
     with open_image(image_uri(ctx)) as image:
-        done = learning.undo(image, number)
+        done = learning.undo(image, number, model=_model(ctx))
     persona, model = done["persona"], done.get("model") or settings.get_str("model")
     console.print(
         f"mission {number} undone: {persona} serves adapter "

@@ -74,6 +74,8 @@ def cem_weights(text: str) -> list[float]:
     values = [float(p) for p in parts]
     if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
         raise ValueError("weights must be non-negative numbers, not all zero")
+    if not math.isfinite(sum(values)):  # 1e308 twice: normalising would divide by infinity
+        raise ValueError("weights must add up to a finite number (they are only proportions)")
     return values
 
 
@@ -123,6 +125,15 @@ def _unit_interval(text: str) -> float:
     value = float(text)
     if not -1.0 <= value <= 1.0:
         raise ValueError("must be a number between -1 and 1")
+    return value
+
+
+def _share(text: str) -> float:
+    """A share, or a rise of a score that lies in [0, 1]: below 0 it would turn a margin into a
+    handicap (a worse adapter swapped in), above 1 it can never be reached."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # NaN fails both comparisons
+        raise ValueError("must be a number from 0 to 1")
     return value
 
 
@@ -730,9 +741,9 @@ SETTINGS: dict[str, Setting] = {
             "mission_min_gain",
             "BATOS_MISSION_MIN_GAIN",
             lambda: "0.02",
-            "A self-improvement mission is kept when its component rose by at least this (and "
-            "the CEM fell by no more than audit_decay); otherwise the next audit undoes it.",
-            _non_negative_float,
+            "A self-improvement mission is kept when its component (0-1) rose by at least this "
+            "(and the CEM fell by no more than audit_decay); otherwise the next audit undoes it.",
+            _share,
         ),
         Setting(
             "mission_cycles",
@@ -829,7 +840,7 @@ SETTINGS: dict[str, Setting] = {
             "How much more of its evaluation replies a retrained adapter must have in the "
             "persona's voice (a share, 0-1) than the served one to replace it; fixed before "
             "any retraining, never tuned on its outcome.",
-            _unit_interval,
+            _share,
         ),
         Setting(
             "learning_train_seconds",

@@ -222,7 +222,13 @@ def normalised(weights: Mapping[str, float]) -> dict[str, float]:
     """``weights`` scaled to sum to 1, each at least ``MIN_WEIGHT`` (mixed with the uniform
     weights just enough for that)."""
     values = np.array([max(0.0, float(weights.get(c, 0.0))) for c in COMPONENTS])
-    values = values / values.sum() if values.sum() > 0 else np.full(len(COMPONENTS), 0.25)
+    if np.isfinite(values).all() and values.max() > 0:
+        # scaled by the largest first: the sum of weights near the float maximum would
+        # overflow to infinity, and every weight divided by it to 0
+        values = values / values.max()
+        values = values / values.sum()
+    else:
+        values = np.full(len(COMPONENTS), 0.25)
     uniform = 1.0 / len(COMPONENTS)
     low = float(values.min())
     if low < MIN_WEIGHT:

@@ -98,6 +98,13 @@ def test_persona_protocols_show_in_their_components() -> None:
 
 def test_parse_weights_rejects_bad_text() -> None:
     assert cem.parse_weights("1,0,0,0")["H_rel"] == 1.0
-    for bad in ("1,2,3", "0,0,0,0", "-1,1,1,1", "a,b,c,d", "nan,1,1,1"):
+    for bad in ("1,2,3", "0,0,0,0", "-1,1,1,1", "a,b,c,d", "nan,1,1,1", "1e308,1e308,1,1"):
         with pytest.raises(ValueError):
             cem.parse_weights(bad)
+
+
+def test_weights_near_the_float_maximum_are_normalised_to_sum_one() -> None:
+    weights = cem.normalised({"H_rel": 1e308, "H_cog": 1e308, "H_sol": 1.0, "H_struc": 1.0})
+    assert sum(weights.values()) == pytest.approx(1.0)
+    assert weights["H_rel"] == pytest.approx(weights["H_cog"]) and weights["H_rel"] > 0.4
+    assert weights["H_sol"] == pytest.approx(weights["H_struc"]) == pytest.approx(cem.MIN_WEIGHT)

@@ -43,6 +43,14 @@ def image(capsys, file_uri: str) -> str:
     return file_uri
 
 
+@pytest.mark.parametrize("port", ["0", "99999", "-1"])
+def test_a_port_out_of_range_is_refused_before_any_check(capsys, image, port) -> None:
+    capsys.readouterr()
+    code = main(["--image", image, "doctor", "--port", port])
+    out, err = capsys.readouterr()
+    assert code == 2 and "--port" in err and out == ""
+
+
 def test_a_healthy_image_passes_with_the_storage_checks(capsys, image) -> None:
     code, checks = run_doctor(capsys, image, "--port", str(free_port()))
     assert code == 0, checks

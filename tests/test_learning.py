@@ -516,6 +516,41 @@ def test_batos_learn_run_refuses_with_too_few_lessons_unless_forced(
     assert code == 2 and "unknown persona" in err
 
 
+@pytest.mark.parametrize("seconds", ["inf", "nan", "1e9", "0.5"])
+def test_batos_learn_run_refuses_seconds_beyond_what_its_setting_takes(
+    image, modelfiles, monkeypatch, capsys, file_uri, seconds
+) -> None:
+    alfred_with_lessons(image, modelfiles, monkeypatch, 1)
+    image.close()
+    doubles = learning.Retraining(FakeTrainer(b"better"), FakeEvaluator({b"better": 14}))
+    argv = ("learn", "run", "alfred", "--seconds", seconds)
+    code, out, err = cli(capsys, file_uri, *argv, retraining=doubles)
+    assert code == 2 and "--seconds" in err and "from 1 to 604800" in err and out == ""
+    assert doubles.trainer.sizes == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("BATOS_LEARNING_VOICE_MARGIN", "-0.5"),  # a worse adapter would be swapped in
+        ("BATOS_LEARNING_VOICE_MARGIN", "1.5"),
+        ("BATOS_MISSION_MIN_GAIN", "5"),  # a component lies in [0, 1]: never reached
+        ("BATOS_MISSION_MIN_GAIN", "-0.1"),
+        ("BATOS_MISSION_MIN_GAIN", "nan"),
+    ],
+)
+def test_shares_are_held_to_0_to_1(monkeypatch, variable, value) -> None:
+    from batos import settings
+    from batos.errors import ConfigurationError
+
+    name = next(s.name for s in settings.SETTINGS.values() if s.env == variable)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match="must be a number from 0 to 1"):
+        settings.get(name)
+    monkeypatch.setenv(variable, "0")
+    assert settings.get_float(name) == 0.0
+
+
 def test_batos_learn_run_then_undo_serves_the_old_adapter_again(
     image, modelfiles, monkeypatch, capsys, file_uri
 ) -> None:

@@ -15,7 +15,9 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 def doctor(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="One JSON line per check."),
-    port: int = typer.Option(2024, "--port", help="Port a local 'batos serve' would answer on."),
+    port: int = typer.Option(
+        2024, "--port", min=1, max=65535, help="Port a local 'batos serve' would answer on."
+    ),
 ) -> int:
     """Check the image (and its storage's consistency), the model and its checksums, the
     adapters, the backends, the heartbeat's jobs and lease, and the server; say what to fix.

@@ -155,6 +155,16 @@ def status(
         console.paragraph("no retraining mission yet: 'batos learn run PERSONA' runs one now")
 
 
+def _check_seconds(value: float | None) -> float | None:
+    """The --seconds given, held to what BATOS_LEARNING_TRAIN_SECONDS takes: 'inf' is no bound
+    (and overflows the clock it reaches), and NaN passes any range click checks."""
+    if value is not None and not 1 <= value <= settings.MAX_WAIT_SECONDS:
+        raise typer.BadParameter(
+            f"a number of seconds from 1 to {settings.MAX_WAIT_SECONDS:.0f}", param_hint="--seconds"
+        )
+    return value
+
+
 @learn_app.command("run")
 def run_mission(
     ctx: typer.Context,
@@ -162,8 +172,8 @@ def run_mission(
     seconds: float = typer.Option(
         None,
         "--seconds",
-        min=1,
-        help="Training time bound (default: BATOS_LEARNING_TRAIN_SECONDS).",
+        callback=_check_seconds,
+        help="Training time bound, 1 to 604800 (default: BATOS_LEARNING_TRAIN_SECONDS).",
     ),
     force: bool = typer.Option(
         False, "--force", help="Retrain even with fewer new accepted lessons than needed."

@@ -952,7 +952,7 @@ def get(name: str) -> object:
         raise ConfigurationError(
             f"unknown setting {name!r}", hint=f"known settings: {', '.join(SETTINGS)}"
         ) from None
-    raw = os.environ.get(setting.env) or setting.default()
+    raw = raw_text(name)
     try:
         return setting.parse(raw)
     except ValueError as exc:
@@ -963,6 +963,13 @@ def get(name: str) -> object:
             f"{setting.env}={shown} is not valid: {reason}",
             hint=f"set {setting.env} to a valid value or unset it ({setting.help})",
         ) from None
+
+
+def raw_text(name: str) -> str:
+    """Setting ``name``'s text in force, not parsed or checked: its environment variable when
+    that is set (and not empty), else its default."""
+    setting = SETTINGS[name]
+    return os.environ.get(setting.env) or setting.default()
 
 
 def origin(name: str) -> str:

@@ -512,6 +512,36 @@ def test_config_shows_the_settings_named(capsys) -> None:
     assert code != 0 and "unknown setting 'audit_windows'" in err and "audit_window" in err
 
 
+def test_config_checks_every_name_before_it_shows_a_block(capsys) -> None:
+    code, out, err = run(capsys, "config", "model", "bogus", "audit_windows")
+    assert code == 2 and out == ""
+    assert "unknown settings 'bogus', 'audit_windows'" in err and "audit_window" in err
+
+
+def test_config_flags_a_bad_value_with_its_reason_and_shows_the_rest(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batos.settings import SETTINGS
+
+    monkeypatch.setenv("BATOS_AUDIT_WINDOW", "abc")
+    monkeypatch.setenv("BATOS_LEARNING_VOICE_MARGIN", "-1")
+    code, out, err = run(capsys, "config")
+    assert code == 2  # after every block, not at the first bad one
+    blocks = [b.splitlines() for b in out.strip("\n").split("\n\n")]
+    assert [b[0].split(" = ")[0] for b in blocks] == list(SETTINGS)
+    by_name = {b[0].split(" = ")[0]: b for b in blocks}
+    assert by_name["audit_window"][:3] == [
+        "audit_window = abc",
+        "    (from BATOS_AUDIT_WINDOW)",
+        "    NOT VALID: invalid literal for int() with base 10: 'abc'",
+    ]
+    assert by_name["learning_voice_margin"][2] == "    NOT VALID: must be a number from 0 to 1"
+    assert sum("NOT VALID" in line for line in out.splitlines()) == 2
+    assert "2 settings not valid: BATOS_AUDIT_WINDOW, BATOS_LEARNING_VOICE_MARGIN" in err
+    code, out, _ = run(capsys, "config", "audit_decay")
+    assert code == 0 and "NOT VALID" not in out
+
+
 def test_the_chart_labels_its_axes_and_draws_every_legend_entry(image: str) -> None:
     from matplotlib.collections import PolyCollection
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from batos import settings
-from batos.errors import BatosError, ImageURIError
+from batos.errors import BatosError, ConfigurationError, ImageURIError
 from batos.shell.cli.app import console, image_uri
 from batos.shell.cli.terminal import plain, shown, visible
 from batos.shell.runtime import open_image, open_runtime
@@ -339,11 +339,31 @@ def config_cmd(
     names: list[str] = typer.Argument(None, help="Settings to show (default: all)."),
 ) -> None:
     """Show every setting as a block: its value in force, where that comes from (its
-    environment variable or the default) and what it does. Example: batos config audit_window
+    environment variable or the default) and what it does. A value that cannot be used is
+    shown with the reason, and the command exits 2 after the last block.
+
+    Example: batos config audit_window
     """
+    # Every name is checked before any block is shown: a typo among them is the whole answer.
+    unknown = [name for name in names or [] if name not in settings.SETTINGS]
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting{'s' if len(unknown) > 1 else ''} "
+            + ", ".join(bounded_repr(name, 80) for name in unknown),
+            hint=f"known settings: {', '.join(settings.SETTINGS)}",
+        )
+    invalid = []
     for name in names or settings.SETTINGS:
-        value = str(settings.get(name))  # an unknown name fails here, listing the known ones
         setting = settings.SETTINGS[name]
+        # A bad value is shown, flagged, and the rest still listed: this is where one looks
+        # to find what is wrong, so it must not stop at the first thing that is.
+        reason = None
+        try:
+            value = str(setting.parse(settings.raw_text(name)))
+        except ValueError as exc:
+            value, reason = settings.raw_text(name), str(exc)
+        except BatosError as exc:  # a default worked out from another setting that is bad
+            value, reason = "?", exc.message
         if "key" in name and value:
             value = "***"
         origin = settings.origin(name)
@@ -354,8 +374,17 @@ def config_cmd(
             Text.assemble((name, "bold"), " = ", plain(value)), soft_wrap=True, highlight=False
         )
         console.paragraph(f"({source})", indent=4)
+        if reason is not None:
+            invalid.append(setting.env)
+            console.paragraph(f"NOT VALID: {reason}", indent=4, style="bold red")
         console.paragraph(setting.help, indent=4)
         console.print()
+    if invalid:
+        raise ConfigurationError(
+            f"{len(invalid)} setting{'s' if len(invalid) > 1 else ''} not valid: "
+            + ", ".join(invalid),
+            hint="set each to a value as its block above says, or unset it",
+        )
 
 
 @zeo_app.command("start")

@@ -96,12 +96,15 @@ class TerminalConsole(Console):
     def render_str(self, text: str, **options: Any) -> Text:
         return super().render_str(visible(text), **options)
 
-    def paragraph(self, text: str, indent: int = 2) -> None:
-        """``text`` as prose wrapped at words to the console's width under ``indent`` spaces:
-        no line padded with trailing spaces, controls visible, markup not read."""
+    def paragraph(self, text: str, indent: int = 2, style: str | None = None) -> None:
+        """``text`` as prose wrapped at words to the console's width under ``indent`` spaces,
+        in ``style`` when given: no line padded with trailing spaces, controls visible, markup
+        not read."""
         width = max(20, self.width - indent)
         for line in textwrap.wrap(visible(text), width, break_on_hyphens=False) or [""]:
-            self.print(" " * indent + line, markup=False, highlight=False, soft_wrap=True)
+            self.print(
+                " " * indent + line, markup=False, highlight=False, soft_wrap=True, style=style
+            )
 
     def print_value_json(self, value: Any, what: str) -> None:
         """``value`` as indented, highlighted JSON (``json_text``'s checks), non-ASCII escaped

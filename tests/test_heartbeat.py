@@ -199,7 +199,9 @@ def test_end_to_end_ask_heartbeat_report(capsys, image: str, tmp_path) -> None:
     assert code != 0 and "no audit report 9" in err
 
 
-def test_list_on_a_new_image_says_what_will_run_and_when(capsys, image: str) -> None:
+def test_list_on_a_new_image_says_what_will_run_and_when(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with LivingImage.open(image) as img:
         before = len(img.history(100))
     listed = piped(
@@ -234,7 +236,70 @@ def test_list_on_a_new_image_says_what_will_run_and_when(capsys, image: str) -> 
     planned = {r["job"]: r for r in map(json.loads, out.splitlines())}
     assert all(not r["due_at_start"] and r["next_run"] for r in planned.values())
     code, out, _ = run(capsys, "--image", image, "heartbeat", "--list", "--every", "audit=60")
+    assert code == 0 and "start + 1 min" in out and "changes it" not in out  # not stored
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "60")
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list")
     assert code == 0 and "start + 1 min" in out and "changes it to every 1 min" in out
+
+
+def _ran(out: str) -> set[str]:
+    return set(re.findall(r"^\S+ \S+ [✓✗] (\w+) ", out, re.MULTILINE))
+
+
+def _planned(capsys, image: str, *every: str) -> dict[str, dict]:
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--list", "--json", *every)
+    assert code == 0, out + err
+    return {r["job"]: r for r in map(json.loads, out.splitlines())}
+
+
+def test_a_changed_interval_leaves_a_due_job_due(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changed interval (--every, a variable) moved each due job a whole interval away,
+    unrun: --once then said 'no job was due'."""
+
+    def interrupted(image, models):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # the jobs are written, and left due
+        patch.setitem(JOBS, "audit", (interrupted, JOBS["audit"][1]))
+        code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred())
+    assert code == 130 and _ran(out) == set(), out + err
+    every = ("--every", "facets=901", "--every", "prune=86401")
+    monkeypatch.setenv("BATOS_HEARTBEAT_METHODS_SECONDS", "3601")
+    planned = _planned(capsys, image, *every)
+    assert all(r["due_at_start"] and not r.get("from_start") for r in planned.values()), planned
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list", *every)
+    assert code == 0 and "start +" not in out and out.count("(due)") == len(JOBS), out
+
+    code, out, err = run(
+        capsys, "--image", image, "heartbeat", "--once", *every, models=alfred("Steady.")
+    )
+    assert code == 0 and _ran(out) == set(JOBS), out + err
+    # --every held for that heartbeat: the image keeps the settings' intervals, so the next
+    # heartbeat without it changes nothing; the variable's interval is the image's.
+    planned = _planned(capsys, image)
+    assert planned["facets"]["stored_seconds"] is None and planned["facets"]["seconds"] == 900
+    assert planned["prune"]["stored_seconds"] is None
+    assert planned["methods"]["stored_seconds"] is None and planned["methods"]["seconds"] == 3601
+    assert not any(r["due_at_start"] for r in planned.values())
+
+
+def test_alternating_intervals_do_not_put_a_job_off(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each heartbeat with another interval rescheduled every job from its start: two
+    heartbeats taking turns, each with its own, kept a job from ever coming due."""
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0, out + err
+    before = _planned(capsys, image)
+    for seconds in ("3601", "3599", "3601"):
+        monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", seconds)
+        code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred())
+        assert code == 0 and "no job was due" in out, out + err
+    after = _planned(capsys, image)
+    assert after["audit"]["next_run"] <= before["audit"]["next_run"]  # never later
+    assert after["audit"]["stored_seconds"] is None and after["audit"]["seconds"] == 3601
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,9 @@ for it (or, with ``once``, says who holds it and stops).
 Each job returns what it decided (``Decided``: a sentence and the same facts as data); each run
 becomes one ``Outcome`` — job, start, duration, ok, decision — handed to ``on_outcome`` as it
 ends, which ``batos heartbeat`` prints as a line or a JSON object. A job's interval is its
-setting unless ``intervals`` names it (``--every``); ``plan()`` says what will run and when
+setting unless ``intervals`` names it (``--every``), which holds for this heartbeat alone: the
+image keeps the setting's. A changed interval never delays a job: its next run is the sooner
+of the one stored and a full interval from the start. ``plan()`` says what will run and when
 without writing to the image.
 
 The image may be served by ZEO beside ``batos serve``; when it cannot be reached, lease renewal
@@ -33,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -234,19 +236,28 @@ class Interval:
 @dataclass(frozen=True)
 class Planned:
     """A job as the heartbeat will run it: ``next_run`` None means due as soon as it starts
-    (a job new to the image); ``stored`` is the interval in the image when it differs."""
+    (a job new to the image); ``from_start`` that its next run is a full interval after the
+    start (now, for a plan), sooner than the one stored; ``stored`` is the interval in the
+    image when the heartbeat writes another one there."""
 
     job: str
     interval: Interval
     next_run: datetime | None
     stored: float | None = None
     corrupt: str | None = None
+    from_start: bool = False
 
 
 def _seconds(job: Any) -> float | None:
     """A stored job's interval in seconds; None for a job with no interval trigger."""
     interval = getattr(getattr(job, "trigger", None), "interval", None)
     return None if interval is None else interval.total_seconds()
+
+
+def _next_run(stored: datetime | None, now: datetime, interval: timedelta) -> datetime | None:
+    """A stored job's next run under ``interval`` from ``now``: the one stored, unless a whole
+    interval from now comes sooner. None (a paused job) stays None."""
+    return None if stored is None else min(stored, now + interval)
 
 
 class _Scheduler(BackgroundScheduler):
@@ -291,7 +302,15 @@ class Heartbeat:
                 f"a job's interval must be a positive number of seconds, not {', '.join(bad)}",
                 hint="for example --every audit=600",
             )
-        self.store = ImageJobStore(self.image)
+        # An interval from --every holds for this heartbeat alone: stored, it would come back
+        # at the next one, and stay until a heartbeat without it changed it again.
+        self.store = ImageJobStore(
+            self.image,
+            overrides={
+                name: (self._trigger(self.interval(name)), self._trigger(self.kept(name)))
+                for name in self.intervals
+            },
+        )
         self.scheduler = _Scheduler(
             jobstores={"default": self.store},
             executors={"default": {"type": "threadpool", "max_workers": 2}},
@@ -306,8 +325,17 @@ class Heartbeat:
         """Job ``name``'s interval: the ``intervals`` given, else its setting."""
         if name in self.intervals:
             return Interval(float(self.intervals[name]), "--every")
+        return self.kept(name)
+
+    def kept(self, name: str) -> Interval:
+        """Job ``name``'s interval as the image keeps it: its setting, whatever ``intervals``
+        says."""
         setting = settings.SETTINGS[JOBS[name][1]]
         return Interval(settings.get_float(setting.name), settings.origin(setting.name))
+
+    @staticmethod
+    def _trigger(interval: Interval) -> IntervalTrigger:
+        return IntervalTrigger(seconds=interval.seconds, timezone=UTC)
 
     def run(self, name: str) -> str:
         started, clock = datetime.now(UTC), time.monotonic()
@@ -335,11 +363,13 @@ class Heartbeat:
             log.warning("could not report job %s: %s", outcome.job, exc)
 
     def ensure_jobs(self) -> None:
-        """Add the jobs the image lacks (due at once); give changed intervals to the others.
-        Call with the scheduler started (paused or not) so the changes reach the image."""
+        """Add the jobs the image lacks (due at once); give changed intervals to the others,
+        never putting a run off. Call with the scheduler started (paused or not) so the
+        changes reach the image."""
+        now = datetime.now(UTC)
         for name in JOBS:
-            trigger = IntervalTrigger(seconds=self.interval(name).seconds, timezone=UTC)
-            job = self.store.lookup_job(name)
+            trigger = self._trigger(self.interval(name))
+            job = self.store.stored_job(name)
             if job is None and name not in self.store.corrupt:
                 self.scheduler.add_job(
                     f"{__name__}:run_job",
@@ -347,10 +377,18 @@ class Heartbeat:
                     args=[name],
                     id=name,
                     name=name,
-                    next_run_time=datetime.now(UTC),
+                    next_run_time=now,
                 )
-            elif job is not None and job.trigger.interval != trigger.interval:
-                self.scheduler.reschedule_job(name, trigger=trigger)
+                continue
+            if job is None:
+                continue
+            # The image holds another interval than the setting's (a variable changed since).
+            retrigger = job.trigger.interval != self._trigger(self.kept(name)).interval
+            next_run = _next_run(job.next_run_time, now, trigger.interval)
+            if retrigger or next_run != job.next_run_time:
+                # Rescheduling from now would move a due job a whole interval away unrun: a
+                # changed interval keeps a job due, and can only bring its next run closer.
+                self.scheduler.modify_job(name, trigger=trigger, next_run_time=next_run)
 
     def plan(self) -> list[Planned]:
         """What the heartbeat will run and when, read from the image without changing it: every
@@ -358,6 +396,7 @@ class Heartbeat:
         stored = {
             job_id: (job, self.store.corrupt.get(job_id)) for job_id, _, job in self.store.records()
         }
+        now = datetime.now(UTC)
         rows = []
         for name in JOBS:
             job, corrupt = stored.pop(name, (None, None))
@@ -366,12 +405,15 @@ class Heartbeat:
                 rows.append(Planned(name, interval, None, corrupt=corrupt))
                 continue
             had = _seconds(job)
+            # What ensure_jobs will do, as if the heartbeat started now.
+            next_run = _next_run(job.next_run_time, now, self._trigger(interval).interval)
             rows.append(
                 Planned(
                     name,
                     interval,
-                    job.next_run_time,
-                    stored=None if had == interval.seconds else had,
+                    next_run,
+                    stored=None if had == self.kept(name).seconds else had,
+                    from_start=next_run != job.next_run_time,
                 )
             )
         for job_id, (job, corrupt) in stored.items():  # written by another version of BAT OS

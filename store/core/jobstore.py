@@ -7,6 +7,10 @@ stored as bytes beside its next run time; a record that no longer unpickles (a r
 function, a damaged record) is logged and skipped, never a crash of the scheduler, and stays
 in the image for ``batos heartbeat --list`` to report.
 
+A store may be given triggers that hold in this process alone (``batos heartbeat --every``):
+the jobs it hands the scheduler run on them, and what it writes keeps the trigger meant for
+the image, so an interval given for one heartbeat is never left behind for the next.
+
 The lease (``acquire_lease``) makes one heartbeat act on an image at a time: a holder id and an
 expiry, written in one transaction, so of two heartbeats racing for it ZODB's conflict
 detection lets exactly one win; the holder renews it well before it expires, and a holder that
@@ -18,12 +22,13 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 from apscheduler.job import Job
 from apscheduler.jobstores.base import BaseJobStore, ConflictingIdError, JobLookupError
+from apscheduler.triggers.base import BaseTrigger
 from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
 from persistent.mapping import PersistentMapping
 
@@ -47,21 +52,34 @@ def _jobs(root: Any) -> Any:
 
 
 class ImageJobStore(BaseJobStore):
-    """APScheduler jobs in the image: the heartbeat container's ``jobs[id] = {next, state}``."""
+    """APScheduler jobs in the image: the heartbeat container's ``jobs[id] = {next, state}``.
 
-    def __init__(self, image: LivingImage, pickle_protocol: int = pickle.HIGHEST_PROTOCOL):
+    ``overrides`` maps a job id to two triggers: the one its job runs on in this process, and
+    the one written to the image whenever the job is.
+    """
+
+    def __init__(
+        self,
+        image: LivingImage,
+        pickle_protocol: int = pickle.HIGHEST_PROTOCOL,
+        overrides: Mapping[str, tuple[BaseTrigger, BaseTrigger]] | None = None,
+    ):
         super().__init__()
         self.image = image
         self.pickle_protocol = pickle_protocol
+        self.overrides = dict(overrides or {})
         #: Ids of the records that could not be restored, with why, for the CLI to report.
         self.corrupt: dict[str, str] = {}
 
     # -- reading --------------------------------------------------------------------------
 
-    def _restore(self, job_id: str, record: Any) -> Job | None:
+    def _restore(self, job_id: str, record: Any, stored: bool = False) -> Job | None:
+        """The job of ``record``, on the trigger in force here unless ``stored`` (as kept)."""
         try:
             state = pickle.loads(record["state"])
             state["jobstore"] = self
+            if not stored and job_id in self.overrides:
+                state["trigger"] = self.overrides[job_id][0]
             job = Job.__new__(Job)
             job.__setstate__(state)
         except Exception as exc:  # whatever a damaged record raises, it is skipped
@@ -112,16 +130,27 @@ class ImageJobStore(BaseJobStore):
         return jobs
 
     def records(self) -> Iterator[tuple[str, float | None, Job | None]]:
-        """Every record: its id, next run time and the job, or None where it is corrupt."""
+        """Every record as kept: its id, next run time and the job, or None where it is
+        corrupt (its trigger the stored one, whatever overrides hold here)."""
         with self.image.read() as root:
             rows = [(k, dict(v)) for k, v in _jobs(root).items()]
         for job_id, record in rows:
-            yield job_id, record.get("next"), self._restore(job_id, record)
+            yield job_id, record.get("next"), self._restore(job_id, record, stored=True)
+
+    def stored_job(self, job_id: str) -> Job | None:
+        """Job ``job_id`` as the image keeps it, its stored trigger whatever overrides hold."""
+        with self.image.read() as root:
+            record = _jobs(root).get(job_id)
+            record = dict(record) if record is not None else None
+        return self._restore(job_id, record, stored=True) if record is not None else None
 
     # -- writing --------------------------------------------------------------------------
 
     def _record(self, job: Job) -> dict[str, Any]:
-        state = pickle.dumps(job.__getstate__(), self.pickle_protocol)
+        state_of = job.__getstate__()
+        if job.id in self.overrides:
+            state_of["trigger"] = self.overrides[job.id][1]
+        state = pickle.dumps(state_of, self.pickle_protocol)
         if len(state) > MAX_JOB_BYTES:
             raise ValueError(
                 f"job {job.id!r} pickles to {len(state)} bytes; at most {MAX_JOB_BYTES}"

@@ -84,7 +84,7 @@ def _intervals(every: list[str] | None) -> dict[str, float]:
 def _next_run(row: Planned, now: dt.datetime) -> str:
     if row.next_run is None:
         return "at start" if row.corrupt is None else "-"
-    if row.stored is not None:  # rescheduled when the heartbeat starts: from then on
+    if row.from_start:  # a full interval from the start comes before the stored next run
         return f"start + {_every(row.interval.seconds)}"
     shown_at = _when(row.next_run)
     return f"{shown_at} (due)" if row.next_run <= now else shown_at
@@ -101,6 +101,7 @@ def _list(beat: Heartbeat, uri: str, as_json: bool) -> None:
                 "source": row.interval.source,
                 "next_run": None if row.next_run is None else row.next_run.isoformat(),
                 "due_at_start": row.next_run is None or row.next_run <= now,
+                "from_start": row.from_start,
                 "stored_seconds": row.stored,
                 "corrupt": row.corrupt,
             }
@@ -124,12 +125,19 @@ def _list(beat: Heartbeat, uri: str, as_json: bool) -> None:
         if row.corrupt is not None:
             notes.append(f"{row.job}: skipped, its record cannot be restored ({row.corrupt})")
         elif row.stored is not None:
+            kept = beat.kept(row.job).seconds
             notes.append(
                 f"{row.job}: the image holds every {_every(row.stored)}; the heartbeat changes "
-                f"it to every {_every(row.interval.seconds)} when it starts"
+                f"it to every {_every(kept)} when it starts"
             )
     if any(row.next_run is None and row.corrupt is None for row in rows):
         notes.append("'at start': new to this image, run as soon as a heartbeat starts")
+    if any(row.from_start for row in rows):
+        notes.append(
+            "'start + …': one interval after the heartbeat starts, sooner than the image's next run"
+        )
+    if any(row.interval.source == "--every" for row in rows):
+        notes.append("--every holds for this heartbeat; the image keeps the settings' intervals")
     for note in notes:
         console.paragraph(note)
 

@@ -421,6 +421,46 @@ def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
         assert any(o.job == "prune" and o.ok for o in beat.outcomes)
 
 
+def test_once_keeps_its_lease_while_a_job_outlasts_it(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--once took the lease once: a job running longer than it (facets, minutes on a slow
+    model) let a second heartbeat take the expired lease and run its jobs beside it."""
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "3")
+    running, release = threading.Event(), threading.Event()
+    prune = JOBS["prune"][0]
+
+    def slow(image, models):
+        running.set()
+        assert release.wait(30)
+        return prune(image, models)
+
+    monkeypatch.setitem(JOBS, "prune", (slow, JOBS["prune"][1]))
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred("Steady."))
+        worker = threading.Thread(target=beat.once)
+        worker.start()
+        try:
+            assert running.wait(30)
+            taken = []
+            # Past the expiry of the lease as it stood when the job began, and a second more.
+            until = (lease_holder(img) or {}).get("expires", 0) + 1.0
+            while time.time() < until:
+                if acquire_lease(img, "another-heartbeat", 3.0) is not None:
+                    taken.append(time.time())
+                    break
+                time.sleep(0.1)
+            with pytest.raises(LeaseHeld):
+                Heartbeat(img, alfred()).once()
+        finally:
+            release.set()
+            worker.join(30)
+        assert not worker.is_alive()
+        assert not taken, "another heartbeat took the lease while the job ran"
+        assert lease_holder(img) is None  # given back once the jobs ended
+        assert any(o.job == "prune" and o.ok for o in beat.outcomes)
+
+
 SLOW_HEARTBEAT = """
 import sys, time
 from batos.shell import heartbeat

@@ -433,7 +433,11 @@ class Heartbeat:
         return acquire_lease(self.image, self.holder, settings.get_float("heartbeat_lease_seconds"))
 
     def once(self) -> list[Outcome]:
-        """Run every due job once, in this thread, then stop; LeaseHeld if another acts."""
+        """Run every due job once, in this thread, then stop; LeaseHeld if another acts. The
+        lease is renewed from a helper thread meanwhile: a job may run for longer than it lasts
+        (facets on a slow model, for minutes), and a lease left to expire would let a second
+        heartbeat start its jobs beside this one's."""
+        ttl = settings.get_float("heartbeat_lease_seconds")
         if self._lease() is None:
             held = lease_holder(self.image) or {}
             raise LeaseHeld(
@@ -442,11 +446,19 @@ class Heartbeat:
                 f"({max(0, held.get('expires', 0) - time.time()):.0f} s)",
             )
         _ACTIVE["beat"] = self
+        done = threading.Event()
+        renewer = threading.Thread(
+            target=self._hold, args=(done, ttl), name="heartbeat-lease", daemon=True
+        )
+        renewer.start()
         self.scheduler.start(paused=True)
         try:
             self.ensure_jobs()
             now = datetime.now(UTC)
             for job in self.store.get_due_jobs(now):
+                if not renewer.is_alive():  # the lease was lost: another heartbeat may act now
+                    log.error("the lease on %s was taken over; no more jobs run", self.image.uri)
+                    break
                 try:
                     self.run(job.id)
                 except Exception:  # logged and recorded in outcomes; the other jobs still run
@@ -455,6 +467,8 @@ class Heartbeat:
                 after = job.trigger.get_next_fire_time(runs[-1] if runs else now, now)
                 self.scheduler.modify_job(job.id, next_run_time=after)
         finally:
+            done.set()
+            renewer.join()  # no renewal after the release below
             self.scheduler.shutdown(wait=True)
             _ACTIVE.pop("beat", None)
             release_lease(self.image, self.holder)
@@ -487,6 +501,8 @@ class Heartbeat:
             self.scheduler.resume()
             log.info("heartbeat %s acting on %s", self.holder, self.image.uri)
             self._hold(stop, ttl)
+            if not stop.is_set():
+                log.error("heartbeat %s stopping: it no longer holds the lease", self.holder)
         finally:
             self._shut_down(ttl)
             _ACTIVE.pop("beat", None)
@@ -522,11 +538,13 @@ class Heartbeat:
             finished.wait(ttl / 3)
 
     def _hold(self, stop: threading.Event, ttl: float) -> None:
+        """Renew the lease every third of ``ttl`` until ``stop`` is set, or until another
+        holder has taken it over."""
         pause = ttl / 3
         while not stop.wait(pause):
             try:
                 if self._lease() is None:
-                    log.error("the lease on %s was taken over; stopping", self.image.uri)
+                    log.error("the lease on %s was taken over", self.image.uri)
                     return
                 pause = ttl / 3
             except Exception as exc:

@@ -16,6 +16,7 @@ import pytest
 from fakes import FakeModels, ScriptedChatModel
 from test_mind import responder
 
+from batos.errors import ConfigurationError
 from batos.shell.cli import main
 from batos.shell.cli.heartbeat import draw_chart
 from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld
@@ -149,8 +150,8 @@ def test_a_second_heartbeat_with_once_is_told_who_acts(capsys, image: str) -> No
 def test_forever_runs_unattended_waits_for_the_lease_and_stops_cleanly(
     image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.3")
-    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "1.5")
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "1")  # the shortest of each
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "3")
     with LivingImage.open(image) as img:
         heard = []
         first = Heartbeat(img, alfred(*["Steady."] * 50), on_outcome=heard.append)
@@ -303,11 +304,45 @@ def test_alternating_intervals_do_not_put_a_job_off(
 
 
 @pytest.mark.parametrize(
-    "every", ["nope=5", "audit=-1", "audit", "audit=soon", "audit=1e99", "audit=1e12", "audit=inf"]
+    "every",
+    [
+        *("nope=5", "audit=-1", "audit", "audit=soon", "audit=1e99", "audit=1e12", "audit=inf"),
+        *("audit=0", "audit=0.01", "audit=1e-7", "audit=nan"),
+    ],
 )
 def test_every_refuses_what_is_not_a_job_and_an_interval(capsys, image: str, every) -> None:
     code, _, err = run(capsys, "--image", image, "heartbeat", "--list", "--every", every)
     assert code != 0 and "--every" in err and "hint:" in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "shortest"),
+    [
+        ("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.01", "at least 1 "),
+        ("BATOS_HEARTBEAT_FACETS_SECONDS", "1e-7", "at least 1 "),
+        ("BATOS_HEARTBEAT_LEASE_SECONDS", "0.01", "at least 3 "),
+        ("BATOS_HEARTBEAT_LEASE_SECONDS", "2.9", "at least 3 "),
+    ],
+)
+def test_intervals_and_leases_too_short_to_mean_anything_are_refused(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch, variable, value, shortest
+) -> None:
+    """An audit every 0.01 s wrote 504 idle reports in 10 s, a 0.01 s lease grew the image
+    tenfold in 10 s of renewals, and 1e-7 s was listed but ran about once a second."""
+    monkeypatch.setenv(variable, value)
+    with LivingImage.open(image) as img:
+        before = len(img.history(100))
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 2 and variable in err and shortest in err and "Traceback" not in err, out
+    with LivingImage.open(image) as img:
+        assert len(img.history(100)) == before  # refused before any job or lease was written
+
+
+def test_a_heartbeat_refuses_an_interval_under_a_second(image: str) -> None:
+    with LivingImage.open(image) as img:
+        with pytest.raises(ConfigurationError, match="from 1 to"):
+            Heartbeat(img, intervals={"audit": 0.01})
+        assert Heartbeat(img, intervals={"audit": 1}).interval("audit").seconds == 1
 
 
 def test_an_interval_setting_beyond_a_year_is_refused(capsys, image: str, monkeypatch) -> None:
@@ -387,7 +422,7 @@ def test_sigterm_in_once_stops_as_ctrl_c_does_and_gives_the_lease_back(
 def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
     image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "1.5")
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "3")
     running, release = threading.Event(), threading.Event()
     prune = JOBS["prune"][0]
 
@@ -403,10 +438,10 @@ def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
         worker = threading.Thread(target=beat.forever, args=(stop,))
         worker.start()
         assert running.wait(20)
-        time.sleep(0.45)  # late in a renewal period: the last renewal is already old
+        time.sleep(0.9)  # late in a renewal period: the last renewal is already old
         stop.set()
         lapsed = []
-        until = time.time() + 3.0  # twice the lease: unrenewed, it would lapse in this time
+        until = time.time() + 6.0  # twice the lease: unrenewed, it would lapse in this time
         while time.time() < until:
             lease = lease_holder(img)
             if not lease or lease["holder"] != beat.holder or lease["expires"] < time.time():
@@ -464,6 +499,7 @@ def test_once_keeps_its_lease_while_a_job_outlasts_it(
 SLOW_HEARTBEAT = """
 import sys, time
 from batos.shell import heartbeat
+from batos.errors import ConfigurationError
 from batos.shell.cli import main
 
 def slow(image, models):

@@ -299,7 +299,7 @@ def test_a_heartbeat_beside_batos_serve_on_one_image_through_zeo(
     from store.core.zeo import ZeoServer, free_port
 
     repo = Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "0.5")
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "1")
     with ZeoServer(tmp_path / "shared.fs") as zeo:
         assert main(["--image", zeo.uri, "init"]) == 0
         port = free_port()

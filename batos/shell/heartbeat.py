@@ -296,12 +296,16 @@ class Heartbeat:
                 f"no heartbeat job {', '.join(map(repr, unknown))}",
                 hint=f"the jobs are {', '.join(JOBS)}",
             )
-        bad = [f"{k}={v}" for k, v in self.intervals.items() if not 0 < v < float("inf")]
+        low, high = settings.MIN_INTERVAL_SECONDS, settings.MAX_INTERVAL_SECONDS
+        bad = [f"{k}={v}" for k, v in self.intervals.items() if not low <= v <= high]
         if bad:
             raise ConfigurationError(
-                f"a job's interval must be a positive number of seconds, not {', '.join(bad)}",
+                f"a job's interval must be a number of seconds from {low:g} to {high:.0f}, "
+                f"not {', '.join(bad)}",
                 hint="for example --every audit=600",
             )
+        for name in JOBS:  # a setting it cannot use is refused before anything is written
+            self.interval(name)
         # An interval from --every holds for this heartbeat alone: stored, it would come back
         # at the next one, and stay until a heartbeat without it changed it again.
         self.store = ImageJobStore(

@@ -67,10 +67,12 @@ def _intervals(every: list[str] | None) -> dict[str, float]:
             value = float(seconds) if sep else math.nan
         except ValueError:
             value = math.nan
-        if not sep or not 0 < value <= settings.MAX_INTERVAL_SECONDS:
+        # Below a second the scheduler runs a job no faster, and every run writes to the image.
+        if not sep or not settings.MIN_INTERVAL_SECONDS <= value <= settings.MAX_INTERVAL_SECONDS:
             raise ConfigurationError(
-                f"--every {text!r} is not JOB=SECONDS with a number of seconds above 0 and "
-                f"at most {settings.MAX_INTERVAL_SECONDS:.0f} (a year)",
+                f"--every {text!r} is not JOB=SECONDS with a number of seconds from "
+                f"{settings.MIN_INTERVAL_SECONDS:g} to {settings.MAX_INTERVAL_SECONDS:.0f} "
+                "(a year)",
                 hint="for example --every audit=600 --every methods=300",
             )
         if job not in JOBS:

@@ -512,7 +512,9 @@ sys.exit(main(["--image", sys.argv[1], "heartbeat"]))
 """
 
 
-def test_a_second_stop_abandons_the_running_job_and_gives_the_lease_back(image: str) -> None:
+def test_a_second_stop_abandons_the_running_job_and_gives_the_lease_back(
+    capsys, image: str
+) -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", SLOW_HEARTBEAT, image],
         stdout=subprocess.PIPE,
@@ -534,6 +536,10 @@ def test_a_second_stop_abandons_the_running_job_and_gives_the_lease_back(image: 
     assert "stopping now: the running job is abandoned" in out
     with LivingImage.open(image) as img:  # the file is free, and so is the lease
         assert lease_holder(img) is None
+    # The scheduler had moved each job it started (or queued for a worker) to its next run;
+    # abandoned, they are due again, not an interval away.
+    planned = _planned(capsys, image)
+    assert all(r["due_at_start"] for r in planned.values()), planned
 
 
 def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:

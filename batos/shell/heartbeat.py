@@ -38,6 +38,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_SUBMITTED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.interval import IntervalTrigger
@@ -322,6 +329,14 @@ class Heartbeat:
             timezone=UTC,
         )
         self.outcomes: list[Outcome] = []
+        #: (job, when it was due) → its runs handed to the executor that have not ended: the
+        #: scheduler moves a job to its next run as it hands it over, so these are what
+        #: ``abandon`` must leave due. Counted both ways, the events coming from two threads.
+        self._held: dict[tuple[str, datetime], int] = {}
+        self._held_lock = threading.Lock()
+        self.scheduler.add_listener(
+            self._track, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
+        )
 
     # -- the jobs -------------------------------------------------------------------------
 
@@ -365,6 +380,45 @@ class Heartbeat:
             self.on_outcome(outcome)
         except Exception as exc:  # whoever listens must not make a job that ran look failed
             log.warning("could not report job %s: %s", outcome.job, exc)
+
+    def _track(self, event: JobSubmissionEvent | JobExecutionEvent) -> None:
+        if isinstance(event, JobSubmissionEvent):
+            runs, step = event.scheduled_run_times, 1
+        else:
+            runs, step = [event.scheduled_run_time], -1
+        with self._held_lock:
+            for when in runs:
+                key = (event.job_id, when)
+                count = self._held.get(key, 0) + step
+                if count:
+                    self._held[key] = count
+                else:
+                    self._held.pop(key, None)
+
+    def abandon(self) -> None:
+        """Leave every job run that has not ended (running, or waiting for a worker) due as it
+        was, each in a short transaction of its own, then give the lease back: for a process
+        about to end without waiting for them, whose next heartbeat should run them at once,
+        not an interval later."""
+        with self._held_lock:
+            due: dict[str, datetime] = {}
+            for (job_id, when), count in self._held.items():
+                if count > 0:
+                    due[job_id] = min(when, due.get(job_id, when))
+        for job_id, when in due.items():
+            try:
+                job = self.store.stored_job(job_id)
+                if job is not None and job.next_run_time is not None and job.next_run_time > when:
+                    job._modify(next_run_time=when)
+                    self.store.update_job(job)
+            except Exception as exc:
+                log.warning(
+                    "could not leave job %s due (%s); it waits for its next run", job_id, exc
+                )
+        try:
+            release_lease(self.image, self.holder)
+        except Exception as exc:
+            log.warning("could not release the lease (%s); it expires by itself", exc)
 
     def ensure_jobs(self) -> None:
         """Add the jobs the image lacks (due at once); give changed intervals to the others,

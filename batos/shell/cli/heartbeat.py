@@ -31,9 +31,11 @@ from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
 from graph import cem, missions
-from store.core.jobstore import release_lease
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
+
+#: Longest a second stop waits to leave the abandoned jobs due and give the lease back.
+ABANDON_WAIT_S = 5.0
 
 
 def _when(timestamp: float | dt.datetime | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
@@ -229,13 +231,20 @@ def heartbeat(
                 stop.set()
                 return
             # The second: a job can run for minutes (writing facets on a slow model). It is
-            # abandoned uncommitted, the lease given back; the process ends at once, since
-            # the job's thread cannot be stopped from outside.
-            say.print("stopping now: the running job is abandoned, nothing of it committed")
-            try:
-                release_lease(image, beat.holder)
-            finally:
-                os._exit(128 + signum)
+            # abandoned uncommitted, left due, the lease given back; the process ends at once,
+            # since the job's thread cannot be stopped from outside.
+            say.print(
+                "stopping now: the running job is abandoned, nothing of it committed; it runs "
+                "at the next heartbeat"
+            )
+            # From a thread of its own, waited for a few seconds at most: this handler may
+            # have interrupted the main thread inside a commit (a lease renewal), holding a
+            # lock the abandoning transactions would wait for as long as the process lived.
+            # Then the lease expires by itself and the job waits for its next interval.
+            leaving = threading.Thread(target=beat.abandon, name="heartbeat-abandon", daemon=True)
+            leaving.start()
+            leaving.join(ABANDON_WAIT_S)
+            os._exit(128 + signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stopping)

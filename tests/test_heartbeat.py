@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -552,6 +553,49 @@ def test_a_failed_job_is_a_line_that_says_why(capsys, image: str) -> None:
     assert code == 1, out + err
     audited = next(json.loads(line) for line in out.splitlines() if '"audit"' in line)
     assert not audited["ok"] and "model is down" in audited["decided"]["error"]
+
+
+def test_a_job_that_fails_on_a_setting_is_one_line_and_one_log_record(
+    capsys, caplog, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure's line ran on to a second, its hint, in the text and in the JSON 'said'; the
+    long-running heartbeat logged it twice, its own record and APScheduler's."""
+    monkeypatch.setenv("BATOS_HEARTBEAT_PRUNE_KEEP", "abc")
+    images = [f"file://{tmp_path / name / 'live_image.fs'}" for name in ("text", "json", "run")]
+    for uri in images:  # each with every job due
+        assert run(capsys, "--image", uri, "init")[0] == 0
+    code, out, err = run(capsys, "--image", images[0], "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 1, out + err
+    lines = out.splitlines()
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [✓✗] \w+ ", line) for line in lines), out
+    [failed] = [line for line in lines if " prune " in line]
+    assert "✗ prune" in failed and "BATOS_HEARTBEAT_PRUNE_KEEP" in failed
+
+    code, out, err = run(
+        capsys, "--image", images[1], "heartbeat", "--once", "--json", models=alfred("Ok.")
+    )
+    [pruned] = [r for r in map(json.loads, out.splitlines()) if r["job"] == "prune"]
+    assert not pruned["ok"] and "\n" not in pruned["said"], pruned
+    assert pruned["said"].startswith("ConfigurationError: BATOS_HEARTBEAT_PRUNE_KEEP='abc'")
+    assert pruned["decided"]["error"] == pruned["said"]
+    assert "set BATOS_HEARTBEAT_PRUNE_KEEP to a valid value" in pruned["decided"]["hint"]
+
+    caplog.clear()
+    with LivingImage.open(images[2]) as img:
+        beat = Heartbeat(img, alfred(*["Steady."] * 5))
+        stop = threading.Event()
+        worker = threading.Thread(target=beat.forever, args=(stop,))
+        worker.start()
+        deadline = time.monotonic() + 20
+        while not any(o.job == "prune" for o in beat.outcomes):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stop.set()
+        worker.join(20)
+        assert not worker.is_alive()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].name == "batos.heartbeat", errors
+    assert "job prune failed" in errors[0].getMessage() and "\n" not in errors[0].getMessage()
 
 
 def test_an_audit_without_new_cycles_is_idle_and_starts_nothing(capsys, image: str) -> None:

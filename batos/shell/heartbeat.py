@@ -197,12 +197,22 @@ JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], Decided
 _ACTIVE: dict[str, Heartbeat] = {}
 
 
-def run_job(name: str) -> str:
+def run_job(name: str) -> str | None:
     """What a stored job calls: job ``name`` of the heartbeat acting in this process."""
     beat = _ACTIVE.get("beat")
     if beat is None:
         raise BatosError(f"job {name!r} ran with no heartbeat acting in this process")
-    return beat.run(name)
+    try:
+        return beat.run(name)
+    except Exception:
+        # Already logged and reported by run(); raised on, APScheduler's executor would log
+        # it a second time (and its traceback a third, with -v).
+        return None
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces made single spaces."""
+    return " ".join(text.split())
 
 
 @dataclass
@@ -362,9 +372,22 @@ class Heartbeat:
             decided = JOBS[name][0](self.image, self.models)
         except Exception as exc:
             seconds = time.monotonic() - clock
-            error = f"{type(exc).__name__}: {exc}"
-            self._heard(Outcome(name, False, error, seconds, started, {"error": error}))
-            log.error("job %s failed after %.1f s: %s", name, seconds, exc)
+            # One line, as every run's record is: a BatosError's text carries its hint on a
+            # line of its own, which is kept apart here.
+            message = exc.message if isinstance(exc, BatosError) else str(exc)
+            hint = exc.hint if isinstance(exc, BatosError) else None
+            error = _one_line(f"{type(exc).__name__}: {message}")
+            hint = _one_line(hint) if hint else None
+            facts = {"error": error, "hint": hint}
+            self._heard(Outcome(name, False, error, seconds, started, facts))
+            log.error(
+                "job %s failed after %.1f s: %s%s",
+                name,
+                seconds,
+                error,
+                f" (hint: {hint})" if hint else "",
+                exc_info=True,  # shown with -v alone
+            )
             raise
         outcome = Outcome(name, True, decided.said, time.monotonic() - clock, started)
         outcome.decided = decided.facts

@@ -254,6 +254,21 @@ def _planned(capsys, image: str, *every: str) -> dict[str, dict]:
     return {r["job"]: r for r in map(json.loads, out.splitlines())}
 
 
+def test_the_help_and_the_operations_page_name_every_job() -> None:
+    """Both named five jobs: 'learn' and its interval setting were left out."""
+    from pathlib import Path
+
+    helped = piped("heartbeat", "--help", COLUMNS="300")
+    assert helped.returncode == 0, helped.stderr
+    text = " ".join(helped.stdout.split())
+    page = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = " ".join(page.split("## The heartbeat", 1)[1].split("###", 1)[0].split())
+    for job, (_, setting) in JOBS.items():
+        assert f"{job} (" in text, job
+        assert f"(`{job}`" in section, job
+        assert f"`{setting}`" in section, setting
+
+
 def test_a_changed_interval_leaves_a_due_job_due(
     capsys, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

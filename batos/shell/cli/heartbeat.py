@@ -181,10 +181,11 @@ def heartbeat(
         False, "--json", help="One JSON object per line: per job run (per job with --list)."
     ),
 ) -> int:
-    """Run the image's upkeep — ALFRED's audit, facet writing, memory curation, checkpoint
-    pruning, method checks — on their intervals until stopped (Ctrl-C or SIGTERM), printing
-    one line per job run. Examples: batos heartbeat · batos heartbeat --once --json ·
-    batos heartbeat --list --every audit=600
+    """Run the image's upkeep — audit (ALFRED's self-audit), facets (writing the facet
+    methods the image lacks), curate (memory curation), prune (checkpoint pruning), methods
+    (method checks), learn (adapter retraining) — on their intervals until stopped (Ctrl-C or
+    SIGTERM), printing one line per job run. Examples: batos heartbeat · batos heartbeat
+    --once --json · batos heartbeat --list --every audit=600
     """
     intervals = _intervals(every)
     with open_runtime(image_uri(ctx), models=model_factory(ctx)) as runtime:

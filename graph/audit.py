@@ -10,8 +10,10 @@ is written, one transaction) and ``improve`` (the planned mission, if any). A fa
 and does not fail the audit.
 
 The verdict rule, on the weighted CEM (the earlier reports' components weighted with this
-audit's weights, so a change of weights is never read as a decay): **decay** when it fell by
-more than ``audit_decay`` since the previous report; **stagnation** when it moved by less than
+audit's weights, so a change of weights is never read as a decay; each two readings compared
+over the components both define, ``cem.comparable``, so a component that comes or goes is
+not read as one either): **decay** when it fell by more than ``audit_decay`` since the
+previous report; **stagnation** when it moved by less than
 ``audit_decay / 10`` over each of the last three reports; **steady** otherwise; **unknown**
 with no previous reading; **idle** when no cycle was committed since the previous report. An
 idle audit measures nothing new, so it judges no mission, starts none, keeps the weights and
@@ -83,14 +85,32 @@ def verdict(history: list[float | None], current: float | None, decay: float) ->
     known = [h for h in history if h is not None]
     if current is None or not known:
         return "unknown"
-    if known[-1] - current > decay:
+    readings = [*known, current]
+    return verdict_of_moves([b - a for a, b in zip(readings, readings[1:], strict=False)], decay)
+
+
+def verdict_of_moves(moves: list[float | None], decay: float) -> str:
+    """The rule of the module docstring on ``moves``, how far the CEM moved from each reading
+    to the next, oldest first, the last one to this audit's (None: no component in common)."""
+    if not moves or moves[-1] is None:
+        return "unknown"
+    if moves[-1] < -decay:
         return "decay"
-    recent = (known + [current])[-(STAGNANT_REPORTS + 1) :]
-    if len(recent) == STAGNANT_REPORTS + 1 and all(
-        abs(b - a) < decay / 10 for a, b in zip(recent, recent[1:], strict=False)
+    recent = moves[-STAGNANT_REPORTS:]
+    if len(recent) == STAGNANT_REPORTS and all(
+        m is not None and abs(m) < decay / 10 for m in recent
     ):
         return "stagnation"
     return "steady"
+
+
+def moves(readings: list[Mapping[str, Any]], weights: Mapping[str, float]) -> list[float | None]:
+    """How far the CEM moved between consecutive ``readings`` (oldest first, this audit's
+    last), each pair weighted with ``weights`` over the components both define
+    (``cem.change``): a component that comes or goes is not a move. Readings with no
+    component defined are passed over."""
+    known = [r for r in readings if cem.weighted(r, weights) is not None]
+    return [cem.change(a, b, weights) for a, b in zip(known, known[1:], strict=False)]
 
 
 def reports(root: Any) -> Any:
@@ -202,21 +222,27 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             reason = idle_since(newest_report(root), seen)
             recent = measured_reports(root, STAGNANT_REPORTS)
             previous = recent[-1] if recent else None
-            old = dict(previous["metrics"]) if previous else {}
-            if old:
-                old["cem"] = cem.weighted(old, weights)
-            deltas = {
-                name: None
-                if metrics.get(name) is None or old.get(name) is None
-                else round(metrics[name] - old[name], 6)
-                for name in (*cem.COMPONENTS, "cem")
-            }
+            # Like for like: a component that came or went (H_struc with the first facet
+            # call) or changed definition (H_cog) is no move of the CEM (cem.comparable).
+            if previous is None:
+                deltas: dict[str, float | None] = dict.fromkeys((*cem.COMPONENTS, "cem"))
+            else:
+                deltas = {
+                    **cem.changes(previous["metrics"], metrics),
+                    "cem": cem.change(previous["metrics"], metrics, weights),
+                }
             if reason is not None:  # nothing happened: nothing to judge, learn or mend
                 judgements, rule, chosen = [], "idle", None
             else:
                 judgements = missions.assess(root, metrics, weights, image)
-                history = [cem.weighted(r["metrics"], weights) for r in recent]
-                rule = verdict(history, metrics["cem"], settings.get_float("audit_decay"))
+                readings = [r["metrics"] for r in recent] + [metrics]
+                rule = (
+                    "unknown"
+                    if metrics["cem"] is None
+                    else verdict_of_moves(
+                        moves(readings, weights), settings.get_float("audit_decay")
+                    )
+                )
                 # One mission at a time, each from a reading no other mission's change is in.
                 busy = bool(judgements)
                 chosen = (

@@ -31,6 +31,12 @@ CEM = Σ w_c H_c / Σ w_c over the components that are defined. ``None`` when no
 is defined. The weights start as the ``cem_weights`` setting (default equal) and are then
 learnt by the audits (``step_weights``).
 
+Comparing two readings (``comparable``, ``changes``, ``change``): like for like. The CEM of
+each is taken over the components both define, with the same weights, so that a component
+entering or leaving the mean (H_struc with the first facet call) is not read as a move; and
+when H_cog held the facet entropy in one reading only, both readings' H_cog are compared on
+their persona entropy, the part they share.
+
 Meta-optimisation (``step_weights``): each judged self-improvement mission m has an outcome
 ``s_m`` (+1 kept, -1 undone) and the change ``Δ_c^m`` of every component between the reading
 it started from and the one that judged it. A component that moved with the outcome (rose
@@ -75,6 +81,11 @@ class Metrics:
     cycles: int
     weights: dict[str, float]
     by_persona: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    #: H_cog's two parts, so that a reading is compared with another on one definition of it
+    #: (``comparable``): the persona entropy, and the facet entropy (None: no facet called,
+    #: H_cog is the persona entropy alone).
+    H_cog_personas: float | None = None
+    H_cog_facets: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,15 +130,25 @@ def facet_uses(records: Sequence[Mapping[str, Any]]) -> Counter[str]:
     return Counter(str(f) for r in records for f in (r.get("facets") or []))
 
 
-def diversity(records: Sequence[Mapping[str, Any]], facet_space: int = 0) -> float | None:
+def _diversity_parts(
+    records: Sequence[Mapping[str, Any]], facet_space: int = 0
+) -> tuple[float | None, float | None]:
+    """(persona entropy, facet entropy) of H_cog, unrounded; the first None without persona
+    uses, the second None when no facet was called."""
     uses = persona_uses(records)
     if not uses:
-        return None
+        return None, None
     e_p = _entropy(uses.values(), len(PERSONAS))
     facets = facet_uses(records)
     if not facets:
+        return e_p, None
+    return e_p, _entropy(facets.values(), max(2, facet_space, len(facets)))
+
+
+def diversity(records: Sequence[Mapping[str, Any]], facet_space: int = 0) -> float | None:
+    e_p, e_f = _diversity_parts(records, facet_space)
+    if e_p is None or e_f is None:
         return _rounded(e_p)
-    e_f = _entropy(facets.values(), max(2, facet_space, len(facets)))
     return _rounded((e_p + e_f) / 2)
 
 
@@ -189,6 +210,74 @@ def weighted(values: Mapping[str, float | None], weights: Mapping[str, float]) -
     return _rounded(sum(v * w for v, w in defined) / total)
 
 
+#: Half a unit in the sixth place, twice over: how far a sum of rounded terms may stray.
+_ROUNDING = 1e-5
+
+
+def cog_parts(reading: Mapping[str, Any]) -> tuple[float, bool] | None:
+    """H_cog's persona entropy in ``reading`` and whether its H_cog also holds the facet
+    entropy; None when H_cog is n/a or that cannot be told.
+
+    Readings from before they kept the parts (``H_cog_personas``) still have each persona's
+    term of the persona entropy (``by_persona``): their sum is the persona entropy, and an
+    H_cog that differs from it held the facet entropy too.
+    """
+    if reading.get("H_cog") is None:
+        return None
+    if reading.get("H_cog_personas") is not None:
+        return float(reading["H_cog_personas"]), reading.get("H_cog_facets") is not None
+    terms = reading.get("by_persona") or {}
+    if not terms:
+        return None
+    e_p = sum(float((t or {}).get("H_cog_term") or 0.0) for t in terms.values())
+    return e_p, abs(float(reading["H_cog"]) - e_p) > _ROUNDING
+
+
+def comparable(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Two readings' components, like for like: only those both define, so that a component
+    coming or going is not read as the CEM moving; and H_cog as the persona entropy alone in
+    both when only one of them had facet calls (its definition changes with them). Where that
+    cannot be told (a reading that kept neither the parts nor the persona terms) H_cog is
+    taken as it is."""
+    a: dict[str, float] = {}
+    b: dict[str, float] = {}
+    for c in COMPONENTS:
+        x, y = before.get(c), after.get(c)
+        if x is None or y is None:
+            continue
+        if c == "H_cog" and cog_redefined(before, after):
+            x, y = cog_parts(before)[0], cog_parts(after)[0]  # type: ignore[index]
+        a[c], b[c] = float(x), float(y)
+    return a, b
+
+
+def cog_redefined(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether H_cog held the facet entropy in one reading and not in the other (both
+    known): then only its persona entropy compares."""
+    first, second = cog_parts(before), cog_parts(after)
+    return first is not None and second is not None and first[1] != second[1]
+
+
+def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, float | None]:
+    """Each component's change from ``before`` to ``after``, like for like (``comparable``);
+    None where it cannot be compared."""
+    a, b = comparable(before, after)
+    return {c: round(b[c] - a[c], 6) if c in a else None for c in COMPONENTS}
+
+
+def change(
+    before: Mapping[str, Any], after: Mapping[str, Any], weights: Mapping[str, float]
+) -> float | None:
+    """How far the CEM moved from ``before`` to ``after``: both readings weighted with
+    ``weights`` over the same components, compared like for like (``comparable``); None when
+    they have none in common."""
+    a, b = comparable(before, after)
+    first, second = weighted(a, weights), weighted(b, weights)
+    return None if first is None or second is None else round(second - first, 6)
+
+
 def compute(
     records: Sequence[Mapping[str, Any]],
     *,
@@ -198,6 +287,7 @@ def compute(
 ) -> Metrics:
     """The CEM of ``records`` (oldest first), with the formulas of this module's docstring."""
     weights = dict(weights or DEFAULT_WEIGHTS)
+    e_p, e_f = _diversity_parts(records, facet_space)
     values = {
         "H_rel": relevance(records),
         "H_cog": diversity(records, facet_space),
@@ -210,6 +300,8 @@ def compute(
         cycles=len(records),
         weights=weights,
         by_persona=_by_persona(records),
+        H_cog_personas=_rounded(e_p),
+        H_cog_facets=_rounded(e_f),
     )
 
 

@@ -33,7 +33,8 @@ transaction, and undoing the change must not take the record with it.
 **Judgement** (``judge``). The first audit that has seen ``mission_cycles`` new cycles since
 the mission started compares its reading with the mission's baseline: the mission is *kept*
 when its component rose by at least ``mission_min_gain`` and the CEM (both readings weighted
-alike) fell by no more than ``audit_decay``; otherwise its transaction is undone
+alike, over the components both define: ``cem.comparable``) fell by no more than
+``audit_decay``; otherwise its transaction is undone
 (``LivingImage.undo``, what ``batos undo TID`` runs) and it is *undone*. An undo that ZODB
 refuses — a later transaction changed the same objects — leaves the change in place and the
 mission *undo-failed*, with ZODB's reason.
@@ -339,7 +340,10 @@ def start(
         )
     gain = settings.get_float("mission_min_gain")
     wait = settings.get_int("mission_cycles")
-    baseline = {c: metrics.get(c) for c in (*cem.COMPONENTS, "cem")}
+    # H_cog's parts too: the judgement compares H_cog on one definition (cem.comparable).
+    baseline = {
+        c: metrics.get(c) for c in (*cem.COMPONENTS, "cem", "H_cog_personas", "H_cog_facets")
+    }
 
     def begin(root: Any) -> int:
         found = layout.missions(root)
@@ -423,28 +427,30 @@ def assess(
         new = now - int(m.get("cycles_at_start") or 0)
         wait = int(m["hypothesis"]["cycles"])
         baseline = m["baseline"]
-        changes = {
-            c: None
-            if metrics.get(c) is None or baseline.get(c) is None
-            else round(metrics[c] - baseline[c], 6)
-            for c in cem.COMPONENTS
-        }
-        before, after = cem.weighted(baseline, weights), cem.weighted(metrics, weights)
-        cem_change = None if before is None or after is None else round(after - before, 6)
+        # Like for like (cem.comparable): a component defined in only one of the readings,
+        # such as H_struc once a facet is called, would move the CEM by entering the mean.
+        changes = cem.changes(baseline, metrics)
+        cem_change = cem.change(baseline, metrics, weights)
         if new < wait:
             out.append(
                 Judgement(m["id"], None, f"{new} of {wait} new cycles", changes, cem_change, tids)
             )
             continue
         moved = changes.get(m["target"])
+        if m["target"] == "H_cog" and cem.cog_redefined(baseline, metrics):
+            # Said, since the change is not that of the H_cog the two reports show.
+            changes_on = " (its persona entropy: facet calls came or went)"
+        else:
+            changes_on = ""
         if moved is None:
             outcome, why = "undone", f"{m['target']} cannot be measured now"
         elif moved < gain:
-            outcome, why = "undone", f"{m['target']} moved {moved:+.3f}, under {gain:+.3f}"
+            outcome = "undone"
+            why = f"{m['target']}{changes_on} moved {moved:+.3f}, under {gain:+.3f}"
         elif cem_change is not None and cem_change < -decay:
             outcome, why = "undone", f"the CEM fell {cem_change:+.3f}"
         else:
-            outcome, why = "kept", f"{m['target']} rose {moved:+.3f}"
+            outcome, why = "kept", f"{m['target']}{changes_on} rose {moved:+.3f}"
         out.append(Judgement(m["id"], outcome, why, changes, cem_change, tids))
     return out
 

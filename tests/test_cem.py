@@ -108,3 +108,26 @@ def test_weights_near_the_float_maximum_are_normalised_to_sum_one() -> None:
     assert sum(weights.values()) == pytest.approx(1.0)
     assert weights["H_rel"] == pytest.approx(weights["H_cog"]) and weights["H_rel"] > 0.4
     assert weights["H_sol"] == pytest.approx(weights["H_struc"]) == pytest.approx(cem.MIN_WEIGHT)
+
+
+def test_readings_are_compared_like_for_like() -> None:
+    weights = cem.DEFAULT_WEIGHTS
+    even = [rec((p,), q=unit(1, 0), a=unit(1, 0)) for p in ("BRICK", "ROBIN", "BABS", "ALFRED")]
+    before = cem.compute(even, facet_space=8).as_dict()
+    assert before["H_struc"] is None and before["H_cog_facets"] is None
+    # The same cycles with one facet called all the time: H_struc enters the mean, low, and
+    # H_cog averages in a facet entropy of 0.
+    after = cem.compute([{**r, "facets": ["BRICK.facet_a"]} for r in even], facet_space=8)
+    later = after.as_dict()
+    assert later["H_struc"] == pytest.approx(1 / 16) and later["H_cog"] == pytest.approx(0.5)
+    assert later["cem"] < before["cem"] - 0.2
+    # Nothing that both readings measure alike moved.
+    assert cem.change(before, later, weights) == 0.0
+    assert cem.changes(before, later) == {"H_rel": 0.0, "H_cog": 0.0, "H_sol": 0.0, "H_struc": None}
+    # A reading from before the parts were kept: its persona terms tell them.
+    old = {k: v for k, v in later.items() if k not in ("H_cog_personas", "H_cog_facets")}
+    assert cem.cog_parts(old) == (pytest.approx(1.0), True)
+    assert cem.changes(before, old)["H_cog"] == pytest.approx(0.0, abs=1e-5)
+    # Same definition on both sides: H_cog is compared as it is.
+    assert cem.changes(later, later)["H_cog"] == 0.0 and not cem.cog_redefined(later, old)
+    assert cem.change({"H_rel": 0.5}, {"H_sol": 0.5}, weights) is None

@@ -180,6 +180,36 @@ def test_a_mission_that_makes_things_worse_is_undone(capsys, image: str) -> None
     assert "mission 1 judged: undone" in out and "weights:" in out
 
 
+def test_a_component_that_comes_or_changes_definition_is_no_move_of_the_cem(image: str) -> None:
+    models = scripted(ALFRED=["Balanced.", "Diversity is falling.", "Facets now."])
+    with LivingImage.open(image) as img:
+        add_cycles(img, [(p, [], []) for p in ("ROBIN", "BRICK", "BABS", "ALFRED")])
+        audit.run(img, models)
+        add_cycles(img, [(p, [], []) for p in ("BRICK", "BRICK", "ROBIN", "BRICK")])
+        second = audit.run(img, models)
+        assert second["mission"] == 1 and second["metrics"]["H_struc"] is None
+        # The mission's two cycles bring BABS and ALFRED in, and the image's first facet
+        # calls: H_struc is defined, low, and H_cog now averages in the facet entropy (0).
+        add_cycles(img, [(p, ["BABS.facet_facts"], []) for p in ("BABS", "ALFRED")])
+        third = audit.run(img, models)
+        m = third["metrics"]
+        assert m["H_struc"] is not None and m["H_struc"] < 0.2
+        # All four components in the mean fell well over audit_decay from the three...
+        assert second["metrics"]["cem"] - m["cem"] > 0.05
+        # ...but like for like (H_rel, H_sol, and H_cog's persona entropy) the CEM rose.
+        assert third["verdict"] != "decay" and third["deltas"]["cem"] > 0
+        [mission] = missions.history(img)
+        assert mission["status"] == "kept" and third["judged"] == {1: "kept"}
+        assert third["deltas"]["H_struc"] is None
+        assert m["H_cog_personas"] == pytest.approx(1.0) and m["H_cog_facets"] == 0.0
+        assert third["deltas"]["H_cog"] == pytest.approx(1.0 - second["metrics"]["H_cog"])
+        assert "persona entropy" in mission["judged"]["why"]
+        assert mission["judged"]["cem_change"] > 0
+        assert mission["judged"]["changes"]["H_struc"] is None
+        with img.read() as root:
+            assert dict(root[layout.ROUTER_PRIORS]) == {"BABS": 0.5}
+
+
 def test_a_mission_whose_change_fails_is_recorded_and_changes_nothing(image: str) -> None:
     models = scripted(
         ALFRED=["Fine.", "Fallen."],

@@ -18,10 +18,12 @@ was warm or cold), judged against the served adapter on held-out prompts, and se
 it is better by ``learning_voice_margin``. ``batos learn`` shows where each persona stands
 (``overview``), runs a mission now and undoes one. The mission is recorded with the others
 (``layout.MISSIONS``, kind ``retrain_adapter``, status ``kept`` or ``declined``, both
-evaluations) and, like them, its change is one transaction of its own (note ``mission N:
-retrain_adapter …``): it sets which adapter version is served (``layout.ADAPTERS``). ``undo``
-(or ``batos undo TID``) reverts that transaction and ``reconcile`` puts the previous version's
-file back in place; the versions themselves are never deleted.
+evaluations, and ``lessons_through``, the newest lesson it learnt; ``failed``, or
+``interrupted`` by Ctrl-C or a stop, learnt nothing and moves no mark) and, like them, its
+change is one transaction of its own (note ``mission N: retrain_adapter …``): it sets which
+adapter version is served (``layout.ADAPTERS``). ``undo`` (or ``batos undo TID``) reverts
+that transaction and ``reconcile`` puts the previous version's file back in place; the
+versions themselves are never deleted.
 """
 
 from __future__ import annotations
@@ -256,19 +258,31 @@ def accepted(root: Any, persona: str, model: str | None = None) -> list[dict[str
 # -- the mission ------------------------------------------------------------------------------
 
 
+#: Statuses of a retraining that trained and was judged: its lessons were learnt, whether its
+#: adapter was served (kept, later perhaps undone) or not (declined).
+LEARNT = ("kept", "declined", "undone", "undo-failed")
+
+
 def _last_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
+    """The persona's last retraining on ``model`` that learnt its lessons (``LEARNT``): one
+    that failed, was interrupted or is still running learnt nothing, and records written
+    before ``lessons_through`` was set only at the end carry it from their start."""
     from graph.missions import valid_missions
 
     done = [
         m
         for m in valid_missions(root)
-        if m["kind"] == MISSION_KIND and m["persona"] == persona and m.get("model") == model
+        if m["kind"] == MISSION_KIND
+        and m["persona"] == persona
+        and m.get("model") == model
+        and m["status"] in LEARNT
     ]
     return done[-1] if done else None
 
 
 def new_accepted(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
-    """Accepted lessons newer than the persona's last retraining on ``model``."""
+    """Accepted lessons newer than the persona's last retraining on ``model`` that learnt
+    them (``_last_mission``)."""
     last = _last_mission(root, persona, model)
     through = (last or {}).get("lessons_through") or ""
     return [x for x in accepted(root, persona, model) if x["cycle"] > through]
@@ -364,7 +378,6 @@ def retrain_mission(
             "baseline": {},
             "tids": [],
             "model": model,
-            "lessons_through": through,
         }
         return number
 
@@ -386,42 +399,92 @@ def retrain_mission(
     def example(x: Mapping[str, Any]) -> lora.Example:
         return lora.Example(x["request"], x["answer"])
 
-    try:
-        evaluator = evaluator or retrain.VoiceEvaluator(model)
-        done = retrain.retrain(
-            model,
-            persona,
-            [example(x) for x in every if x.get("verdict") != "good"],
-            evaluator,
-            preferred=[example(x) for x in every if x.get("verdict") == "good"],
-            seconds=seconds,
-            on_step=on_step,
-            tell=tell,
-            **({"trainer": trainer} if trainer else {}),
-        )
-    except Exception as exc:  # nothing served changed: the mission failed, the image is as was
-        log.warning("mission %d (%s %s) failed: %s", number, MISSION_KIND, persona, exc)
-        return finish("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-    result = done.as_dict()
-    if not done.decision.swap:
-        return finish("declined", evaluation=result, start=done.start)
     note = _note(number, persona)
+    result: dict[str, Any] = {}
+    try:
+        try:
+            evaluator = evaluator or retrain.VoiceEvaluator(model)
+            done = retrain.retrain(
+                model,
+                persona,
+                [example(x) for x in every if x.get("verdict") != "good"],
+                evaluator,
+                preferred=[example(x) for x in every if x.get("verdict") == "good"],
+                seconds=seconds,
+                on_step=on_step,
+                tell=tell,
+                **({"trainer": trainer} if trainer else {}),
+            )
+        except Exception as exc:  # nothing served changed: the mission failed, the image is as was
+            log.warning("mission %d (%s %s) failed: %s", number, MISSION_KIND, persona, exc)
+            return finish("failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        result = done.as_dict()
+        # Its lessons are learnt only now, judged: the mark moves with a kept or declined
+        # mission, never with one that failed or was stopped.
+        if not done.decision.swap:
+            return finish("declined", evaluation=result, start=done.start, lessons_through=through)
 
-    def swap(root: Any) -> None:
-        layout.adapters(root)[_key(model, persona)] = {
-            "sha256": done.candidate_sha256,
-            "mission": number,
-            "previous": done.current_sha256,
-            "entry": dict(done.entry),
-            "swapped": time.time(),
-        }
+        def swap(root: Any) -> None:
+            layout.adapters(root)[_key(model, persona)] = {
+                "sha256": done.candidate_sha256,
+                "mission": number,
+                "previous": done.current_sha256,
+                "entry": dict(done.entry),
+                "swapped": time.time(),
+            }
 
-    image.transact(swap, note=note)
+        image.transact(swap, note=note)
+        from graph.missions import find_tid
+
+        tid = find_tid(image, note)
+        reconcile(image)
+        return finish(
+            "kept",
+            evaluation=result,
+            start=done.start,
+            tids=[tid] if tid else [],
+            lessons_through=through,
+        )
+    except BaseException as exc:
+        # Ctrl-C (KeyboardInterrupt), a stop, or the image failing under the record: a mission
+        # left 'running' would be running for ever. It is recorded as it ended and what
+        # stopped it goes on up.
+        _stopped(image, number, note, exc, finish, result, through)
+        raise
+
+
+def _stopped(
+    image: LivingImage,
+    number: int,
+    note: str,
+    exc: BaseException,
+    finish: Callable[..., dict[str, Any]],
+    result: Mapping[str, Any],
+    through: str,
+) -> None:
+    """Record retraining ``number`` that ``exc`` stopped: kept when its swap was committed
+    (the image serves the candidate then), else interrupted (not an ``Exception``) or
+    failed; a record that cannot be written is logged, ``exc`` matters more."""
     from graph.missions import find_tid
 
-    tid = find_tid(image, note)
-    reconcile(image)
-    return finish("kept", evaluation=result, start=done.start, tids=[tid] if tid else [])
+    why = (type(exc).__name__ + (f": {exc}" if str(exc) else ""))[:2000]
+    try:
+        tid = find_tid(image, note)
+        if tid is not None:
+            finish(
+                "kept",
+                evaluation=dict(result),
+                start=result.get("start"),
+                tids=[tid],
+                lessons_through=through,
+                error=f"stopped after its swap ({why})",
+            )
+        else:
+            status = "failed" if isinstance(exc, Exception) else "interrupted"
+            finish(status, error=why if status == "failed" else f"interrupted ({why})")
+        log.warning("mission %d (%s) stopped: %s", number, MISSION_KIND, why)
+    except Exception as failed:
+        log.warning("mission %d (%s) stopped; its record stays: %s", number, MISSION_KIND, failed)
 
 
 def overview(image: LivingImage, model: str | None = None, recent: int = 3) -> list[dict[str, Any]]:

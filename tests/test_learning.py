@@ -349,6 +349,53 @@ def test_a_failed_retraining_changes_nothing_served(image, modelfiles, monkeypat
     assert served.read_bytes() == old
 
 
+def test_a_stopped_retraining_is_recorded_and_its_lessons_stay_new(
+    image, modelfiles, monkeypatch
+) -> None:
+    served, old = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
+
+    def stopped(*args: Any, **options: Any) -> Path:
+        raise KeyboardInterrupt  # Ctrl-C while it trains
+
+    with pytest.raises(KeyboardInterrupt):
+        learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}), trainer=stopped)
+    [mission] = history(image)
+    assert mission["status"] == "interrupted" and "KeyboardInterrupt" in mission["error"]
+    assert "lessons_through" not in mission and served.read_bytes() == old
+    assert learning.due(image) == [("ALFRED", 2)]  # nothing was learnt from them
+
+    def broken(*args: Any, **options: Any) -> Path:
+        raise RuntimeError("out of memory")
+
+    failed = learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}), trainer=broken)
+    assert failed["status"] == "failed" and "lessons_through" not in failed
+    assert learning.due(image) == [("ALFRED", 2)]
+
+    # A record from before the mark was set at the end carries it from its start: only a
+    # retraining that learnt its lessons moves the mark.
+    def running_with_a_mark(root: Any) -> None:
+        from store.core import layout
+
+        found = layout.missions(root)
+        last = max(x["cycle"] for x in learning.lessons(root, "ALFRED"))
+        found[1] = {**found[1], "status": "running", "lessons_through": last}
+
+    image.transact(running_with_a_mark, note="test: a record of the old kind")
+    assert learning.due(image) == [("ALFRED", 2)]
+    # Stopped once its swap is committed, the candidate is served: the mission is kept.
+    monkeypatch.setattr(learning, "reconcile", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        learning.retrain_mission(
+            image,
+            "ALFRED",
+            evaluator=FakeEvaluator({b"better": 12}),
+            trainer=fake_trainer(b"better", []),
+        )
+    kept = history(image)[-1]
+    assert kept["status"] == "kept" and len(kept["tids"]) == 1 and kept["evaluation"]
+    assert "stopped after its swap" in kept["error"] and learning.due(image) == []
+
+
 # -- the warm start -----------------------------------------------------------------------------
 
 

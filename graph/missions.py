@@ -71,6 +71,10 @@ MAX_QUERY_CHARS = 400
 OPEN = ("running", "pending")
 #: Missions looked back over for undone changes not to try again.
 AVOID_UNDONE = 3
+#: Mission kinds that judge themselves as they end, not at an audit: a retraining
+#: (``graph.learning.MISSION_KIND``) is kept or declined on its persona's voice, no CEM
+#: component, and is 'running' for as long as it trains.
+SELF_JUDGED = ("retrain_adapter",)
 
 
 class MissionError(BatosError):
@@ -404,7 +408,10 @@ class Judgement:
 
 
 def open_missions(root: Any) -> list[dict[str, Any]]:
-    return [m for m in valid_missions(root) if m["status"] in OPEN]
+    """The missions an audit has still to judge. Not a retraining (``SELF_JUDGED``): judged
+    here while it trained, it read as 'interrupted before its change', and once its swap was
+    committed, voice being no component the audit measures, the swap would be undone."""
+    return [m for m in valid_missions(root) if m["status"] in OPEN and m["kind"] not in SELF_JUDGED]
 
 
 def assess(

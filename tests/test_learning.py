@@ -396,6 +396,56 @@ def test_a_stopped_retraining_is_recorded_and_its_lessons_stay_new(
     assert "stopped after its swap" in kept["error"] and learning.due(image) == []
 
 
+@pytest.mark.parametrize("when", ["training", "swapped"])
+def test_no_audit_judges_a_retraining_which_judges_itself(
+    image, modelfiles, monkeypatch, capsys, file_uri, when
+) -> None:
+    from fakes import ScriptedChatModel
+
+    from batos.shell.cli import main
+    from graph import audit
+
+    served, _ = alfred_with_lessons(image, modelfiles, monkeypatch, 2)
+    alfred = ScriptedChatModel().enqueue("Nothing to report.")
+    reports: list[dict[str, Any]] = []
+
+    def audited(at: str) -> None:
+        if at == when:
+            reports.append(audit.run(image, lambda persona, **o: alfred))
+
+    trainer = fake_trainer(b"better", [])
+
+    def training(*args: Any, **options: Any) -> Path:
+        audited("training")  # an audit while the mission trains, or
+        return trainer(*args, **options)
+
+    reconcile = learning.reconcile
+
+    def swapped(img: LivingImage) -> list[str]:
+        audited("swapped")  # one between its swap and its record
+        return reconcile(img)
+
+    monkeypatch.setattr(learning, "reconcile", swapped)
+    mission = learning.retrain_mission(
+        image, "ALFRED", evaluator=FakeEvaluator({b"better": 12}), trainer=training
+    )
+    assert [r["judged"] for r in reports] == [{}]
+    assert mission["status"] == "kept" and "judged" not in mission
+    assert served.read_bytes() == b"better"  # the swap stands
+    with image.read() as root:
+        from store.core import layout
+
+        assert layout.find(root, layout.ADAPTERS)["test/ALFRED"]["mission"] == mission["id"]
+    monkeypatch.setattr(learning, "reconcile", reconcile)  # every opening of the image calls it
+    image.close()
+    # The report shows what it trained on and its own verdict, not a CEM hypothesis.
+    assert main(["--image", file_uri, "audit", "report"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"mission {mission['id']}: retrain_adapter ALFRED on test" in out
+    assert "trained on 2 new accepted lessons" in out and "warm start" in out
+    assert "kept: voice 0.500 → 0.600 (+0.100)" in out and "expects voice" not in out
+
+
 # -- the warm start -----------------------------------------------------------------------------
 
 

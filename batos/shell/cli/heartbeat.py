@@ -309,6 +309,9 @@ def _print_missions(found: list[dict[str, Any]]) -> None:
     never as the cells of a table."""
     console.print(Text("Self-improvement missions", style="italic"))
     for m in found:
+        if m["kind"] == "retrain_adapter":
+            _print_retraining(m)
+            continue
         what = f"{m['persona']}.{m['selector']}" if m.get("selector") else m["persona"]
         if m["kind"] == "raise_prior" and "prior_after" in m:
             what += f" {m['prior_before']:+.2f}→{m['prior_after']:+.2f}"
@@ -324,6 +327,23 @@ def _print_missions(found: list[dict[str, Any]]) -> None:
             f"{m['status']}: {why}" if why else m["status"],
         ):
             console.paragraph(line)
+
+
+def _print_retraining(m: dict[str, Any]) -> None:
+    """A retraining mission: what it trained on and its own verdict on the persona's voice
+    (no audit judges it, and it has no CEM hypothesis to show)."""
+    ev = m.get("evaluation") or {}
+    model = f" on {m['model']}" if m.get("model") else ""
+    audit = f" (audit {m['report']})" if m.get("report") else ""  # 0: started before any
+    console.print(plain(f"mission {m['id']}{audit}: {m['kind']} {m['persona']}{model}"))
+    trained = m.get("reason") or "its lessons"
+    if ev:
+        trained += f"; {ev.get('examples')} examples, {ev.get('start', 'cold')} start"
+    console.paragraph(f"{'training' if m['status'] == 'running' else 'trained'} on {trained}")
+    judged = m.get("judged") or {}  # a kept one undone since, by hand
+    said = [ev.get("why"), m.get("error"), judged.get("why"), judged.get("error")]
+    shown = [str(part) for part in said if part]
+    console.paragraph(f"{m['status']}: {'; '.join(shown)}" if shown else m["status"])
 
 
 @audit_app.command("report")

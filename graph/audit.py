@@ -17,7 +17,8 @@ previous report; **stagnation** when it moved by less than
 ``audit_decay / 10`` over each of the last three reports; **steady** otherwise; **unknown**
 with no previous reading; **idle** when no cycle was committed since the previous report. An
 idle audit measures nothing new, so it judges no mission, starts none, keeps the weights and
-does not ask ALFRED's model to narrate: its report says why (``reason``), and the verdict rule
+does not ask ALFRED's model to narrate (nor does an audit whose window holds no cycle: its
+narrative is fixed too): its report says why (``reason``), and the verdict rule
 reads only the reports that are not idle — an image nobody uses is not stagnating.
 
 The weights: the ``cem_weights`` setting until the first report; then each report's
@@ -50,6 +51,8 @@ log = logging.getLogger("batos.audit")
 #: Characters of ALFRED's narrative a report keeps.
 MAX_NARRATIVE_CHARS = 4000
 STAGNANT_REPORTS = 3
+#: What an audit whose window holds no cycle says, without asking the model.
+NO_CYCLES_NARRATIVE = "Nothing to audit: the image holds no cycles yet. No verdict, no mission."
 
 
 class AuditError(BatosError):
@@ -271,6 +274,10 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         return measured
 
     def narrate(state: AuditState) -> AuditState:
+        if not state["metrics"]["cycles"]:
+            # A new image: every number is n/a, and a model asked about nothing answers with
+            # something made up, after seconds of generation.
+            return {"narrative": NO_CYCLES_NARRATIVE}
         if models is not None:
             model = models("ALFRED")
         else:

@@ -267,6 +267,15 @@ def test_no_mission_without_a_decay_or_while_one_waits(
         assert [m["status"] for m in missions.history(img)] == ["pending"]
 
 
+def test_an_audit_of_an_image_without_cycles_asks_no_model(image: str) -> None:
+    models = scripted()  # ALFRED has no reply queued: a call would fail the audit
+    with LivingImage.open(image) as img:
+        first = audit.run(img, models)
+    assert models.queues["ALFRED"].calls == 0
+    assert first["metrics"]["cycles"] == 0 and first["verdict"] == "unknown"
+    assert first["narrative"] == audit.NO_CYCLES_NARRATIVE and first.get("mission") is None
+
+
 def test_targets_follow_the_documented_rule() -> None:
     weights = dict(cem.DEFAULT_WEIGHTS)
     metrics = {"H_rel": 0.9, "H_cog": 0.2, "H_sol": 0.5, "H_struc": None}

@@ -464,16 +464,6 @@ SETTINGS: dict[str, Setting] = {
             _seconds,
         ),
         Setting(
-            "plain_methods",
-            "BATOS_PLAIN_METHODS",
-            lambda: "off",
-            "Whether methods of plain Python (made from Python with Method(...), not through "
-            "the sandbox) run when read from the image: they run unsandboxed in this process, "
-            "so with 'on' whoever can write the image (a copied file, a ZEO server) can run "
-            "code here. 'on' only for images you alone write.",
-            _choice("on", "off"),
-        ),
-        Setting(
             "sandbox_isolation",
             "BATOS_SANDBOX_ISOLATION",
             lambda: "process",

@@ -276,8 +276,6 @@ class Method(_Tracked):
         self.audit = dict(audit or {})
         self.compiler = compiler
         self.created = self.updated = time.time()
-        # Made by this process (volatile: a record read from the image never has it).
-        self._v_made_here = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         persistent.Persistent.__setattr__(self, name, value)
@@ -296,13 +294,6 @@ class Method(_Tracked):
             self._p_activate()
             if self.compiler not in _COMPILERS and self.compiler in _COMPILER_MODULES:
                 importlib.import_module(_COMPILER_MODULES[self.compiler])
-            if self.compiler == "plain" and not self._runs_plain():
-                raise MethodCompileError(
-                    f"method {self.selector!r} is plain Python read from the image; it would "
-                    "run unsandboxed in this process, so stored plain methods run only with "
-                    "BATOS_PLAIN_METHODS=on (set it only for an image you alone write), or "
-                    f"add it through the sandbox: 'batos methods add OBJECT {self.selector} FILE'"
-                )
             try:
                 compiler = _COMPILERS[self.compiler]
             except KeyError:
@@ -314,15 +305,6 @@ class Method(_Tracked):
             if receiver is not None and _compile_hook is not None:
                 _compile_hook(self, receiver)
         return fn
-
-    def _runs_plain(self) -> bool:
-        """Whether this plain method may run here: made by this process (its maker's own
-        code), or read from the image with plain methods allowed (``plain_methods``)."""
-        if self.__dict__.get("_v_made_here"):
-            return True
-        from batos import settings
-
-        return settings.get_str("plain_methods") == "on"
 
     def bind(self, receiver: UvmObject) -> types.MethodType:
         return types.MethodType(self.function(receiver), receiver)
@@ -339,8 +321,6 @@ class Method(_Tracked):
         if self.examples:
             twin.examples = copy.deepcopy(list(self.examples))
         twin.created = self.created
-        # A copy of a record read from the image is no more this process's own than it is.
-        twin._v_made_here = bool(self.__dict__.get("_v_made_here"))
         return twin
 
     def __repr__(self) -> str:

@@ -248,8 +248,7 @@ def test_failed_upgrade_step_is_not_recorded(memory_image):
         assert "partial" not in root and "bad" not in applied(root)
 
 
-def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri, monkeypatch):
-    monkeypatch.setenv("BATOS_PLAIN_METHODS", "on")  # the grown method is plain Python
+def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
     with open_image(file_uri, create=True) as image:
         with image.read() as root:
             found = personas(root)

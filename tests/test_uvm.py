@@ -263,8 +263,7 @@ def _reopen(path):
     return DB(FileStorage(str(path)))
 
 
-def test_methods_round_trip_as_source_across_reopen(tmp_path, monkeypatch):
-    monkeypatch.setenv("BATOS_PLAIN_METHODS", "on")  # a plain method, read back from the image
+def test_methods_round_trip_as_source_across_reopen(tmp_path):
     path = tmp_path / "t.fs"
     db = _reopen(path)
     conn = db.open()
@@ -282,32 +281,6 @@ def test_methods_round_trip_as_source_across_reopen(tmp_path, monkeypatch):
     method = child._lookup("greet")[1]
     assert method.source == GREET and method.author == "BRICK"
     assert "_v_function" not in method.__getstate__()
-    db.close()
-
-
-def test_a_plain_method_read_from_the_image_runs_only_where_allowed(tmp_path, monkeypatch):
-    """A plain method runs unsandboxed: one its own process made runs, one read from the
-    image (which a copied file or a ZEO server lets others write) needs BATOS_PLAIN_METHODS."""
-    path = tmp_path / "p.fs"
-    db = _reopen(path)
-    conn = db.open()
-    proto = UvmObject(name="proto")
-    proto.greet = Method("greet", GREET)
-    conn.root()["child"] = UvmObject(proto, name="kid")
-    assert conn.root()["child"].greet("you") == "kid greets you"  # made here: it runs
-    transaction.commit()
-    db.close()
-
-    db = _reopen(path)
-    conn = db.open()
-    child = conn.root()["child"]
-    with pytest.raises(MethodCompileError, match="BATOS_PLAIN_METHODS=on"):
-        child.greet("you")
-    twin = child._parents()[0].clone(name="twin")  # its method record copied
-    with pytest.raises(MethodCompileError, match="plain Python read from the image"):
-        twin.greet("x")  # a copy of a stored record is no more this process's own
-    monkeypatch.setenv("BATOS_PLAIN_METHODS", "on")
-    assert child.greet("you") == "kid greets you"
     db.close()
 
 
@@ -393,8 +366,7 @@ def test_cached_method_stays_bound_to_each_receiver():
         assert [k.greet("x") for k in kids] == [f"kid{i} greets x" for i in range(3)]
 
 
-def test_method_edited_in_another_connection_is_seen(tmp_path, monkeypatch):
-    monkeypatch.setenv("BATOS_PLAIN_METHODS", "on")  # c2 reads c1's plain method from the image
+def test_method_edited_in_another_connection_is_seen(tmp_path):
     db = _reopen(tmp_path / "e.fs")
     c1 = db.open(transaction_manager=transaction.TransactionManager())
     proto = c1.root()["p"] = UvmObject(name="p")

@@ -197,6 +197,7 @@ class _SlotWriter:
         # Writing a slot named like a method replaces the method (the object model's one
         # namespace): from generated code that would take out any method it can reach, a
         # parent's shared or a hand-written one, with no record and no undo.
+        self._target._p_activate()  # a ghost's __dict__ is empty: it would pass unchecked
         if name in (self._target.__dict__.get("_methods") or {}):
             raise _violation(
                 f"slot {name!r} is a method: a method may not replace or remove methods "

@@ -358,26 +358,34 @@ def test_a_forged_report_cannot_take_a_method_out(memory_image, monkeypatch) -> 
     assert image_digest(memory_image.db) == before
 
 
+@pytest.mark.parametrize("isolation_mode", ["process", "host"])
 @pytest.mark.parametrize(
     "body",
     [
         "    getattr(self, 'parent*').greet = 'pwned'\n",  # a parent's shared method
         "    self.own = 1\n",  # its own hand-written one
         "    del self.own\n",
+        "    f = self.friend\n    f.greet = 'pwned'\n",  # another object's, a ghost until then
     ],
 )
-def test_a_method_cannot_replace_or_remove_methods_it_can_reach(memory_image, body) -> None:
+def test_a_method_cannot_replace_or_remove_methods_it_can_reach(
+    memory_image, monkeypatch, body, isolation_mode
+) -> None:
     """Writing a data slot named like a method replaces it in the object model; from generated
     code that took out any method it could reach, for every object sharing the parent."""
+    monkeypatch.setenv("BATOS_SANDBOX_ISOLATION", isolation_mode)
 
     def build(root):
         traits = UvmObject(name="traits")
-        root["target"] = UvmObject(traits, name="brick")
+        friend = UvmObject(name="friend")
+        kernel.add_method(friend, "greet", "def greet(self):\n    return 'hi'\n")
+        root["target"] = UvmObject(traits, name="brick", friend=friend)
         kernel.add_method(traits, "greet", "def greet(self):\n    return 'hello ' + self.name\n")
         kernel.add_method(root["target"], "own", "def own(self):\n    return 1\n")
         kernel.add_method(root["target"], "wipe", f"def wipe(self):\n{body}    return 1\n")
 
     memory_image.transact(build)
+    memory_image.db.cacheMinimize()  # every object a ghost until the call reaches it
     before = image_digest(memory_image.db)
     with pytest.raises(SandboxViolation) as refused:
         memory_image.transact(lambda root: root["target"].wipe())

@@ -157,6 +157,10 @@ def _recv_from_host(fd: int) -> tuple[bytes, bytes]:
 # -- the child ------------------------------------------------------------------------------------
 
 
+#: What the host answers a load of a record the child could not have reached.
+UNREACHABLE = b"not reachable from the method's receiver or arguments"
+
+
 class _HostStorage:
     """The child's storage: each record it needs is asked of the host over the pipe."""
 
@@ -171,6 +175,14 @@ class _HostStorage:
 
         _send(self.to_host, b"L", bytes(oid))
         kind, payload = _recv_from_host(self.from_host)
+        if kind == b"X" and payload == UNREACHABLE:
+            raise SandboxViolation(
+                "the sandbox refused an operation",
+                [
+                    "an object the method reached is not reachable from its receiver, arguments "
+                    "or their parents, and the host does not serve it"
+                ],
+            )
         if kind != b"D":
             raise POSKeyError(oid)
         data = payload[8:]
@@ -542,7 +554,7 @@ def run(
     if receiver is not None:
         receiver._p_activate()
         roots = [receiver, *receiver._ancestors()]
-    roots += [a for a in (*args[1:], *kwargs.values()) if isinstance(a, persistent.Persistent)]
+    roots += _persistent_in((*args[1:], *kwargs.values()))
     jars = {id(o._p_jar): o._p_jar for o in roots if o._p_jar is not None}
     jar = next(iter(jars.values()), None)
     known = _known_objects(roots, jar)
@@ -642,7 +654,7 @@ def _serve(
             raise _ChildGone("a load request without a database")
         oid = bytes(payload)
         if oid not in reach:
-            _send(outbox, b"X", b"not reachable from the method's receiver or arguments", deadline)
+            _send(outbox, b"X", UNREACHABLE, deadline)
             continue
         try:
             data, serial = jar._storage.load(oid)
@@ -659,25 +671,45 @@ class _Reach:
     and, as records are served, the objects those name (the closure it could walk to).
 
     The child also starts with every object the host had loaded: one it reaches through
-    such an object's state needs no record served on the way. The first load outside the
-    cheap set widens it, once, by that closure through the host's loaded objects."""
+    such an object's state needs no record served on the way. A load outside the cheap set
+    widens it by that closure through the host's loaded objects, from what it was given and
+    from every record served so far (again only once more records were served)."""
 
     def __init__(self, known: list[Any], jar: Any) -> None:
         self.known = known
         self.jar = jar
         self.oids = _named_by(known, jar)
-        self.widened = False
+        self.walked_oids: set[bytes] = set()
+        self.widened_at = -1
 
     def __contains__(self, oid: bytes) -> bool:
-        if oid not in self.oids and not self.widened:
-            self.widened = True
-            self.oids |= _loaded_closure(self.known, self.jar)
+        if oid not in self.oids and self.widened_at != len(self.walked_oids):
+            self.widened_at = len(self.walked_oids)
+            loaded = [self.jar.get(o) for o in self.walked_oids] if self.jar is not None else []
+            self.oids |= _loaded_closure([*self.known, *loaded], self.jar)
         return oid in self.oids
 
     def walked(self, data: bytes) -> None:
         from ZODB.serialize import referencesf
 
-        self.oids.update(referencesf(data))
+        named = referencesf(data)
+        self.oids.update(named)
+        self.walked_oids.update(named)
+
+
+def _persistent_in(values: tuple[Any, ...]) -> list[Any]:
+    """The persistent objects among ``values`` and inside their containers (a list of
+    prototypes passed as one argument): each is given to the method as the others are."""
+    found = [v for v in values if isinstance(v, persistent.Persistent)]
+    plain = tuple(v for v in values if not isinstance(v, persistent.Persistent))
+    if plain:
+        pickler = IdentityPickler(io.BytesIO(), None)
+        try:
+            pickler.dump(plain)
+        except Exception:  # an argument that does not pickle holds nothing to load
+            return found
+        found += pickler.met
+    return found
 
 
 def _loaded_closure(known: list[Any], jar: Any) -> set[bytes]:

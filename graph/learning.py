@@ -280,6 +280,30 @@ def _last_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
     return done[-1] if done else None
 
 
+#: How long past ``learning_train_seconds`` a running retraining is still taken as alive: its
+#: evaluation and swap come after the training. Older, its process is taken as gone (killed
+#: without a word), so that it does not keep the persona from ever being retrained again.
+RUNNING_GRACE_SECONDS = 1800.0
+
+
+def running_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
+    """The persona's retraining on ``model`` that is running now, if any (see
+    ``RUNNING_GRACE_SECONDS``): a second one would train on the same lessons beside it."""
+    from graph.missions import valid_missions
+
+    alive = time.time() - settings.get_float("learning_train_seconds") - RUNNING_GRACE_SECONDS
+    for m in valid_missions(root):
+        if (
+            m["kind"] == MISSION_KIND
+            and m["persona"] == persona
+            and m.get("model") == model
+            and m["status"] == "running"
+            and float(m.get("started") or 0) > alive
+        ):
+            return m
+    return None
+
+
 def new_accepted(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
     """Accepted lessons newer than the persona's last retraining on ``model`` that learnt
     them (``_last_mission``)."""
@@ -293,7 +317,11 @@ def due(image: LivingImage, model: str | None = None) -> list[tuple[str, int]]:
     model = model or settings.get_str("model")
     least = settings.get_int("learning_min_examples")
     with image.read() as root:
-        counts = [(p, len(new_accepted(root, p, model))) for p in PERSONAS]
+        counts = [
+            (p, len(new_accepted(root, p, model)))
+            for p in PERSONAS
+            if running_mission(root, p, model) is None  # being retrained now
+        ]
     return sorted(((p, n) for p, n in counts if n >= least), key=lambda x: -x[1])
 
 
@@ -352,6 +380,14 @@ def retrain_mission(
     margin = settings.get_float("learning_voice_margin")
 
     def begin(root: Any) -> int:
+        # Checked in the transaction that records this one, so two cannot both pass.
+        other = running_mission(root, persona, model)
+        if other is not None:
+            raise LearningError(
+                f"{persona}'s adapter on {model} is being retrained already (mission "
+                f"{other['id']}); a second retraining would train on the same lessons",
+                hint="wait for it to end ('batos learn' shows it)",
+            )
         adapters = layout.adapters(root)
         if _key(model, persona) not in adapters and served is not None:
             # What an undo of the swap returns to.

@@ -378,7 +378,8 @@ def test_a_stopped_retraining_is_recorded_and_its_lessons_stay_new(
 
         found = layout.missions(root)
         last = max(x["cycle"] for x in learning.lessons(root, "ALFRED"))
-        found[1] = {**found[1], "status": "running", "lessons_through": last}
+        # (long gone: a running one within its bound would hold retraining off)
+        found[1] = {**found[1], "status": "running", "lessons_through": last, "started": 0.0}
 
     image.transact(running_with_a_mark, note="test: a record of the old kind")
     assert learning.due(image) == [("ALFRED", 2)]
@@ -826,3 +827,37 @@ def test_a_swap_whose_file_copy_never_happened_is_served_at_the_next_opening(
         assert runtime.image is not None
         assert served.read_bytes() == b"better"
         assert retrain.served_sha("test", "ALFRED") == retrain.file_sha256(served)
+
+
+def test_a_second_retraining_of_a_persona_waits_for_the_one_running(
+    image, modelfiles, monkeypatch
+) -> None:
+    """A retraining records its lessons as learnt only when it ends: meanwhile the heartbeat's
+    learn job and 'batos learn run' would both have started a second one on the same lessons,
+    and both could swap. A running one older than its bound is taken as gone."""
+    alfred_with_lessons(image, modelfiles, monkeypatch, 2)
+    trainer = fake_trainer(b"better", [])
+    seen: dict[str, Any] = {}
+
+    def training(*args: Any, **options: Any) -> Path:
+        seen["due"] = learning.due(image)
+        with pytest.raises(learning.LearningError, match="being retrained already") as refused:
+            learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}), trainer=trainer)
+        seen["refused"] = refused.value.message
+        return trainer(*args, **options)
+
+    mission = learning.retrain_mission(
+        image, "ALFRED", evaluator=FakeEvaluator({b"better": 12}), trainer=training
+    )
+    assert mission["status"] == "kept" and seen["due"] == []
+    assert f"(mission {mission['id']})" in seen["refused"]
+    # A record left running by a process killed outright stops counting after its bound.
+    from store.core import layout
+
+    def left_running(root: Any) -> None:
+        found = layout.missions(root)
+        found[mission["id"]] = {**found[mission["id"]], "status": "running", "started": 0.0}
+
+    image.transact(left_running)
+    with image.read() as root:
+        assert learning.running_mission(root, "ALFRED", "test") is None

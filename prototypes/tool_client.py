@@ -355,6 +355,8 @@ def _read_bounded(
                 take(raw)
                 continue
             # At most one byte past the room left comes out: that byte is already too many.
+            if decoder is _DEFLATE_UNSEEN:  # zlib-wrapped, or raw as some servers send it
+                decoder = _deflate_decoder(raw)
             take(decoder.decompress(raw, max(policy.max_bytes - total, 0) + 1))
             while decoder.unconsumed_tail:
                 take(decoder.decompress(decoder.unconsumed_tail, policy.max_bytes - total + 1))
@@ -382,12 +384,32 @@ def _decoder(response: httpx.Response, req: ToolRequest) -> Any:
     if encoding in ("gzip", "x-gzip"):
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     if encoding == "deflate":
-        return zlib.decompressobj()
+        return _DEFLATE_UNSEEN
     raise ToolCallFailed(
         f"{req.summary()} answered in an encoding it was not asked for "
         f"(Content-Encoding {bounded_repr(encoding, 60)}); nothing of it was read",
         hint="the service should answer unencoded (or in gzip)",
     )
+
+
+class _DeflateUnseen:
+    """A deflate answer whose first bytes are not read yet: they tell its form."""
+
+    unconsumed_tail = b""
+
+    def flush(self) -> bytes:
+        return b""
+
+
+_DEFLATE_UNSEEN = _DeflateUnseen()
+
+
+def _deflate_decoder(first: bytes) -> Any:
+    """'deflate' is zlib's wrapped format by the RFC, and raw deflate from some servers (as
+    browsers and httpx accept): the wrapped one starts with a header whose 16 bits are a
+    multiple of 31."""
+    wrapped = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] << 8 | first[1]) % 31 == 0
+    return zlib.decompressobj() if wrapped else zlib.decompressobj(-zlib.MAX_WBITS)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -401,7 +423,7 @@ def _answer(
     (a cut first would leave the prefix of a secret that a service echoed after padding)."""
     headers = {}
     for name, value in list(response.headers.items())[:MAX_HEADERS]:
-        headers[name.lower()] = scrub(value)[:MAX_HEADER_CHARS]
+        headers[scrub(name.lower())] = scrub(value)[:MAX_HEADER_CHARS]
     answer: dict[str, Any] = {
         "status": response.status_code,
         "url": scrub(str(response.url)),
@@ -411,13 +433,15 @@ def _answer(
         text = raw.decode(response.encoding or "utf-8", errors="replace")
     except (LookupError, UnicodeError):  # a charset that is no text encoding ("rot13", "idna")
         text = raw.decode("utf-8", errors="replace")
-    text = scrub(text)
     if req.expect == "text":
-        answer["text"] = text
+        answer["text"] = scrub(text)
         return answer
     try:
+        # Parsed before it is scrubbed (a secret of digits inside a number would break the
+        # JSON), then every text in it scrubbed (_cleaned); the error paths scrub the text.
         data = json.loads(text, parse_constant=_refuse_constant) if text.strip() else None
     except (ValueError, RecursionError) as exc:
+        text = scrub(text)
         if not response.is_success:  # an error page: its status says what went wrong
             answer["json"], answer["text"] = None, text[:MAX_HEADER_CHARS]
             return answer

@@ -154,11 +154,21 @@ def _zeros_packed(wbits: int) -> bytes:
 
 
 def _gzip_json(handler: _Handler, query: dict[str, str], port: int) -> None:
-    """A small JSON answer in gzip though nobody asked for it: decoded, within the limit."""
-    body = gzip.compress(json.dumps({"packed": True}).encode())
+    """A small JSON answer compressed though nobody asked for it: decoded, within the limit.
+    ``form``: ``gzip`` (default), ``deflate`` (zlib-wrapped) or ``raw`` (raw deflate, sent as
+    "deflate" by some servers)."""
+    data = json.dumps({"packed": True}).encode()
+    form = query.get("form", "gzip")
+    if form == "gzip":
+        body = gzip.compress(data)
+    elif form == "deflate":
+        body = zlib.compress(data)
+    else:
+        packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+        body = packer.compress(data) + packer.flush()
     handler.send_response(200)
     handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Encoding", "gzip")
+    handler.send_header("Content-Encoding", "gzip" if form == "gzip" else "deflate")
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler._raw(body)
@@ -178,6 +188,18 @@ def _echo_text(handler: _Handler, query: dict[str, str], port: int) -> None:
     key = handler.headers.get("X-Api-Key") or query.get("k", "")
     status = int(query.get("status", "200"))
     _text(handler, status, query.get("pad", "") + "key=" + key + " is fine", "text/plain")
+
+
+def _key_in_a_number_and_a_header_name(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """The key it was sent, inside a JSON number and as a response header's name."""
+    key = handler.headers.get("X-Api-Key") or ""
+    body = ('{"n": 9' + key + "6}").encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header(f"X-Seen-{key}", "1")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler._raw(body)
 
 
 def _odd_charset(handler: _Handler, query: dict[str, str], port: int) -> None:
@@ -203,6 +225,7 @@ _HOSTILE = {
     "/gzipped": _gzip_json,
     "/echotext": _echo_text,
     "/charset": _odd_charset,
+    "/keyed": _key_in_a_number_and_a_header_name,
     "/nan": _not_a_number,
     "/away-with-query": _away_with_query,
 }

@@ -512,6 +512,24 @@ def test_once_keeps_its_lease_while_a_job_outlasts_it(
         assert any(o.job == "prune" and o.ok for o in beat.outcomes)
 
 
+def test_once_gives_the_lease_back_when_it_fails_to_start(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure before the jobs (the scheduler's start) left the renewing thread holding the
+    lease for as long as the process lived."""
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred())
+
+        def broken(**options: object) -> None:
+            raise RuntimeError("the scheduler would not start")
+
+        monkeypatch.setattr(beat.scheduler, "start", broken)
+        with pytest.raises(RuntimeError, match="would not start"):
+            beat.once()
+        assert lease_holder(img) is None
+        assert not [t for t in threading.enumerate() if t.name == "heartbeat-lease"]
+
+
 SLOW_HEARTBEAT = """
 import sys, time
 from batos.shell import heartbeat

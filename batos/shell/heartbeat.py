@@ -531,9 +531,11 @@ class Heartbeat:
         renewer = threading.Thread(
             target=self._hold, args=(done, ttl), name="heartbeat-lease", daemon=True
         )
-        renewer.start()
-        self.scheduler.start(paused=True)
-        try:
+        started = False
+        try:  # from here on, whatever fails, the lease is given back
+            renewer.start()
+            self.scheduler.start(paused=True)
+            started = True
             self.ensure_jobs()
             now = datetime.now(UTC)
             for job in self.store.get_due_jobs(now):
@@ -549,8 +551,10 @@ class Heartbeat:
                 self.scheduler.modify_job(job.id, next_run_time=after)
         finally:
             done.set()
-            renewer.join()  # no renewal after the release below
-            self.scheduler.shutdown(wait=True)
+            if renewer.ident is not None:
+                renewer.join()  # no renewal after the release below
+            if started:
+                self.scheduler.shutdown(wait=True)
             _ACTIVE.pop("beat", None)
             release_lease(self.image, self.holder)
         return self.outcomes

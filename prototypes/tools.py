@@ -88,6 +88,8 @@ FORBIDDEN_HEADERS = frozenset(
         "forwarded",
     }
 )
+#: Fields a web framework reads as the request's real method.
+_OVERRIDE_FIELDS = frozenset({"_method", "x-http-method-override"})
 #: Prefixes of forbidden header names (``x-forwarded-host``, ``proxy-…``).
 FORBIDDEN_HEADER_PREFIXES = ("x-forwarded-", "proxy-")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
@@ -306,14 +308,24 @@ def read_request(value: Any) -> ToolRequest:
     expect = value.get("expect", "json")
     if expect not in _EXPECT:
         raise ValueError("expect must be 'json' or 'text'")
+    params = _pairs(value.get("params") or {}, "params")
+    body = _body(value.get("json"))
+    named = [k for k, _ in (*params, *secret_params)]
+    named += list(body) if isinstance(body, dict) else []
+    if any(k.lower() in _OVERRIDE_FIELDS for k in named):
+        # Rails, Laravel and Symfony take a POST with a "_method" field as that method: a
+        # DELETE the policy never allowed.
+        raise ValueError(
+            "a request may not carry a method-override field ('_method'): use the method itself"
+        )
     return ToolRequest(
         method=method.upper(),
         url=url,
-        params=_pairs(value.get("params") or {}, "params"),
+        params=params,
         headers=headers,
         secret_headers=secret_headers,
         secret_params=secret_params,
-        body=_body(value.get("json")),
+        body=body,
         expect=expect,
     )
 

@@ -1051,6 +1051,8 @@ def test_nan_in_a_json_answer_is_refused(image, base) -> None:
             tools.request("GET", "https://h/x", secret_headers={"Upgrade": "env:K"}),
             "carries no secret",
         ),
+        (tools.request("POST", "https://h/x", params={"_method": "DELETE"}), "override"),
+        (tools.request("POST", "https://h/x", json={"_METHOD": "PUT", "a": 1}), "override"),
     ],
 )
 def test_a_request_httpx_cannot_send_or_that_gets_around_the_policy_is_refused(value, why) -> None:

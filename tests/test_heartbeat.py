@@ -242,6 +242,10 @@ def test_list_on_a_new_image_says_what_will_run_and_when(
     monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "60")
     code, out, _ = run(capsys, "--image", image, "heartbeat", "--list")
     assert code == 0 and "start + 1 min" in out and "changes it to every 1 min" in out
+    # A difference below the trigger's microseconds is none: no heartbeat would store it.
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "3600.0000001")
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--list")
+    assert code == 0 and "changes it" not in out
 
 
 def _ran(out: str) -> set[str]:

@@ -493,7 +493,11 @@ class Heartbeat:
                     name,
                     interval,
                     next_run,
-                    stored=None if had == self.kept(name).seconds else had,
+                    # Compared as the triggers hold them (timedeltas, whole microseconds),
+                    # as ensure_jobs compares them: a float setting may differ below that.
+                    stored=None
+                    if job.trigger.interval == self._trigger(self.kept(name)).interval
+                    else had,
                     from_start=next_run != job.next_run_time,
                 )
             )

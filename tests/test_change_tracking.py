@@ -132,6 +132,8 @@ def _outcome(fn: Any, stats: Any, x: int) -> tuple[Any, str | None]:
     receiver = types.SimpleNamespace(stats=copy.deepcopy(stats))
     try:
         fn(receiver, x)
+    except (StopIteration, StopAsyncIteration):
+        return stats, "RuntimeError"  # as a method's caller gets it (PEP 479's rule)
     except Exception as exc:
         return stats, type(exc).__name__
     return plain(receiver.stats), None

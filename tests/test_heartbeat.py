@@ -695,6 +695,24 @@ def test_audit_report_reads_whole_at_80_columns_in_a_pipe(image: str) -> None:
     assert "missions: 1 started, 0 kept, 0 undone" in lines
 
 
+def test_audit_report_shows_idle_audits_in_a_row_as_one_line(image: str) -> None:
+    """An image nobody uses gets an idle audit an hour: 24 lines a day in the report."""
+    _decayed_with_a_mission(image)
+    with LivingImage.open(image) as img:
+        for _ in range(4):
+            audit.run(img, alfred())  # audits 4 to 7: idle, as audit 3 was
+    shown = piped("--image", image, "audit", "report")
+    assert shown.returncode == 0, shown.stderr
+    fits_80_columns(shown.stdout)
+    rows = [
+        line.split() for line in shown.stdout.splitlines() if re.match(r"\d+(-\d+)? +\d\d-", line)
+    ]
+    assert [r[0] for r in rows] == ["1", "2", "3-7"]
+    assert rows[2][-2:] == ["idle", "×5"]
+    as_json = piped("--image", image, "audit", "report", "--json")
+    assert len(json.loads(as_json.stdout)["audits"]) == 7  # the data keeps every audit
+
+
 def test_audit_show_wraps_alfreds_account_at_80_columns_in_a_pipe(image: str) -> None:
     account = "Novelty has fallen across every persona this week, " * 4 + "so I propose a mission."
     with LivingImage.open(image) as img:

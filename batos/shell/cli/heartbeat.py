@@ -277,16 +277,33 @@ def _audits_table(rows: list[dict[str, Any]]) -> Table:
     table = _narrow_table()
     for column in ("id", "time", "cycles", *cem.COMPONENTS, "CEM", "verdict"):
         table.add_column(column, no_wrap=True)
-    for r in rows:
-        m = r["metrics"]
+    for run in _idle_runs(rows):
+        r, m = run[-1], run[-1]["metrics"]
+        many = len(run) > 1  # audits in a row with nothing new: one line, the last one's time
         table.add_row(
-            str(r["id"]),
+            f"{run[0]['id']}-{r['id']}" if many else str(r["id"]),
             _when(r["time"], "%m-%d %H:%M"),
             str(m["cycles"]),
             *(_num(m.get(c)) for c in (*cem.COMPONENTS, "cem")),
-            plain(r["verdict"] + (f" → m{r['mission']}" if r.get("mission") else "")),
+            plain(
+                f"idle ×{len(run)}"
+                if many
+                else r["verdict"] + (f" → m{r['mission']}" if r.get("mission") else "")
+            ),
         )
     return table
+
+
+def _idle_runs(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows in runs: consecutive idle audits together, every other audit alone. An image
+    nobody uses gets an idle audit an hour, which would fill the table with one line each."""
+    runs: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if r["verdict"] == "idle" and runs and runs[-1][-1]["verdict"] == "idle":
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
 
 
 def _weights_table(rows: list[dict[str, Any]]) -> Table:
@@ -368,7 +385,8 @@ def report(
             console.paragraph("→ mN: the audit started mission N (see the missions below)")
         if any(r["verdict"] == "idle" for r in rows):
             console.paragraph(
-                "idle: no new cycles since the audit before; nothing judged or started"
+                "idle: no new cycles since the audit before; nothing judged or started "
+                "(idle ×N: N such audits in a row, 'id' from the first to the last)"
             )
         console.print(Text("CEM weights, from the audit where they changed", style="italic"))
         console.print(_weights_table(rows))

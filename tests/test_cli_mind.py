@@ -23,6 +23,7 @@ from batos.shell.cli import main
 from batos.shell.cli.mind import Session
 from batos.shell.runtime import open_runtime
 from graph.mind import run_config
+from store.core import layout
 from store.core.image import LivingImage
 
 #: Words of a slow reply, streamed one every PACE seconds (about a minute unless stopped), and
@@ -153,6 +154,37 @@ def test_cycles_shows_whole_ids_at_80_columns_in_a_pipe(capsys, image) -> None:
         "tokens",
     ]
     assert all(f"│ {row['id']} │ " in wide.stdout for row in committed)
+
+
+def test_cycles_measures_cells_as_they_are_shown(capsys, image) -> None:
+    """A record is text from the image: a control character in it is shown as an escape,
+    four characters for one, so a table measured on the raw text came out wider than the
+    terminal and a cell that must stay whole was cut."""
+    from rich.cells import cell_len
+
+    from batos.shell.cli.mind import _cycle_cells
+
+    models = FakeModels(responder())
+    assert run(capsys, "--image", image, "ask", "hello there", "-p", "robin", models=models)[0] == 0
+    with LivingImage.open(image) as img:
+
+        def taint(root):
+            from graph import cycle
+
+            key, record = cycle.stored(root, 1)[0]
+            root[layout.CYCLES][key] = {**record, "facets": ["BRICK.\x1b\x1b\x1b\x1bfacet"]}
+
+        img.transact(taint)
+        with img.read() as root:
+            from graph import cycle
+
+            cells = _cycle_cells(cycle.recent(root, 20)[0])
+    headers = ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens")
+    raw = sum(max(cell_len(h), cell_len(c)) + 3 for h, c in zip(headers, cells, strict=True)) + 1
+    shown = piped("--image", image, "cycles", COLUMNS=str(raw))
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "…" not in shown.stdout  # nothing cut to fit
+    assert "BRICK.\\x1b\\x1b\\x1b\\x1bfacet" in shown.stdout.replace("\n", "")
 
 
 def test_cycles_refuses_an_unknown_or_empty_id(capsys, image) -> None:

@@ -35,7 +35,7 @@ from batos.errors import (
 )
 from batos.shell.cli.app import console, image_uri, model_factory
 from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
-from batos.shell.cli.terminal import plain, shown
+from batos.shell.cli.terminal import plain, shown, visible
 from batos.shell.runtime import Runtime, open_image, open_runtime
 from graph.mind import MAX_ANSWER_CHARS, run_config
 from graph.request import DEPTHS, check_thread_id, content_text
@@ -565,7 +565,9 @@ def _cycles_table(image: LivingImage, cycle_id: str | None, limit: int) -> list[
     title = "Committed mind cycles, newest first"
     columns = ("cycle", "when", "thread", "personas", "facets", "seconds", "model s", "tokens")
     wrapping = ("personas", "facets")  # lists, which wrap at their commas
-    cells_of = [_cycle_cells(row) for row in rows]
+    # Controls written as escapes first: measured as they are shown, and never sent raw to
+    # the terminal by the narrow layout below (a record is text from the image).
+    cells_of = [tuple(visible(cell) for cell in _cycle_cells(row)) for row in rows]
     # Ids, times and numbers are never broken: an id folded over lines cannot be copied into
     # 'batos cycles ID'. The table is shown when it fits so; each column takes its widest
     # cell (a list its longest item), plus a space either side and a rule.

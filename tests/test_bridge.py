@@ -133,6 +133,26 @@ def test_requests_in_flight_side_by_side_each_get_their_own_replies(bridge, clie
     assert len({frames[-1][1]["thread_id"] for frames in got.values()}) == 6
 
 
+def test_a_second_request_on_a_thread_answering_one_is_refused(bridge, client) -> None:
+    """Both used to run from the same checkpoint: the thread forked and the conversation kept
+    one of the two exchanges, though both clients were told COMPLETE."""
+    GATE.clear()  # the first answer waits
+    send(client, b"first", request("how do cats purr?", thread_id="same"))
+    assert client.poll(10_000)
+    assert client.recv_multipart()[1] == b"accepted"
+    send(client, b"second", request("when to plant tomatoes?", thread_id="same"))
+    refused = replies(client, {b"second"})[b"second"]
+    assert [kind for kind, _ in refused] == ["error"]
+    assert "thread same is answering another request" in refused[0][1]["message"]
+    GATE.set()
+    assert replies(client, {b"first"})[b"first"][-1][1]["status"] == "COMPLETE"
+    send(client, b"third", request("when to plant tomatoes?", thread_id="same"))
+    assert replies(client, {b"third"})[b"third"][-1][1]["status"] == "COMPLETE"
+    state = bridge.graph.get_state({"configurable": {"thread_id": "same"}}).values
+    said = [m.content for m in state["messages"] if m.type == "human"]
+    assert said == ["how do cats purr?", "when to plant tomatoes?"]  # one line, both kept
+
+
 def test_a_req_socket_is_answered_too(bridge) -> None:
     socket = zmq.Context.instance().socket(zmq.REQ)
     socket.setsockopt(zmq.LINGER, 0)

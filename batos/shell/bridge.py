@@ -188,6 +188,8 @@ class Bridge:
         self._pending = 0
         #: Requests in flight per client identity; a client leaves it with its last request.
         self._in_flight: dict[bytes, int] = {}
+        #: Threads a request is answering now: a second at once would fork the thread.
+        self._threads: set[str] = set()
         self._pushers: list[zmq.Socket] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -313,6 +315,25 @@ class Bridge:
     def _answer(self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any]) -> None:
         thread_id = payload.get("thread_id")
         thread_id = check_thread_id(thread_id) if thread_id is not None else f"zmq-{uuid.uuid4()}"
+        with self._lock:
+            if thread_id in self._threads:
+                # Both runs would start from the same checkpoint: the thread would fork, and
+                # the conversation keep one of the two exchanges (LangGraph's server refuses
+                # it too).
+                raise GraphRequestError(
+                    f"thread {thread_id} is answering another request",
+                    hint="wait for that request's result, then send this one again",
+                )
+            self._threads.add(thread_id)
+        try:
+            self._answer_on(envelope, request_id, payload, thread_id)
+        finally:
+            with self._lock:
+                self._threads.discard(thread_id)
+
+    def _answer_on(
+        self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any], thread_id: str
+    ) -> None:
         config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 40}
         self._send(envelope, request_id, "accepted", {"thread_id": thread_id})
         for mode, chunk in self.graph.stream(

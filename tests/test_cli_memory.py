@@ -231,6 +231,15 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
     assert code == 0 and all(text.split(",")[0] in " ".join(out.split()) for text in BACKUPS)
     code, out, _ = run(capsys, "--image", file_uri, "search", "NAS backup", "--json", "-k", "5")
     assert [r["kind"] for r in json.loads(out)["results"]] == ["summary"]
+    # Options that do different things are refused, changing nothing: '--restore N --dry-run'
+    # used to restore for real.
+    for mixed in (["--restore", str(archive_id), "--dry-run"], ["--show", "1", "--restore", "2"]):
+        code, _, err = run(capsys, "--image", file_uri, "curate", *mixed)
+        assert code == 2 and "give one of them" in err, err
+    code, _, err = run(capsys, "--image", file_uri, "curate", "--dry-run", "--max-chunks", "0")
+    assert code == 2 and "--max-chunks" in err
+    code, out, _ = run(capsys, "--image", file_uri, "curate", "--list")
+    assert str(archive_id) in out  # still there
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--restore", str(archive_id))
     assert code == 0 and f"restored 3 chunk(s) from archive {archive_id}" in out
     code, _, err = run(capsys, "--image", file_uri, "curate", "--show", str(archive_id))

@@ -110,6 +110,9 @@ def test_memory_stays_bounded_under_heavy_ingest_and_used_chunks_stay(
     for archive in archives(catalog)[:2]:
         Curator(catalog, FakeSummarizer()).restore(archive["id"])
     assert Curator(catalog, FakeSummarizer(), max_chunks=10).run().live_after <= 10
+    # A budget of 0 is a budget: it used to be read as "not given", the setting's 200,000.
+    assert Curator(catalog, FakeSummarizer(), max_chunks=0).max_chunks == 0
+    assert Curator(catalog, FakeSummarizer()).max_chunks == 200_000
 
 
 def test_a_cluster_that_changed_meanwhile_is_skipped(

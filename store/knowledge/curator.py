@@ -111,7 +111,10 @@ class Curator:
     ) -> None:
         self.catalog = catalog
         self.summarize = summarize
-        self.max_chunks = max_chunks or settings.get_int("catalog_max_chunks")
+        # None is "not given"; 0 is a budget (of nothing), never the setting in disguise.
+        self.max_chunks = (
+            settings.get_int("catalog_max_chunks") if max_chunks is None else max_chunks
+        )
         self.similarity = similarity
         self.min_age_seconds = min_age_seconds
         self.cold_after = cold_after

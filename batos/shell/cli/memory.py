@@ -192,7 +192,7 @@ def search(
 def curate(
     ctx: typer.Context,
     max_chunks: int = typer.Option(
-        None, "--max-chunks", help="Live-chunk budget (setting catalog_max_chunks)."
+        None, "--max-chunks", min=1, help="Live-chunk budget (setting catalog_max_chunks)."
     ),
     clusters: int = typer.Option(
         None, "--clusters", "-n", min=1, help="Fold at most this many clusters."
@@ -209,6 +209,23 @@ def curate(
     """
     from store.knowledge import curator
 
+    # One thing at a time: '--restore N --dry-run' restored for real, and '--show 1
+    # --restore 2' only showed, each without a word.
+    chosen = [
+        name
+        for name, given in (
+            ("--list", list_archives),
+            ("--show", show is not None),
+            ("--restore", restore is not None),
+            ("--dry-run", dry_run),
+        )
+        if given
+    ]
+    if len(chosen) > 1:
+        raise typer.BadParameter(
+            f"{' and '.join(chosen)} do different things: give one of them",
+            param_hint=chosen[1],
+        )
     with _catalog(ctx) as catalog:
         if list_archives:
             table = Table(title="Curator archives")

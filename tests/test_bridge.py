@@ -153,6 +153,30 @@ def test_a_second_request_on_a_thread_answering_one_is_refused(bridge, client) -
     assert said == ["how do cats purr?", "when to plant tomatoes?"]  # one line, both kept
 
 
+def test_a_stop_lets_running_requests_finish_and_refuses_those_waiting(bridge, client) -> None:
+    """A stop used to wait for every queued request too: minutes on a real model, and a
+    second Ctrl-C did nothing (the command now exits at once on it)."""
+    GATE.clear()  # the first four (one per worker) wait in their answers; two wait for a worker
+    wanted = {f"s{n}".encode() for n in range(6)}
+    for rid in sorted(wanted):
+        send(client, rid, request(f"question {rid.decode()}"))
+    started: set[bytes] = set()
+    while len(started) < 4:
+        assert client.poll(10_000), started
+        rid, kind, _ = client.recv_multipart()
+        assert kind == b"accepted"
+        started.add(rid)
+    bridge.stop()
+    GATE.set()
+    got = replies(client, wanted)
+    for rid, frames in got.items():
+        if rid in started:
+            assert frames[-1][0] == "result" and frames[-1][1]["status"] == "COMPLETE"
+        else:
+            assert [kind for kind, _ in frames] == ["error"]
+            assert "the bridge is stopping" in frames[0][1]["message"]
+
+
 def test_a_req_socket_is_answered_too(bridge) -> None:
     socket = zmq.Context.instance().socket(zmq.REQ)
     socket.setsockopt(zmq.LINGER, 0)

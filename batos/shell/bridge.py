@@ -294,6 +294,13 @@ class Bridge:
 
     def _run(self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any]) -> None:
         try:
+            if self._stopping.is_set():
+                # Waiting when the bridge was told to stop: refused, so that a stop waits for
+                # the requests running, not for every one queued behind them.
+                raise GraphRequestError(
+                    "the bridge is stopping: this request did not start",
+                    hint="send it again to a bridge that is running",
+                )
             self._answer(envelope, request_id, payload)
         except BatosError as exc:
             self._send(envelope, request_id, "error", _error(exc))

@@ -333,14 +333,17 @@ class Bridge:
                 )
             self._threads.add(thread_id)
         try:
-            self._answer_on(envelope, request_id, payload, thread_id)
+            result = self._answer_on(envelope, request_id, payload, thread_id)
         finally:
             with self._lock:
                 self._threads.discard(thread_id)
+        # Sent once the thread is free: a client that sends its next request on seeing the
+        # result must not find the thread still taken.
+        self._send(envelope, request_id, "result", result)
 
     def _answer_on(
         self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any], thread_id: str
-    ) -> None:
+    ) -> dict[str, Any]:
         config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 40}
         self._send(envelope, request_id, "accepted", {"thread_id": thread_id})
         for mode, chunk in self.graph.stream(
@@ -360,18 +363,13 @@ class Bridge:
                     status = update.get("status") if isinstance(update, dict) else None
                     self._send(envelope, request_id, "update", {"node": node, "status": status})
         values = self.graph.get_state(config).values
-        self._send(
-            envelope,
-            request_id,
-            "result",
-            {
-                "thread_id": thread_id,
-                "status": values.get("status"),
-                "response": values.get("response", ""),
-                "failure": values.get("failure"),
-                "cycle": (values.get("cycle") or {}).get("id"),
-            },
-        )
+        return {
+            "thread_id": thread_id,
+            "status": values.get("status"),
+            "response": values.get("response", ""),
+            "failure": values.get("failure"),
+            "cycle": (values.get("cycle") or {}).get("id"),
+        }
 
 
 def _error(exc: BatosError) -> dict[str, Any]:

@@ -201,7 +201,10 @@ def test_a_req_socket_is_answered_too(bridge) -> None:
 
 MALFORMED = [
     ("not-json", b"{not json", "GraphRequestError", "the request body is not JSON"),
-    ("a-list", b"[1, 2]", "GraphRequestError", "a JSON list, not an object"),
+    ("a-list", b"[1, 2]", "GraphRequestError", "a JSON array, not an object"),
+    ("null", b"null", "GraphRequestError", "the request body is JSON null, not an object"),
+    ("nan", b'{"input": {"n": NaN}}', "GraphRequestError", "NaN is not a JSON value"),
+    ("huge-int", b'{"input": {"n": ' + b"9" * 5000 + b"}}", "GraphRequestError", "100 digits"),
     ("no-input", {"context": {}}, "GraphRequestError", "the request has no 'input'"),
     ("extra-field", request(graph="jit"), "GraphRequestError", "unknown request field(s): 'graph'"),
     ("input-a-string", {"input": "hello"}, "GraphRequestError", "'input' must be a JSON object"),

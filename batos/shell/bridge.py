@@ -115,7 +115,9 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
             hint="ingest long material with 'batos ingest' and ask about it",
         )
     try:
-        payload = json.loads(body.decode("utf-8"))
+        payload = json.loads(
+            body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise GraphRequestError(
@@ -123,7 +125,7 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
         ) from None
     if not isinstance(payload, dict):
         raise GraphRequestError(
-            f"the request body is a JSON {type(payload).__name__}, not an object",
+            f"the request body is {_JSON_KINDS.get(type(payload), 'JSON')}, not an object",
             hint=_REQUEST_HINT,
         )
     unknown = sorted(set(payload) - {"input", "context", "thread_id"})
@@ -138,6 +140,29 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
     if "input" not in payload:
         raise GraphRequestError("the request has no 'input'", hint=_REQUEST_HINT)
     return request_id, payload
+
+
+#: What a JSON value other than an object is called in an error.
+_JSON_KINDS = {
+    list: "a JSON array",
+    str: "a JSON string",
+    int: "a JSON number",
+    float: "a JSON number",
+    bool: "JSON true or false",
+    type(None): "JSON null",
+}
+#: Digits of the longest integer a body may hold (Python's own limit says its setting's name).
+MAX_INT_DIGITS = 100
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of over {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def receive(socket: zmq.Socket) -> tuple[list[bytes], str | None]:

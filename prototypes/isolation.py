@@ -896,10 +896,7 @@ def _rebuild_error(payload: bytes | bytearray) -> BaseException:
         return ours(found.message, found.findings)
     import builtins
 
-    if found.name in ("StopIteration", "StopAsyncIteration") or {
-        "StopIteration",
-        "StopAsyncIteration",
-    } & set(found.bases):
+    if {found.name, *found.bases} & {"StopIteration", "StopAsyncIteration"}:
         stopped = stopped_iteration(found.name, found.message)
         if found.where:
             stopped.add_note(f"at {found.where}")

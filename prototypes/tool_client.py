@@ -393,9 +393,8 @@ def _decoder(response: httpx.Response, req: ToolRequest) -> Any:
 
 
 class _DeflateUnseen:
-    """A deflate answer whose first bytes are not read yet: they tell its form."""
-
-    unconsumed_tail = b""
+    """A deflate answer whose first bytes are not read yet: they tell its form (an empty
+    body never does, and flushes to nothing)."""
 
     def flush(self) -> bytes:
         return b""

@@ -20,7 +20,8 @@ modelfiles/data/voice_prompts.jsonl (no content word shared with any training pr
 one persona's territory; `far`, far from all of them; `fresh`, more far prompts written after
 ALFRED's adapter had been chosen on the far ones, so that a change made to raise a far figure
 is measured again on prompts it was not chosen on; and `fresh2`, more far prompts written after
-the fresh set's first run, kept out of every choice made on far and fresh. Under three
+the fresh set's first run, kept out of every choice made on far and fresh; and `fresh3`, written
+before a candidate chosen on far, fresh and fresh2 was measured, to confirm it. Under three
 conditions:
 
     adapter   the persona's LoRA adapter, a neutral system prompt in place of the persona's
@@ -28,7 +29,7 @@ conditions:
     both      adapter and system prompt: what a user gets
 
 With --mind it also runs the mind (graph/mind.py) with one persona routed, on the far prompts
-(--mind-set fresh or fresh2: that set's), and attributes its final answers the same way.
+(--mind-set fresh, fresh2 or fresh3: that set's), and attributes its final answers the same way.
 
 Each figure is the share of replies attributed to the persona that wrote them, with a 95% Wilson
 interval (the sets are small). Under it, each reply's relevance to its prompt: the mean cosine of
@@ -78,7 +79,7 @@ from batos.training.voice import (
 
 CONDITIONS = ("adapter", "system", "both")
 #: The prompt sets, in the order they run (see ``prompt_sets``).
-SET_NAMES = ("far", "heldout", "near", "fresh", "fresh2")
+SET_NAMES = ("far", "heldout", "near", "fresh", "fresh2", "fresh3")
 CONDITION_LABELS = {
     "adapter": "adapter only",
     "system": "system prompt only",
@@ -314,6 +315,7 @@ def prompt_sets(quick: bool, names: Sequence[str] = SET_NAMES) -> list[PromptSet
         PromptSet("near", tuple(r["prompt"] for r in voice if r["set"] == "near")),
         PromptSet("fresh", tuple(r["prompt"] for r in voice if r["set"] == "fresh")),
         PromptSet("fresh2", tuple(r["prompt"] for r in voice if r["set"] == "fresh2")),
+        PromptSet("fresh3", tuple(r["prompt"] for r in voice if r["set"] == "fresh3")),
     ]
     sets = [s for s in sets if s.name in names]
     if quick:
@@ -405,8 +407,9 @@ def report(
         tables.append(("heldout", replies["heldout"]))
     if "fresh" in replies:
         tables.append(("fresh", replies["fresh"]))
-    if "fresh2" in replies:
-        tables.append(("fresh2", replies["fresh2"]))
+    for name in ("fresh2", "fresh3"):
+        if name in replies:
+            tables.append((name, replies[name]))
     headers = {
         "far": "new prompts far from every persona's territory and every training topic",
         "near": "new prompts in one persona's territory, no training topic",
@@ -414,6 +417,7 @@ def report(
         "heldout": "held-out prompts (near the training topics)",
         "fresh": "fresh far prompts, kept out of every choice made on the far set",
         "fresh2": "fresh2 far prompts, kept out of every choice made on far and fresh",
+        "fresh3": "fresh3 far prompts, kept out of every choice made on the sets before it",
     }
     for name, table in tables:
         if not any(table.values()):
@@ -466,7 +470,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--mind-set",
-        choices=("far", "fresh", "fresh2"),
+        choices=("far", "fresh", "fresh2", "fresh3"),
         default="far",
         help="the prompts the mind answers with --mind (default: far)",
     )

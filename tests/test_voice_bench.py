@@ -30,21 +30,24 @@ def test_voice_prompts_share_no_topic_word_with_the_training_or_heldout_prompts(
         assert not shared, (row["prompt"], shared)
 
 
-def test_fresh2_shares_no_topic_word_with_any_other_prompt() -> None:
-    """fresh2 was written after every other set and every training file, to stay far from all:
-    the training and held-out prompts, ALFRED's far-topic examples and the other voice rows."""
+@pytest.mark.parametrize("name", ["fresh2", "fresh3"])
+def test_a_later_fresh_set_shares_no_topic_word_with_any_prompt_before_it(name: str) -> None:
+    """fresh2 and fresh3 were each written after every set before them and every training file,
+    to stay far from all: the training and held-out prompts, ALFRED's far-topic examples and
+    the other voice rows (fresh3 was also written after fresh2, so fresh2 is checked against
+    it as well: no word of either is in the other)."""
     rows = voice.voice_prompts()
     far_topics = data_dir() / "experiments" / "alfred_far_topics.jsonl"
     seen = (
         {r["prompt"] for r in voice.training_rows()}
         | {r["prompt"] for r in voice.heldout_rows()}
         | {json.loads(line)["prompt"] for line in far_topics.read_text().splitlines() if line}
-        | {r["prompt"] for r in rows if r["set"] != "fresh2"}
+        | {r["prompt"] for r in rows if r["set"] != name}
     )
     known = set().union(*(voice.content_words(p) for p in seen))
-    fresh2 = [r["prompt"] for r in rows if r["set"] == "fresh2"]
-    assert len(fresh2) >= 30
-    for prompt in fresh2:
+    fresh = [r["prompt"] for r in rows if r["set"] == name]
+    assert len(fresh) >= 30
+    for prompt in fresh:
         shared = voice.content_words(prompt) & known
         assert not shared, (prompt, shared)
 
@@ -53,14 +56,15 @@ def test_voice_prompts_are_half_near_a_persona_half_far_from_all() -> None:
     rows = voice.voice_prompts()
     assert len({r["prompt"].lower() for r in rows}) == len(rows)
     kinds = Counter(r["set"] for r in rows)
-    assert set(kinds) == {"near", "far", "fresh", "fresh2"}
+    assert set(kinds) == {"near", "far", "fresh", "fresh2", "fresh3"}
     assert kinds["near"] == kinds["far"] >= 20
     assert kinds["fresh"] >= 20
     assert kinds["fresh2"] >= 30
+    assert kinds["fresh3"] >= 30
     territories = Counter(r["territory"] for r in rows if r["set"] == "near")
     assert set(territories) == set(voice.PERSONAS)
     assert len(set(territories.values())) == 1  # as many prompts in each persona's territory
-    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh", "fresh2"))
+    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh", "fresh2", "fresh3"))
 
 
 def test_content_words_drop_stop_words_and_endings() -> None:

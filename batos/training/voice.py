@@ -64,7 +64,7 @@ def heldout_rows() -> list[dict[str, str]]:
 
 def voice_prompts() -> list[dict[str, Any]]:
     """The prompt sets on topics the training data never touches (``set``: near | far | fresh |
-    fresh2)."""
+    fresh2 | fresh3)."""
     return _jsonl(data_dir() / "voice_prompts.jsonl")
 
 

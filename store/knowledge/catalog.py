@@ -60,6 +60,20 @@ BUILTIN_FIELDS = ("source", "kind", "format")
 MAX_FIELDS, MAX_FIELD_NAME, MAX_FIELD_VALUE = 32, 64, 1000
 
 
+def _spellings(accepted: Iterable[Any]) -> set[str]:
+    """The indexed texts a filter's values match. Values are indexed as ``str(value)``, so a
+    true/false given through the Python API sits in the index as 'True' or 'False', while the
+    command line (``-w reviewed=true``) and JSON clients spell it 'true': either spelling of a
+    truth value finds both."""
+    spelt: set[str] = set()
+    for value in accepted:
+        text = str(value)
+        spelt.add(text)
+        if isinstance(value, bool) or text.lower() in ("true", "false"):
+            spelt.update((text.lower(), text.lower().capitalize()))
+    return spelt
+
+
 def _number_shown(value: Any) -> str:
     """A number as shown in an error: whole, or its size when it is too long to read."""
     if isinstance(value, int) and value.bit_length() > 64:
@@ -788,7 +802,7 @@ class KnowledgeCatalog:
             for name, value in filters.items():
                 accepted = [value] if isinstance(value, (str, int, float, bool)) else list(value)
                 values = fields.get(name)
-                if values is None or not any(str(v) in values for v in accepted):
+                if values is None or not any(s in values for s in _spellings(accepted)):
                     missing.append(name)
             return missing
 
@@ -805,14 +819,15 @@ class KnowledgeCatalog:
             name: [value] if isinstance(value, (str, int, float, bool)) else list(value)
             for name, value in filters.items()
         }
-        key = (cat["version"](), sorted((n, sorted(map(str, v))) for n, v in wanted.items()))
+        key = (cat["version"](), sorted((n, sorted(_spellings(v))) for n, v in wanted.items()))
         last = self._last_filter
         if last is not None and last[0] == key:
             return last[1]
         result = None
         for name, accepted in wanted.items():
             values = cat["fields"].get(name)
-            sets = [values[str(v)] for v in accepted if values is not None and str(v) in values]
+            spelt = _spellings(accepted)
+            sets = [values[v] for v in spelt if values is not None and v in values]
             members = family32.IF.multiunion(sets) if sets else IFTreeSet()
             result = members if result is None else family32.IF.intersection(result, members)
         assert result is not None  # filters is not empty

@@ -9,8 +9,10 @@ shape: a repr is cut with "…", a plain copy past its budget raises ``ValueTooL
 from __future__ import annotations
 
 import datetime
+import json
+import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from persistent.list import PersistentList
@@ -27,6 +29,50 @@ _SCALARS = (type(None), bool, int, float, complex, datetime.date, datetime.timed
 
 class ValueTooLarge(ValueError):
     """A value has more nodes (or levels) than the caller allowed."""
+
+
+#: Digits of the longest integer ``strict_json`` reads by default.
+MAX_JSON_INT_DIGITS = 100
+
+
+class NotStrictJSON(ValueError):
+    """Text that Python's ``json`` reads but JSON does not allow, or past a size asked for."""
+
+
+def strict_json(
+    text: str,
+    *,
+    max_int_digits: int | None = MAX_JSON_INT_DIGITS,
+    parse_int: Callable[[str], Any] | None = None,
+) -> Any:
+    """``json.loads`` held to JSON: every reader of text from outside (a request, an argument,
+    a service's answer, a model's reply) goes through it.
+
+    Python's reader takes ``NaN`` and ``Infinity``, which JSON has no words for, and turns
+    ``1e400`` into infinity; a value that is not a number then reaches code that compares or
+    stores it. Both are refused with a ``NotStrictJSON`` (a ``ValueError``) that names the
+    literal, as is an integer of more than ``max_int_digits`` digits (None: Python's own limit,
+    whose message names an interpreter setting instead of the input). ``parse_int`` replaces
+    the digit bound with the caller's own check. Nesting too deep still raises
+    ``RecursionError``, as ``json.loads`` does."""
+
+    def bounded(literal: str) -> int:
+        if max_int_digits is not None and len(literal.lstrip("-")) > max_int_digits:
+            raise NotStrictJSON(f"an integer of over {max_int_digits} digits")
+        return int(literal)
+
+    def finite(literal: str) -> float:
+        number = float(literal)
+        if not math.isfinite(number):
+            raise NotStrictJSON(f"{literal[:40]} is beyond the largest number a float holds")
+        return number
+
+    def refused(name: str) -> Any:
+        raise NotStrictJSON(f"{name} is not a JSON value")
+
+    return json.loads(
+        text, parse_int=parse_int or bounded, parse_float=finite, parse_constant=refused
+    )
 
 
 class _Full(Exception):

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prototypes.bounded import strict_json
 from prototypes.codex import INTENTS_SLOT
 
 log = logging.getLogger("batos.examples")
@@ -210,7 +211,7 @@ def parse_examples(
     if fenced:
         text = fenced.group(1).strip()
     try:
-        data = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+        data = strict_json(text, parse_int=_bounded_int)
     except (ValueError, RecursionError, ExampleRejected) as exc:
         reason = f"the examples reply is not usable JSON: {str(exc)[:200]}"
         log.warning("examples dropped: %s", reason)
@@ -249,10 +250,6 @@ def _unwrapped(found: list[Example], selector: str | None) -> list[Example]:
     if not all(isinstance(e.returns, dict) and list(e.returns) == [selector] for e in found):
         return found
     return [dataclasses.replace(e, returns=e.returns[selector]) for e in found]
-
-
-def _no_constant(name: str) -> Any:
-    raise ExampleRejected(f"{name} is not a number")
 
 
 # -- outputs ---------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ Exceptions are translated at this boundary, in one table (``_FAILURES``)::
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import re
 import threading
@@ -43,7 +42,7 @@ import httpcore
 import httpx
 
 from batos.errors import ToolCallFailed, ToolRefused
-from prototypes.bounded import bounded_repr
+from prototypes.bounded import bounded_repr, strict_json
 from prototypes.tools import ToolPolicy, ToolRequest, origin_of, secret_value
 
 log = logging.getLogger("batos.tools")
@@ -411,10 +410,6 @@ def _deflate_decoder(first: bytes) -> Any:
     return zlib.decompressobj() if wrapped else zlib.decompressobj(-zlib.MAX_WBITS)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def _answer(
     response: httpx.Response, raw: bytes, req: ToolRequest, scrub: Callable[[str], str]
 ) -> dict[str, Any]:
@@ -438,7 +433,7 @@ def _answer(
     try:
         # Parsed before it is scrubbed (a secret of digits inside a number would break the
         # JSON), then every text in it scrubbed (_cleaned); the error paths scrub the text.
-        data = json.loads(text, parse_constant=_refuse_constant) if text.strip() else None
+        data = strict_json(text, max_int_digits=None) if text.strip() else None
     except (ValueError, RecursionError) as exc:
         text = scrub(text)
         if not response.is_success:  # an error page: its status says what went wrong

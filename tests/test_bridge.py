@@ -205,6 +205,7 @@ MALFORMED = [
     ("null", b"null", "GraphRequestError", "the request body is JSON null, not an object"),
     ("nan", b'{"input": {"n": NaN}}', "GraphRequestError", "NaN is not a JSON value"),
     ("huge-int", b'{"input": {"n": ' + b"9" * 5000 + b"}}", "GraphRequestError", "100 digits"),
+    ("overflow", b'{"input": {"n": 1e400}}', "GraphRequestError", "1e400 is beyond the largest"),
     ("no-input", {"context": {}}, "GraphRequestError", "the request has no 'input'"),
     ("extra-field", request(graph="jit"), "GraphRequestError", "unknown request field(s): 'graph'"),
     ("input-a-string", {"input": "hello"}, "GraphRequestError", "'input' must be a JSON object"),

@@ -66,6 +66,7 @@ def test_unusable_replies_give_no_examples() -> None:
         "[" * 100_000,
         '{"examples": [{"args": [' + "9" * 5_000 + '], "returns": 1}]}',
         '{"examples": [{"args": [NaN], "returns": 1}]}',
+        '{"examples": [{"args": [1e400], "returns": 1}]}',
         "x" * (examples.MAX_REPLY_CHARS * 3),
     ):
         found, dropped = examples.parse_examples(reply, arity=1)

@@ -1017,11 +1017,15 @@ def test_a_charset_that_is_no_text_encoding_is_read_as_utf8(image, base, path, e
     assert call(image, "h", "go")["json"] == expected
 
 
-def test_nan_in_a_json_answer_is_refused(image, base) -> None:
-    get_tool(image, base[0], "/nan")
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [("/nan", "NaN is not a JSON value"), ("/overflow", "1e400 is beyond the largest number")],
+)
+def test_a_json_answer_that_is_no_number_is_refused(image, base, path, why) -> None:
+    get_tool(image, base[0], path)
     with pytest.raises(ToolCallFailed) as failed:
         call(image, "h", "go")
-    assert "NaN is not a JSON value" in failed.value.message
+    assert why in failed.value.message
 
 
 @pytest.mark.parametrize(

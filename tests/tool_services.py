@@ -211,6 +211,11 @@ def _not_a_number(handler: _Handler, query: dict[str, str], port: int) -> None:
     _text(handler, 200, '{"x": NaN, "y": Infinity}', "application/json")
 
 
+def _overflowing(handler: _Handler, query: dict[str, str], port: int) -> None:
+    """A number no float holds: Python's reader would make it infinity."""
+    _text(handler, 200, '{"x": 1e400}', "application/json")
+
+
 def _away_with_query(handler: _Handler, query: dict[str, str], port: int) -> None:
     """A redirect off the allow-list that carries the query it was sent along."""
     handler.send_response(302)
@@ -227,6 +232,7 @@ _HOSTILE = {
     "/charset": _odd_charset,
     "/keyed": _key_in_a_number_and_a_header_name,
     "/nan": _not_a_number,
+    "/overflow": _overflowing,
     "/away-with-query": _away_with_query,
 }
 

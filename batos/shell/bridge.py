@@ -50,6 +50,7 @@ from batos.errors import BatosError, GraphRequestError
 from batos.shell.runtime import Runtime
 from graph.mind import MindServices
 from graph.request import check_thread_id, content_text
+from prototypes.bounded import strict_json
 
 log = logging.getLogger("batos.bridge")
 
@@ -115,9 +116,7 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
             hint="ingest long material with 'batos ingest' and ask about it",
         )
     try:
-        payload = json.loads(
-            body.decode("utf-8"), parse_int=_bounded_int, parse_constant=_no_constant
-        )
+        payload = strict_json(body.decode("utf-8"), max_int_digits=MAX_INT_DIGITS)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise GraphRequestError(
@@ -153,16 +152,6 @@ _JSON_KINDS = {
 }
 #: Digits of the longest integer a body may hold (Python's own limit says its setting's name).
 MAX_INT_DIGITS = 100
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of over {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def receive(socket: zmq.Socket) -> tuple[list[bytes], str | None]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,13 @@ from batos.shell.cli.terminal import json_text, shown, visible
 from batos.shell.runtime import open_image
 from graph import rejection
 from prototypes import bounded, guardian, kernel
-from prototypes.bounded import PLAIN_NODES, ValueTooLarge, bounded_plain, bounded_repr
+from prototypes.bounded import (
+    PLAIN_NODES,
+    ValueTooLarge,
+    bounded_plain,
+    bounded_repr,
+    strict_json,
+)
 from prototypes.paths import prototype
 from prototypes.uvm import Method
 
@@ -357,19 +362,9 @@ def _take_out_failing(image: Any) -> None:
 
 
 def _argument(text: str) -> Any:
-    # json.loads raises ValueError past Python's integer-digit limit and RecursionError on
-    # deeply nested brackets: both are malformed arguments, not crashes.
-    def finite(literal: str) -> float:
-        number = float(literal)
-        if not math.isfinite(number):  # 1e400
-            raise ValueError(f"{literal[:40]} is beyond the largest number a float holds")
-        return number
-
-    def refused(constant: str) -> Any:  # NaN, Infinity: Python's extension, not JSON
-        raise ValueError(f"{constant} is not JSON")
-
+    # Nesting too deep raises RecursionError: a malformed argument, not a crash.
     try:
-        return json.loads(text, parse_float=finite, parse_constant=refused)
+        return strict_json(text, max_int_digits=None)
     except (ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise BatosError(

@@ -14,7 +14,6 @@ the answer (the persona answers without a computed result), never the request.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import re
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from batos.errors import BatosError
 from graph import prompts as prompt_files
 from prototypes import guardian, sandbox
-from prototypes.bounded import bounded_repr
+from prototypes.bounded import bounded_repr, strict_json
 from prototypes.codex import load_codex
 from prototypes.uvm import UvmObject
 
@@ -417,7 +416,7 @@ def _json_object(reply: str) -> dict[str, Any]:
     if len(reply) > MAX_PAIR_REPLY:
         raise ValueError(f"the reply is longer than {MAX_PAIR_REPLY} characters")
     # strict=False: a line break copied inside the words is no reason to refuse them
-    data = json.loads(reply, strict=False)
+    data = strict_json(reply, strict=False)
     if not isinstance(data, dict):
         raise ValueError("the reply is not a JSON object")
     return data

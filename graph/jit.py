@@ -51,7 +51,7 @@ from batos.errors import BatosError, GraphRequestError, ModelError
 from graph import prompts as prompt_files
 from prototypes import examples as examples_module
 from prototypes import guardian, kernel, tools, trust
-from prototypes.bounded import bounded_repr
+from prototypes.bounded import bounded_repr, strict_json
 from prototypes.codex import load_codex
 from prototypes.examples import schema as examples_schema
 from prototypes.kernel import AttemptRecord, Mission, MissionBrief
@@ -919,9 +919,10 @@ def example_from_answer(answer: Any, mission: Mission) -> tuple[Any, str]:
         if len(answer) > MAX_ANSWER_CHARS:
             return None, f"the answer is over {MAX_ANSWER_CHARS} characters"
         try:
-            answer = json.loads(answer)
-        except ValueError as exc:
-            return None, f"the answer is not JSON: {exc}"
+            answer = strict_json(answer)
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            return None, f"the answer is not JSON: {reason}"
     arity = len(mission.args) + len(mission.kwargs)
     try:
         return examples_module.example_from(answer, arity), ""

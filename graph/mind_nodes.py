@@ -46,7 +46,7 @@ from graph.plan import (
     plan_schema,
 )
 from graph.request import check_context, content_text, request_text
-from prototypes.bounded import bounded_repr
+from prototypes.bounded import bounded_repr, strict_json
 from prototypes.codex import PERSONAS, load_codex
 from store.checkpoint import effects
 from store.core.image import LivingImage
@@ -1144,8 +1144,8 @@ def _degrade(cycle_state: dict[str, Any], where: str, what: str, failure: dict[s
 def _raw_steps(reply: str) -> list[dict[str, str]]:
     """The steps of a plan reply as the model wrote them (for measuring plans), or none."""
     try:
-        data = json.loads(reply.strip())
-    except ValueError:
+        data = strict_json(reply.strip(), strict=False)
+    except (ValueError, RecursionError):
         return []
     steps = data.get("steps") if isinstance(data, dict) else None
     return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []

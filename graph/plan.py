@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prototypes.bounded import strict_json
 from prototypes.codex import load_codex
 
 #: Words that ask for more than a one-breath answer, whatever the request's length.
@@ -196,8 +197,10 @@ def parse_plan(
         text = fenced.group(1).strip()
     try:
         # strict=False: the grammar lets a raw newline or tab into a string; it is harmless.
-        data = json.loads(text, strict=False)
-    except ValueError as exc:  # a JSONDecodeError, or an integer over the digit limit
+        data = strict_json(text, strict=False)
+    except RecursionError:  # a server with no grammar can nest deeper than the parser recurses
+        raise PlanRejected("the reply is not JSON (nested too deeply)") from None
+    except ValueError as exc:  # a JSONDecodeError, NaN, or a number past its bounds
         reason = f"{exc.msg}, character {exc.pos}" if isinstance(exc, json.JSONDecodeError) else exc
         raise PlanRejected(f"the reply is not JSON ({reason})") from None
     steps = data.get("steps") if isinstance(data, dict) else None

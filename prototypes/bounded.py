@@ -44,6 +44,7 @@ def strict_json(
     *,
     max_int_digits: int | None = MAX_JSON_INT_DIGITS,
     parse_int: Callable[[str], Any] | None = None,
+    strict: bool = True,
 ) -> Any:
     """``json.loads`` held to JSON: every reader of text from outside (a request, an argument,
     a service's answer, a model's reply) goes through it.
@@ -53,8 +54,9 @@ def strict_json(
     stores it. Both are refused with a ``NotStrictJSON`` (a ``ValueError``) that names the
     literal, as is an integer of more than ``max_int_digits`` digits (None: Python's own limit,
     whose message names an interpreter setting instead of the input). ``parse_int`` replaces
-    the digit bound with the caller's own check. Nesting too deep still raises
-    ``RecursionError``, as ``json.loads`` does."""
+    the digit bound with the caller's own check; ``strict=False`` lets control characters
+    into strings, as ``json.loads`` does (a model's reply may break a line inside a string).
+    Nesting too deep still raises ``RecursionError``, as ``json.loads`` does."""
 
     def bounded(literal: str) -> int:
         if max_int_digits is not None and len(literal.lstrip("-")) > max_int_digits:
@@ -71,7 +73,11 @@ def strict_json(
         raise NotStrictJSON(f"{name} is not a JSON value")
 
     return json.loads(
-        text, parse_int=parse_int or bounded, parse_float=finite, parse_constant=refused
+        text,
+        parse_int=parse_int or bounded,
+        parse_float=finite,
+        parse_constant=refused,
+        strict=strict,
     )
 
 

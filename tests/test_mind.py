@@ -732,9 +732,16 @@ def test_a_plan_json_cannot_parse_is_rejected_with_the_parser_reason() -> None:
     facets = {"BRICK.facet_steps": "steps"}
     with pytest.raises(PlanRejected, match=r"not JSON \(Expecting value, character 10\)"):
         parse_plan('{"steps": ]}', facets, 3)
-    # a ValueError that is not a JSONDecodeError: an integer over Python's digit limit
-    with pytest.raises(PlanRejected, match="not JSON.*integer string conversion"):
+    # ValueErrors that are not JSONDecodeErrors: an integer past the bound, NaN, 1e400
+    with pytest.raises(PlanRejected, match="not JSON.*an integer of over 100 digits"):
         parse_plan('{"steps": ' + "1" * 5000 + "}", facets, 3)
+    with pytest.raises(PlanRejected, match="not JSON.*NaN is not a JSON value"):
+        parse_plan('{"steps": NaN}', facets, 3)
+    with pytest.raises(PlanRejected, match="not JSON.*1e400 is beyond"):
+        parse_plan('{"steps": [1e400]}', facets, 3)
+    # a server with no grammar can nest deeper than the parser recurses
+    with pytest.raises(PlanRejected, match=r"not JSON \(nested too deeply\)"):
+        parse_plan("[" * 100_000, facets, 3)
 
 
 # -- computations and memory ---------------------------------------------------------------

@@ -301,6 +301,8 @@ def test_when_the_example_refutes_every_draft_new_ones_are_written_with_it(image
         ("{not json", "the answer is not JSON"),
         ({"args": [1, 2], "returns": 3}, "2 argument(s) where the call has 1"),
         ("x" * 30_000, "over 20000 characters"),
+        ("[" * 15_000, "the answer is not JSON: nested too deeply"),
+        ('{"args": [NaN], "returns": 1}', "NaN is not a JSON value"),
     ],
 )
 def test_no_usable_answer_refuses_and_says_why(image, answer, why) -> None:

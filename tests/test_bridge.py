@@ -209,6 +209,12 @@ MALFORMED = [
     ("no-input", {"context": {}}, "GraphRequestError", "the request has no 'input'"),
     ("extra-field", request(graph="jit"), "GraphRequestError", "unknown request field(s): 'graph'"),
     ("input-a-string", {"input": "hello"}, "GraphRequestError", "'input' must be a JSON object"),
+    (
+        "context-typo",
+        {"input": {}, "context": {"depht": "fast"}},
+        "GraphRequestError",
+        "unknown context key(s): 'depht'",
+    ),
     ("bad-thread", request(thread_id="../etc"), "MindError", "thread id '../etc' is malformed"),
     (
         "bad-message",

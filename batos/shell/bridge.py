@@ -48,7 +48,7 @@ import zmq
 
 from batos.errors import BatosError, GraphRequestError
 from batos.shell.runtime import Runtime
-from graph.mind import MindServices
+from graph.mind import MindContext, MindServices
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import strict_json
 
@@ -138,6 +138,14 @@ def parse_request(frames: list[bytes]) -> tuple[bytes, dict[str, Any]]:
             raise GraphRequestError(f"{field!r} must be a JSON object", hint=_REQUEST_HINT)
     if "input" not in payload:
         raise GraphRequestError("the request has no 'input'", hint=_REQUEST_HINT)
+    # The server drops context keys its schema lacks (with a log line the client never sees);
+    # a bridge client is told, so that "depht": "fast" is not a fast request answered in full.
+    strange = sorted(set(payload.get("context") or {}) - set(MindContext.__annotations__))
+    if strange:
+        raise GraphRequestError(
+            f"unknown context key(s): {', '.join(map(repr, strange))[:200]}",
+            hint=f"the context takes {' and '.join(MindContext.__annotations__)} (both optional)",
+        )
     return request_id, payload
 
 

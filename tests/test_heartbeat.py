@@ -20,7 +20,7 @@ from test_mind import responder
 from batos.errors import ConfigurationError
 from batos.shell.cli import main
 from batos.shell.cli.heartbeat import draw_chart
-from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld
+from batos.shell.heartbeat import JOBS, Decided, Heartbeat, LeaseHeld
 from graph import audit
 from store.core import layout
 from store.core.image import LivingImage
@@ -474,6 +474,48 @@ def test_a_stopped_heartbeat_keeps_its_lease_until_its_running_job_ends(
         assert not worker.is_alive()
         assert lease_holder(img) is None
         assert any(o.job == "prune" and o.ok for o in beat.outcomes)
+
+
+def test_a_first_stop_starts_no_queued_job_and_leaves_them_due(
+    capsys, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a new image every job is due at once and two run at a time; the first stop waited
+    for the queued ones as well (the model's among them), not only for the running two."""
+    started: list[str] = []
+    release = threading.Event()
+
+    def waiting(name: str):
+        def job(image, models):
+            started.append(name)
+            assert release.wait(30)
+            return Decided(f"{name} ran")
+
+        return job
+
+    originals = dict(JOBS)
+    for name in originals:
+        monkeypatch.setitem(JOBS, name, (waiting(name), originals[name][1]))
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred())
+        stop = threading.Event()
+        worker = threading.Thread(target=beat.forever, args=(stop,))
+        worker.start()
+        deadline = time.monotonic() + 20
+        while len(started) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # the others are queued behind the two running
+        stop.set()
+        time.sleep(0.5)
+        release.set()
+        worker.join(30)
+        assert not worker.is_alive()
+        assert len(started) == 2, started  # the two that were running, and no other
+        assert lease_holder(img) is None
+    planned = _planned(capsys, image)
+    queued = set(originals) - set(started)
+    assert queued and all(planned[name]["due_at_start"] for name in queued), planned
+    assert not any(planned[name]["due_at_start"] for name in started), planned
 
 
 def test_once_keeps_its_lease_while_a_job_outlasts_it(

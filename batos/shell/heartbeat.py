@@ -45,6 +45,8 @@ from apscheduler.events import (
     JobExecutionEvent,
     JobSubmissionEvent,
 )
+from apscheduler.executors.base import run_job as run_scheduled
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.interval import IntervalTrigger
@@ -293,6 +295,33 @@ class _Scheduler(BackgroundScheduler):
         return super()._process_jobs()
 
 
+class _Executor(ThreadPoolExecutor):
+    """APScheduler's thread pool, whose shutdown drops the runs still waiting for a worker.
+
+    Its own shutdown lets the pool run every queued job before it returns: on a new image,
+    where every job is due at once and two run at a time, a first Ctrl-C ("stop once the
+    running job has finished") waited for all of them, the model's included. Here the queued
+    runs are cancelled and never start; the heartbeat leaves them due (``_leave_due``)."""
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        def callback(future: Any) -> None:
+            if future.cancelled():  # dropped at shutdown, never run: neither success nor error
+                return
+            exc = future.exception()
+            if exc is not None:
+                self._run_job_error(job.id, exc, exc.__traceback__)
+            else:
+                self._run_job_success(job.id, future.result())
+
+        future = self._pool.submit(
+            run_scheduled, job, job._jobstore_alias, run_times, self._logger.name
+        )
+        future.add_done_callback(callback)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._pool.shutdown(wait, cancel_futures=True)
+
+
 @dataclass
 class Heartbeat:
     """The scheduler over ``image``'s job store. ``intervals`` (job → seconds) overrides the
@@ -334,7 +363,7 @@ class Heartbeat:
         )
         self.scheduler = _Scheduler(
             jobstores={"default": self.store},
-            executors={"default": {"type": "threadpool", "max_workers": 2}},
+            executors={"default": _Executor(max_workers=2)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=UTC,
         )
@@ -423,6 +452,15 @@ class Heartbeat:
         was, each in a short transaction of its own, then give the lease back: for a process
         about to end without waiting for them, whose next heartbeat should run them at once,
         not an interval later."""
+        self._leave_due()
+        try:
+            release_lease(self.image, self.holder)
+        except Exception as exc:
+            log.warning("could not release the lease (%s); it expires by itself", exc)
+
+    def _leave_due(self) -> None:
+        """Put each job run handed to the executor that has not ended back to when it was
+        due (the scheduler had moved the job on as it handed the run over)."""
         with self._held_lock:
             due: dict[str, datetime] = {}
             for (job_id, when), count in self._held.items():
@@ -438,10 +476,6 @@ class Heartbeat:
                 log.warning(
                     "could not leave job %s due (%s); it waits for its next run", job_id, exc
                 )
-        try:
-            release_lease(self.image, self.holder)
-        except Exception as exc:
-            log.warning("could not release the lease (%s); it expires by itself", exc)
 
     def ensure_jobs(self) -> None:
         """Add the jobs the image lacks (due at once); give changed intervals to the others,
@@ -601,9 +635,9 @@ class Heartbeat:
                 log.warning("could not release the lease (%s); it expires by itself", exc)
 
     def _shut_down(self, ttl: float) -> None:
-        """Stop the scheduler, letting a running job finish, and keep the lease renewed until
-        it has: a lease left to expire meanwhile would let another heartbeat start its jobs
-        beside one still writing."""
+        """Stop the scheduler, letting a running job finish (jobs waiting for a worker do not
+        start, and stay due), and keep the lease renewed until it has: a lease left to expire
+        meanwhile would let another heartbeat start its jobs beside one still writing."""
         finished = threading.Event()
 
         def shut_down() -> None:
@@ -625,6 +659,7 @@ class Heartbeat:
             except Exception as exc:
                 log.warning("could not renew the lease while the last job ends: %s", exc)
             finished.wait(ttl / 3)
+        self._leave_due()  # the runs the executor dropped unstarted, due for the next heartbeat
 
     def _hold(self, stop: threading.Event, ttl: float) -> None:
         """Renew the lease every third of ``ttl`` until ``stop`` is set, or until another

@@ -29,11 +29,14 @@ versions themselves are never deleted.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import psutil
 from BTrees.OOBTree import OOBTree
 from pydantic import Field
 
@@ -282,13 +285,40 @@ def _last_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
 
 #: How long past ``learning_train_seconds`` a running retraining is still taken as alive: its
 #: evaluation and swap come after the training. Older, its process is taken as gone (killed
-#: without a word), so that it does not keep the persona from ever being retrained again.
+#: without a word), so that it does not keep the persona from ever being retrained again. On
+#: the host that ran it, a process that has ended is seen at once (``process_ended``).
 RUNNING_GRACE_SECONDS = 1800.0
 
 
+def _this_process() -> dict[str, Any]:
+    """Who runs a retraining: host, pid and the process's start time (a pid is reused)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": psutil.Process().create_time(),
+    }
+
+
+def process_ended(mission: Mapping[str, Any]) -> bool:
+    """True when ``mission`` ran in a process of this host that no longer lives (killed with
+    no chance to record how it ended). A mission of another host, or one recorded before
+    missions named their process, is never taken as ended here: it is judged by its age."""
+    runner = mission.get("process")
+    if not isinstance(runner, Mapping) or runner.get("host") != socket.gethostname():
+        return False
+    try:
+        process = psutil.Process(int(runner["pid"]))
+        return abs(process.create_time() - float(runner["since"])) > 1.0  # the pid reused
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
 def running_mission(root: Any, persona: str, model: str) -> dict[str, Any] | None:
-    """The persona's retraining on ``model`` that is running now, if any (see
-    ``RUNNING_GRACE_SECONDS``): a second one would train on the same lessons beside it."""
+    """The persona's retraining on ``model`` that is running now, if any: a second one would
+    train on the same lessons beside it. One whose process has ended (``process_ended``), or
+    older than ``RUNNING_GRACE_SECONDS`` past the training time, is not running."""
     from graph.missions import valid_missions
 
     alive = time.time() - settings.get_float("learning_train_seconds") - RUNNING_GRACE_SECONDS
@@ -299,9 +329,37 @@ def running_mission(root: Any, persona: str, model: str) -> dict[str, Any] | Non
             and m.get("model") == model
             and m["status"] == "running"
             and float(m.get("started") or 0) > alive
+            and not process_ended(m)
         ):
             return m
     return None
+
+
+def _close_ended(root: Any, persona: str, model: str) -> None:
+    """Record the persona's retrainings on ``model`` whose process ended without a word:
+    kept when the image serves their adapter (the swap was committed before the end), else
+    interrupted; left 'running', they would read as running in every listing for ever."""
+    from graph.missions import valid_missions
+
+    served = layout.adapters(root).get(_key(model, persona)) or {}
+    found = layout.missions(root)
+    for m in valid_missions(root):
+        if (
+            m["kind"] == MISSION_KIND
+            and m["persona"] == persona
+            and m.get("model") == model
+            and m["status"] == "running"
+            and process_ended(m)
+        ):
+            runner = m["process"]
+            why = f"its process (pid {runner['pid']} on {runner['host']}) ended without a word"
+            kept = served.get("mission") == m["id"]
+            found[m["id"]] = {
+                **found[m["id"]],
+                "status": "kept" if kept else "interrupted",
+                "finished": time.time(),
+                "error": f"stopped after its swap ({why})" if kept else f"interrupted ({why})",
+            }
 
 
 def new_accepted(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
@@ -380,6 +438,7 @@ def retrain_mission(
     margin = settings.get_float("learning_voice_margin")
 
     def begin(root: Any) -> int:
+        _close_ended(root, persona, model)
         # Checked in the transaction that records this one, so two cannot both pass.
         other = running_mission(root, persona, model)
         if other is not None:
@@ -414,6 +473,7 @@ def retrain_mission(
             "baseline": {},
             "tids": [],
             "model": model,
+            "process": _this_process(),
         }
         return number
 

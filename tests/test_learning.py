@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -861,3 +863,83 @@ def test_a_second_retraining_of_a_persona_waits_for_the_one_running(
     image.transact(left_running)
     with image.read() as root:
         assert learning.running_mission(root, "ALFRED", "test") is None
+
+
+def test_a_retraining_whose_process_was_killed_is_not_running_and_is_closed_by_the_next(
+    image, modelfiles, monkeypatch
+) -> None:
+    """A retraining killed outright (SIGKILL, the OOM killer) kept its record 'running': no
+    other retraining of the persona could start for half an hour past the training time,
+    and every listing showed it running for ever. Its process is recorded; on its host, an
+    ended process is seen at once, and the next retraining records it as interrupted."""
+    from store.core import layout
+
+    alfred_with_lessons(image, modelfiles, monkeypatch, 2)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import psutil
+
+        runner = {
+            "host": learning._this_process()["host"],
+            "pid": child.pid,
+            "since": psutil.Process(child.pid).create_time(),
+        }
+
+        def running_in_child(root: Any) -> int:
+            found = layout.missions(root)
+            number = found.maxKey() + 1 if len(found) else 1
+            found[number] = {
+                "id": number,
+                "started": __import__("time").time(),
+                "report": 0,
+                "kind": learning.MISSION_KIND,
+                "target": "voice",
+                "persona": "ALFRED",
+                "status": "running",
+                "hypothesis": {
+                    "component": "voice",
+                    "baseline": None,
+                    "gain": 0.05,
+                    "cycles": 0,
+                    "text": "",
+                },
+                "baseline": {},
+                "model": "test",
+                "process": runner,
+            }
+            return number
+
+        number = image.transact(running_in_child)
+        with image.read() as root:  # alive: it is running, and a second one must wait
+            assert learning.running_mission(root, "ALFRED", "test")["id"] == number
+        with pytest.raises(learning.LearningError, match="being retrained already"):
+            learning.retrain_mission(image, "ALFRED", evaluator=FakeEvaluator({}))
+    finally:
+        child.kill()
+        child.wait()
+    from batos.shell.cli.learn import _mission_line
+
+    with image.read() as root:
+        assert learning.running_mission(root, "ALFRED", "test") is None
+        line = _mission_line(dict(layout.missions(root)[number]))
+    assert f"mission {number} ended without a word (its process is gone)" in line
+    mission = learning.retrain_mission(
+        image,
+        "ALFRED",
+        evaluator=FakeEvaluator({b"better": 12}),
+        trainer=fake_trainer(b"better", []),
+    )
+    assert mission["status"] == "kept" and mission["process"]["pid"] != child.pid
+    with image.read() as root:
+        ended = dict(layout.missions(root)[number])
+    assert ended["status"] == "interrupted" and f"pid {child.pid}" in ended["error"]
+    assert "ended without a word" in ended["error"]
+
+
+def test_a_mission_of_another_host_or_of_no_process_is_never_taken_as_ended() -> None:
+    assert not learning.process_ended({"status": "running"})
+    assert not learning.process_ended({"process": {"host": "elsewhere", "pid": 1, "since": 0}})
+    me = learning._this_process()
+    assert not learning.process_ended({"process": me})
+    assert learning.process_ended({"process": {**me, "since": me["since"] - 3600}})  # pid reused
+    assert not learning.process_ended({"process": {**me, "pid": "x"}})

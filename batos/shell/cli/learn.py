@@ -64,8 +64,13 @@ def _scores(mission: dict[str, Any]) -> str:
 
 
 def _mission_line(mission: dict[str, Any]) -> str:
+    from graph.learning import process_ended
+
     start = mission.get("start") or (mission.get("evaluation") or {}).get("start")
-    head = f"mission {mission['id']} {mission['status']}"
+    status = mission["status"]
+    if status == "running" and process_ended(mission):  # recorded so by the next retraining
+        status = "ended without a word (its process is gone)"
+    head = f"mission {mission['id']} {status}"
     head += f" ({start} start)" if start else ""
     head += f", {_when(mission.get('finished') or mission.get('started'))}"
     scores = _scores(mission)

@@ -377,3 +377,62 @@ def test_a_client_pipelining_messages_cannot_fill_the_bridges_memory() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     grown = int(done.stdout.split()[-1])
     assert grown < 120, f"the bridge grew by {grown} MiB for 400 MiB sent"
+
+
+SLOW_BRIDGE = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from fakes import FakeModels
+from test_mind import responder
+from batos.shell.cli import main
+
+def slow(call):
+    print("answering", flush=True)
+    time.sleep(600)
+
+assert main(["--image", sys.argv[1], "init"]) == 0
+models = FakeModels(responder(answer=slow))
+sys.exit(main(["--image", sys.argv[1], "bridge", "--bind", sys.argv[2]], models=models))
+"""
+
+
+def test_a_second_stop_abandons_the_running_requests_and_exits_at_once(tmp_path) -> None:
+    """The first Ctrl-C waits for the running requests, which can take minutes on a slow
+    model; the second stopped nothing, and only SIGKILL ended the bridge."""
+    import signal
+    import socket as sockets
+    import time
+
+    with sockets.socket() as probe:  # a free port on loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = f"file://{tmp_path / 'image' / 'live_image.fs'}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_BRIDGE, uri, f"tcp://127.0.0.1:{port}", str(REPO / "tests")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        assert process.stdout is not None
+        while "bridge on" not in (line := process.stdout.readline()):
+            assert process.poll() is None and line, "the bridge ended before it was bound"
+        socket.connect(f"tcp://127.0.0.1:{port}")
+        send(socket, b"slow", request("hello there", context={"persona": "robin"}))
+        while "answering" not in (line := process.stdout.readline()):
+            assert process.poll() is None and line, "the bridge ended before it answered"
+        process.send_signal(signal.SIGTERM)  # the first: waits for the request
+        time.sleep(2.0)
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)  # the second: at once
+        out, _ = process.communicate(timeout=30)
+    finally:
+        socket.close()
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, out
+    assert "bridge stopping once the running requests are answered" in out
+    assert "stopping now: the running requests are abandoned" in out
+    with LivingImage.open(uri) as img:  # the file opens again, unlocked
+        assert img is not None

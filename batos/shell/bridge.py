@@ -273,6 +273,11 @@ class Bridge:
     def stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called (the running requests may still be answering)."""
+        return self._stopping.is_set()
+
     def _accept(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
         client = frames[0]
         rest = frames[1:]

@@ -234,7 +234,13 @@ def test_nested_archives_restore_in_any_order(
     inner, outer = _nested(catalog)
     curator = Curator(catalog, FakeSummarizer())
     if order == "inner first":
-        curator.restore(inner)  # opens the outer archive first
+        with catalog.image.read() as root:
+            summary = root["catalog"]["archives"][inner].summary_id
+        back = curator.restore(inner)  # opens the outer archive first
+        with catalog.image.read() as root:  # every id it returns is a live chunk
+            live = set(root["catalog"]["chunks"])
+        assert summary not in back and set(back) <= live, (summary, back)
+        assert len(back) == len(set(back))
         with pytest.raises(ArchiveError):
             curator.restore(outer)
     else:

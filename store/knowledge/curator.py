@@ -307,6 +307,9 @@ def unfold(
                 change.extend(more)
                 restored.extend(back)
     change.extend(catalog.remove_chunks(root, [archive.summary_id]))
+    # The outer archive brought this summary back only for it to go again here: it is not
+    # among the chunks that came back (a restore counted it, one more than it restored).
+    restored = [c for c in restored if c != archive.summary_id]
     now = int(time.time())
     records = _decode(archive.read())
     for record in records:

@@ -450,6 +450,9 @@ def _answer(
     return answer
 
 
+_SECRET_NAME = re.compile(r"env:\w+")
+
+
 def _cleaned(data: Any, req: ToolRequest, scrub: Callable[[str], str]) -> Any:
     """``data`` with its texts scrubbed again once parsed: JSON may spell a secret with
     escapes (``\\u0073…``, ``\\/``) that the raw text did not show."""
@@ -457,6 +460,11 @@ def _cleaned(data: Any, req: ToolRequest, scrub: Callable[[str], str]) -> Any:
     def clean(value: Any) -> Any:
         if isinstance(value, str):
             return scrub(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            # A secret of digits echoed as a number is the secret (its name goes on instead);
+            # a number that merely holds its digits among others is data, left as it is.
+            named = scrub(str(value))
+            return named if _SECRET_NAME.fullmatch(named) else value
         if isinstance(value, dict):
             return {clean(k): clean(v) for k, v in value.items()}
         if isinstance(value, list):

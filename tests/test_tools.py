@@ -962,11 +962,13 @@ def test_a_small_compressed_answer_sent_anyway_is_read(image, base, form) -> Non
 
 def test_a_secret_in_a_number_or_a_header_name_is_handled(image, base, monkeypatch) -> None:
     """Scrubbing the raw text broke a JSON number that held the secret's digits; header names
-    were not scrubbed at all."""
+    were not scrubbed at all; a secret of digits echoed as a number of its own went on as
+    it was."""
     monkeypatch.setenv("WEATHER_API_KEY", "12345")
     get_tool(image, base[0], "/keyed", secret_headers="{'X-Api-Key': 'env:WEATHER_API_KEY'}")
     answer = call(image, "h", "go")
-    assert answer["json"] == {"n": 9123456}  # a number is not text: it holds no secret
+    # a number holding the digits among others is data; one that is the secret is named
+    assert answer["json"] == {"n": 9123456, "echo": ["env:WEATHER_API_KEY"]}
     assert "x-seen-env:WEATHER_API_KEY" in answer["headers"]
     assert "12345" not in json.dumps(answer["headers"])
 

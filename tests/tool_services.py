@@ -191,9 +191,10 @@ def _echo_text(handler: _Handler, query: dict[str, str], port: int) -> None:
 
 
 def _key_in_a_number_and_a_header_name(handler: _Handler, query: dict[str, str], port: int) -> None:
-    """The key it was sent, inside a JSON number and as a response header's name."""
+    """The key it was sent, inside a JSON number, as a number of its own and as a response
+    header's name."""
     key = handler.headers.get("X-Api-Key") or ""
-    body = ('{"n": 9' + key + "6}").encode()
+    body = ('{"n": 9' + key + '6, "echo": [' + key + "]}").encode()
     handler.send_response(200)
     handler.send_header("Content-Type", "application/json")
     handler.send_header(f"X-Seen-{key}", "1")

@@ -64,7 +64,8 @@ def test_voice_prompts_are_half_near_a_persona_half_far_from_all() -> None:
     territories = Counter(r["territory"] for r in rows if r["set"] == "near")
     assert set(territories) == set(voice.PERSONAS)
     assert len(set(territories.values())) == 1  # as many prompts in each persona's territory
-    assert all(r["territory"] is None for r in rows if r["set"] in ("far", "fresh", "fresh2", "fresh3"))
+    far_sets = ("far", "fresh", "fresh2", "fresh3")
+    assert all(r["territory"] is None for r in rows if r["set"] in far_sets)
 
 
 def test_content_words_drop_stop_words_and_endings() -> None:

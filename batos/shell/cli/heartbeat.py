@@ -1,8 +1,9 @@
 """``batos heartbeat`` and ``batos audit``: the image's upkeep, and what ALFRED's audits found.
 
 ``heartbeat`` runs the scheduled jobs until SIGINT/SIGTERM (the running jobs finish, the
-queued ones stay due, then exit 0), one line per job run as it ends (``--json``: one JSON object per line, from the same
-record); ``--once`` runs the due jobs and exits; ``--list`` shows what will run and when;
+queued ones stay due, then exit 0), one line per job run as it ends (``--json``: one JSON
+object per line, from the same record); ``--once`` runs the due jobs and exits; ``--list``
+shows what will run and when;
 ``--every JOB=SECONDS`` overrides a job's interval setting. ``audit report`` prints the CEM,
 its weights and the missions over time in a layout that fits 80 columns (``--json``,
 ``--png FILE`` for a chart); ``audit show ID`` one report.

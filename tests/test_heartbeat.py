@@ -755,6 +755,29 @@ def test_audit_report_shows_idle_audits_in_a_row_as_one_line(image: str) -> None
     assert len(json.loads(as_json.stdout)["audits"]) == 7  # the data keeps every audit
 
 
+def test_audit_report_last_shows_the_recent_audits_and_their_missions(image: str) -> None:
+    """Audited hourly, an image holds thousands of audits; the report printed every one."""
+    _decayed_with_a_mission(image)  # audit 2 started mission 1
+    with LivingImage.open(image) as img:
+        for _ in range(4):
+            audit.run(img, alfred())
+    shown = piped("--image", image, "audit", "report", "-n", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert "Audits (the last 3 of 7)" in shown.stdout
+    rows = [
+        line.split() for line in shown.stdout.splitlines() if re.match(r"\d+(-\d+)? +\d\d-", line)
+    ]
+    assert [r[0] for r in rows] == ["5-7"]
+    assert "missions: none started yet" in shown.stdout  # mission 1 began before audit 5
+    as_json = json.loads(piped("--image", image, "audit", "report", "--json", "--last", "6").stdout)
+    assert [a["id"] for a in as_json["audits"]] == [2, 3, 4, 5, 6, 7]
+    assert [m["report"] for m in as_json["missions"]] == [2]
+    everything = piped("--image", image, "audit", "report", "--last", "70")
+    assert "Audits\n" in everything.stdout and "Audits (the last" not in everything.stdout
+    refused = piped("--image", image, "audit", "report", "--last", "0")
+    assert refused.returncode == 2 and "--last" in refused.stderr
+
+
 def test_audit_show_wraps_alfreds_account_at_80_columns_in_a_pipe(image: str) -> None:
     account = "Novelty has fallen across every persona this week, " * 4 + "so I propose a mission."
     with LivingImage.open(image) as img:

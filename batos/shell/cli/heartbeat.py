@@ -369,18 +369,32 @@ def report(
     ctx: typer.Context,
     png: Path = typer.Option(None, "--png", help="Write a chart of the CEM over time here."),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+    last: int = typer.Option(
+        None,
+        "--last",
+        "-n",
+        min=1,
+        help="Only the last N audits, and the missions they started (default: all).",
+    ),
 ) -> None:
     """The CEM and its components over time, one row per audit; the weights where they
-    changed; the missions. Example: batos audit report --png cem.png"""
+    changed; the missions. Example: batos audit report -n 48 --png cem.png"""
     with open_image(image_uri(ctx)) as image:
         rows = _rows(image)
         found = missions.history(image)
+    total = len(rows)
+    if last is not None and total > last:
+        # An image audited hourly holds thousands: the recent ones are what a reader wants.
+        rows = rows[-last:]
+        first = rows[0]["id"]
+        found = [m for m in found if int(m.get("report") or 0) >= first]
     if as_json:
         console.print_value_json({"audits": rows, "missions": found}, "the audit reports")
     elif not rows:
         console.print("audits: none yet (the heartbeat's audit job writes them)")
     else:
-        console.print(Text("Audits", style="italic"))
+        cut = f" (the last {len(rows)} of {total})" if total > len(rows) else ""
+        console.print(Text(f"Audits{cut}", style="italic"))
         console.print(_audits_table(rows))
         if any(r.get("mission") for r in rows):
             console.paragraph("→ mN: the audit started mission N (see the missions below)")

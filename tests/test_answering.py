@@ -717,7 +717,7 @@ def test_a_difference_is_worked_out_from_two_figures_the_passages_give() -> None
         (_pair("91", 64), "has no words and number"),
         (
             '{"first": {"words": "w", "value": 1e999}, "second": {"words": "w", "value": 64}}',
-            "finite",
+            "beyond the largest number a float holds",
         ),
         ('{"first": 91, "second": 64}', "not an object"),
         (_pair(91, 64) + " " * 5000, "longer than"),

@@ -31,11 +31,13 @@ the embedder, the image), which the LangGraph server never passes on from client
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import StateSnapshot
 
 from graph import cycle
 from graph.mind_nodes import (
@@ -126,3 +128,24 @@ graph = build_graph()
 
 def run_config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": check_thread_id(thread_id)}, "recursion_limit": 40}
+
+
+def own_run(config: RunnableConfig) -> RunnableConfig:
+    """``config`` for one run with an id of its own, which the checkpointer records in the
+    metadata of every checkpoint the run writes (``run_state`` finds them by it)."""
+    return {**config, "metadata": {**config.get("metadata", {}), "run_id": str(uuid.uuid4())}}
+
+
+def run_state(graph: Any, config: RunnableConfig) -> StateSnapshot | None:
+    """The state the run of ``config`` (``own_run``) left its thread in: the newest checkpoint
+    it wrote in the thread's root namespace, its pending writes included; None when it wrote
+    none (it was stopped before it stored its input).
+
+    Neither the state at ``config``'s checkpoint nor the thread's latest: a run from a pinned
+    checkpoint (a fork: chat's /undo, a client's ``checkpoint_id``) writes a new branch and
+    leaves that checkpoint as it was, and on an image shared over ZEO another process's run on
+    the same thread may have written the thread's latest checkpoint.
+    """
+    thread: RunnableConfig = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+    run_id = config["metadata"]["run_id"]
+    return next(iter(graph.get_state_history(thread, filter={"run_id": run_id}, limit=1)), None)

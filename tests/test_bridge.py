@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import zmq
 from fakes import FakeEmbedder, FakeModels, FakeRouter, image_digest
+from langchain_core.messages import HumanMessage
 from test_mind import responder
 
 from batos.shell.bridge import MAX_BODY_BYTES, MAX_MESSAGE_BYTES, MAX_PER_CLIENT, PROTOCOL, Bridge
@@ -250,6 +251,36 @@ def test_a_request_the_mind_cannot_answer_ends_failed_with_its_reason(bridge, cl
     assert result["status"] == "FAILED"
     assert "unknown persona 'joker'" in result["failure"]["reason"]
     assert "ROBIN" in result["failure"]["hint"]
+
+
+class AnsweredMeanwhile:
+    """The bridge's graph, but each run is followed on its thread by another client's run that
+    FAILED (an unknown persona) before the bridge reads its result: what another process, the
+    LangGraph server or a chat on the same image over ZEO, can do at that moment."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+
+    def stream(self, input: Any, config: Any, **options: Any) -> Iterator[Any]:
+        yield from self.graph.stream(input, config, **options)
+        thread = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+        elsewhere = {"messages": [HumanMessage("meanwhile")]}
+        assert self.graph.invoke(elsewhere, thread, context={"persona": "joker"})["failure"]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.graph, name)
+
+
+def test_the_result_is_the_requests_own_cycle_though_another_ran_since(
+    bridge, client, monkeypatch
+) -> None:
+    monkeypatch.setattr(bridge, "graph", AnsweredMeanwhile(bridge.graph))
+    send(client, b"r", request("hello there", thread_id="shared"))
+    result = replies(client, {b"r"})[b"r"][-1][1]
+    assert result["status"] == "COMPLETE" and result["failure"] is None
+    assert result["response"] == "About hello there: here is the answer."
+    messages = bridge.graph.get_state({"configurable": {"thread_id": "shared"}}).values["messages"]
+    assert messages[-2].content == "meanwhile"  # the thread's latest is the other client's
 
 
 def test_the_readme_client_example_talks_to_the_bridge(bridge, capsys) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -16,12 +17,13 @@ import pytest
 from fakes import FakeModels, ModelCall, PacedPersonaModel, call_kind, image_digest
 from langchain_core.messages import BaseMessage, HumanMessage
 from test_heartbeat import fits_80_columns, piped
-from test_mind import plan_of, responder
+from test_mind import plan_of, request_of, responder
 
 from batos.errors import CycleInterrupted
 from batos.shell.cli import main
 from batos.shell.cli.mind import Session
 from batos.shell.runtime import open_runtime
+from graph import cycle
 from graph.mind import run_config
 from store.core import layout
 from store.core.image import LivingImage
@@ -220,10 +222,13 @@ def test_chat_keeps_a_thread_and_undoes_the_last_exchange(capsys, image, monkeyp
         assert root["objects"]["robin"].stats["cycles"] == 2  # the image keeps both
 
 
-def _chat(capsys, image: str, monkeypatch, typed: str, *options: str) -> tuple[int, str, str]:
+def _chat(
+    capsys, image: str, monkeypatch, typed: str, *options: str, models: Any = None
+) -> tuple[int, str, str]:
     """``batos chat OPTIONS`` given ``typed`` as its input, on scripted models."""
     monkeypatch.setattr("sys.stdin", io.StringIO(typed))
-    return run(capsys, "--image", image, "chat", *options, models=FakeModels(responder()))
+    models = models or FakeModels(responder())
+    return run(capsys, "--image", image, "chat", *options, models=models)
 
 
 def test_undo_walks_back_one_exchange_at_a_time_and_then_to_a_new_thread(
@@ -238,6 +243,67 @@ def test_undo_walks_back_one_exchange_at_a_time_and_then_to_a_new_thread(
     # the first exchange has nothing before it: a new, empty thread, with nothing to undo
     new = shown.split("nothing before the first request: starting a new thread")[1]
     assert "nothing to undo" in new
+
+
+def _said_by(request: str) -> Callable[[ModelCall], Any]:
+    """Answers about ``request`` that fail the gate (empty) once a request says 'boom', and
+    Ctrl-C's KeyboardInterrupt for a request that says 'stop'."""
+
+    def answer(call: ModelCall) -> Any:
+        if "stop" in request_of(call):
+            return KeyboardInterrupt()
+        # the gate's second try asks again in words of its own: the request is further back
+        boom = any("boom" in str(message.content) for message in call.messages)
+        return "" if boom else f"About {request}: here is the answer."
+
+    return answer
+
+
+def _head(image: str, thread_id: str) -> dict[str, Any]:
+    session = Session(open_runtime(image, models=FakeModels(responder())))
+    try:
+        return session.graph.get_state(run_config(thread_id)).values
+    finally:
+        session.close()
+
+
+def test_after_an_undo_the_next_request_reports_its_own_cycle(capsys, image, monkeypatch) -> None:
+    lines = "hello one\nhello two\n/undo\nhello three\n/undo\nboom four\n/quit\n"
+    models = FakeModels(responder(answer=_said_by("it")))
+    code, out, err = _chat(
+        capsys, image, monkeypatch, lines, "-t", "walk", "-p", "robin", models=models
+    )
+    assert code == 0, err
+    flat = " ".join(out.split())
+    reported = re.findall(r"COMPLETE cycle (\S+) on thread walk", flat)
+    with LivingImage.open(image) as living, living.read() as root:
+        committed = [row["id"] for row in cycle.recent(root, 10)][::-1]
+    # the third request's own cycle, not the first's (the checkpoint the undo went back to)
+    assert reported == committed and len(set(reported)) == 3
+    # a cycle that FAILED after an undo is said to have failed, not to have committed
+    assert flat.count("COMPLETE") == 3 and "the cycle FAILED at gate" in flat
+    assert _head(image, "walk")["status"] == "FAILED"
+
+
+def test_ctrl_c_after_an_undo_marks_the_request_interrupted(capsys, image, monkeypatch) -> None:
+    lines = "hello one\nhello two\n/undo\nstop three\n/history\n/quit\n"
+    models = FakeModels(responder(answer=_said_by("it")))
+    code, out, err = _chat(
+        capsys, image, monkeypatch, lines, "-t", "undone", "-p", "robin", models=models
+    )
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert flat.count("COMPLETE") == 2 and "marked interrupted" in flat
+    head = _head(image, "undone")
+    # the undone exchange is gone, and the stopped request is answered, marked: the thread is
+    # idle, not left waiting at the answer
+    assert [m.content for m in head["messages"]] == [
+        "hello one",
+        "About it: here is the answer.",
+        "stop three",
+        "(interrupted)",
+    ]
+    assert head["status"] == "FAILED" and head["failure"]["reason"] == "interrupted by the user"
 
 
 def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:
@@ -471,15 +537,17 @@ def test_a_stop_before_the_request_reached_the_thread_drops_it() -> None:
         assert session.cycle("hello there", config, {"persona": "ROBIN"}, show=False)
         # a run stopped right after it stored its input, before the first step took it in
         session.graph.update_state(config, {"messages": [HumanMessage("again")]}, "__input__")
-        assert session.graph.get_state(config).next == ("__start__",)
-        assert session.mark_interrupted(config, "") is False
+        stopped = session.graph.get_state(config)
+        assert stopped.next == ("__start__",)
+        assert session.mark_interrupted(stopped, "") is False
         snapshot = session.graph.get_state(config)
         assert snapshot.next == ()
         assert [m.content for m in snapshot.values["messages"]] == [
             "hello there",
             "About hello there: here is the answer.",
         ]
-        assert session.mark_interrupted(config, "") is None  # an idle thread: nothing to mark
+        assert session.mark_interrupted(snapshot, "") is None  # an idle thread: nothing to mark
+        assert session.mark_interrupted(None, "") is False  # a run that stored nothing
     finally:
         session.close()
 

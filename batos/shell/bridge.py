@@ -48,7 +48,7 @@ import zmq
 
 from batos.errors import BatosError, GraphRequestError
 from batos.shell.runtime import Runtime
-from graph.mind import MindContext, MindServices
+from graph.mind import MindContext, MindServices, own_run, run_state
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import strict_json
 
@@ -371,7 +371,7 @@ class Bridge:
     def _answer_on(
         self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any], thread_id: str
     ) -> dict[str, Any]:
-        config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 40}
+        config = own_run({"configurable": {"thread_id": thread_id}, "recursion_limit": 40})
         self._send(envelope, request_id, "accepted", {"thread_id": thread_id})
         for mode, chunk in self.graph.stream(
             payload["input"],
@@ -389,7 +389,11 @@ class Bridge:
                 for node, update in chunk.items():
                     status = update.get("status") if isinstance(update, dict) else None
                     self._send(envelope, request_id, "update", {"node": node, "status": status})
-        values = self.graph.get_state(config).values
+        # The state this run left, not the thread's latest: on an image shared over ZEO another
+        # process (the LangGraph server, a chat) may have answered on the thread since.
+        left = run_state(self.graph, config)
+        assert left is not None, "a run that ran stored at least its input"
+        values = left.values
         return {
             "thread_id": thread_id,
             "status": values.get("status"),

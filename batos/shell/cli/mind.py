@@ -22,6 +22,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END
+from langgraph.types import StateSnapshot
 from rich.cells import cell_len
 from rich.table import Table
 
@@ -37,7 +38,7 @@ from batos.shell.cli.app import console, image_uri, model_factory
 from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
 from batos.shell.cli.terminal import plain, shown, visible
 from batos.shell.runtime import Runtime, open_image, open_runtime
-from graph.mind import MAX_ANSWER_CHARS, run_config
+from graph.mind import MAX_ANSWER_CHARS, own_run, run_config, run_state
 from graph.request import DEPTHS, check_thread_id, content_text
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS
@@ -96,14 +97,15 @@ class Session:
         more (``StopOnInterrupt``).
         """
         answer: list[str] = []
+        run = own_run(config)
         with StopOnInterrupt() as stop:
             try:
-                self._stream(text, config, context, show, answer)
+                self._stream(text, run, context, show, answer)
             except (GenerationCancelled, KeyboardInterrupt):
                 stop.hold()
                 if show:
                     console.print()
-                kept = self.mark_interrupted(config, "".join(answer))
+                kept = self.mark_interrupted(run_state(self.graph, run), "".join(answer))
                 if kept is not None:
                     raise CycleInterrupted(
                         "interrupted: nothing was committed; "
@@ -113,7 +115,11 @@ class Session:
                             else "the request had not reached the thread"
                         )
                     ) from None
-            return self.graph.get_state(config).values
+            # what this run left, not what ``config`` names: after /undo that is the checkpoint
+            # the run started from, and the thread's latest may be another process's run
+            left = run_state(self.graph, run)
+            assert left is not None, "a run that ran stored at least its input"
+            return left.values
 
     def _stream(
         self,
@@ -157,20 +163,23 @@ class Session:
                 if show:
                     _show_update(node, update or {})
 
-    def mark_interrupted(self, config: RunnableConfig, answered: str) -> bool | None:
-        """End the thread's stopped cycle as FAILED, in a checkpoint of its own, with an answer
-        marked interrupted (``batos_interrupted``; ``batos_failed``, so later cycles leave it
-        out of the history they show the model) holding what was answered so far: the thread
-        never keeps a request without its answer, and is idle. Its effects are dropped, so
-        nothing is committed.
+    def mark_interrupted(self, snapshot: StateSnapshot | None, answered: str) -> bool | None:
+        """End the stopped cycle that left its thread at ``snapshot`` (``graph.mind.run_state``;
+        None: it left nothing) as FAILED, in a checkpoint of its own after that one, with an
+        answer marked interrupted (``batos_interrupted``; ``batos_failed``, so later cycles
+        leave it out of the history they show the model) holding what was answered so far:
+        the thread never keeps a request without its answer, and is idle. Its effects are
+        dropped, so nothing is committed.
 
         True when the request is kept with its mark; False when the stop came before the
         request reached the thread's messages (the run that was to start is dropped); None when
         the cycle had ended before the stop took effect.
         """
-        snapshot = self.graph.get_state(config)
+        if snapshot is None:
+            return False
         if not snapshot.next:
             return None
+        config = snapshot.config
         values = snapshot.values
         messages = values.get("messages") or []
         if not messages or not isinstance(messages[-1], HumanMessage):

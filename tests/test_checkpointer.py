@@ -317,6 +317,18 @@ def test_runs_are_deleted_with_their_checkpoints(saver: ZODBSaver) -> None:
     assert saver.threads() == []
 
 
+def test_recent_threads_are_those_with_the_newest_checkpoints(saver: ZODBSaver) -> None:
+    graph = chain_graph(saver)
+    for thread in ("b", "zoo-1", "zoo-2", "a"):
+        graph.invoke({"n": 0, "log": []}, cfg(thread))
+    graph.invoke({"n": 0, "log": []}, cfg("b"))  # the oldest thread goes on: newest again
+    # by time, not by id: the thread ids in order would be a, b, zoo-1, zoo-2
+    assert saver.recent_threads(3) == ["b", "a", "zoo-2"]
+    assert saver.recent_threads(10) == ["b", "a", "zoo-2", "zoo-1"]
+    saver.delete_thread("a")
+    assert saver.recent_threads(2) == ["b", "zoo-2"]
+
+
 def _layout_1_thread(memory: InMemorySaver, thread_id: str) -> Any:
     """The thread as layouts 1 and 2 stored it, built from what InMemorySaver holds."""
     from BTrees.OOBTree import OOBTree

@@ -365,6 +365,25 @@ def test_chat_cycles_lists_the_failed_threads_too(capsys, image, monkeypatch) ->
     assert code == 0 and "FAILED thread" in out and "unknown persona" in out, err
 
 
+def test_cycles_lists_the_failed_threads_among_the_most_recent(capsys, image) -> None:
+    models = FakeModels(responder())
+    ask = ("--image", image, "ask", "hello", "-p")
+    assert run(capsys, *ask, "joker", "-t", "zzz-old", models=models)[0] == 10
+    for thread in ("zoo-1", "zoo-2", "zoo-3"):
+        assert run(capsys, *ask, "robin", "-t", thread, models=models)[0] == 0
+    assert run(capsys, *ask, "joker", "-t", "kitchen", models=models)[0] == 10
+
+    def failed(limit: int) -> list[str]:
+        code, out, err = run(capsys, "--image", image, "cycles", "-n", str(limit), "--json")
+        assert code == 0, err
+        return [row["thread_id"] for row in json.loads(out)["failed"]]
+
+    # the newest FAILED thread, though its id sorts first; not the one whose id sorts last,
+    # which is older than the 3 latest threads
+    assert failed(3) == ["kitchen"]
+    assert failed(5) == ["kitchen", "zzz-old"]  # newest first
+
+
 class _Terminal(io.StringIO):
     """Typed lines on a stdin that says it is a terminal."""
 

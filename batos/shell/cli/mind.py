@@ -660,16 +660,17 @@ def _number(value: float | None) -> str:
 
 
 def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
-    """Threads whose last cycle FAILED: what no committed record shows."""
+    """Of the ``limit`` threads with the newest checkpoints, those whose last cycle FAILED,
+    newest first: what no committed record shows."""
     found = []
     with ZODBSaver(image) as saver:  # reads only: it applies no commits
-        for summary in saver.threads()[-limit:]:
-            latest = saver.get_tuple({"configurable": {"thread_id": summary.thread_id}})
+        for thread_id in saver.recent_threads(limit):
+            latest = saver.get_tuple({"configurable": {"thread_id": thread_id}})
             values = latest.checkpoint["channel_values"] if latest else {}
             if values.get("status") == "FAILED" and values.get("failure"):
                 found.append(
                     {
-                        "thread_id": summary.thread_id,
+                        "thread_id": thread_id,
                         "cycle": (values.get("cycle") or {}).get("id"),
                         **values["failure"],
                     }
@@ -681,11 +682,14 @@ def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
 def cycles(
     ctx: typer.Context,
     cycle_id: str = typer.Argument(None, help="One cycle's id: its whole record."),
-    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many cycles to list."),
+    limit: int = typer.Option(
+        20, "--limit", "-n", min=1, help="How many cycles, and latest threads, to list."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Recent mind cycles: status, personas, facets, timings, tokens; threads whose last cycle
-    FAILED (a failed cycle changes nothing in the image, so only its thread knows it).
+    """Recent mind cycles: status, personas, facets, timings, tokens; of the -n most recently
+    active threads, those whose last cycle FAILED (a failed cycle changes nothing in the image,
+    so only its thread knows it).
 
     Examples: batos cycles · batos cycles -n 5 --json · batos cycles CYCLE_ID
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -382,6 +383,35 @@ def test_cycles_lists_the_failed_threads_among_the_most_recent(capsys, image) ->
     # which is older than the 3 latest threads
     assert failed(3) == ["kitchen"]
     assert failed(5) == ["kitchen", "zzz-old"]  # newest first
+
+
+def test_cycles_skips_a_failure_a_client_wrote_malformed(capsys, caplog, image) -> None:
+    edited = {
+        "text": "model exploded",
+        "no-reason": {"node": "gate"},
+        "list": ["a", "b"],
+        "keys": {"reason": "it broke", "thread_id": "elsewhere", "cycle": "not-this"},
+    }
+    session = Session(open_runtime(image, models=FakeModels(responder())))
+    try:
+        for thread_id, failure in edited.items():
+            session.cycle("hi", run_config(thread_id), {"persona": "ROBIN"}, show=False)
+            # what Studio's state editor or a client's threads.update_state can send
+            update = {"status": "FAILED", "failure": failure}
+            session.graph.update_state(run_config(thread_id), update)
+    finally:
+        session.close()
+    caplog.set_level(logging.WARNING, logger="batos.records")
+    code, out, err = run(capsys, "--image", image, "cycles", "--json")
+    assert code == 0, err
+    [kept] = json.loads(out)["failed"]
+    assert kept["thread_id"] == "keys" and kept["reason"] == "it broke"
+    assert kept["cycle"] != "not-this"  # the thread's own cycle
+    for thread_id in ("text", "no-reason", "list"):
+        assert f"failure of thread '{thread_id}' is malformed and was skipped" in caplog.text
+    code, out, err = run(capsys, "--image", image, "cycles")
+    assert code == 0 and "Traceback" not in err, err
+    assert "FAILED thread keys" in " ".join(out.split()) and "elsewhere" not in out
 
 
 class _Terminal(io.StringIO):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -662,19 +662,29 @@ def _number(value: float | None) -> str:
 def _failed_threads(image: LivingImage, limit: int) -> list[dict[str, Any]]:
     """Of the ``limit`` threads with the newest checkpoints, those whose last cycle FAILED,
     newest first: what no committed record shows."""
+    from graph import records
+
     found = []
     with ZODBSaver(image) as saver:  # reads only: it applies no commits
         for thread_id in saver.recent_threads(limit):
             latest = saver.get_tuple({"configurable": {"thread_id": thread_id}})
             values = latest.checkpoint["channel_values"] if latest else {}
-            if values.get("status") == "FAILED" and values.get("failure"):
-                found.append(
-                    {
-                        "thread_id": thread_id,
-                        "cycle": (values.get("cycle") or {}).get("id"),
-                        **values["failure"],
-                    }
-                )
+            if values.get("status") != "FAILED" or not values.get("failure"):
+                continue
+            # A client can write any state (Studio's editor, update_state): a failure that is
+            # no mapping with a reason is skipped with a warning naming the thread.
+            failure = records.readable(
+                records.Failure, "failure of thread", thread_id, values["failure"]
+            )
+            if failure is None:
+                continue
+            cycle = values.get("cycle")
+            shown_as = {
+                "thread_id": thread_id,
+                "cycle": cycle.get("id") if isinstance(cycle, Mapping) else None,
+            }
+            # the failure's own keys of those names never stand for the thread shown
+            found.append({**shown_as, **{k: v for k, v in failure.items() if k not in shown_as}})
     return found
 
 

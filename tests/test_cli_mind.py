@@ -20,7 +20,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from test_heartbeat import fits_80_columns, piped
 from test_mind import plan_of, request_of, responder
 
-from batos.errors import CycleInterrupted
+from batos.errors import CycleInterrupted, GraphRequestError
 from batos.shell.cli import main
 from batos.shell.cli.mind import Session
 from batos.shell.runtime import open_runtime
@@ -305,6 +305,30 @@ def test_ctrl_c_after_an_undo_marks_the_request_interrupted(capsys, image, monke
         "(interrupted)",
     ]
     assert head["status"] == "FAILED" and head["failure"]["reason"] == "interrupted by the user"
+
+
+def test_a_command_on_a_thread_holding_a_refused_input_says_so_and_the_chat_goes_on(
+    capsys, image, monkeypatch
+) -> None:
+    session = Session(open_runtime(image, models=FakeModels(responder())))
+    try:
+        for command in ("history", "undo", "good"):
+            config = run_config(command)
+            session.cycle("hi", config, {"persona": "ROBIN"}, show=False)
+            # as the LangGraph server or the bridge passes a client's input on: refused, and
+            # the thread answers reads with the same error until its next request
+            with pytest.raises(GraphRequestError):
+                session.graph.invoke({"messages": [{"role": "robot", "content": "beep"}]}, config)
+    finally:
+        session.close()
+    for command in ("history", "undo", "good"):
+        typed = f"/{command}\nhello again\n/history\n/quit\n"
+        code, out, err = _chat(capsys, image, monkeypatch, typed, "-t", command, "-p", "robin")
+        assert code == 0, err  # was 2: the chat ended at the command
+        flat = " ".join(out.split())
+        assert f"thread {command} cannot be read: the messages are malformed" in flat
+        assert "its next request goes on as usual" in flat
+        assert "robin: About hello again: here is the answer." in flat  # and the thread healed
 
 
 def test_run_answers_a_sample_request_end_to_end(capsys, image) -> None:

@@ -31,7 +31,7 @@ from batos.errors import (
     CycleFailed,
     CycleInterrupted,
     GenerationCancelled,
-    MindError,
+    GraphRequestError,
     ObjectPathError,
 )
 from batos.shell.cli.app import console, image_uri, model_factory
@@ -427,44 +427,54 @@ def chat_loop(
             argument = argument.strip()
             if command in ("quit", "exit"):
                 return
-            if command == "help":
-                console.print(CHAT_HELP)
-            elif command == "thread":
-                if argument:
-                    new = f"chat-{uuid6()}" if argument == "new" else argument
-                    try:
-                        config = run_config(new)
-                    except MindError as exc:
-                        console.print(f"[red]{shown(exc.message)}[/] ({shown(exc.hint or '')})")
+            # A command can fail as a request can (a malformed thread id; a thread left with
+            # a malformed client message answers every read with GraphRequestError until its
+            # next request): the error is said, and the chat goes on.
+            try:
+                if command == "help":
+                    console.print(CHAT_HELP)
+                elif command == "thread":
+                    if argument:  # a malformed id is said, and the thread stays
+                        config = run_config(f"chat-{uuid6()}" if argument == "new" else argument)
+                    console.print(f"thread {shown(config['configurable']['thread_id'])}")
+                elif command == "history":
+                    _show_history(session, config)
+                elif command == "undo":
+                    config = _undo(session, config)
+                elif command in ("good", "bad"):
+                    _mark(session, config, command)
+                elif command == "persona":
+                    chosen = None if argument.lower() in ("", "auto") else argument.upper()
+                    if chosen is not None and chosen not in PERSONAS:  # said now, not next request
+                        console.print(
+                            f"[red]no persona {shown(argument)}[/]: /persona "
+                            f"{'|'.join(p.lower() for p in PERSONAS)}|auto"
+                        )
                         continue
-                console.print(f"thread {shown(config['configurable']['thread_id'])}")
-            elif command == "history":
-                _show_history(session, config)
-            elif command == "undo":
-                config = _undo(session, config)
-            elif command in ("good", "bad"):
-                _mark(session, config, command)
-            elif command == "persona":
-                chosen = None if argument.lower() in ("", "auto") else argument.upper()
-                if chosen is not None and chosen not in PERSONAS:  # said now, not next request
-                    console.print(
-                        f"[red]no persona {shown(argument)}[/]: /persona "
-                        f"{'|'.join(p.lower() for p in PERSONAS)}|auto"
-                    )
-                    continue
-                persona = chosen
-                console.print(f"persona {shown(persona or 'routed')}")
-            elif command == "depth":
-                if (argument or "auto") not in DEPTHS:
-                    console.print(f"[red]no depth {shown(argument)}[/]: /depth {'|'.join(DEPTHS)}")
-                    continue
-                depth = argument or "auto"
-                console.print(f"depth {shown(depth)}")
-            elif command == "cycles":  # as 'batos cycles' lists them
-                _cycles_table(session.image, None, 10)
-                _print_failed(session.image, 10)
-            else:
-                console.print(f"[red]unknown command /{shown(command)}[/]\n{CHAT_HELP}")
+                    persona = chosen
+                    console.print(f"persona {shown(persona or 'routed')}")
+                elif command == "depth":
+                    if (argument or "auto") not in DEPTHS:
+                        console.print(
+                            f"[red]no depth {shown(argument)}[/]: /depth {'|'.join(DEPTHS)}"
+                        )
+                        continue
+                    depth = argument or "auto"
+                    console.print(f"depth {shown(depth)}")
+                elif command == "cycles":  # as 'batos cycles' lists them
+                    _cycles_table(session.image, None, 10)
+                    _print_failed(session.image, 10)
+                else:
+                    console.print(f"[red]unknown command /{shown(command)}[/]\n{CHAT_HELP}")
+            except GraphRequestError as exc:  # the client's hint (what to send) is no help here
+                thread = shown(config["configurable"]["thread_id"])
+                console.print(f"[red]thread {thread} cannot be read: {shown(exc.message)}[/]")
+                console.print(
+                    "[yellow]hint:[/] it holds a client's input that was refused; its next "
+                    "request goes on as usual"
+                )
+            except BatosError as exc:
+                _report(exc)
             continue
         try:
             state = session.cycle(line, config, session.context(persona, depth))
@@ -473,13 +483,18 @@ def chat_loop(
         except CycleInterrupted as exc:
             console.print(f"[yellow]{shown(exc.message)}[/]")
         except BatosError as exc:
-            console.print(f"[red]{shown(exc.message)}[/]")
-            if exc.hint:
-                console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
+            _report(exc)
         except KeyboardInterrupt:  # Ctrl-C after the cycle ended, while its outcome printed
             console.print()
         # after a fork (/undo) the next cycle continues from the fork's new head
         config = run_config(config["configurable"]["thread_id"])
+
+
+def _report(exc: BatosError) -> None:
+    """An error said at the chat's prompt, with its hint: the chat goes on."""
+    console.print(f"[red]{shown(exc.message)}[/]")
+    if exc.hint:
+        console.print(f"[yellow]hint:[/] {shown(exc.hint)}")
 
 
 def _show_history(session: Session, config: RunnableConfig) -> None:

@@ -119,6 +119,19 @@ def test_ask_json_and_a_failed_cycle(capsys, image) -> None:
     assert code == 0 and "FAILED thread" in out and "unknown persona" in out
 
 
+def test_an_empty_thread_id_is_refused_not_taken_for_a_new_thread(
+    capsys, image, monkeypatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello there\n/quit\n"))
+    models = FakeModels(responder())
+    for argv in (["ask", "hello there", "-t", ""], ["chat", "-t", ""], ["ask", "hi", "-t", " "]):
+        code, out, err = run(capsys, "--image", image, *argv, "-p", "robin", models=models)
+        flat = " ".join(err.split())
+        assert code == 2 and "a thread id cannot be empty" in flat, err
+        assert "leave --thread out to start a new thread" in flat and "COMPLETE" not in out
+    assert models.calls == []  # nothing was answered, on any thread
+
+
 def test_cycles_shows_whole_ids_at_80_columns_in_a_pipe(capsys, image) -> None:
     plan = plan_of(
         ("ALFRED.facet_audit", "is the image healthy"),

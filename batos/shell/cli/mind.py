@@ -343,6 +343,20 @@ def _outcome(state: dict[str, Any], *, as_json: bool) -> None:
     )
 
 
+def _thread_id(thread: str | None, command: str) -> str:
+    """The thread ``--thread`` names, or a new one when it is left out. An empty one is
+    refused: taken as left out, it started a new thread away from the conversation meant."""
+    if thread is None:
+        return f"{command}-{uuid6()}"
+    if not thread.strip():
+        raise typer.BadParameter(
+            "a thread id cannot be empty (leave --thread out to start a new thread; "
+            "'batos threads' lists those there are)",
+            param_hint="--thread",
+        )
+    return check_thread_id(thread)
+
+
 def _check_depth(depth: str) -> None:
     if depth not in DEPTHS:  # the mind's own refusal would hint at an API run context
         raise typer.BadParameter(f"choose {', '.join(DEPTHS)}", param_hint="--depth")
@@ -352,7 +366,9 @@ def _check_depth(depth: str) -> None:
 def ask(
     ctx: typer.Context,
     text: str = typer.Argument(..., help="The request."),
-    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    thread: str = typer.Option(
+        None, "--thread", "-t", help="Continue this thread (a new one when left out)."
+    ),
     persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
     depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
     as_json: bool = typer.Option(False, "--json", help="Print the cycle as JSON at the end."),
@@ -361,7 +377,7 @@ def ask(
 
     Examples: batos ask "how do I plan a garden?" · batos ask hi -t chat-1 --json
     """
-    thread_id = check_thread_id(thread) if thread else f"ask-{uuid6()}"
+    thread_id = _thread_id(thread, "ask")
     _check_depth(depth)
     text = clean_line(text)  # as a chat line is: no escape codes or controls in the thread
     session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
@@ -563,7 +579,9 @@ def _undo(session: Session, config: RunnableConfig) -> RunnableConfig:
 @mind_app.command()
 def chat(
     ctx: typer.Context,
-    thread: str = typer.Option(None, "--thread", "-t", help="Continue this thread."),
+    thread: str = typer.Option(
+        None, "--thread", "-t", help="Continue this thread (a new one when left out)."
+    ),
     persona: str = typer.Option(None, "--persona", "-p", help="Answer as this persona."),
     depth: str = typer.Option("auto", "--depth", help="auto, fast or full."),
 ) -> None:
@@ -572,7 +590,7 @@ def chat(
 
     Example: batos chat -t kitchen
     """
-    thread_id = check_thread_id(thread) if thread else f"chat-{uuid6()}"
+    thread_id = _thread_id(thread, "chat")
     _check_depth(depth)
     session = Session(open_runtime(image_uri(ctx), models=model_factory(ctx)))
     try:

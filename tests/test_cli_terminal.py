@@ -1,6 +1,6 @@
-"""What reaches the terminal: rich markup and control characters in slot values, method
-sources, results and error messages are shown as text, never obeyed; a result too large for
-JSON is refused with a message, not a traceback."""
+"""What reaches the terminal: rich markup, emoji codes and control characters in slot values,
+method sources, results, thread ids and error messages are shown as text, never obeyed; a
+result too large for JSON is refused with a message, not a traceback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeModels
 from test_cli_kernel import run
+from test_mind import responder
 
 from batos.shell.cli.terminal import json_text, shown, visible
 from store.core.image import LivingImage
@@ -115,3 +117,29 @@ def test_json_of_a_file_name_with_undecodable_bytes_is_valid_utf8() -> None:
     text = json_text({"source": name, "title": "café"}, "x")
     assert json.loads(text.encode("utf-8").decode("utf-8")) == {"source": name, "title": "café"}
     assert json_text({"title": "café"}, "x") == '{"title": "café"}'  # else left as written
+
+
+def test_emoji_codes_in_ids_and_values_are_shown_as_written(capsys, image) -> None:
+    # rich reads ':fire:' as an emoji even with markup off; an id shown as one cannot be
+    # copied back, and in JSON it would no longer be the id that is stored
+    thread = "work:fire:log"
+    models = FakeModels(responder())
+    code, out, err = run(capsys, "--image", image, "ask", "hi", "-t", thread, models=models)
+    assert code == 0, err
+    assert f"on thread {thread}" in out
+    code, out, err = run(capsys, "--image", image, "threads")
+    assert code == 0 and f"\n{thread}  " in out, err
+    code, out, err = run(capsys, "--image", image, "threads", "--json")
+    assert code == 0 and json.loads(out)["thread_id"] == thread, err
+    code, out, err = run(capsys, "--image", image, "threads", thread)
+    assert code == 0 and f"Thread {thread}:" in out, err
+    code, out, err = run(capsys, "--image", image, "cycles")
+    assert code == 0 and f"thread {thread}" in out, err
+    set_slot(image, "note", ":smile: :fire:")
+    code, out, err = run(capsys, "--image", image, "inspect", "brick")
+    assert code == 0 and ":smile: :fire:" in out, err
+    code, out, err = run(capsys, "--image", image, "inspect", "brick.:fire:")
+    assert code == 4 and ":fire:" in err
+    code, out, err = run(capsys, "--image", image, "search", "cats", "-w", "source=a:fire:.md")
+    assert "source=a:fire:.md" in " ".join(err.split())
+    assert not {"🔥", "😄"} & set(out + err)

@@ -5,9 +5,10 @@ Slot values, method sources, model answers and file names reach the terminal thr
 which reads ``[...]`` as markup (``[/x]`` alone raises ``MarkupError``) and passes escape bytes
 on to the terminal (``ESC [ 2 A`` moves the cursor up and can hide the lines above it from a
 reviewer). ``TerminalConsole`` shows control characters as escapes (``\\x1b``) in every string
-it renders, tables and titles included; ``shown`` also escapes markup, for text put into a line
-that carries markup of its own; ``json_text`` writes JSON that neither holds a control
-character a terminal obeys nor fails on an integer too long to write.
+it renders, tables and titles included, and leaves emoji codes (``:fire:``) as written;
+``shown`` also escapes markup, for text put into a line that carries markup of its own;
+``json_text`` writes JSON that neither holds a control character a terminal obeys nor fails on
+an integer too long to write.
 """
 
 from __future__ import annotations
@@ -91,7 +92,15 @@ def json_text(value: Any, what: str, *, indent: int | None = None) -> str:
 
 class TerminalConsole(Console):
     """A rich ``Console`` that shows the control characters of every string it renders as
-    escapes; markup in strings is still read, so text from outside goes through ``shown``."""
+    escapes; markup in strings is still read, so text from outside goes through ``shown``.
+
+    Emoji codes are never replaced: rich reads ``:fire:`` as 🔥 even where markup is off, and
+    a thread id, a file name or a slot value holding one must be shown as it is stored (an id
+    shown otherwise cannot be copied back, and JSON would no longer say what is stored)."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        options.setdefault("emoji", False)
+        super().__init__(*args, **options)
 
     def render_str(self, text: str, **options: Any) -> Text:
         return super().render_str(visible(text), **options)

@@ -60,6 +60,7 @@ from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.core import layout
 from store.core.image import LivingImage
+from store.core.transactions import note_text
 
 log = logging.getLogger("batos.audit")
 
@@ -224,8 +225,9 @@ def _update(image: LivingImage, number: int, note: str, **changes: Any) -> dict[
 
 def find_tid(image: LivingImage, note: str) -> str | None:
     """The id of the newest transaction whose note is ``note``; None if none is found."""
+    recorded = note_text(note)  # as the transaction wrote it
     for entry in image.history(HISTORY_SEARCHED):
-        if entry.description == note:
+        if entry.description == recorded:
             return entry.tid
     return None
 

@@ -457,6 +457,20 @@ def test_missing_or_malformed_thread_id(file_saver: ZODBSaver, config: dict) -> 
     assert written(file_saver) == before
 
 
+def test_any_non_empty_thread_id_is_held_and_named_briefly_in_history(file_uri: str) -> None:
+    # The transaction note names the thread: a file image refuses a note over 64 KiB, and
+    # every storage one that is not UTF-8 (a lone surrogate), which failed every put.
+    odd = ["x" * 100_000, "a\ud800b", "line\nbreak", "ünï😀"]
+    with open_laid_out(file_uri) as image, ZODBSaver(image) as saver:
+        for thread in odd:
+            chain_graph(saver).invoke({"n": 0, "log": []}, cfg(thread))
+            assert saver.get_tuple(cfg(thread)).checkpoint["channel_values"]["n"] == 3
+        assert {s.thread_id for s in saver.threads()} == set(odd)
+        notes = [record.description for record in image.history(100)]
+    assert max(len(note) for note in notes) <= 2_000
+    assert any(note.startswith("checkpoint a\\ud800b ") for note in notes)
+
+
 @pytest.mark.parametrize("config", [{}, cfg(""), cfg("  ")])
 def test_graph_without_a_usable_thread_id_writes_nothing(
     file_saver: ZODBSaver, config: dict

@@ -220,6 +220,12 @@ def _thread_id(config: RunnableConfig | None) -> str:
     return value
 
 
+def _named(thread_id: str) -> str:
+    """A thread id as a transaction's note names it: cut short, so that the namespace and
+    checkpoint id after it stay in the note (``note_text`` cuts the note at its end)."""
+    return thread_id if len(thread_id) <= 200 else thread_id[:199] + "…"
+
+
 def _checkpoint_ns(config: RunnableConfig) -> str:
     ns = config["configurable"].get("checkpoint_ns") or ""
     if not isinstance(ns, str):
@@ -528,7 +534,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             raise
         parked = self._parking.begin_put(key)
         stored = False
-        note = f"checkpoint {thread_id} {ns} {checkpoint_id}"
+        note = f"checkpoint {_named(thread_id)} {ns} {checkpoint_id}"
         if commit is not None:
             note = commit["note"] or f"commit {commit['id']}"
 
@@ -693,7 +699,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             record.writes = writes
             return True
 
-        note = f"writes {thread_id} {ns} {checkpoint_id} {task_id}"
+        note = f"writes {_named(thread_id)} {ns} {checkpoint_id} {task_id}"
         while True:
             generation = self._parking.settle(key)
             if generation is None:
@@ -708,7 +714,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         """Delete a thread's checkpoints, values and writes in every namespace."""
         thread_id = _thread_id({"configurable": {"thread_id": thread_id}})
         self._parking.drop_thread(thread_id)
-        self._write(lambda tree: tree.delete_thread(thread_id), f"delete thread {thread_id}")
+        self._write(
+            lambda tree: tree.delete_thread(thread_id), f"delete thread {_named(thread_id)}"
+        )
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint (and its writes) written by the given runs, in any thread."""
@@ -736,7 +744,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         if source != target:
             self._write(
                 lambda tree: tree.copy_thread(source, target, retag),
-                f"copy thread {source} to {target}",
+                f"copy thread {_named(source)} to {_named(target)}",
             )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:

@@ -31,6 +31,9 @@ T = TypeVar("T")
 FIRST_PAUSE_S = 0.005
 #: The longest pause before any retry.
 MAX_PAUSE_S = 0.5
+#: The most characters of a transaction's note: a line of history, not data; a file image
+#: refuses a description over 64 KiB, and a note naming a client's id could be longer.
+MAX_NOTE_CHARS = 2_000
 
 
 class Unchanged(Exception):
@@ -89,6 +92,15 @@ def retry(
             time.sleep(wait)
 
 
+def note_text(note: str) -> str:
+    """``note`` as a transaction records it: cut to ``MAX_NOTE_CHARS`` (ending in "…"), and a
+    lone surrogate (an undecodable byte of a file name, an id a client sent) written as its
+    escape, since storages keep notes as UTF-8 and would fail the commit on one."""
+    if len(note) > MAX_NOTE_CHARS:
+        note = note[: MAX_NOTE_CHARS - 1] + "…"
+    return note.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def run_in_transaction(
     tm: transaction.TransactionManager,
     fn: Callable[[], T],
@@ -100,16 +112,17 @@ def run_in_transaction(
 ) -> T:
     """``fn()`` in one transaction of ``tm``, committed; retried on ``TransientError``.
 
-    Each attempt begins a new transaction (recording ``user`` and ``note``) and runs ``fn``
-    on fresh state, so ``fn`` must be safe to repeat. Any failure aborts: nothing of a failed
-    attempt is ever committed, and neither is one whose ``fn`` raised ``Unchanged``.
+    Each attempt begins a new transaction (recording ``user`` and ``note_text(note)``) and
+    runs ``fn`` on fresh state, so ``fn`` must be safe to repeat. Any failure aborts: nothing
+    of a failed attempt is ever committed, and neither is one whose ``fn`` raised
+    ``Unchanged``.
     """
 
     def attempt() -> T:
         txn = tm.begin()
         txn.user = user
         if note:
-            txn.note(note)
+            txn.note(note_text(note))
         try:
             result = fn()
             tm.commit()

@@ -75,14 +75,14 @@ class LessonEffect(records._Closed):
     kind: Literal["lesson"]
     persona: records.Name
     model: Annotated[str, Field(max_length=256)]
-    thread_id: Annotated[str, Field(max_length=256)]
+    thread_id: records.ThreadId
     request: Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_CHARS)]
     answer: Annotated[str, Field(min_length=1, max_length=MAX_ANSWER_CHARS)]
 
 
 class FeedbackEffect(records._Closed):
     kind: Literal["feedback"]
-    thread_id: Annotated[str, Field(max_length=256)]
+    thread_id: records.ThreadId
     cycle: records.Name
     verdict: Literal["good", "bad"]
 

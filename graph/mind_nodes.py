@@ -45,7 +45,7 @@ from graph.plan import (
     plan_quality,
     plan_schema,
 )
-from graph.request import check_context, content_text, request_text
+from graph.request import check_context, check_thread_id, content_text, request_text
 from prototypes.bounded import bounded_repr, strict_json
 from prototypes.codex import PERSONAS, load_codex
 from store.checkpoint import effects
@@ -306,6 +306,10 @@ class Mind:
     def _route(
         self, state: MindState, config: RunnableConfig, cycle_state: dict[str, Any]
     ) -> dict[str, Any]:
+        # The CLI and the bridge check the id before they run the graph; a client of the graph
+        # or a LangGraph server passes its own, and one the effects cannot name would have the
+        # cycle answer and then refuse its commit.
+        check_thread_id(cycle_state["thread_id"])
         context = self._checked_context()
         image = self.image(config)
         limit = settings.get_int("mind_max_request_chars")

@@ -35,6 +35,10 @@ MAX_VECTORS = 4
 MAX_RESPONSE_CHARS = 8000
 
 Name = Annotated[str, Field(min_length=1, max_length=128)]
+#: The most characters of a thread id the mind answers on (``graph.request.check_thread_id``):
+#: every effect that names the thread takes one this long.
+MAX_THREAD_ID_CHARS = 128
+ThreadId = Annotated[str, Field(min_length=1, max_length=MAX_THREAD_ID_CHARS)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 #: Ids, totals and counts: every one a reader can print (no integer past JSON's exact range).
 Natural = Annotated[int, Field(ge=0, le=2**53)]

@@ -16,6 +16,7 @@ from langgraph.graph.message import add_messages
 
 from batos import settings
 from batos.errors import ConfigurationError, GraphRequestError, MindError
+from graph.records import MAX_THREAD_ID_CHARS
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS
 
@@ -137,13 +138,19 @@ def request_text(messages: Sequence[BaseMessage], limit: int) -> str:
     return text
 
 
-_THREAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_THREAD_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_THREAD_ID_CHARS - 1}}}$")
 
 
 def check_thread_id(thread_id: str) -> str:
+    """``thread_id`` if the mind answers on it, else ``MindError``: 1 to
+    ``MAX_THREAD_ID_CHARS`` letters, digits and ``. _ : @ -``, what every effect naming the
+    thread takes, so that an id accepted here never makes a commit fail."""
     if not isinstance(thread_id, str) or not _THREAD_ID.match(thread_id):
+        long = isinstance(thread_id, str) and len(thread_id) > MAX_THREAD_ID_CHARS
         raise MindError(
-            f"thread id {bounded_repr(thread_id, 80)} is malformed",
-            hint="use 1 to 128 letters, digits and . _ : @ - (starting with a letter or digit)",
+            f"thread id {bounded_repr(thread_id, 80)} is "
+            + (f"{len(thread_id):,} characters long" if long else "malformed"),
+            hint=f"use 1 to {MAX_THREAD_ID_CHARS} letters, digits and . _ : @ - (starting with "
+            "a letter or digit)",
         )
     return thread_id

@@ -19,6 +19,7 @@ from batos.shell.runtime import ask, open_image
 from graph import cycle, facets
 from graph.answer import repetition
 from graph.mind import MAX_ANSWER_CHARS, MindServices, build_graph, run_config
+from graph.records import MAX_THREAD_ID_CHARS
 from prototypes.codex import load_codex
 from prototypes.incarnation import personas
 from prototypes.uvm import Method
@@ -553,6 +554,29 @@ def test_a_malformed_thread_id_is_refused(image) -> None:
         run_config("../etc/passwd")
     with pytest.raises(MindError, match="thread id"):
         ask("hi", thread_id="", image=image, services=mind(FakeModels(responder())))
+
+
+def test_a_thread_id_its_effects_cannot_name_fails_at_route_before_the_answer(image) -> None:
+    # A graph client passes its own config: an id the commit's effects refuse used to be
+    # answered and then lose its commit
+    before = stable_digest(image)
+    for thread, reason in (
+        ("y" * 300, "is 300 characters long"),
+        ("a\ud800b", "is malformed"),
+        ("kitchen sink", "is malformed"),
+    ):
+        models = FakeModels(responder())
+        with ZODBSaver(image) as saver:
+            graph = build_graph(mind(models), checkpointer=saver)
+            config = {"configurable": {"thread_id": thread}, "recursion_limit": 40}
+            state = graph.invoke({"messages": [HumanMessage("hello there")]}, config)
+        assert state["status"] == "FAILED" and state["failure"]["node"] == "route"
+        assert reason in state["failure"]["reason"] and models.calls == []
+    assert stable_digest(image) == before
+    longest = "t" * MAX_THREAD_ID_CHARS  # the longest id accepted: its lesson is committed
+    assert run(image, mind(FakeModels(responder())), "hello there", thread=longest)["status"] == (
+        "COMPLETE"
+    )
 
 
 def _boom(call: ModelCall) -> Any:

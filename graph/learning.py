@@ -2,7 +2,8 @@
 
 **Lessons** (``layout.LESSONS``: persona → cycle id → lesson). Every COMPLETE cycle's commit
 carries a ``lesson`` effect: the request and the answer of the persona that led it, with its
-provenance (thread, cycle id, time, persona, base model) and ``source`` 'cycle'. A cycle the
+provenance (thread, cycle id, time, persona, base model — ``lesson_model``) and ``source``
+'cycle'. A cycle the
 audit's readings flag — part of it degraded (a facet, the quality gate, retrieval), or its
 answer cut short — is kept out. A user marks a cycle good or bad (``mark``: ``/good`` and
 ``/bad`` in ``batos chat``; a LangGraph client sets the thread's ``feedback`` state, which the
@@ -28,12 +29,14 @@ versions themselves are never deleted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psutil
@@ -53,6 +56,8 @@ log = logging.getLogger("batos.learning")
 #: Characters of a lesson's request and answer.
 MAX_REQUEST_CHARS = 2000
 MAX_ANSWER_CHARS = 4000
+#: Characters of a lesson's base model (``lesson_model``).
+MAX_MODEL_CHARS = 256
 MISSION_KIND = "retrain_adapter"
 VERDICTS = ("good", "bad")
 
@@ -74,7 +79,7 @@ class Retraining:
 class LessonEffect(records._Closed):
     kind: Literal["lesson"]
     persona: records.Name
-    model: Annotated[str, Field(max_length=256)]
+    model: Annotated[str, Field(max_length=MAX_MODEL_CHARS)]
     thread_id: records.ThreadId
     request: Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_CHARS)]
     answer: Annotated[str, Field(min_length=1, max_length=MAX_ANSWER_CHARS)]
@@ -88,6 +93,20 @@ class FeedbackEffect(records._Closed):
 
 
 # -- at commit --------------------------------------------------------------------------------
+
+
+def lesson_model(model: str) -> str:
+    """How a lesson names base ``model`` (a named model, or a path to a GGUF file): as it is
+    when it fits ``MAX_MODEL_CHARS``, else by its file name and a digest of the whole path.
+
+    A path can be longer than any bound a record keeps; the key is the same for the same path
+    and differs for another, so lessons are found by comparing with ``lesson_model`` of the
+    model asked about, whatever its length.
+    """
+    if len(model) <= MAX_MODEL_CHARS:
+        return model
+    digest = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"…/{Path(model).name[: MAX_MODEL_CHARS - 40]} sha256:{digest}"
 
 
 def flags(cycle_state: Mapping[str, Any]) -> list[str]:
@@ -109,7 +128,7 @@ def effects_for(state: Mapping[str, Any], cycle_state: Mapping[str, Any]) -> lis
             {
                 "kind": "lesson",
                 "persona": chosen[0],
-                "model": settings.get_str("model"),
+                "model": lesson_model(settings.get_str("model")),
                 "thread_id": cycle_state["thread_id"],
                 "request": request.strip()[:MAX_REQUEST_CHARS],
                 "answer": answer.strip()[:MAX_ANSWER_CHARS],
@@ -220,7 +239,7 @@ def mark_in(root: Any, thread_id: str, cycle_id: str, verdict: str) -> dict[str,
             "thread_id": thread_id,
             "time": time.time(),
             "persona": persona,
-            "model": settings.get_str("model"),
+            "model": lesson_model(settings.get_str("model")),
             "request": str(record.get("request") or "")[:MAX_REQUEST_CHARS],
             "answer": str(record.get("response") or "")[:MAX_ANSWER_CHARS],
             "source": "user",
@@ -251,10 +270,11 @@ def lessons(root: Any, persona: str) -> list[dict[str, Any]]:
 
 def accepted(root: Any, persona: str, model: str | None = None) -> list[dict[str, Any]]:
     """The lessons to train on: not marked bad, of base ``model`` when given, oldest first."""
+    named = None if model is None else lesson_model(model)
     return [
         x
         for x in lessons(root, persona)
-        if x.get("verdict") != "bad" and (model is None or x.get("model") == model)
+        if x.get("verdict") != "bad" and (named is None or x.get("model") == named)
     ]
 
 
@@ -607,7 +627,7 @@ def overview(image: LivingImage, model: str | None = None, recent: int = 3) -> l
         done = [m for m in valid_missions(root) if m["kind"] == MISSION_KIND]
         recorded = layout.find(root, layout.ADAPTERS) or {}
         for persona in PERSONAS:
-            mine = [x for x in lessons(root, persona) if x.get("model") == model]
+            mine = [x for x in lessons(root, persona) if x.get("model") == lesson_model(model)]
             served = recorded.get(_key(model, persona))
             out.append(
                 {

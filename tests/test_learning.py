@@ -68,6 +68,25 @@ def test_a_completed_cycle_becomes_a_lesson_with_its_provenance(image) -> None:
     assert lesson["source"] == "cycle" and lesson["verdict"] is None and lesson["time"] > 0
 
 
+def test_a_model_path_longer_than_a_lesson_holds_is_named_by_a_stable_key(
+    image, monkeypatch, tmp_path
+) -> None:
+    # BATOS_MODEL may be a GGUF path of any length: the lesson's model field is bounded, and a
+    # lesson naming the path whole had every COMPLETE cycle's commit refused
+    path = str(tmp_path / ("models-" * 40) / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    other = path.replace("qwen2.5", "qwen3")
+    monkeypatch.setenv("BATOS_MODEL", path)
+    assert ask(image, "how should I fold a napkin")["status"] == "COMPLETE"
+    with image.read() as root:
+        [lesson] = learning.lessons(root, "ALFRED")
+        assert len(lesson["model"]) <= learning.MAX_MODEL_CHARS
+        assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in lesson["model"]
+        assert [x["cycle"] for x in learning.accepted(root, "ALFRED", path)] == [lesson["cycle"]]
+        assert learning.accepted(root, "ALFRED", other) == []
+    assert learning.lesson_model(other) != lesson["model"]
+    assert learning.lesson_model("test") == "test"  # a name that fits is kept as it is
+
+
 def test_a_flagged_cycle_leaves_no_lesson() -> None:
     state = {"route": {"chosen": ["ALFRED"]}, "response": "An answer."}
     clean = {"thread_id": "t", "request": "a request", "degraded": [], "truncated": False}

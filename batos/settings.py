@@ -182,9 +182,10 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
-_HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?$")
+#: Used with ``fullmatch``: ``$`` would also match before a final newline.
+_HOST = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
-_SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+_SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
 
 
 def _tools_allow(text: str) -> str:
@@ -200,7 +201,7 @@ def _tools_allow(text: str) -> str:
             if scheme not in ("http", "https"):
                 raise ValueError(f"{raw.strip()!r}: only http:// and https:// hosts")
         host, _, methods = entry.partition("/")
-        if not _HOST.match(host):
+        if not _HOST.fullmatch(host):
             raise ValueError(f"{raw.strip()!r}: {host!r} is not a host name[:port]")
         names = [m.upper() for m in methods.split("+") if m] or ["GET"]
         unknown = sorted(set(names) - _METHODS)
@@ -217,7 +218,7 @@ def _tools_secrets(text: str) -> str:
         if not entry:
             continue
         name, at, host = entry.partition("@")
-        if not at or not _SECRET_NAME.match(name) or not _HOST.match(host.lower()):
+        if not at or not _SECRET_NAME.fullmatch(name) or not _HOST.fullmatch(host.lower()):
             raise ValueError(f"{entry!r} is not NAME@HOST[:PORT] (NAME in capitals)")
         entries.append(f"{name}@{host.lower()}")
     return ",".join(entries)

@@ -138,14 +138,16 @@ def request_text(messages: Sequence[BaseMessage], limit: int) -> str:
     return text
 
 
-_THREAD_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_THREAD_ID_CHARS - 1}}}$")
+#: Used with ``fullmatch``: a pattern ending in ``$`` also matches before a final newline, and
+#: "kitchen\n" would be a thread of its own beside "kitchen".
+_THREAD_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_THREAD_ID_CHARS - 1}}}")
 
 
 def check_thread_id(thread_id: str) -> str:
     """``thread_id`` if the mind answers on it, else ``MindError``: 1 to
     ``MAX_THREAD_ID_CHARS`` letters, digits and ``. _ : @ -``, what every effect naming the
     thread takes, so that an id accepted here never makes a commit fail."""
-    if not isinstance(thread_id, str) or not _THREAD_ID.match(thread_id):
+    if not isinstance(thread_id, str) or not _THREAD_ID.fullmatch(thread_id):
         long = isinstance(thread_id, str) and len(thread_id) > MAX_THREAD_ID_CHARS
         raise MindError(
             f"thread id {bounded_repr(thread_id, 80)} is "

@@ -550,8 +550,9 @@ def test_a_forced_persona_and_depth_are_honoured(image) -> None:
 
 
 def test_a_malformed_thread_id_is_refused(image) -> None:
-    with pytest.raises(MindError, match="thread id"):
-        run_config("../etc/passwd")
+    for thread in ("../etc/passwd", "kitchen\n", "kitchen\n\n"):  # not another 'kitchen'
+        with pytest.raises(MindError, match="thread id"):
+            run_config(thread)
     with pytest.raises(MindError, match="thread id"):
         ask("hi", thread_id="", image=image, services=mind(FakeModels(responder())))
 

@@ -356,13 +356,14 @@ def test_the_allow_list_setting_is_checked_when_it_is_read(monkeypatch) -> None:
     assert settings.get_str("tools_allow") == (
         "https://api.example.com/GET,http://127.0.0.1:8080/GET+POST"
     )
-    for bad in ("ftp://h", "h/TRACE", "bad host"):
+    for bad in ("ftp://h", "h/TRACE", "bad host", "h\n/GET"):  # $ took a final newline
         monkeypatch.setenv("BATOS_TOOLS_ALLOW", bad)
         with pytest.raises(ConfigurationError):
             settings.get_str("tools_allow")
-    monkeypatch.setenv("BATOS_TOOLS_SECRETS", "lower@h")
-    with pytest.raises(ConfigurationError):
-        settings.get_str("tools_secrets")
+    for bad in ("lower@h", "KEY\n@h"):
+        monkeypatch.setenv("BATOS_TOOLS_SECRETS", bad)
+        with pytest.raises(ConfigurationError):
+            settings.get_str("tools_secrets")
 
 
 def test_an_answer_is_plain_bounded_data(image, base) -> None:

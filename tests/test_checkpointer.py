@@ -559,6 +559,32 @@ def test_subgraphs_interrupts_and_time_travel_keep_their_parents(saver: ZODBSave
     assert graph.invoke(Command(resume=20), cfg("sub"))["n"] == 23
 
 
+def test_a_thread_is_listed_newest_first_across_namespaces_and_its_latest_is_the_root_s(
+    saver: ZODBSaver,
+) -> None:
+    inner = StateGraph(State)
+    inner.add_node("ask", lambda s: {"n": s["n"] + interrupt("more?"), "log": ["asked"]})
+    inner.add_edge(START, "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(State)
+    outer.add_node("before", lambda s: {"n": s["n"] * 2, "log": ["before"]})
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "before")
+    outer.add_edge("before", "inner")
+    outer.add_edge("inner", END)
+    graph = outer.compile(checkpointer=saver)
+    graph.invoke({"n": 1, "log": []}, cfg("sub"))  # the subgraph waits: its checkpoints are newer
+
+    listed = [c.config["configurable"] for c in saver.list(cfg("sub"))]
+    ids = [c["checkpoint_id"] for c in listed]
+    assert ids == sorted(ids, reverse=True) and len({c["checkpoint_ns"] for c in listed}) == 2
+    assert listed[0]["checkpoint_ns"]  # the newest is the subgraph's
+    first_two = saver.list(cfg("sub"), limit=2)
+    assert [c.config["configurable"]["checkpoint_id"] for c in first_two] == ids[:2]
+    root = graph.get_state(cfg("sub")).config["configurable"]["checkpoint_id"]
+    assert saver.thread_summary("sub").latest_id == root != ids[0]
+
+
 def test_non_serialisable_state_writes_nothing(file_uri: str) -> None:
     class Opaque:
         pass

@@ -140,6 +140,7 @@ class ThreadSummary:
     checkpoints: int
     writes: int
     bytes: int
+    #: The newest checkpoint of the root namespace (None when it has none).
     latest_id: str | None
     created: float
 
@@ -619,11 +620,12 @@ class ThreadRecord(Persistent):
 
     def summary(self, thread_id: str) -> ThreadSummary:
         checkpoints = writes = size = 0
-        latest = None
+        # The root namespace's newest: the thread's state (get_state, a resumed chat); a
+        # subgraph's checkpoint is newer while the subgraph runs, but no state of the thread.
+        root = self.namespaces.get("")
+        latest = root.maxKey() if root else None
         for index in self.namespaces.values():
             checkpoints += len(index)
-            if index:
-                latest = max(latest or "", index.maxKey())
             for record in index.values():
                 writes += len(record.writes)
                 size += record.size + record.written_bytes()

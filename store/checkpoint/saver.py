@@ -245,6 +245,16 @@ def _checkpoint_id(config: RunnableConfig, *, required: bool = False) -> str | N
     return value
 
 
+def _newest_first(namespaces: dict[str, Any], before_id: str | None) -> Iterator[tuple[str, str]]:
+    """``(checkpoint id, namespace)`` of every checkpoint of ``namespaces`` (namespace →
+    ``CheckpointIndex``) older than ``before_id`` when given, newest first across them."""
+    each = []
+    for ns, checkpoints in namespaces.items():
+        keys = checkpoints.keys(max=before_id, excludemax=True) if before_id else checkpoints.keys()
+        each.append([(checkpoint_id, ns) for checkpoint_id in reversed(keys)])
+    return heapq.merge(*each, reverse=True)
+
+
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     return {
         "configurable": {
@@ -457,7 +467,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Checkpoints newest first, by thread, namespace, metadata ``filter``, ``before``."""
+        """Checkpoints by thread, namespace, metadata ``filter``, ``before``: thread by
+        thread, each thread's newest first across its namespaces (as the SQL savers order
+        them), so that a subgraph's checkpoints sit among the root's by time."""
         return iter(self._list(config, filter=filter, before=before, limit=limit))
 
     def _list(
@@ -485,26 +497,22 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 thread = tree.threads.get(thread_id)
                 if thread is None:
                     continue
-                for ns, checkpoints in thread.namespaces.items():
-                    if wanted_ns is not None and ns != wanted_ns:
+                namespaces = {
+                    ns: checkpoints
+                    for ns, checkpoints in thread.namespaces.items()
+                    if wanted_ns is None or ns == wanted_ns
+                }
+                for checkpoint_id, ns in _newest_first(namespaces, before_id):
+                    if wanted_id and checkpoint_id != wanted_id:
                         continue
-                    keys = (
-                        checkpoints.keys(max=before_id, excludemax=True)
-                        if before_id
-                        else checkpoints.keys()
-                    )
-                    for index in range(len(keys) - 1, -1, -1):
-                        checkpoint_id = keys[index]
-                        if wanted_id and checkpoint_id != wanted_id:
+                    record = namespaces[ns][checkpoint_id]
+                    if filter:
+                        metadata = self.serde.loads_typed(record.metadata)
+                        if any(metadata.get(k) != v for k, v in filter.items()):
                             continue
-                        record = checkpoints[checkpoint_id]
-                        if filter:
-                            metadata = self.serde.loads_typed(record.metadata)
-                            if any(metadata.get(k) != v for k, v in filter.items()):
-                                continue
-                        found.append(self._tuple(thread_id, ns, checkpoint_id, record))
-                        if limit is not None and len(found) >= limit:
-                            return found
+                    found.append(self._tuple(thread_id, ns, checkpoint_id, record))
+                    if limit is not None and len(found) >= limit:
+                        return found
         return found
 
     # -- writing ----------------------------------------------------------------------------

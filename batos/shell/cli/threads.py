@@ -51,7 +51,8 @@ def threads(
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="Most checkpoints to show."),
     as_json: bool = typer.Option(False, "--json", help="One JSON line per thread or checkpoint."),
 ) -> None:
-    """List conversation threads, or one thread's checkpoints newest first.
+    """List conversation threads, or one thread's checkpoints newest first (its root and
+    subgraph namespaces together).
 
     Thread and checkpoint ids are shown whole, to copy into 'batos threads ID' or 'batos chat
     -t ID'; --json has every id whole.

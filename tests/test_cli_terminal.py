@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 from fakes import FakeModels
+from images import open_laid_out
 from test_cli_kernel import run
 from test_mind import responder
 
 from batos.shell.cli.terminal import json_text, shown, visible
+from store.checkpoint.saver import ZODBSaver
 from store.core.image import LivingImage
 
 ESC = "\x1b"
@@ -143,3 +145,27 @@ def test_emoji_codes_in_ids_and_values_are_shown_as_written(capsys, image) -> No
     code, out, err = run(capsys, "--image", image, "search", "cats", "-w", "source=a:fire:.md")
     assert "source=a:fire:.md" in " ".join(err.split())
     assert not {"🔥", "😄"} & set(out + err)
+
+
+def test_thread_ids_are_listed_exactly_and_one_line_each(capsys, image, monkeypatch) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    stored = ["[red]x[/red]", "t" * 120, "nl\nid", "esc\x1b[2J"]
+    with open_laid_out(image) as living, ZODBSaver(living) as saver:
+        for thread in stored:
+            config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+            saver.put(config, generate_checkpoint(), {}, {})
+    monkeypatch.setenv("COLUMNS", "80")  # as in a pipe: a long line was folded at 80
+    code, out, err = run(capsys, "--image", image, "threads")
+    assert code == 0, err
+    lines = out.splitlines()[1:]
+    assert len(lines) == len(stored) and all(" checkpoints, " in line for line in lines)
+    # markup is not read there, so '[' is not escaped; controls are, newlines too
+    assert {line.split("  ")[0] for line in lines} == {
+        "[red]x[/red]",
+        "t" * 120,
+        "nl\\nid",
+        "esc\\x1b[2J",
+    }
+    code, out, err = run(capsys, "--image", image, "threads", "[red]x[/red]")
+    assert code == 0 and "Thread [red]x[/red]: 1 checkpoints" in out, err

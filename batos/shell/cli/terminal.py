@@ -49,6 +49,14 @@ def visible(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
+def one_line(value: Any) -> str:
+    """``value`` as text for a field that must stay on its line (an id in a listing of one
+    line each): controls visible, newlines and tabs too (``\\n``, ``\\t``); markup is not
+    escaped, so print it with ``markup=False``, or pass it through ``shown``."""
+    text = visible(value if isinstance(value, str) else str(value))
+    return text.replace("\n", "\\n").replace("\t", "\\t")
+
+
 def shown(value: Any) -> str:
     """``value`` as text for a line with markup of its own: markup escaped, controls visible."""
     return escape(visible(value if isinstance(value, str) else str(value)))

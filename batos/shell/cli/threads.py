@@ -16,7 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from rich.table import Table
 
 from batos.shell.cli.app import console, image_uri
-from batos.shell.cli.terminal import json_text, shown
+from batos.shell.cli.terminal import json_text, one_line, shown
 from batos.shell.runtime import open_runtime
 from store.checkpoint.saver import ZODBSaver
 from store.core import packing
@@ -71,14 +71,21 @@ def threads(
                     )
                 return
             # One line a thread, its id first and whole: a table cell would cut or fold an id
-            # at 80 columns, and an id cut short cannot be used again.
-            console.print(f"Threads in {shown(saver.image.uri)}", markup=False, highlight=False)
+            # at 80 columns, and an id cut short cannot be used again. Markup is off, so ids
+            # are not escaped for it ('[red]' would print as '\[red]').
+            console.print(
+                f"Threads in {one_line(saver.image.uri)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             for s in saver.threads():
                 console.print(
-                    f"{shown(s.thread_id)}  {s.checkpoints} checkpoints, {s.namespaces} "
+                    f"{one_line(s.thread_id)}  {s.checkpoints} checkpoints, {s.namespaces} "
                     f"namespaces, {s.writes} writes, {_size(s.bytes)}, created {_when(s.created)}",
                     markup=False,
                     highlight=False,
+                    soft_wrap=True,
                 )
             return
         summary = saver.thread_summary(thread_id)
@@ -100,7 +107,7 @@ def threads(
                     json_text(row, "a checkpoint"), markup=False, highlight=False, soft_wrap=True
                 )
             return
-        title = f"Thread {shown(thread_id)}: {summary.checkpoints} checkpoints, " + _size(
+        title = f"Thread {shown(one_line(thread_id))}: {summary.checkpoints} checkpoints, " + _size(
             summary.bytes
         )
         if console.width < NARROW:  # five columns beside a whole id would fold letter by letter

@@ -256,6 +256,39 @@ def test_large_values_go_to_blobs_and_small_ones_stay_inline(file_uri: str) -> N
     assert blob_files
 
 
+def test_headers_list_a_thread_without_decoding_its_values(memory_image: LivingImage) -> None:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    class Counting(JsonPlusSerializer):
+        loads = 0
+
+        def loads_typed(self, data: Any) -> Any:
+            Counting.loads += 1
+            return super().loads_typed(data)
+
+    with ZODBSaver(memory_image, serde=Counting()) as saver:
+        graph = chain_graph(saver)
+        for n in range(4):
+            graph.invoke({"n": n, "log": ["x" * 100_000]}, cfg("big"))
+        listed = list(saver.list(cfg("big"), limit=6))
+        Counting.loads = 0
+        headers = saver.headers("big", limit=6)
+        assert Counting.loads == 6  # each one's metadata, and no value nor write
+        assert saver.headers("no such thread") == []
+    assert [(h.checkpoint_id, h.namespace, h.metadata, h.writes) for h in headers] == [
+        (
+            t.config["configurable"]["checkpoint_id"],
+            t.config["configurable"]["checkpoint_ns"],
+            t.metadata,
+            len(t.pending_writes),
+        )
+        for t in listed
+    ]
+    assert [h.parent_id for h in headers] == [
+        t.parent_config and t.parent_config["configurable"]["checkpoint_id"] for t in listed
+    ]
+
+
 def test_memory_image_keeps_large_values_without_blobs(saver: ZODBSaver) -> None:
     chain_graph(saver, nodes=1).invoke({"n": 0, "log": ["y" * 100_000]}, cfg("m"))
     assert len(saver.get_tuple(cfg("m")).checkpoint["channel_values"]["log"][0]) == 100_000

@@ -145,6 +145,19 @@ class ThreadSummary:
     created: float
 
 
+@dataclass(frozen=True)
+class CheckpointHeader:
+    """What ``batos threads ID`` shows of one checkpoint: all but its values and its writes'
+    values, which can be megabytes each."""
+
+    thread_id: str
+    namespace: str
+    checkpoint_id: str
+    parent_id: str | None
+    metadata: dict[str, Any]
+    writes: int
+
+
 class CheckpointRecord(Persistent):
     """One checkpoint: its serialized body (without channel values), metadata, channel values
     and pending writes.

@@ -63,6 +63,7 @@ from batos.errors import (
 from store.checkpoint import effects
 from store.checkpoint.layout import (
     CHECKPOINT_STEPS,
+    CheckpointHeader,
     CheckpointRecord,
     CheckpointTree,
     TaskWrites,
@@ -83,6 +84,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFound",
     "CheckpointSerializationError",
+    "CheckpointHeader",
     "ThreadSummary",
     "ZODBSaver",
 ]
@@ -470,16 +472,48 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         """Checkpoints by thread, namespace, metadata ``filter``, ``before``: thread by
         thread, each thread's newest first across its namespaces (as the SQL savers order
         them), so that a subgraph's checkpoints sit among the root's by time."""
-        return iter(self._list(config, filter=filter, before=before, limit=limit))
+        return iter(self._list(config, self._tuple, filter=filter, before=before, limit=limit))
+
+    def headers(
+        self, thread_id: str, *, limit: int | None = None
+    ) -> builtins.list[CheckpointHeader]:
+        """``thread_id``'s checkpoints in ``list``'s order (newest first), at most ``limit``,
+        as headers: ids, parent, metadata and how many pending writes, with no channel value
+        or write decoded, so a thread holding large values is listed at the cost of its
+        metadata. An unknown thread has none.
+
+        Example: ``[h.checkpoint_id for h in saver.headers("chat-1", limit=10)]``
+        """
+        return self._list(
+            {"configurable": {"thread_id": thread_id}},
+            self._header,
+            filter=None,
+            before=None,
+            limit=limit,
+        )
+
+    def _header(
+        self, thread_id: str, ns: str, checkpoint_id: str, record: CheckpointRecord
+    ) -> CheckpointHeader:
+        return CheckpointHeader(
+            thread_id=thread_id,
+            namespace=ns,
+            checkpoint_id=checkpoint_id,
+            parent_id=record.parent_id,
+            metadata=self.serde.loads_typed(record.metadata),
+            writes=len(record.writes),
+        )
 
     def _list(
         self,
         config: RunnableConfig | None,
+        each: Callable[[str, str, str, CheckpointRecord], T],
         *,
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
-    ) -> builtins.list[CheckpointTuple]:
+    ) -> builtins.list[T]:
+        """``each(thread_id, ns, checkpoint_id, record)`` of the checkpoints ``list`` names."""
         # Collected inside one read transaction, so the caller never holds a connection.
         configurable = (config or {}).get("configurable") or {}
         wanted_ns = configurable.get("checkpoint_ns") if config else None
@@ -487,7 +521,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         before_id = _checkpoint_id(before) if before else None
         if limit is not None and limit <= 0:
             return []
-        found: list[CheckpointTuple] = []
+        found: list[T] = []
         with self._reading() as tree:
             if config is not None and "thread_id" in configurable:
                 thread_ids: Any = [_thread_id(config)]
@@ -510,7 +544,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                         metadata = self.serde.loads_typed(record.metadata)
                         if any(metadata.get(k) != v for k, v in filter.items()):
                             continue
-                    found.append(self._tuple(thread_id, ns, checkpoint_id, record))
+                    found.append(each(thread_id, ns, checkpoint_id, record))
                     if limit is not None and len(found) >= limit:
                         return found
         return found
@@ -838,7 +872,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        found = await self._run(self._list, config, filter=filter, before=before, limit=limit)
+        found = await self._run(
+            self._list, config, self._tuple, filter=filter, before=before, limit=limit
+        )
         for item in found:
             yield item
 

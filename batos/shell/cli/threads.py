@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 import typer
-from langchain_core.runnables import RunnableConfig
 from rich.table import Table
 
 from batos.shell.cli.app import console, image_uri
@@ -89,19 +88,18 @@ def threads(
                 )
             return
         summary = saver.thread_summary(thread_id)
-        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+        # Headers only: the checkpoints' values (megabytes in a long thread) are not shown.
+        headers = saver.headers(thread_id, limit=limit)
         if as_json:
-            for item in saver.list(config, limit=limit):
-                conf = item.config["configurable"]
-                parent = item.parent_config and item.parent_config["configurable"]["checkpoint_id"]
+            for header in headers:
                 row = {
-                    "namespace": conf["checkpoint_ns"],
-                    "checkpoint": conf["checkpoint_id"],
-                    "step": item.metadata.get("step"),
-                    "source": item.metadata.get("source"),
-                    "run": item.metadata.get("run_id"),
-                    "writes": len(item.pending_writes or []),
-                    "parent": parent or None,
+                    "namespace": header.namespace,
+                    "checkpoint": header.checkpoint_id,
+                    "step": header.metadata.get("step"),
+                    "source": header.metadata.get("source"),
+                    "run": header.metadata.get("run_id"),
+                    "writes": header.writes,
+                    "parent": header.parent_id or None,
                 }
                 console.print(
                     json_text(row, "a checkpoint"), markup=False, highlight=False, soft_wrap=True
@@ -112,14 +110,13 @@ def threads(
         )
         if console.width < NARROW:  # five columns beside a whole id would fold letter by letter
             console.print(title)
-            for item in saver.list(config, limit=limit):
-                conf = item.config["configurable"]
-                console.print(shown(conf["checkpoint_id"]), soft_wrap=True)
+            for header in headers:
+                console.print(shown(header.checkpoint_id), soft_wrap=True)
                 console.print(
-                    f"  step {shown(item.metadata.get('step', ''))} · "
-                    f"{shown(item.metadata.get('source', ''))} · "
-                    f"{len(item.pending_writes or [])} writes · "
-                    f"{shown(conf['checkpoint_ns'] or '(root)')}"
+                    f"  step {shown(header.metadata.get('step', ''))} · "
+                    f"{shown(header.metadata.get('source', ''))} · "
+                    f"{header.writes} writes · "
+                    f"{shown(header.namespace or '(root)')}"
                 )
             return
         table = Table(title=title)
@@ -128,14 +125,13 @@ def threads(
         for column in ("namespace", "checkpoint", "step", "source", "writes"):
             whole = column == "checkpoint"
             table.add_column(column, no_wrap=whole, overflow="fold")
-        for item in saver.list(config, limit=limit):
-            conf = item.config["configurable"]
+        for header in headers:
             table.add_row(
-                shown(conf["checkpoint_ns"] or "(root)"),
-                shown(conf["checkpoint_id"]),
-                shown(item.metadata.get("step", "")),
-                shown(item.metadata.get("source", "")),
-                str(len(item.pending_writes or [])),
+                shown(header.namespace or "(root)"),
+                shown(header.checkpoint_id),
+                shown(header.metadata.get("step", "")),
+                shown(header.metadata.get("source", "")),
+                str(header.writes),
             )
         console.print(table)
 

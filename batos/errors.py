@@ -7,6 +7,7 @@
      │    ├── ImageNotFoundError     no image at that path (and the command does not create)
      │    ├── ImageLockedError       another process holds the FileStorage lock
      │    ├── ImageCorruptError      damaged history or records, or not a FileStorage
+     │    ├── ImageGlobalRefused     a record names code BAT OS does not load from an image
      │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
      ├── ObjectPathError             no object at a dotted path in the image
      ├── ModelError                  model weights or backends
@@ -43,6 +44,8 @@ not an error (see its docstring).
 """
 
 from __future__ import annotations
+
+import re
 
 
 class BatosError(Exception):
@@ -85,6 +88,40 @@ class ImageCorruptError(ImageError):
 
     Raised before anything on disk changes; ``batos repair`` recovers what can be read.
     """
+
+
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+class ImageGlobalRefused(ImageError):
+    """A record names a class or function BAT OS does not load from an image.
+
+    Unpickling a record can call whatever it names, so only the globals on the allow-list
+    (``store.core.image_globals``) are resolved; this one was not, and nothing it names ran.
+    ``oid`` is the record's object id where it is known.
+    """
+
+    def __init__(self, module: str, name: str, *, oid: bytes | None = None) -> None:
+        self.module = module
+        self.name = name
+        self.oid = oid
+        record = f"record 0x{oid.hex()}" if oid is not None else "a record"
+        named = f"{module}.{name}"
+        if not _DOTTED_NAME.fullmatch(named) or len(named) > 200:
+            # A forged record can name anything: shown cut short and escaped, never raw.
+            shown = repr(named[:80])
+            hint = "open this image only if you trust everyone who could write it"
+        else:
+            shown = named
+            hint = (
+                "if you stored it there yourself, or trust everyone who could write this image, "
+                f"allow it with BATOS_IMAGE_GLOBALS='{named}' (a whole module: 'MODULE.*')"
+            )
+        super().__init__(
+            f"{record} of the image names {shown}, which BAT OS does not load from an image "
+            "unless it is allowed; nothing was run",
+            hint=hint,
+        )
 
 
 class TransactionFailed(ImageError):

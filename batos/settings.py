@@ -224,6 +224,35 @@ def _tools_secrets(text: str) -> str:
     return ",".join(entries)
 
 
+#: Bounds of ``image_globals``: entries, and characters in one.
+MAX_IMAGE_GLOBALS = 100
+_GLOBAL_ENTRY_CHARS = 200
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _image_globals(text: str) -> str:
+    """Normalised text of extra image globals: ``MODULE.NAME`` or ``MODULE.*``, each checked."""
+    entries: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        shown = repr(entry) if len(entry) <= 60 else repr(entry[:59]) + "…"
+        module, dot, name = entry.rpartition(".")
+        if (
+            len(entry) > _GLOBAL_ENTRY_CHARS
+            or not dot
+            or not _DOTTED.fullmatch(module)
+            or not (name == "*" or _DOTTED.fullmatch(name))
+        ):
+            raise ValueError(f"{shown} is not MODULE.NAME or MODULE.* (e.g. 'mypkg.models.Note')")
+        if entry not in entries:
+            entries.append(entry)
+    if len(entries) > MAX_IMAGE_GLOBALS:
+        raise ValueError(f"at most {MAX_IMAGE_GLOBALS} entries")
+    return ",".join(entries)
+
+
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
@@ -240,6 +269,15 @@ SETTINGS: dict[str, Setting] = {
             # still one folder
             lambda: (Path(get_str("home")).absolute() / "live_image.fs").as_uri(),
             "URI of the living image: file://PATH.fs, zeo://HOST:PORT, postgres://… or memory://.",
+        ),
+        Setting(
+            "image_globals",
+            "BATOS_IMAGE_GLOBALS",
+            lambda: "",
+            "Classes and functions an image's records may name beyond BAT OS's own allow-list, "
+            "comma-separated: MODULE.NAME, or MODULE.* for all of a module. Loading a record "
+            "runs what it names: list only code of an image you trust. Empty: none.",
+            _image_globals,
         ),
         Setting(
             "model",

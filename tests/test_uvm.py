@@ -8,7 +8,6 @@ import transaction
 from BTrees.OOBTree import OOBTree
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
-from ZODB import DB
 from ZODB.FileStorage import FileStorage
 
 from batos.errors import DoesNotUnderstand, SlotError
@@ -19,6 +18,7 @@ from prototypes.uvm import (
     register_compiler,
     set_dnu_handler,
 )
+from store.core.image_globals import ImageDB
 
 GREET = "def greet(self, other):\n    return self.name + ' greets ' + other\n"
 
@@ -260,7 +260,9 @@ def test_cloned_persona_stats_are_independent_in_a_stored_image(tmp_path):
 
 
 def _reopen(path):
-    return DB(FileStorage(str(path)))
+    """The image file at ``path`` as BAT OS opens it: through the allow-list of what its
+    records may name."""
+    return ImageDB(FileStorage(str(path)))
 
 
 def test_methods_round_trip_as_source_across_reopen(tmp_path):

@@ -46,6 +46,7 @@ from batos.errors import (
 )
 from store.core import stats  # noqa: F401  (installs the side file that keeps the counters)
 from store.core.files import write_text
+from store.core.image_globals import ImageDB, in_force
 from store.core.transactions import retry, run_in_transaction
 
 log = logging.getLogger("batos.image")
@@ -154,6 +155,7 @@ def _cut(text: str, limit: int = 200) -> str:
 
 def _open_db(uri: str, *, create: bool) -> ZODB.DB:
     scheme = urlsplit(uri).scheme if ":" in uri else ""  # a scheme is read in any case
+    in_force()  # the allow-list: a malformed BATOS_IMAGE_GLOBALS fails before anything opens
     resolved = _with_default_blobs(uri)
     try:
         factory, dbkw = zodburi.resolve_uri(resolved)
@@ -224,7 +226,7 @@ def _connect(uri: str, factory: Callable[[], Any], dbkw: dict[str, Any]) -> ZODB
         except Exception as exc:
             raise _translate_open_error(uri, exc) from exc
         try:
-            return ZODB.DB(storage, **dbkw)
+            return ImageDB(storage, **dbkw)
         except ConflictError:
             storage.close()
             raise

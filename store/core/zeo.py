@@ -44,9 +44,12 @@ _CONFIG = """\
 #: end is in that process: when the process is gone the kernel closes it, the read returns end
 #: of file, and the server sends itself SIGTERM, on which runzeo closes the storage, releasing
 #: the image's lock and the port. (A pipe, not PR_SET_PDEATHSIG, which fires when the *thread*
-#: that started the child exits, and exists on Linux only.)
+#: that started the child exits, and exists on Linux only.) The server unpickles stored states
+#: only to resolve conflicts: ``guard_zodb`` holds those to the image's allow-list there too.
 _SUPERVISED_RUNZEO = """\
 import os, signal, sys, threading, runpy
+from store.core.image_globals import guard_zodb
+guard_zodb()
 lifeline = int(sys.argv.pop(1))
 def watch():
     while os.read(lifeline, 1):

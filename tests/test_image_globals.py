@@ -23,7 +23,7 @@ from batos.errors import ConfigurationError, ImageGlobalRefused
 from batos.shell.cli import main
 from batos.shell.runtime import open_image
 from store.core.image import LivingImage
-from store.core.image_globals import ImageGlobals
+from store.core.image_globals import ImageGlobals, is_plain_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -291,6 +291,20 @@ def test_a_zeo_client_cannot_run_code_in_the_server(tmp_path, marker):
                 storage.tpc_vote(meta)
             storage.tpc_abort(meta)
     assert not marker.exists()
+
+
+def test_a_forged_index_file_is_set_aside_and_rebuilt(file_uri, marker):
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("kept", PersistentMapping(a=1)))
+    path = Path(file_uri.removeprefix("file://"))
+    index = Path(f"{path}.index")
+    assert is_plain_data(index.read_bytes())  # what FileStorage writes: data only
+    index.write_bytes(_state(marker))
+    with LivingImage.open(file_uri) as image, image.read() as root:
+        assert dict(root["kept"]) == {"a": 1}
+    assert not marker.exists()
+    assert Path(f"{index}.refused").exists()
+    assert is_plain_data(index.read_bytes())  # the one ZODB wrote again
 
 
 def test_reading_references_never_resolves_a_global(marker):

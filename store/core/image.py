@@ -197,6 +197,9 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
             f"no image at {_cut(str(path))}" + (" (the file there is empty)" if empty else ""),
             hint=f"run 'batos --image {shlex.quote(uri)} init' to create one, or check the path",
         )
+    from store.core.image_file import set_aside_unsafe_index
+
+    set_aside_unsafe_index(path)  # ZODB reads the index as it opens, new file or not
     try:
         added = _FilesAdded(path)
     except OSError as exc:  # a folder on the way is a file, or cannot be written

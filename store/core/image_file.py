@@ -221,6 +221,35 @@ def repair(path: Path) -> RepairReport:
             lock_path.unlink(missing_ok=True)
 
 
+def set_aside_unsafe_index(path: Path) -> Path | None:
+    """Move the index file of the FileStorage at ``path`` aside when it names any code.
+
+    ZODB unpickles ``NAME.index`` with no restriction when it opens the file, so an index
+    written by someone else could run anything. The index FileStorage writes holds plain data
+    only (positions and object ids); any other is renamed ``NAME.index.refused`` and ZODB
+    builds the index again from the file (a read of every transaction, once). Returns the new
+    name of the index set aside, or None.
+    """
+    from store.core.image_globals import is_plain_data
+
+    index = Path(f"{path}.index")
+    try:
+        data = index.read_bytes()
+    except OSError:  # none there, or none ZODB could read either
+        return None
+    if is_plain_data(data):
+        return None
+    refused = Path(f"{index}.refused")
+    os.replace(index, refused)
+    log.warning(
+        "the index of %s names code, which the index FileStorage writes never does: it is "
+        "set aside as %s and rebuilt from the image",
+        path,
+        refused,
+    )
+    return refused
+
+
 #: At most this many unreadable records are named in a message.
 SHOWN_RECORDS = 5
 
@@ -239,6 +268,7 @@ def unreadable_records(path: Path) -> list[tuple[bytes, bytes, str]]:
     from ZODB.POSException import POSKeyError
     from ZODB.serialize import referencesf
 
+    set_aside_unsafe_index(path)
     storage = FileStorage(str(path), read_only=True)
     try:
         found: list[tuple[bytes, bytes, str]] = []

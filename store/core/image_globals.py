@@ -13,7 +13,8 @@ opens it. Here every global a record names is resolved against an allow-list ins
 Anything else raises ``ImageGlobalRefused`` before it is imported, so nothing it names runs.
 ``ImageDB`` puts the allow-list on every database ``LivingImage`` opens and names the record
 in the error; ``guard_zodb`` puts it on the places ZODB unpickles stored data by itself
-(conflict resolution, and the class a ``ConflictError`` names).
+(conflict resolution, and the class a ``ConflictError`` names); ``is_plain_data`` tells a
+pickle that builds nothing but data (a FileStorage index) from one that names code.
 """
 
 from __future__ import annotations
@@ -225,3 +226,31 @@ def guard_zodb() -> None:
     """
     ZODB.ConflictResolution.find_global = _conflict_find_global
     ZODB.utils.get_pickle_metadata = pickled_class_name
+
+
+#: Opcodes that build plain data only: no global, no call, no persistent reference.
+_DATA_OPCODES = frozenset(
+    """PROTO FRAME STOP MARK POP POP_MARK DUP NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2
+    LONG LONG1 LONG4 FLOAT BINFLOAT STRING BINSTRING SHORT_BINSTRING BINBYTES SHORT_BINBYTES
+    BINBYTES8 UNICODE SHORT_BINUNICODE BINUNICODE BINUNICODE8 EMPTY_TUPLE TUPLE TUPLE1 TUPLE2
+    TUPLE3 EMPTY_LIST APPEND APPENDS LIST EMPTY_DICT DICT SETITEM SETITEMS PUT BINPUT
+    LONG_BINPUT MEMOIZE GET BINGET LONG_BINGET""".split()
+)
+
+
+def is_plain_data(data: bytes) -> bool:
+    """Whether every pickle in ``data`` (one after another) builds plain data only; False
+    also for bytes that are no pickle. Reads the opcodes, runs none."""
+    stream = io.BytesIO(data)
+    try:
+        while stream.tell() < len(data):
+            stopped = False
+            for opcode, _, _ in pickletools.genops(stream):
+                if opcode.name not in _DATA_OPCODES:
+                    return False
+                stopped = opcode.name == "STOP"
+            if not stopped:
+                return False
+    except Exception:  # not a pickle, or cut short
+        return False
+    return True

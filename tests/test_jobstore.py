@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -150,6 +151,66 @@ def test_a_corrupt_job_record_is_reported_and_skipped(memory_image: LivingImage)
     assert "bad" in store.corrupt
     rows = {job_id: job for job_id, _, job in store.records()}
     assert rows["bad"] is None and rows["fine"] is not None
+
+
+class _Call:
+    """A value that pickles as a call of ``function(*args)``: what a forged record holds."""
+
+    def __init__(self, function, *args) -> None:
+        self.call = (function, args)
+
+    def __reduce__(self):
+        return self.call
+
+
+def _forge(image: LivingImage, job_id: str, change) -> None:
+    """Rewrite job ``job_id``'s stored state with ``change(state)``, as anything that can write
+    the image can."""
+
+    def forge(root) -> None:
+        jobs = root[layout.HEARTBEAT]["jobs"]
+        state = pickle.loads(jobs[job_id]["state"])
+        jobs[job_id] = {"next": 0.0, "state": pickle.dumps(change(state))}
+
+    image.transact(forge)
+
+
+def test_a_job_state_that_calls_code_is_skipped_and_nothing_runs(memory_image, tmp_path):
+    marker = tmp_path / "marker"
+    s = scheduler(memory_image)
+    s.start(paused=True)
+    s.add_job(f"{__name__}:tick", "interval", seconds=0.2, args=["fine"], id="fine")
+    s.add_job(f"{__name__}:tick", "interval", seconds=0.2, args=["bad"], id="bad")
+    _forge(memory_image, "bad", lambda state: {**state, "name": _Call(open, marker, "w")})
+    store = s._jobstores["default"]
+    s.resume()
+    try:
+        wait_for(lambda: len(RUNS.get("fine", [])) >= 2)
+    finally:
+        s.shutdown()
+    assert "bad" not in RUNS and not marker.exists()
+    assert "io.open" in store.corrupt["bad"]
+
+
+def test_a_store_given_its_functions_runs_no_other(memory_image, tmp_path):
+    marker = tmp_path / "marker"
+    s = BackgroundScheduler(
+        jobstores={"default": ImageJobStore(memory_image, functions={f"{__name__}:tick"})},
+        timezone=UTC,
+    )
+    s.start(paused=True)
+    s.add_job(f"{__name__}:tick", "interval", seconds=0.2, args=["fine"], id="fine")
+    s.add_job(f"{__name__}:tick", "interval", seconds=0.2, args=["bad"], id="bad")
+    forged = {"func": "os:system", "args": (f"touch {marker}",)}
+    _forge(memory_image, "bad", lambda state: {**state, **forged})
+    store = s._jobstores["default"]
+    s.resume()
+    try:
+        wait_for(lambda: len(RUNS.get("fine", [])) >= 3)
+    finally:
+        s.shutdown()
+    assert not marker.exists()
+    assert "'os:system', not a heartbeat job" in store.corrupt["bad"]
 
 
 def test_one_lease_for_two_holders(memory_image: LivingImage) -> None:

@@ -380,6 +380,7 @@ def check_server(port: int) -> list[Check]:
 
 
 def check_scheduler(uri: str) -> list[Check]:
+    from batos.shell.heartbeat import JOB_FUNCTION
     from store.core.jobstore import ImageJobStore, lease_holder
 
     try:
@@ -387,7 +388,7 @@ def check_scheduler(uri: str) -> list[Check]:
     except BatosError:
         return []  # the image check already said why
     with image:
-        store = ImageJobStore(image)
+        store = ImageJobStore(image, functions={JOB_FUNCTION})
         store.start(None, "default")  # reading needs no scheduler
         jobs = store.get_all_jobs()
         lease = lease_holder(image)

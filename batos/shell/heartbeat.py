@@ -197,6 +197,8 @@ JOBS: dict[str, tuple[Callable[[LivingImage, Callable[..., Any] | None], Decided
 #: The heartbeat acting in this process; the stored jobs name ``run_job`` by reference (that is
 #: what APScheduler can pickle), and it finds the image and model factory here.
 _ACTIVE: dict[str, Heartbeat] = {}
+#: The one function a stored job may call: a job naming any other is skipped, never imported.
+JOB_FUNCTION = f"{__name__}:run_job"
 
 
 def run_job(name: str) -> str | None:
@@ -356,6 +358,7 @@ class Heartbeat:
         # at the next one, and stay until a heartbeat without it changed it again.
         self.store = ImageJobStore(
             self.image,
+            functions={JOB_FUNCTION},
             overrides={
                 name: (self._trigger(self.interval(name)), self._trigger(self.kept(name)))
                 for name in self.intervals
@@ -487,7 +490,7 @@ class Heartbeat:
             job = self.store.stored_job(name)
             if job is None and name not in self.store.corrupt:
                 self.scheduler.add_job(
-                    f"{__name__}:run_job",
+                    JOB_FUNCTION,
                     trigger,
                     args=[name],
                     id=name,

@@ -5,7 +5,10 @@ their triggers and next run times survive a restart and every process on the ima
 ZEO) sees the same ones. A job's state is APScheduler's own pickle of ``Job.__getstate__()``,
 stored as bytes beside its next run time; a record that no longer unpickles (a renamed job
 function, a damaged record) is logged and skipped, never a crash of the scheduler, and stays
-in the image for ``batos heartbeat --list`` to report.
+in the image for ``batos heartbeat --list`` to report. A job's state is image data like any
+other: it is unpickled through the image's allow-list (``store.core.image_globals``, with
+APScheduler's triggers), and a store given ``functions`` skips a job that would call any
+other function, before its module is imported.
 
 A store may be given triggers that hold in this process alone (``batos heartbeat --every``):
 the jobs it hands the scheduler run on them, and what it writes keeps the trigger meant for
@@ -19,10 +22,11 @@ died loses it when it expires.
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -32,13 +36,35 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
 from persistent.mapping import PersistentMapping
 
+from batos import moved
 from store.core import layout
 from store.core.image import LivingImage
+from store.core.image_globals import in_force
 
 log = logging.getLogger("batos.heartbeat")
 
 #: Largest pickled job state accepted, in bytes.
 MAX_JOB_BYTES = 64 * 1024
+#: The package whose classes a job's state may name beyond the image's allow-list: the
+#: triggers APScheduler pickles with each job.
+TRIGGERS = "apscheduler.triggers"
+
+
+class _JobState(pickle.Unpickler):
+    """Unpickles a stored job's state through the image's allow-list."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == TRIGGERS or module.startswith(TRIGGERS + "."):
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        return in_force().resolve(module, name)
+
+
+def _function(ref: object) -> str:
+    """A job's ``module:function`` reference under its module's current name."""
+    module, colon, name = str(ref).partition(":")
+    return f"{moved.current_name(module) or module}{colon}{name}"
 
 
 def _home(root: Any) -> PersistentMapping:
@@ -55,7 +81,9 @@ class ImageJobStore(BaseJobStore):
     """APScheduler jobs in the image: the heartbeat container's ``jobs[id] = {next, state}``.
 
     ``overrides`` maps a job id to two triggers: the one its job runs on in this process, and
-    the one written to the image whenever the job is.
+    the one written to the image whenever the job is. ``functions`` are the ``module:function``
+    references its jobs may call; a stored job naming another is skipped as corrupt (None:
+    any, for a scheduler of one's own).
     """
 
     def __init__(
@@ -63,11 +91,13 @@ class ImageJobStore(BaseJobStore):
         image: LivingImage,
         pickle_protocol: int = pickle.HIGHEST_PROTOCOL,
         overrides: Mapping[str, tuple[BaseTrigger, BaseTrigger]] | None = None,
+        functions: Collection[str] | None = None,
     ):
         super().__init__()
         self.image = image
         self.pickle_protocol = pickle_protocol
         self.overrides = dict(overrides or {})
+        self.functions = None if functions is None else frozenset(functions)
         #: Ids of the records that could not be restored, with why, for the CLI to report.
         self.corrupt: dict[str, str] = {}
 
@@ -76,7 +106,10 @@ class ImageJobStore(BaseJobStore):
     def _restore(self, job_id: str, record: Any, stored: bool = False) -> Job | None:
         """The job of ``record``, on the trigger in force here unless ``stored`` (as kept)."""
         try:
-            state = pickle.loads(record["state"])
+            state = _JobState(io.BytesIO(record["state"])).load()
+            if self.functions is not None and _function(state["func"]) not in self.functions:
+                # Job.__setstate__ imports the function's module, and the scheduler calls it.
+                raise ValueError(f"it calls {str(state['func'])[:200]!r}, not a heartbeat job")
             state["jobstore"] = self
             if not stored and job_id in self.overrides:
                 state["trigger"] = self.overrides[job_id][0]

@@ -792,3 +792,26 @@ def test_reads_see_other_writers_without_a_transaction_of_their_own(file_uri: st
         with pytest.raises(NoTransaction), reader._reading() as tree:
             tree.threads["t"].created = 0.0  # a read that tried to change the image
         assert written(reader) == before
+
+
+def _forged_value(marker: Path) -> Any:
+    """A value the serializer writes as a call of ``builtins.open(file=marker, mode='w')``:
+    what a checkpoint written by someone else can hold."""
+    import dataclasses
+
+    cls = dataclasses.make_dataclass("open", [("file", str), ("mode", str)])
+    cls.__module__ = "builtins"
+    return cls(str(marker), "w")
+
+
+def test_a_checkpoint_value_that_names_code_decodes_as_data(lasting_saver, tmp_path) -> None:
+    marker = tmp_path / "marker"
+    checkpoint, config = _checkpoint_and_config("forged")
+    checkpoint["channel_values"]["x"] = _forged_value(marker)
+    lasting_saver.put(cfg("forged", checkpoint_ns=""), checkpoint, {}, {"x": "1"})
+    lasting_saver.put_writes(config, [("ch", _forged_value(marker))], "task-1")
+    with ZODBSaver(lasting_saver.image) as reader:  # nothing cached: decoded from the image
+        stored = reader.get_tuple(config)
+    assert not marker.exists()
+    assert stored.checkpoint["channel_values"]["x"] == {"file": str(marker), "mode": "w"}
+    assert stored.pending_writes == [("task-1", "ch", {"file": str(marker), "mode": "w"})]

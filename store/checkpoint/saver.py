@@ -49,6 +49,7 @@ from langgraph.checkpoint.base import (
     SerializerProtocol,
     get_checkpoint_metadata,
 )
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from transaction.interfaces import NoTransaction
 from ZODB.Connection import Connection
 from ZODB.interfaces import IBlobStorage
@@ -288,6 +289,18 @@ def _inherited(
     return None
 
 
+def image_data_serde() -> JsonPlusSerializer:
+    """LangGraph's serializer, decoding only the types on its own list of safe ones (dates,
+    UUIDs, LangChain messages, Send, Command…).
+
+    A checkpoint is image data like any other record: the serializer's default imports and
+    calls whatever module and function a stored value names, so a checkpoint written by anyone
+    else could run code as it is read. A value of a type off the list decodes to its plain
+    data instead (LangGraph logs it); give ``ZODBSaver`` a serde of your own to allow more.
+    """
+    return JsonPlusSerializer(allowed_msgpack_modules=None)
+
+
 class ZODBSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpoint saver whose storage is the living image.
 
@@ -307,7 +320,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         max_connections: int = MAX_CONNECTIONS,
         effect_kinds: effects.EffectKinds | None = None,
     ) -> None:
-        super().__init__(serde=serde)
+        super().__init__(serde=serde or image_data_serde())
         self.image = image
         require(image, CHECKPOINT_STEPS, "the checkpointer")
         self.effect_kinds: dict[str, effects.EffectKind] = dict(effect_kinds or {})

@@ -35,11 +35,12 @@ from ZODB.POSException import StateLoadError
 from batos import settings
 from batos.errors import ImageGlobalRefused
 
-#: Packages whose classes a record may name, found by unpickling every record of images the
-#: project writes (``batos init``, ``ingest``, ``ask``, the heartbeat, the test suite): BAT OS's
-#: own rooms, old module names included (``batos.moved`` keeps them importable), and the
-#: persistence and indexing libraries the image is built from. Only classes: a function of
-#: these packages is refused like any other.
+#: Packages whose classes a record may name: BAT OS's own rooms, old module names included
+#: (``batos.moved`` keeps them importable), and the persistence and indexing libraries the image
+#: is built from. Every global in every record of the images the project writes (``batos
+#: init``, ``ingest``, ``ask``, ``send``, the heartbeat, ``prune``, ``pack``, the test suite's
+#: file images), read opcode by opcode, is a class of one of these or ZODB's Blob. Only
+#: classes: a function of these packages is refused like any other.
 CLASS_PACKAGES = (
     "batos",
     "graph",
@@ -50,9 +51,10 @@ CLASS_PACKAGES = (
     "zope.index",
 )
 
-#: Globals outside those packages a record may name: Python's own value types, which a pickle
-#: of protocol 3 writes as a call of their class (a set, a date, a Decimal held in a slot), and
-#: ZODB's blob. Each only builds a value from the values it is given.
+#: Globals outside those packages a record may name: ZODB's blob, and Python's own value
+#: types, which a pickle of protocol 3 writes as a call of their class. No image the project
+#: writes holds them, but a slot may (a set, a date, a Decimal); each only builds a value from
+#: the values it is given.
 GLOBALS = frozenset(
     {
         ("ZODB.blob", "Blob"),

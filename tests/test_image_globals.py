@@ -160,6 +160,20 @@ def test_refused_on_every_image_kind(any_image_uri, marker, forge, named):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("store.checkpoint.saver", "partial"),  # functools.partial, imported there
+        ("batos.moved", "ModuleType"),  # the module type
+    ],
+)
+def test_a_class_a_package_imported_is_not_one_of_its_own(module: str, name: str) -> None:
+    with pytest.raises(ImageGlobalRefused, match=re.escape(f"{module}.{name}")):
+        ImageGlobals().resolve(module, name)
+    assert ImageGlobals().resolve("persistent.mapping", "PersistentMapping") is PersistentMapping
+    assert issubclass(ImageGlobals().resolve("store.knowledge.catalog", "NoSuchClass"), Broken)
+
+
 def test_what_init_writes_loads_record_by_record(file_uri):
     with open_image(file_uri, create=True):
         pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 import threading
 import time
@@ -21,6 +22,7 @@ from store.core.jobstore import (
     release_lease,
 )
 
+TRIGGER_MODULE = "apscheduler.triggers.interval"
 RUNS: dict[str, list[float]] = {}
 ACTIVE = {"now": 0, "most": 0}
 LOCK = threading.Lock()
@@ -190,6 +192,32 @@ def test_a_job_state_that_calls_code_is_skipped_and_nothing_runs(memory_image, t
         s.shutdown()
     assert "bad" not in RUNS and not marker.exists()
     assert "io.open" in store.corrupt["bad"]
+
+
+def _global(module: str, name: str) -> bytes:
+    """A protocol 4 pickle of one global, named as the record names it (STACK_GLOBAL)."""
+    m, n = module.encode(), name.encode()
+    return b"\x80\x04\x8c" + bytes([len(m)]) + m + b"\x8c" + bytes([len(n)]) + n + b"\x93."
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # Python's find_class follows the dots: the function type, then the code type, and
+        # with both a record builds and calls code of its own
+        "IntervalTrigger.__init__.__class__",
+        "IntervalTrigger.__init__.__code__.__class__",
+        "timedelta",  # a type the trigger module imported: a type, and no trigger
+    ],
+)
+def test_a_job_state_names_triggers_only(name: str) -> None:
+    from store.core.jobstore import _JobState
+
+    assert _JobState(io.BytesIO(_global(TRIGGER_MODULE, "IntervalTrigger"))).load().__name__ == (
+        "IntervalTrigger"
+    )
+    with pytest.raises(pickle.UnpicklingError):
+        _JobState(io.BytesIO(_global(TRIGGER_MODULE, name))).load()
 
 
 def test_a_store_given_its_functions_runs_no_other(memory_image, tmp_path):

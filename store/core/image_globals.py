@@ -72,6 +72,10 @@ GLOBALS = frozenset(
 )
 
 
+def _in_packages(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in CLASS_PACKAGES)
+
+
 #: How a global the allow-list has may be resolved: to whatever it is, or only to a class.
 _ANY, _CLASS = "any", "class"
 
@@ -96,9 +100,7 @@ class ImageGlobals:
         if (module, name) in self.globals or module in self.modules:
             return _ANY
         # A package's __main__ runs a program when imported: never a place for a class.
-        if "__main__" not in module.split(".") and any(
-            module == p or module.startswith(p + ".") for p in CLASS_PACKAGES
-        ):
+        if "__main__" not in module.split(".") and _in_packages(module):
             return _CLASS
         return None
 
@@ -115,7 +117,12 @@ class ImageGlobals:
         # ZODB's own resolver, looked up on every call as ZODB does: a class removed since
         # becomes Broken, one put back is found again.
         found = find_global(module, name)
-        if rule is _CLASS and not isinstance(found, type):
+        # A class the package defines, not one it imports: a module's namespace also holds
+        # what it imported (functools.partial, the module type, a thread pool), which would
+        # widen the list with every import. A Broken class names the module asked for.
+        if rule is _CLASS and not (
+            isinstance(found, type) and _in_packages(getattr(found, "__module__", "") or "")
+        ):
             raise ImageGlobalRefused(module, name)
         return found
 

@@ -54,10 +54,16 @@ class _JobState(pickle.Unpickler):
     """Unpickles a stored job's state through the image's allow-list."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if "." in name:
+            # Python's own find_class follows a dotted name attribute by attribute (protocol
+            # 4): 'IntervalTrigger.__init__.__class__' is the function type, and with the
+            # code type a record could build and call any code. No trigger is named so.
+            raise pickle.UnpicklingError(f"a job's state names {module}.{name[:80]}")
         if module == TRIGGERS or module.startswith(TRIGGERS + "."):
             found = super().find_class(module, name)
-            if isinstance(found, type):
+            if isinstance(found, type) and issubclass(found, BaseTrigger):
                 return found
+            raise pickle.UnpicklingError(f"{module}.{name} is no trigger")
         return in_force().resolve(module, name)
 
 

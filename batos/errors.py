@@ -111,6 +111,13 @@ class ImageGlobalRefused(ImageError):
             # A forged record can name anything: shown cut short and escaped, never raw.
             shown = repr(named[:80])
             hint = "open this image only if you trust everyone who could write it"
+        elif not name[:1].isupper():
+            # Likely a function (os.system): allowing it would let the record call it.
+            shown = named
+            hint = (
+                "a function, most likely: an image BAT OS writes names none, so this one was "
+                "written by something else; open it only if you trust everyone who could write it"
+            )
         else:
             shown = named
             hint = (

@@ -94,8 +94,11 @@ def test_a_state_that_calls_code_is_refused_and_nothing_runs(file_uri, marker):
     error = refused.value
     assert (error.module, error.name, error.oid) == ("builtins", "open", oid)
     assert f"record 0x{oid.hex()}" in error.message and "builtins.open" in error.message
-    assert "BATOS_IMAGE_GLOBALS='builtins.open'" in error.hint
+    # a function: the hint does not invite allowing it
+    assert "BATOS_IMAGE_GLOBALS" not in error.hint and "a function, most likely" in error.hint
     assert error.exit_code == 3
+    named_class = ImageGlobalRefused("subprocess", "Popen")
+    assert "BATOS_IMAGE_GLOBALS='subprocess.Popen'" in named_class.hint
 
 
 def test_a_class_pickle_that_calls_code_is_refused_and_nothing_runs(file_uri, marker):
@@ -321,6 +324,27 @@ def test_a_forged_index_file_is_set_aside_and_rebuilt(file_uri, marker):
     assert is_plain_data(index.read_bytes())  # the one ZODB wrote again
 
 
+def test_a_forged_index_that_cannot_be_set_aside_refuses_the_image(file_uri, marker, monkeypatch):
+    """A folder the user cannot write (a read-only share) gave a raw PermissionError."""
+    import os
+
+    from batos.errors import ImageError
+
+    with LivingImage.open(file_uri) as image:
+        image.transact(lambda root: root.__setitem__("kept", PersistentMapping(a=1)))
+    index = Path(f"{file_uri.removeprefix('file://')}.index")
+    index.write_bytes(_state(marker))
+
+    def read_only(*args, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    with pytest.raises(ImageError, match="cannot be set aside") as refused:
+        LivingImage.open(file_uri)
+    assert f"delete {index}" in refused.value.hint
+    assert not marker.exists()
+
+
 def test_reading_references_never_resolves_a_global(marker):
     """Pack and the doctor read a record's references with noload: no global is looked up."""
     from ZODB.serialize import referencesf
@@ -337,7 +361,7 @@ def test_a_forged_value_is_reported_by_the_command_line(capsys, file_uri, marker
     code = main(["--image", file_uri, "inspect", "brick"])
     _, err = capsys.readouterr()
     assert code == 3
-    assert "names io.open" in err and "BATOS_IMAGE_GLOBALS='io.open'" in err
+    assert "names io.open" in err and "open it only if you trust" in err
     assert not marker.exists()
 
 

@@ -240,7 +240,15 @@ def set_aside_unsafe_index(path: Path) -> Path | None:
     if is_plain_data(data):
         return None
     refused = Path(f"{index}.refused")
-    os.replace(index, refused)
+    try:
+        os.replace(index, refused)
+    except OSError as exc:  # a read-only folder: the index cannot be set aside, nor trusted
+        raise ImageError(
+            f"the index of {path} names code, which the index FileStorage writes never does, "
+            f"and it cannot be set aside ({exc.strerror})",
+            hint=f"delete {index} (the image rebuilds it from the file on its next opening), "
+            "or open the image from a folder you can write",
+        ) from None
     log.warning(
         "the index of %s names code, which the index FileStorage writes never does: it is "
         "set aside as %s and rebuilt from the image",

@@ -311,12 +311,25 @@ RUNNING_GRACE_SECONDS = 1800.0
 
 
 def _this_process() -> dict[str, Any]:
-    """Who runs a retraining: host, pid and the process's start time (a pid is reused)."""
+    """Who runs a retraining: host, pid and the process's start time (a pid is reused), and
+    where that pid means something: the boot and the pid namespace (containers given one
+    host name share it, each with pids of its own)."""
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "since": psutil.Process().create_time(),
+        "pids": _pid_space(),
     }
+
+
+def _pid_space() -> str:
+    """This boot's id and this process's pid namespace, where the system tells them (Linux);
+    '' where it does not, and then no process of another is ever taken as ended."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        return f"{boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 def process_ended(mission: Mapping[str, Any]) -> bool:
@@ -325,6 +338,9 @@ def process_ended(mission: Mapping[str, Any]) -> bool:
     missions named their process, is never taken as ended here: it is judged by its age."""
     runner = mission.get("process")
     if not isinstance(runner, Mapping) or runner.get("host") != socket.gethostname():
+        return False
+    space = _pid_space()
+    if not space or runner.get("pids") != space:  # its pids are not ours to look up
         return False
     try:
         process = psutil.Process(int(runner["pid"]))

@@ -899,7 +899,7 @@ def test_a_retraining_whose_process_was_killed_is_not_running_and_is_closed_by_t
         import psutil
 
         runner = {
-            "host": learning._this_process()["host"],
+            **learning._this_process(),
             "pid": child.pid,
             "since": psutil.Process(child.pid).create_time(),
         }
@@ -962,3 +962,7 @@ def test_a_mission_of_another_host_or_of_no_process_is_never_taken_as_ended() ->
     assert not learning.process_ended({"process": me})
     assert learning.process_ended({"process": {**me, "since": me["since"] - 3600}})  # pid reused
     assert not learning.process_ended({"process": {**me, "pid": "x"}})
+    # same host name, another container: its pids are not ours to look up
+    gone = {**me, "since": me["since"] - 3600}
+    assert not learning.process_ended({"process": {**gone, "pids": "another-boot pid:[1]"}})
+    assert not learning.process_ended({"process": {k: v for k, v in gone.items() if k != "pids"}})

@@ -355,38 +355,35 @@ def running_mission(root: Any, persona: str, model: str) -> dict[str, Any] | Non
     """The persona's retraining on ``model`` that is running now, if any: a second one would
     train on the same lessons beside it. One whose process has ended (``process_ended``), or
     older than ``RUNNING_GRACE_SECONDS`` past the training time, is not running."""
-    from graph.missions import valid_missions
-
     alive = time.time() - settings.get_float("learning_train_seconds") - RUNNING_GRACE_SECONDS
-    for m in valid_missions(root):
-        if (
-            m["kind"] == MISSION_KIND
-            and m["persona"] == persona
-            and m.get("model") == model
-            and m["status"] == "running"
-            and float(m.get("started") or 0) > alive
-            and not process_ended(m)
-        ):
+    for m in _recorded_running(root, persona, model):
+        if float(m.get("started") or 0) > alive and not process_ended(m):
             return m
     return None
+
+
+def _recorded_running(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
+    """The persona's retrainings on ``model`` whose record says running, alive or not."""
+    from graph.missions import valid_missions
+
+    return [
+        m
+        for m in valid_missions(root)
+        if m["kind"] == MISSION_KIND
+        and m["persona"] == persona
+        and m.get("model") == model
+        and m["status"] == "running"
+    ]
 
 
 def _close_ended(root: Any, persona: str, model: str) -> None:
     """Record the persona's retrainings on ``model`` whose process ended without a word:
     kept when the image serves their adapter (the swap was committed before the end), else
     interrupted; left 'running', they would read as running in every listing for ever."""
-    from graph.missions import valid_missions
-
     served = layout.adapters(root).get(_key(model, persona)) or {}
     found = layout.missions(root)
-    for m in valid_missions(root):
-        if (
-            m["kind"] == MISSION_KIND
-            and m["persona"] == persona
-            and m.get("model") == model
-            and m["status"] == "running"
-            and process_ended(m)
-        ):
+    for m in _recorded_running(root, persona, model):
+        if process_ended(m):
             runner = m["process"]
             why = f"its process (pid {runner['pid']} on {runner['host']}) ended without a word"
             kept = served.get("mission") == m["id"]

@@ -564,6 +564,17 @@ def test_put_needs_its_parent_in_the_same_namespace(saver: ZODBSaver) -> None:
     assert len(list(saver.list(cfg("ns")))) == 2
 
 
+def _around(inner: StateGraph, saver: ZODBSaver) -> Any:
+    """A graph that doubles ``n``, then runs ``inner`` as its subgraph."""
+    outer = StateGraph(State)
+    outer.add_node("before", lambda s: {"n": s["n"] * 2, "log": ["before"]})
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "before")
+    outer.add_edge("before", "inner")
+    outer.add_edge("inner", END)
+    return outer.compile(checkpointer=saver)
+
+
 def test_subgraphs_interrupts_and_time_travel_keep_their_parents(saver: ZODBSaver) -> None:
     def ask(state: State) -> dict:
         return {"n": state["n"] + interrupt("more?"), "log": ["asked"]}
@@ -574,13 +585,7 @@ def test_subgraphs_interrupts_and_time_travel_keep_their_parents(saver: ZODBSave
     inner.add_edge(START, "step")
     inner.add_edge("step", "ask")
     inner.add_edge("ask", END)
-    outer = StateGraph(State)
-    outer.add_node("before", lambda s: {"n": s["n"] * 2, "log": ["before"]})
-    outer.add_node("inner", inner.compile())
-    outer.add_edge(START, "before")
-    outer.add_edge("before", "inner")
-    outer.add_edge("inner", END)
-    graph = outer.compile(checkpointer=saver)
+    graph = _around(inner, saver)
 
     graph.invoke({"n": 1, "log": []}, cfg("sub"))
     assert graph.get_state(cfg("sub"), subgraphs=True).tasks[0].state.next == ("ask",)
@@ -599,13 +604,7 @@ def test_a_thread_is_listed_newest_first_across_namespaces_and_its_latest_is_the
     inner.add_node("ask", lambda s: {"n": s["n"] + interrupt("more?"), "log": ["asked"]})
     inner.add_edge(START, "ask")
     inner.add_edge("ask", END)
-    outer = StateGraph(State)
-    outer.add_node("before", lambda s: {"n": s["n"] * 2, "log": ["before"]})
-    outer.add_node("inner", inner.compile())
-    outer.add_edge(START, "before")
-    outer.add_edge("before", "inner")
-    outer.add_edge("inner", END)
-    graph = outer.compile(checkpointer=saver)
+    graph = _around(inner, saver)
     graph.invoke({"n": 1, "log": []}, cfg("sub"))  # the subgraph waits: its checkpoints are newer
 
     listed = [c.config["configurable"] for c in saver.list(cfg("sub"))]

@@ -528,6 +528,27 @@ def test_unknown_checkpoint_id(saver: ZODBSaver) -> None:
         saver.require(cfg("nobody"))
 
 
+def test_an_empty_checkpoint_id_means_the_latest_as_in_langgraphs_own_saver(
+    saver: ZODBSaver,
+) -> None:
+    # A client that sends checkpoint_id "" for "no particular checkpoint" (LangGraph reads
+    # it as falsy) got a CheckpointConfigError from this saver and the latest from InMemorySaver.
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    results = []
+    for each in (saver, InMemorySaver()):
+        graph = chain_graph(each)
+        graph.invoke({"n": 0, "log": []}, cfg("e"))
+        latest = graph.get_state(cfg("e"))
+        empty = graph.get_state(cfg("e", checkpoint_id=""))
+        assert empty.config["configurable"]["checkpoint_id"] == (
+            latest.config["configurable"]["checkpoint_id"]
+        )
+        graph.invoke({"n": 10, "log": []}, cfg("e", checkpoint_id=""))
+        results.append((empty.values["n"], graph.get_state(cfg("e")).values["n"]))
+    assert results[0] == results[1] == (3, 13)
+
+
 MADE_UP = "1ef00000-0000-6000-8000-000000000000"
 
 

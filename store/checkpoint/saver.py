@@ -238,7 +238,9 @@ def _checkpoint_ns(config: RunnableConfig) -> str:
 
 def _checkpoint_id(config: RunnableConfig, *, required: bool = False) -> str | None:
     value = config["configurable"].get("checkpoint_id")
-    if value is None and not required:
+    # An empty id names no checkpoint, as in LangGraph's own savers (``get_checkpoint_id``
+    # reads it as falsy): a client that sends "" for "the latest" gets the latest.
+    if (value is None or value == "") and not required:
         return None
     if not isinstance(value, str) or not value:
         raise CheckpointConfigError(

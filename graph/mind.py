@@ -57,7 +57,7 @@ from graph.mind_state import (
     ModelFactory,
     accumulate,
 )
-from graph.request import check_thread_id, content_text, request_text
+from graph.request import admit_checked_input, check_thread_id, content_text, request_text
 from store.core.image import LivingImage
 
 __all__ = [
@@ -115,7 +115,7 @@ def build_graph(
     builder.add_conditional_edges("gate", mind.after_gate, ["complete", "synthesize", "fail"])
     builder.add_edge("complete", END)
     builder.add_edge("fail", END)
-    return builder.compile(checkpointer=checkpointer, store=store, name="mind")
+    return admit_checked_input(builder.compile(checkpointer=checkpointer, store=store, name="mind"))
 
 
 #: The graph unassembled: its schemas (Studio's forms); running it needs an image, which an

@@ -95,6 +95,34 @@ def add_checked_messages(left: Any, right: Any) -> Any:
         ) from None
 
 
+def _check_input(value: Any) -> Any:
+    """A run's input, its messages checked as the thread's reducer will check them."""
+    if isinstance(value, dict) and "messages" in value:
+        add_checked_messages([], value["messages"])
+    return value
+
+
+def admit_checked_input(compiled: Any) -> Any:
+    """``compiled`` (a state graph whose ``messages`` use ``add_checked_messages``), its input
+    checked inside the start task, before the task's writes exist.
+
+    The reducer alone refuses malformed messages only when LangGraph applies the start
+    task's writes, after it has stored them with the thread's input checkpoint; every read of
+    the thread's state applied them again and raised, until its next run. Checked as the
+    task's own step, a refusal is the task's error: the run still ends in
+    ``GraphRequestError``, and the stored thread reads as it was, that error on its pending
+    start task, which the next run discards.
+    """
+    from langgraph._internal._runnable import RunnableCallable
+    from langgraph.constants import START
+
+    start = compiled.nodes[START]
+    compiled.nodes[START] = start.copy(
+        {"bound": RunnableCallable(_check_input, name="check_input", trace=False)}
+    )
+    return compiled
+
+
 def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content

@@ -541,8 +541,9 @@ def test_an_empty_checkpoint_id_means_the_latest_as_in_langgraphs_own_saver(
         graph.invoke({"n": 0, "log": []}, cfg("e"))
         latest = graph.get_state(cfg("e"))
         empty = graph.get_state(cfg("e", checkpoint_id=""))
-        assert empty.config["configurable"]["checkpoint_id"] == (
-            latest.config["configurable"]["checkpoint_id"]
+        assert (
+            empty.config["configurable"]["checkpoint_id"]
+            == (latest.config["configurable"]["checkpoint_id"])
         )
         graph.invoke({"n": 10, "log": []}, cfg("e", checkpoint_id=""))
         results.append((empty.values["n"], graph.get_state(cfg("e")).values["n"]))

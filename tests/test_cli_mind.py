@@ -25,6 +25,7 @@ from batos.shell.cli import main
 from batos.shell.cli.mind import Session
 from batos.shell.runtime import open_runtime
 from graph import cycle
+from graph import mind as graph_mind
 from graph.mind import run_config
 from store.core import layout
 from store.core.image import LivingImage
@@ -320,20 +321,53 @@ def test_ctrl_c_after_an_undo_marks_the_request_interrupted(capsys, image, monke
     assert head["status"] == "FAILED" and head["failure"]["reason"] == "interrupted by the user"
 
 
+def test_a_refused_input_leaves_its_thread_readable_and_every_command_works(
+    capsys, image, monkeypatch
+) -> None:
+    session = Session(open_runtime(image, models=FakeModels(responder())))
+    try:
+        for thread in ("history", "undo"):
+            config = run_config(thread)
+            session.cycle("hi", config, {"persona": "ROBIN"}, show=False)
+            # as the LangGraph server or the bridge passes a client's input on: refused
+            with pytest.raises(GraphRequestError, match="malformed"):
+                session.graph.invoke({"messages": [{"role": "robot", "content": "beep"}]}, config)
+            # and the thread reads as it was (every read raised the same error before)
+            state = session.graph.get_state(config)
+            assert [m.content for m in state.values["messages"]] == [
+                "hi",
+                "About hi: here is the answer.",
+            ]
+            assert [t.name for t in state.tasks] == ["__start__"] and state.tasks[0].error
+    finally:
+        session.close()
+    code, out, err = _chat(capsys, image, monkeypatch, "/history\n/quit\n", "-t", "history")
+    assert code == 0, err
+    assert "you: hi robin: About hi: here is the answer." in " ".join(out.split())
+    code, out, err = _chat(capsys, image, monkeypatch, "/undo\n/quit\n", "-t", "undo")
+    assert code == 0, err
+    assert "nothing before the first request: starting a new thread" in out
+    assert "cannot be read" not in out
+
+
 def test_a_command_on_a_thread_holding_a_refused_input_says_so_and_the_chat_goes_on(
     capsys, image, monkeypatch
 ) -> None:
+    # A thread stored by a version that did not check the input in the start task holds the
+    # refused input as the start task's writes, which every read applies again and refuses.
+    monkeypatch.setattr(graph_mind, "admit_checked_input", lambda compiled: compiled)
     session = Session(open_runtime(image, models=FakeModels(responder())))
     try:
         for command in ("history", "undo", "good"):
             config = run_config(command)
             session.cycle("hi", config, {"persona": "ROBIN"}, show=False)
-            # as the LangGraph server or the bridge passes a client's input on: refused, and
-            # the thread answers reads with the same error until its next request
             with pytest.raises(GraphRequestError):
                 session.graph.invoke({"messages": [{"role": "robot", "content": "beep"}]}, config)
+            with pytest.raises(GraphRequestError):
+                session.graph.get_state(config)
     finally:
         session.close()
+    monkeypatch.undo()
     for command in ("history", "undo", "good"):
         typed = f"/{command}\nhello again\n/history\n/quit\n"
         code, out, err = _chat(capsys, image, monkeypatch, typed, "-t", command, "-p", "robin")

@@ -194,6 +194,11 @@ def _run_mind(case: dict[str, Any], image: LivingImage, tmp: Path) -> None:
             with pytest.raises(Exception) as raised:
                 graph.invoke(payload, config, context=context)
             _check_raised(case, raised.value)
+            if isinstance(raised.value, batos.errors.GraphRequestError):
+                # the refused input is the start task's error: the thread still reads
+                state = graph.get_state(config)
+                assert not state.values.get("messages")
+                assert [task.name for task in state.tasks] == ["__start__"]
         else:
             state = graph.invoke(payload, config, context=context)
             assert state["status"] == case["status"], state.get("failure")

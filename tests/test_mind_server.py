@@ -142,6 +142,12 @@ def test_a_conversation_through_langgraph_dev(tmp_path: Path) -> None:
         )
         assert "unknown persona" in odd["failure"]["reason"]
         assert client.threads.get(thread)["status"] == "idle"
+        # messages that are no messages: the run ends in error, and the thread still reads
+        before = client.threads.get_state(thread)["values"]["messages"]
+        refused = client.runs.create(thread, "mind", input={"messages": 5})
+        client.runs.join(thread, refused["run_id"])
+        assert client.runs.get(thread, refused["run_id"])["status"] == "error"
+        assert client.threads.get_state(thread)["values"]["messages"] == before
 
         jit = client.assistants.search(graph_id="jit")[0]
         jit_schemas = client.assistants.get_schemas(jit["assistant_id"])

@@ -443,9 +443,9 @@ def chat_loop(
             argument = argument.strip()
             if command in ("quit", "exit"):
                 return
-            # A command can fail as a request can (a malformed thread id; a thread left with
-            # a malformed client message answers every read with GraphRequestError until its
-            # next request): the error is said, and the chat goes on.
+            # A command can fail as a request can (a malformed thread id; a thread stored by
+            # an earlier version with a client's refused message answers every read with
+            # GraphRequestError until its next request): the error is said, and the chat goes on.
             try:
                 if command == "help":
                     console.print(CHAT_HELP)
@@ -563,6 +563,8 @@ def _undo(session: Session, config: RunnableConfig) -> RunnableConfig:
     """Fork the thread from just before its last request; the image keeps what was learned."""
     for snapshot in _ancestry(session, config):
         if snapshot.metadata and snapshot.metadata.get("source") == "input":
+            if any(task.name == "__start__" and task.error for task in snapshot.tasks):
+                continue  # a client's input that was refused: nothing of it ran
             parent = snapshot.parent_config
             if parent is None:
                 console.print("nothing before the first request: starting a new thread")

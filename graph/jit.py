@@ -919,7 +919,11 @@ def example_from_answer(answer: Any, mission: Mission) -> tuple[Any, str]:
         if len(answer) > MAX_ANSWER_CHARS:
             return None, f"the answer is over {MAX_ANSWER_CHARS} characters"
         try:
-            answer = strict_json(answer)
+            # integers held to the examples' own bound, so that a long one is said to be
+            # too large for an example rather than not JSON
+            answer = strict_json(answer, parse_int=examples_module.bounded_int)
+        except examples_module.ExampleRejected as exc:
+            return None, f"the example cannot be used: {exc}"
         except (ValueError, RecursionError) as exc:
             reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
             return None, f"the answer is not JSON: {reason}"

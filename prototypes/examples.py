@@ -126,7 +126,8 @@ def schema(most: int = MAX_EXAMPLES, arity: int | None = None) -> dict[str, Any]
     }
 
 
-def _bounded_int(text: str) -> int:
+def bounded_int(text: str) -> int:
+    """An example's integer literal, within ``MAX_INT_BITS``; ``ExampleRejected`` otherwise."""
     if len(text) > MAX_INT_BITS // 3 + 2:
         raise ExampleRejected(f"an integer of {len(text)} digits (at most {MAX_INT_BITS} bits)")
     value = int(text)
@@ -211,7 +212,7 @@ def parse_examples(
     if fenced:
         text = fenced.group(1).strip()
     try:
-        data = strict_json(text, parse_int=_bounded_int)
+        data = strict_json(text, parse_int=bounded_int)
     except (ValueError, RecursionError, ExampleRejected) as exc:
         reason = f"the examples reply is not usable JSON: {str(exc)[:200]}"
         log.warning("examples dropped: %s", reason)

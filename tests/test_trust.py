@@ -303,6 +303,10 @@ def test_when_the_example_refutes_every_draft_new_ones_are_written_with_it(image
         ("x" * 30_000, "over 20000 characters"),
         ("[" * 15_000, "the answer is not JSON: nested too deeply"),
         ('{"args": [NaN], "returns": 1}', "NaN is not a JSON value"),
+        # JSON, but past an example's integers (128 bits), whatever its length: it said
+        # "not JSON" from 101 digits on
+        ('{"args": [1], "returns": ' + "9" * 40 + "}", "cannot be used: an integer over 128"),
+        ('{"args": [1], "returns": ' + "9" * 101 + "}", "cannot be used: an integer of 101"),
     ],
 )
 def test_no_usable_answer_refuses_and_says_why(image, answer, why) -> None:

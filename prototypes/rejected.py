@@ -89,6 +89,19 @@ def entries(root: Any) -> Iterator[dict[str, Any]]:
         yield dict(found[number])
 
 
+def drop_held_by(root: Any, holder: UvmObject) -> int:
+    """Delete the records of methods ``holder`` held (the object itself is being removed);
+    how many. No path reaches ``holder`` afterwards, so nothing could put them back, and a
+    record would keep the removed object in the image."""
+    found = records(root)
+    if found is None:
+        return 0
+    numbers = [number for number, record in found.items() if record["holder"] is holder]
+    for number in numbers:
+        del found[number]
+    return len(numbers)
+
+
 def newest(root: Any, holders: tuple[UvmObject, ...], selector: str) -> dict[str, Any] | None:
     """The newest record still rejected of ``selector`` held by one of ``holders``."""
     for record in entries(root):

@@ -394,10 +394,12 @@ def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, bas
     assert code == 0 and "its description was 'Weather at" in " ".join(out.split())
     assert run("tools", "add", "weather", "--about", f"Weather at {base[0]}/weather")[0] == 0
     source = WEATHER.format(base=base[0])
+
+    def write(root: Any) -> None:  # as a model would have: a method it generated
+        kernel.add_method(root["objects"]["tools"].weather, "today", source, author="BABS")
+
     with LivingImage.open(file_uri) as img:
-        img.transact(
-            lambda root: kernel.add_method(root["objects"]["tools"].weather, "today", source)
-        )
+        img.transact(write)
     code, out = run("send", "tools.weather", "today", '"Oslo"', "--json")
     assert code == 0 and json.loads(out)["json"]["city"] == "Oslo"
     code, out = run("tools", "--json")
@@ -406,8 +408,16 @@ def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, bas
     assert rows[0]["methods"][0]["selector"] == "today"
     code, out = run("tools", "show", "weather")
     assert code == 0 and "secret_headers" in out and "Weather at" in out
+    code, out = run("methods", "reject", "tools.weather", "today", "--reason", "wrong city")
+    assert code == 0 and "rejected tools.weather.today" in out
+    with LivingImage.open(file_uri) as img:  # written again, as the next draft would be
+        img.transact(write)
     code, out = run("tools", "remove", "weather")
-    assert code == 0 and "removed tools.weather and 1 method(s)" in out
+    flat = " ".join(out.split())
+    assert code == 0 and "removed tools.weather and 1 method(s)" in flat
+    # the rejected method's record goes with it: nothing could restore it on a removed tool
+    assert "and 1 record(s) of its rejected methods" in flat
+    assert json.loads(run("methods", "--rejected", "--json")[1]) == []
     assert main(["--image", file_uri, "tools", "show", "weather"]) == 4
     capsys.readouterr()
     with LivingImage.open(file_uri) as img:
@@ -415,6 +425,7 @@ def test_batos_tools_lists_shows_adds_and_removes_undoably(capsys, file_uri, bas
     assert run("undo", tid)[0] == 0
     code, out = run("tools", "--json")
     assert [r["name"] for r in json.loads(out)] == ["weather"]
+    assert len(json.loads(run("methods", "--rejected", "--json")[1])) == 1
 
 
 def test_babs_uses_a_tool_inside_a_facet(image, base) -> None:

@@ -18,7 +18,7 @@ from batos.errors import ObjectPathError
 from batos.shell.cli.app import console, image_uri
 from batos.shell.cli.terminal import json_text, shown, visible
 from batos.shell.runtime import open_image
-from prototypes import tools
+from prototypes import rejected, tools
 from prototypes.uvm import Method, UvmObject
 from store.core import layout
 
@@ -206,7 +206,7 @@ def tools_remove(
     Example: batos tools remove weather
     """
 
-    def remove(root: Any) -> int:
+    def remove(root: Any) -> tuple[int, int]:
         proxy = _proxy(root, name)
         count = len(_methods(proxy))
         toolbox = _toolbox(root)
@@ -214,13 +214,14 @@ def tools_remove(
         intents = toolbox._slots().get("intents")
         if isinstance(intents, PersistentMapping) and name in intents:
             del intents[name]
-        return count
+        return count, rejected.drop_held_by(root, proxy)
 
     with open_image(image_uri(ctx)) as image:
-        count = image.transact(remove, note=f"tools remove {name}")
+        count, records = image.transact(remove, note=f"tools remove {name}")
+    also = f" and {records} record(s) of its rejected methods" if records else ""
     console.print(
-        f"removed tools.{name} and {count} method(s); 'batos history' shows the transaction "
-        "to undo",
+        f"removed tools.{name} and {count} method(s){also}; 'batos history' shows the "
+        "transaction to undo",
         markup=False,
     )
 

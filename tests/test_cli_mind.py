@@ -179,7 +179,7 @@ def test_cycles_measures_cells_as_they_are_shown(capsys, image) -> None:
     terminal and a cell that must stay whole was cut."""
     from rich.cells import cell_len
 
-    from batos.shell.cli.mind import _cycle_cells
+    from batos.shell.cli.cycles import _cycle_cells
 
     models = FakeModels(responder())
     assert run(capsys, "--image", image, "ask", "hello there", "-p", "robin", models=models)[0] == 0

@@ -110,6 +110,7 @@ FEATURES: tuple[str, ...] = (
     "batos.shell.cli.learn",
     "batos.shell.cli.route",
     "batos.shell.cli.mind",
+    "batos.shell.cli.cycles",
     "batos.shell.cli.heartbeat",
     "batos.shell.cli.doctor",
     "batos.shell.cli.stats",

@@ -20,6 +20,7 @@ pickle that builds nothing but data (a FileStorage index) from one that names co
 from __future__ import annotations
 
 import io
+import logging
 import pickletools
 import threading
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
@@ -223,6 +224,19 @@ def pickled_class_name(data: bytes) -> tuple[str, str]:
     return "", ""
 
 
+class _RefusalNotLogged(logging.Filter):
+    """ZODB logs every state it could not load, traceback and all, before it raises; a
+    refusal reaches its caller as an ``ImageGlobalRefused`` naming the record and what to do,
+    which says it once, so the log's copies of it are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        raised = record.exc_info[1] if record.exc_info else None
+        return raised is None or _refused(raised) is None
+
+
+_REFUSAL_NOT_LOGGED = _RefusalNotLogged()
+
+
 def guard_zodb() -> None:
     """Put the allow-list on the two places ZODB unpickles stored data by itself, in this
     process.
@@ -235,6 +249,7 @@ def guard_zodb() -> None:
     """
     ZODB.ConflictResolution.find_global = _conflict_find_global
     ZODB.utils.get_pickle_metadata = pickled_class_name
+    logging.getLogger("ZODB.Connection").addFilter(_REFUSAL_NOT_LOGGED)  # once: a set
 
 
 #: Opcodes that build plain data only: no global, no call, no persistent reference.

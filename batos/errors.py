@@ -8,6 +8,7 @@
      │    ├── ImageLockedError       another process holds the FileStorage lock
      │    ├── ImageCorruptError      damaged history or records, or not a FileStorage
      │    ├── ImageGlobalRefused     a record names code BAT OS does not load from an image
+     │    ├── PlainMethodRefused     a stored method is plain Python, which BAT OS does not run
      │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
      ├── ObjectPathError             no object at a dotted path in the image
      ├── ModelError                  model weights or backends
@@ -128,6 +129,24 @@ class ImageGlobalRefused(ImageError):
             f"{record} of the image names {shown}, which BAT OS does not load from an image "
             "unless it is allowed; nothing was run",
             hint=hint,
+        )
+
+
+class PlainMethodRefused(ImageError):
+    """A method stored in the image is plain Python (compiler ``plain``), which runs
+    unsandboxed; BAT OS never stores one, so one found there is not run unless the
+    ``image_plain_methods`` setting allows it."""
+
+    def __init__(self, selector: str, *, oid: bytes | None = None) -> None:
+        self.selector = selector
+        record = f"record 0x{oid.hex()}" if oid is not None else "a record"
+        super().__init__(
+            f"method {selector[:80]!r} ({record} of the image) is plain Python, "
+            "which BAT OS does not run from an image: it would run unsandboxed; nothing was run",
+            hint="BAT OS stores only sandboxed methods, so this one was stored from Python or "
+            "by something else: if you stored it yourself, or trust everyone who could write "
+            "this image, set BATOS_IMAGE_PLAIN_METHODS=on; otherwise remove it with "
+            "'batos methods remove PATH SELECTOR'",
         )
 
 

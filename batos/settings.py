@@ -280,6 +280,15 @@ SETTINGS: dict[str, Setting] = {
             _image_globals,
         ),
         Setting(
+            "image_plain_methods",
+            "BATOS_IMAGE_PLAIN_METHODS",
+            lambda: "off",
+            "Whether methods stored in the image as plain Python (made with Method(...) from "
+            "Python; BAT OS itself stores only sandboxed ones) run: 'off' refuses them, since "
+            "whoever can write the image could store one; 'on' runs them, unsandboxed.",
+            _choice("on", "off"),
+        ),
+        Setting(
             "model",
             "BATOS_MODEL",
             lambda: "default",

@@ -63,7 +63,8 @@ import persistent
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
-from batos.errors import DoesNotUnderstand, SlotError
+from batos import settings
+from batos.errors import DoesNotUnderstand, PlainMethodRefused, SlotError
 
 log = logging.getLogger("batos.uvm")
 #: Persistent objects a clone copies like plain containers; any other is shared.
@@ -95,6 +96,10 @@ def compile_plain(selector: str, source: str) -> Callable[..., Any]:
             f"'def {selector}(self, ...):'"
         )
     return fn
+
+
+def _plain_allowed() -> bool:
+    return settings.get_str("image_plain_methods") == "on"
 
 
 _COMPILERS: dict[str, Callable[[str, str], Callable[..., Any]]] = {"plain": compile_plain}
@@ -292,6 +297,10 @@ class Method(_Tracked):
         fn = self.__dict__.get("_v_function")
         if fn is None:
             self._p_activate()
+            if self.compiler == "plain" and self._p_oid is not None and not _plain_allowed():
+                # Stored, so anyone who could write the image could have written it: plain
+                # Python runs unsandboxed as the user of whichever process sends it.
+                raise PlainMethodRefused(self.selector, oid=self._p_oid)
             if self.compiler not in _COMPILERS and self.compiler in _COMPILER_MODULES:
                 importlib.import_module(_COMPILER_MODULES[self.compiler])
             try:

@@ -16,7 +16,7 @@ from batos.errors import ImageCorruptError, ImageError, ImageLockedError, ImageU
 from batos.shell.runtime import open_image
 from prototypes.codex import load_codex
 from prototypes.incarnation import incarnate, personas
-from prototypes.uvm import Method
+from prototypes.kernel import add_method
 from store.core.image import LivingImage
 from store.core.schema import UpgradeStep, applied, upgrade
 
@@ -260,7 +260,7 @@ def test_incarnation_is_idempotent_and_keeps_grown_methods(file_uri):
 
         def grow(root):
             brick = root["objects"]["brick"]
-            brick.double = Method("double", "def double(self, x):\n    return 2 * x\n")
+            add_method(brick, "double", "def double(self, x):\n    return 2 * x\n")
             brick.role = "edited by hand"
 
         image.transact(grow)

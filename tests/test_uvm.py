@@ -10,7 +10,7 @@ from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 from ZODB.FileStorage import FileStorage
 
-from batos.errors import DoesNotUnderstand, SlotError
+from batos.errors import DoesNotUnderstand, PlainMethodRefused, SlotError
 from prototypes.uvm import (
     Method,
     MethodCompileError,
@@ -265,7 +265,8 @@ def _reopen(path):
     return ImageDB(FileStorage(str(path)))
 
 
-def test_methods_round_trip_as_source_across_reopen(tmp_path):
+def test_methods_round_trip_as_source_across_reopen(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATOS_IMAGE_PLAIN_METHODS", "on")  # plain methods, stored
     path = tmp_path / "t.fs"
     db = _reopen(path)
     conn = db.open()
@@ -283,6 +284,32 @@ def test_methods_round_trip_as_source_across_reopen(tmp_path):
     method = child._lookup("greet")[1]
     assert method.source == GREET and method.author == "BRICK"
     assert "_v_function" not in method.__getstate__()
+    db.close()
+
+
+def test_a_stored_plain_method_runs_only_where_the_setting_allows_it(tmp_path, monkeypatch):
+    # Plain Python runs unsandboxed; BAT OS stores none, so one in the image was stored from
+    # Python or by whoever could write the image, and runs only if the user says so.
+    marker = tmp_path / "ran"
+    source = f"def touch(self):\n    open({str(marker)!r}, 'w').close()\n    return 'ran'\n"
+    loose = UvmObject(name="loose")
+    loose.touch = Method("touch", source)
+    assert loose.touch() == "ran" and marker.exists()  # never stored: the caller's own code
+    marker.unlink()
+    db = _reopen(tmp_path / "p.fs")
+    db.open().root()["o"] = held = UvmObject(name="held")
+    held.touch = Method("touch", source)
+    transaction.commit()
+    with pytest.raises(PlainMethodRefused, match="'touch'.*plain Python") as refused:
+        held.touch()
+    assert "BATOS_IMAGE_PLAIN_METHODS=on" in refused.value.hint
+    db.close()
+    db = _reopen(tmp_path / "p.fs")
+    with pytest.raises(PlainMethodRefused):
+        db.open().root()["o"].touch()
+    assert not marker.exists()
+    monkeypatch.setenv("BATOS_IMAGE_PLAIN_METHODS", "on")
+    assert db.open().root()["o"].touch() == "ran" and marker.exists()
     db.close()
 
 
@@ -368,7 +395,8 @@ def test_cached_method_stays_bound_to_each_receiver():
         assert [k.greet("x") for k in kids] == [f"kid{i} greets x" for i in range(3)]
 
 
-def test_method_edited_in_another_connection_is_seen(tmp_path):
+def test_method_edited_in_another_connection_is_seen(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATOS_IMAGE_PLAIN_METHODS", "on")  # plain methods, stored
     db = _reopen(tmp_path / "e.fs")
     c1 = db.open(transaction_manager=transaction.TransactionManager())
     proto = c1.root()["p"] = UvmObject(name="p")
@@ -599,7 +627,8 @@ def test_a_change_from_another_process_through_zeo_is_seen(tmp_path):
 # -- borrowed answers: a lookup kept in the receiver is never one of its slots ---------------
 
 
-def test_a_borrowed_answer_is_never_stored_or_counted_as_own(tmp_path):
+def test_a_borrowed_answer_is_never_stored_or_counted_as_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("BATOS_IMAGE_PLAIN_METHODS", "on")  # plain methods, stored
     db = _reopen(tmp_path / "b.fs")
     conn = db.open()
     proto = conn.root()["p"] = UvmObject(v="inherited")

@@ -53,6 +53,11 @@ MAX_NARRATIVE_CHARS = 4000
 STAGNANT_REPORTS = 3
 #: What an audit whose window holds no cycle says, without asking the model.
 NO_CYCLES_NARRATIVE = "Nothing to audit: the image holds no cycles yet. No verdict, no mission."
+#: What a report says when ALFRED's narrative was of another reading than the one recorded.
+STALE_NARRATIVE = (
+    "ALFRED's narrative was of another reading (cycles were committed while he wrote it, or the "
+    "run's state was changed); the figures and verdict are this reading's."
+)
 
 
 class AuditError(BatosError):
@@ -209,71 +214,75 @@ def _judged_lines(judgements: list[dict[str, Any]], plan: Mapping[str, Any] | No
     return "\n".join(lines)
 
 
+def _measure(image: LivingImage) -> AuditState:
+    """This audit's reading of the image, what it judges and plans; reads only. The record
+    node takes it again rather than trust the run's state: a client of a served audit can
+    write any state (``update_state``), and the state decides what is undone and started."""
+    size = settings.get_int("audit_window")
+    with image.read() as root:
+        weights = current_weights(root)
+        seen = cycles_seen(root)
+        records = cem.window(root, size)
+        declared, methods = cem.image_structure(root)
+        metrics = cem.compute(
+            records, facet_space=declared, methods=methods, weights=weights
+        ).as_dict()
+        reason = idle_since(newest_report(root), seen)
+        recent = measured_reports(root, STAGNANT_REPORTS)
+        previous = recent[-1] if recent else None
+        # Like for like: a component that came or went (H_struc with the first facet
+        # call) or changed definition (H_cog) is no move of the CEM (cem.comparable).
+        if previous is None:
+            deltas: dict[str, float | None] = dict.fromkeys((*cem.COMPONENTS, "cem"))
+        else:
+            deltas = {
+                **cem.changes(previous["metrics"], metrics),
+                "cem": cem.change(previous["metrics"], metrics, weights),
+            }
+        if reason is not None:  # nothing happened: nothing to judge, learn or mend
+            judgements, rule, chosen = [], "idle", None
+        else:
+            judgements = missions.assess(root, metrics, weights, image)
+            readings = [r["metrics"] for r in recent] + [metrics]
+            rule = (
+                "unknown"
+                if metrics["cem"] is None
+                else verdict_of_moves(moves(readings, weights), settings.get_float("audit_decay"))
+            )
+            # One mission at a time, each from a reading no other mission's change is in.
+            busy = bool(judgements)
+            chosen = None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
+    weights_next = cem.step_weights(
+        weights,
+        missions.evidence(judgements),
+        rate=settings.get_float("cem_weight_rate"),
+        max_step=settings.get_float("cem_weight_step"),
+    )
+    measured: AuditState = {
+        "metrics": metrics,
+        "previous": previous,
+        "deltas": deltas,
+        "verdict": rule,
+        "weights_next": weights_next,
+        "judgements": [j.as_dict() for j in judgements],
+        "plan": chosen.as_dict() if chosen else None,
+        "cycles_total": seen[0],
+        "newest_cycle": seen[1],
+        "reason": reason,
+    }
+    if reason is not None:
+        measured["narrative"] = f"Nothing to audit: {reason}. No verdict, no mission."
+    return measured
+
+
 def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) -> Any:
     """The audit graph over ``image``; ``models(persona)`` replaces the configured backends."""
 
     def measure(state: AuditState) -> AuditState:
-        size = settings.get_int("audit_window")
-        with image.read() as root:
-            weights = current_weights(root)
-            seen = cycles_seen(root)
-            records = cem.window(root, size)
-            declared, methods = cem.image_structure(root)
-            metrics = cem.compute(
-                records, facet_space=declared, methods=methods, weights=weights
-            ).as_dict()
-            reason = idle_since(newest_report(root), seen)
-            recent = measured_reports(root, STAGNANT_REPORTS)
-            previous = recent[-1] if recent else None
-            # Like for like: a component that came or went (H_struc with the first facet
-            # call) or changed definition (H_cog) is no move of the CEM (cem.comparable).
-            if previous is None:
-                deltas: dict[str, float | None] = dict.fromkeys((*cem.COMPONENTS, "cem"))
-            else:
-                deltas = {
-                    **cem.changes(previous["metrics"], metrics),
-                    "cem": cem.change(previous["metrics"], metrics, weights),
-                }
-            if reason is not None:  # nothing happened: nothing to judge, learn or mend
-                judgements, rule, chosen = [], "idle", None
-            else:
-                judgements = missions.assess(root, metrics, weights, image)
-                readings = [r["metrics"] for r in recent] + [metrics]
-                rule = (
-                    "unknown"
-                    if metrics["cem"] is None
-                    else verdict_of_moves(
-                        moves(readings, weights), settings.get_float("audit_decay")
-                    )
-                )
-                # One mission at a time, each from a reading no other mission's change is in.
-                busy = bool(judgements)
-                chosen = (
-                    None if busy else missions.plan(root, rule, metrics, deltas, weights, records)
-                )
-        weights_next = cem.step_weights(
-            weights,
-            missions.evidence(judgements),
-            rate=settings.get_float("cem_weight_rate"),
-            max_step=settings.get_float("cem_weight_step"),
-        )
-        measured: AuditState = {
-            "metrics": metrics,
-            "previous": previous,
-            "deltas": deltas,
-            "verdict": rule,
-            "weights_next": weights_next,
-            "judgements": [j.as_dict() for j in judgements],
-            "plan": chosen.as_dict() if chosen else None,
-            "cycles_total": seen[0],
-            "newest_cycle": seen[1],
-            "reason": reason,
-        }
-        if reason is not None:
-            measured["narrative"] = f"Nothing to audit: {reason}. No verdict, no mission."
-        return measured
+        return _measure(image)
 
     def narrate(state: AuditState) -> AuditState:
+        state = _measure(image)  # the image's reading, not what a client may have written
         if not state["metrics"]["cycles"]:
             # A new image: every number is n/a, and a model asked about nothing answers with
             # something made up, after seconds of generation.
@@ -306,25 +315,38 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             found = layout.find(root, layout.AUDIT_REPORTS)
             return found.maxKey() + 1 if found is not None and len(found) else 1
 
+        # What is undone, recorded and planned comes from this node's own reading; of the
+        # run's state only the narrative is taken, as text, and only while it is of the same
+        # reading (cycles committed meanwhile, or an edited state, make it another's).
+        fresh = _measure(image)
+        narrative = fresh.get("narrative")
+        if narrative is None:
+            told = state.get("narrative")
+            if fresh["metrics"] == state.get("metrics") and isinstance(told, str):
+                narrative = told[:MAX_NARRATIVE_CHARS]
+            elif not fresh["metrics"]["cycles"]:
+                narrative = NO_CYCLES_NARRATIVE
+            else:
+                narrative = STALE_NARRATIVE
         with image.read() as root:
             upcoming = number_next(root)
         judged = [
-            missions.Judgement(**{**j, "tids": tuple(j["tids"])})
-            for j in state.get("judgements") or []
+            missions.Judgement(**{**j, "tids": tuple(j["tids"])}) for j in fresh["judgements"]
         ]
         outcomes = missions.apply(image, judged, upcoming)
         report = {
             "time": time.time(),
-            "metrics": state["metrics"],
-            "deltas": state["deltas"],
-            "verdict": state["verdict"],
-            "narrative": state["narrative"],
-            "previous": previous["id"] if (previous := state.get("previous")) else None,
-            "weights_next": state["weights_next"],
+            "metrics": fresh["metrics"],
+            "deltas": fresh["deltas"],
+            "verdict": fresh["verdict"],
+            "narrative": narrative,
+            "previous": previous["id"] if (previous := fresh.get("previous")) else None,
+            "weights_next": fresh["weights_next"],
             "judged": {o["id"]: o["status"] for o in outcomes},
-            "cycles_total": state["cycles_total"],
-            "newest_cycle": state["newest_cycle"],
-            "reason": state.get("reason"),
+            "cycles_total": fresh["cycles_total"],
+            "newest_cycle": fresh["newest_cycle"],
+            "reason": fresh.get("reason"),
+            "plan": fresh["plan"],
         }
 
         def write(root: Any) -> int:
@@ -333,19 +355,31 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             found[number] = {**report, "id": number}
             return number
 
-        number = image.transact(write, note=f"audit: CEM {state['metrics']['cem']}")
-        return {"report_id": number}
+        number = image.transact(write, note=f"audit: CEM {fresh['metrics']['cem']}")
+        return {**fresh, "narrative": narrative, "report_id": number}
 
     def improve(state: AuditState) -> AuditState:
-        chosen = state.get("plan")
-        if not chosen:
+        # The plan its report stored, started once, from the newest report only: the run's
+        # state (a report id a client can write) names the report and nothing more.
+        number = state.get("report_id")
+        with image.read() as root:
+            found = reports(root)
+            report = found.get(number) if isinstance(number, int) else None
+            newest = found.maxKey() if len(found) else None
+            checked = _checked(number, report) if report is not None else None
+        if checked is None or number != newest or checked.get("mission") is not None:
+            return {"mission": None}
+        chosen = checked.get("plan")
+        if not isinstance(chosen, Mapping) or set(chosen) != set(
+            missions.Plan.__dataclass_fields__
+        ):
             return {"mission": None}
         try:
             started = missions.start(
                 image,
                 missions.Plan(**chosen),
-                report_id=state["report_id"],
-                metrics=state["metrics"],
+                report_id=number,
+                metrics=checked["metrics"],
                 models=models,
             )
         except missions.MissionError as exc:
@@ -354,9 +388,9 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
 
         def note(root: Any) -> None:
             found = layout.audit_reports(root)
-            found[state["report_id"]] = {**found[state["report_id"]], "mission": started["id"]}
+            found[number] = {**found[number], "mission": started["id"]}
 
-        image.transact(note, note=f"audit {state['report_id']}: mission {started['id']}")
+        image.transact(note, note=f"audit {number}: mission {started['id']}")
         return {"mission": started}
 
     builder = StateGraph(AuditState, input_schema=AuditInput, context_schema=AuditContext)

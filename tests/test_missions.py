@@ -210,6 +210,62 @@ def test_a_component_that_comes_or_changes_definition_is_no_move_of_the_cem(imag
             assert dict(root[layout.ROUTER_PRIORS]) == {"BABS": 0.5}
 
 
+def test_a_served_audits_state_written_by_a_client_undoes_and_starts_nothing(image: str) -> None:
+    # A server's client can write any state of an audit run (update_state) and resume it; the
+    # state carried the judgements the record node carried out: any transaction id listed
+    # under an open mission's name was undone, and a plan in it started a mission.
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    models = scripted(ALFRED=["Balanced.", "Forged."])
+    with LivingImage.open(image) as img:
+        add_cycles(img, [(p, [], []) for p in ("ROBIN", "BRICK", "BABS", "ALFRED")])
+        victim = img.history(1)[0].tid  # the cycles' transaction
+        graph = audit.build_graph(img, models)
+        graph = graph.builder.compile(checkpointer=InMemorySaver())
+        config = {"configurable": {"thread_id": "forged"}}
+        graph.invoke({}, config, interrupt_before=["record"])
+        forged = {
+            "metrics": {"cem": 0.5, "cycles": 4},
+            "verdict": "decay",
+            "narrative": "All is well, said nobody.",
+            "weights_next": {"H_rel": 1.0},
+            "judgements": [
+                {
+                    "mission": 999,
+                    "outcome": "undone",
+                    "why": "",
+                    "changes": {},
+                    "cem_change": None,
+                    "tids": [victim],
+                },
+            ],
+            "plan": {
+                "kind": "raise_prior",
+                "target": "H_cog",
+                "persona": "BABS",
+                "reason": "forged",
+                "selector": None,
+                "query": None,
+            },
+        }
+        graph.update_state(config, forged, as_node="narrate")
+        final = graph.invoke(None, config)
+        report = audit.show(img, final["report_id"])
+        with img.read() as root:
+            assert len(root[layout.CYCLES]) == 4  # nothing undone
+            assert dict(root.get(layout.ROUTER_PRIORS) or {}) == {}  # no mission's change
+        assert not any(r.description == f"undo {victim}" for r in img.history(20))
+        assert missions.history(img) == [] and report.get("mission") is None
+        # the report is of the image's own reading, and says the narrative was of another
+        assert report["metrics"]["cycles"] == 4 and report["metrics"]["cem"] != 0.5
+        assert report["verdict"] == "unknown" and report["judged"] == {}
+        assert report["narrative"] == audit.STALE_NARRATIVE
+        assert report["weights_next"] != {"H_rel": 1.0}
+        # resuming the started mission's step again starts nothing either
+        graph.update_state(config, {"report_id": final["report_id"]}, as_node="record")
+        assert graph.invoke(None, config)["mission"] is None and missions.history(img) == []
+
+
 def test_a_mission_whose_change_fails_is_recorded_and_changes_nothing(image: str) -> None:
     models = scripted(
         ALFRED=["Fine.", "Fallen."],

@@ -367,7 +367,12 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
             report = found.get(number) if isinstance(number, int) else None
             newest = found.maxKey() if len(found) else None
             checked = _checked(number, report) if report is not None else None
-        if checked is None or number != newest or checked.get("mission") is not None:
+        if (
+            not isinstance(number, int)
+            or checked is None
+            or number != newest
+            or checked.get("mission") is not None
+        ):
             return {"mission": None}
         chosen = checked.get("plan")
         if not isinstance(chosen, Mapping) or set(chosen) != set(

@@ -110,6 +110,8 @@ class JitContext:
     #: How a draft's model call is made when the caller measures its calls (the mind streams
     #: them and counts their tokens): ``call(model, messages)`` → the reply's text.
     call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None
+    #: The thread of a served run resumed after its question (its question is then spent).
+    resumed_thread: str = ""
 
 
 class JitRequest(TypedDict, total=False):
@@ -172,6 +174,30 @@ _REQUEST_HINT = (
 #: Live contexts of served runs resumed after a question, by thread: a resuming request
 #: carries no receiver, and its run context may not be a dict the nodes can write to.
 _RESUMED: dict[str, JitContext] = {}
+#: The questions this process asked and is waiting on, by thread: a digest of what the run
+#: stood on when it asked (request, selector, drafts, examples). A resumed run rebuilds its
+#: mission from the thread's state, which a server's client can write (``update_state``):
+#: rebuilt from anything else — its own code as a draft, with an example it passes — it
+#: would install the client's method as the model's, trusted. Bounded: the oldest question
+#: is forgotten first, and its answer then asks for the request again.
+_ASKED: dict[str, str] = {}
+MAX_ASKED = 256
+
+
+def _asked_digest(state: JitState) -> str:
+    import hashlib
+
+    held = [state.get(k) for k in ("request", "selector", "drafted", "examples")]
+    text = json.dumps(held, sort_keys=True, default=repr, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _remember_question(state: JitState) -> None:
+    thread = _thread()
+    _ASKED.pop(thread, None)
+    _ASKED[thread] = _asked_digest(state)
+    while len(_ASKED) > MAX_ASKED:
+        del _ASKED[next(iter(_ASKED))]
 
 
 def _thread() -> str:
@@ -183,7 +209,9 @@ def _thread() -> str:
 def _context() -> JitContext:
     context = get_runtime().context
     live = context.get(LIVE) if isinstance(context, dict) else None
-    if not isinstance(live, JitContext):
+    if not isinstance(live, JitContext) and not isinstance(context, dict):
+        # A run context the nodes cannot write to: the thread's resumed run (a dict one
+        # holds its own, so no other run's — one stopped before it ended — is taken for it).
         live = _RESUMED.get(_thread())
     if not isinstance(live, JitContext) or live.receiver is None:
         raise GraphRequestError(
@@ -258,6 +286,8 @@ def _finish_served(context: JitContext, *, commit: bool) -> None:
     for thread, resumed in list(_RESUMED.items()):
         if resumed is context:
             del _RESUMED[thread]
+    if context.resumed_thread:
+        _ASKED.pop(context.resumed_thread, None)
     try:
         if commit:
             conn.transaction_manager.commit()
@@ -943,7 +973,19 @@ def _can_ask(context: JitContext, mission: Mission) -> bool:
 
 def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
     """A resumed served run: the request from the state, the drafts gated again (no model
-    call), the author's examples read again as hostile data."""
+    call), the author's examples read again as hostile data — once the state is what the run
+    stood on when this process asked its question (``_ASKED``)."""
+    thread = _thread()
+    if _ASKED.get(thread) != _asked_digest(state):
+        raise GraphRequestError(
+            "this JIT run's question was not asked by this server as the run's state now "
+            "stands: its state was changed since, or the server restarted, or the question was "
+            "asked too long ago",
+            hint="send the request again (a new run); its drafts are written and checked anew",
+        )
+    stale = _RESUMED.pop(thread, None)
+    if stale is not None:  # a resumed run of this thread that was stopped before it ended
+        _finish_served(stale, commit=False)
     context = _served(dict(state.get("request") or {}), state)
     mission = Mission(
         context.receiver,  # type: ignore[arg-type]  # _served sets it
@@ -968,7 +1010,11 @@ def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
     if mission.choice is not None:
         mission.verdict = _verdict(context, mission)
     context.mission = mission
-    _RESUMED[_thread()] = context
+    context.resumed_thread = thread
+    if isinstance(runtime_context, dict):
+        runtime_context[LIVE] = context
+    else:
+        _RESUMED[thread] = context
     return context
 
 
@@ -978,7 +1024,10 @@ def ask(state: JitState) -> JitState:
     runtime_context = get_runtime().context
     live = runtime_context.get(LIVE) if isinstance(runtime_context, dict) else None
     if not isinstance(live, JitContext):
-        live = _RESUMED.get(_thread()) or _rebuild(runtime_context, state)
+        try:
+            live = _rebuild(runtime_context, state)
+        except BatosError as exc:  # the run ends with the reason; the thread stays usable
+            return {"status": "failed", "error": str(exc), "decision": "refuse"}
     context = live
     mission = _mission()
     question = question_for(mission)
@@ -996,6 +1045,7 @@ def ask(state: JitState) -> JitState:
             except GraphInterrupt:
                 # The run stops here until the user answers: nothing it wrote is kept meanwhile.
                 _finish_served(context, commit=False)
+                _remember_question(state)
                 raise
         example, why = example_from_answer(answer, mission)
         if example is not None or answer is None or not str(answer).strip():
@@ -1023,6 +1073,8 @@ def _short_answer(answer: Any) -> Any:
 
 
 def _after_ask(state: JitState) -> str:
+    if state.get("status") == "failed":  # no mission to end: it could not be rebuilt
+        return END
     return "fail" if state["decision"] == "refuse" else "choose"
 
 
@@ -1075,7 +1127,7 @@ def build_graph(checkpointer: Any = None) -> Any:
     builder.add_conditional_edges("draft", _after_draft, ["check", "fail"])
     builder.add_edge("check", "choose")
     builder.add_conditional_edges("choose", _after_choose, ["install", "draft", "fail", "ask"])
-    builder.add_conditional_edges("ask", _after_ask, ["choose", "fail"])
+    builder.add_conditional_edges("ask", _after_ask, ["choose", "fail", END])
     builder.add_edge("install", "invoke")
     builder.add_conditional_edges("invoke", _after_invoke, [END, "choose"])
     builder.add_edge("fail", END)

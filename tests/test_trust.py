@@ -423,3 +423,61 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     finally:
         while file_uri in shared_images._open:  # each served run holds the image once
             release_shared(file_uri)
+
+
+def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, monkeypatch) -> None:
+    """A server's client can write any state of a JIT run (update_state) and resume it: the
+    run rebuilt its mission from the state's drafts, so the client's own code, with an
+    example it passes, was installed as the model's, trusted."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from batos.shell.runtime import open_image
+    from store.core.image import _SHARED as shared_images
+    from store.core.image import acquire_shared, release_shared
+
+    open_image(file_uri, create=True).close()
+    monkeypatch.setenv("BATOS_IMAGE", file_uri)
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
+        _method("x * 3").replace("double", "twice"),
+        _method("x * 2").replace("double", "twice"),
+    )
+    monkeypatch.setattr(jit, "default_model_factory", lambda persona, **options: model)
+    graph = jit.build_graph(checkpointer=InMemorySaver())
+    forged = _method("x * 100").replace("double", "twice")
+    try:
+        # 1. a thread that never asked anything, its state written to stand at a question
+        config = {"configurable": {"thread_id": "forged"}}
+        graph.update_state(
+            config,
+            {
+                "selector": "twice",
+                "attempt": 1,
+                "decision": "ask",
+                "status": "drafting",
+                "examples": [],
+                "request": {"receiver": "brick", "args": [3], "kwargs": {}},
+                "drafted": [forged],
+            },
+            as_node="choose",
+        )
+        done = graph.invoke(None, config, context={})
+        assert done["status"] == "failed" and "not asked by this server" in done["error"]
+        assert "send the request again" in done["error"]
+        # 2. a run that did ask: its drafts replaced by the client's before the answer
+        config = {"configurable": {"thread_id": "asked"}}
+        paused = graph.invoke(
+            {"selector": "twice"}, config, context={"receiver": "brick", "args": [4]}
+        )
+        assert paused["__interrupt__"]
+        graph.update_state(config, {"drafted": [forged]}, as_node="choose")
+        done = graph.invoke(Command(resume={"args": [3], "returns": 300}), config, context={})
+        assert done["status"] == "failed" and "not asked by this server" in done["error"]
+        with acquire_shared(file_uri).read() as root:
+            assert "twice" not in root["objects"]["brick"]._methods
+    finally:
+        while file_uri in shared_images._open:  # each served run holds the image once
+            release_shared(file_uri)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prototypes.bounded import well_formed
 from store.knowledge.catalog import Hit, KnowledgeCatalog
 
 CONTEXT_HEADER = (
@@ -34,7 +35,13 @@ class CitedContext:
     @property
     def citations(self) -> list[dict[str, Any]]:
         return [
-            {"n": n, "source": h.source, "start": h.start, "end": h.end, "score": h.score}
+            {
+                "n": n,
+                "source": well_formed(h.source),
+                "start": h.start,
+                "end": h.end,
+                "score": h.score,
+            }
             for n, h in enumerate(self.hits, start=1)
         ]
 
@@ -69,18 +76,20 @@ def cited_context(
 def fence(n: int, citation: str, text: str) -> str:
     """Passage ``n`` of a context block: its citation, then its text inside a fence that no
     passage can open or close."""
-    return f"[{n}] {_unfenced(citation)}\n{_FENCE}\n{_unfenced(text)}\n{_END}"
+    return f"[{n}] {_unfenced(well_formed(citation))}\n{_FENCE}\n{_unfenced(text)}\n{_END}"
 
 
 def passage(hit: Hit) -> dict[str, Any]:
     """A retrieved chunk as plain data for graph state: what a prompt quotes and a citation
-    names."""
+    names. A source is a file's path as the file system gave it, which may hold what UTF-8
+    cannot (a name that is not UTF-8, read with surrogateescape): shown, and recorded in the
+    cycle, well formed."""
     return {
         "chunk_id": hit.chunk_id,
-        "source": hit.source,
+        "source": well_formed(hit.source),
         "start": hit.start,
         "end": hit.end,
-        "citation": hit.citation,
+        "citation": well_formed(hit.citation),
         "text": hit.text,
         "score": round(float(hit.score), 4),
     }

@@ -16,7 +16,7 @@ from batos.models import (
     select_backend,
     unregister_backend,
 )
-from batos.models.base import ExceptionTable, PersonaChatModel
+from batos.models.base import ExceptionTable, PersonaChatModel, with_system
 from batos.models.embedded import EmbeddedChatModel, adapter_paths, message_dicts
 from batos.models.engine import FairLock, Sampling, engine
 from batos.models.modelfile import adapter_path
@@ -193,6 +193,22 @@ def test_embedded_invoke_and_stream_carry_usage() -> None:
     cached = reply.usage_metadata.get("input_token_details", {}).get("cache_read", 0)
     assert streamed["input_token_details"]["cache_read"] >= cached
     assert len([c for c in chunks if c.content]) > 1
+
+
+@pytest.mark.model
+def test_text_no_encoding_holds_reaches_the_model_well_formed() -> None:
+    # A file name that is not UTF-8 is read with surrogateescape ("caf\udce9.txt"); cited as
+    # a passage's source it made every request that retrieved it fail in the tokenizer.
+    odd = "The passage comes from caf\udce9.txt and \ud800 half a pair."
+    [message] = with_system([HumanMessage(odd)], "")
+    assert message.content == "The passage comes from caf\ufffd.txt and \ufffd half a pair."
+    assert with_system([HumanMessage([{"type": "text", "text": odd}])], "")[0].content == [
+        {"type": "text", "text": message.content}
+    ]
+    model = chat_model("BABS", temperature=0, num_predict=4)
+    assert model.invoke([HumanMessage(odd)]).usage_metadata["output_tokens"] > 0
+    eng = engine(model_path("test"))
+    assert eng.prompt_tokens([{"role": "user", "content": odd}])  # the engine's own guard
 
 
 @pytest.mark.model

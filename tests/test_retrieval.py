@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from graph import jit
-from graph.retrieval import CONTEXT_HEADER, retrieval_node
+from graph.retrieval import CONTEXT_HEADER, cited_context, passage, retrieval_node
 from prototypes.uvm import UvmObject
 from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
@@ -215,3 +215,18 @@ def test_reranking_gives_back_the_same_passages_in_some_order(
     out = rerank(question, hits, FakeEmbedder().encode)
     assert sorted(h.chunk_id for h in out) == [h.chunk_id for h in hits]
     assert rerank(question, hits, FakeEmbedder().encode) == out  # the same order each time
+
+
+def test_a_source_name_that_is_not_utf8_reaches_state_and_prompts_well_formed(
+    memory_image: LivingImage,
+) -> None:
+    # A file named with a byte that is not UTF-8 is read as "caf\udce9.txt": cited, it broke
+    # the tokenizer, and recorded in a cycle, the record's check ("not a valid string").
+    catalog = KnowledgeCatalog.open(memory_image, Embedder())
+    ingest_text(catalog, "notes/caf\udce9.txt", "The Xanthippe file speaks of quinces.")
+    context = cited_context(catalog, "What does the Xanthippe file speak of?", k=1)
+    assert "notes/caf\ufffd.txt" in context.text and "\udce9" not in context.text
+    assert context.citations[0]["source"] == "notes/caf\ufffd.txt"
+    shown = passage(context.hits[0])
+    assert shown["source"] == "notes/caf\ufffd.txt" and "\udce9" not in shown["citation"]
+    assert context.hits[0].source == "notes/caf\udce9.txt"  # the file's identity is kept

@@ -28,6 +28,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from batos import metrics
 from batos.errors import GenerationCancelled, ModelError
 from batos.models.cancel import cancel_event, raise_if_cancelled
+from prototypes.bounded import well_formed
 
 #: A backend's exception class → what to make of it. The most specific matching class wins.
 ExceptionTable = Mapping[type[BaseException], Callable[[BaseException], ModelError]]
@@ -49,10 +50,32 @@ def map_exceptions(table: ExceptionTable) -> Iterator[None]:
 
 
 def with_system(messages: list[BaseMessage], system: str) -> list[BaseMessage]:
-    """``messages`` with ``system`` first, unless it is empty or the call brings its own."""
+    """``messages`` with ``system`` first, unless it is empty or the call brings its own;
+    their text well formed (``encodable``)."""
+    messages = encodable(messages)
     if system and not any(isinstance(m, SystemMessage) for m in messages):
         return [SystemMessage(system), *messages]
     return messages
+
+
+def encodable(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """``messages``, each whose text holds a lone surrogate copied with it replaced: no
+    backend can send or tokenize one (UTF-8 has none), and a request may carry one from a
+    file name that is not UTF-8 (a passage's source) or a client's JSON."""
+    out = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            fixed: Any = well_formed(content)
+        else:
+            fixed = [
+                well_formed(part)
+                if isinstance(part, str)
+                else {k: well_formed(v) if isinstance(v, str) else v for k, v in part.items()}
+                for part in content
+            ]
+        out.append(message if fixed == content else message.model_copy(update={"content": fixed}))
+    return out
 
 
 class PersonaChatModel(BaseChatModel):

@@ -30,6 +30,7 @@ from typing import Any
 from batos import settings
 from batos.errors import ModelError
 from batos.models.cancel import raise_if_cancelled
+from prototypes.bounded import well_formed
 
 log = logging.getLogger("batos.llm.engine")
 
@@ -267,7 +268,9 @@ class Engine:
         """``messages`` rendered by the GGUF's own chat template, tokenized."""
         result = self._formatter(messages=list(messages))
         return self.llama.tokenize(
-            result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True
+            well_formed(result.prompt).encode("utf-8"),
+            add_bos=not result.added_special,
+            special=True,
         )
 
     # --- adapters --------------------------------------------------------------------
@@ -471,7 +474,9 @@ class Engine:
         try:
             self.activate(adapters)
             prompt = self.prompt_tokens(messages)
-            reply = llama.tokenize(continuation.encode("utf-8"), add_bos=False, special=False)
+            reply = llama.tokenize(
+                well_formed(continuation).encode("utf-8"), add_bos=False, special=False
+            )
             tokens = prompt + reply
             if not reply:
                 return 0.0, 0

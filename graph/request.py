@@ -7,6 +7,7 @@ cutting every echoed value short.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,11 @@ def check_context(context: Any) -> dict[str, Any]:
 #: reason; one over this is no request a person wrote, and is refused before the thread's
 #: messages hold it (every checkpoint after would carry another copy of it).
 MAX_MESSAGE_CHARS = 1_000_000
+#: What a message may hold beside its content (its id, name, tool calls, additional_kwargs,
+#: response_metadata), in characters as JSON, and how many messages one request may send:
+#: every checkpoint after it carries them again, as it does the content.
+MAX_MESSAGE_EXTRA_CHARS = 64_000
+MAX_REQUEST_MESSAGES = 1_000
 
 
 def _request_limit() -> int:
@@ -60,13 +66,26 @@ def _request_limit() -> int:
         return 0
 
 
+def _extra_chars(message: BaseMessage) -> int:
+    """Characters of what ``message`` holds beside its content, as JSON."""
+    fields = message.model_dump(exclude={"content"})
+    return len(json.dumps(fields, default=str, ensure_ascii=False))
+
+
 def add_checked_messages(left: Any, right: Any) -> Any:
     """``add_messages``, refusing a client's malformed messages with a ``GraphRequestError``
     (a ValueError, whose message the server shows) instead of LangChain's coercion errors,
     some of which (``NotImplementedError``) the server reports as an internal failure; and
     refusing a message over ``MAX_MESSAGE_CHARS`` the same way."""
     try:
-        incoming: list[Any] = convert_to_messages(right if isinstance(right, list) else [right])
+        sent = right if isinstance(right, list) else [right]
+        if len(sent) > MAX_REQUEST_MESSAGES:
+            raise GraphRequestError(
+                f"{len(sent):,} messages at once are more than the thread takes "
+                f"({MAX_REQUEST_MESSAGES:,})",
+                hint="send the new message only: the thread keeps the earlier ones",
+            )
+        incoming: list[Any] = convert_to_messages(sent)
         most = max(MAX_MESSAGE_CHARS, _request_limit())
         for message in incoming:
             content = message.content  # every part counts, an image's data as much as text
@@ -76,6 +95,14 @@ def add_checked_messages(left: Any, right: Any) -> Any:
                     f"a message of {size:,} characters is more than the thread takes ({most:,})",
                     hint="send shorter messages; ingest long material with 'batos ingest' "
                     "and ask about it",
+                )
+            extra = _extra_chars(message)
+            if extra > MAX_MESSAGE_EXTRA_CHARS:
+                raise GraphRequestError(
+                    f"a message carries {extra:,} characters beside its content (id, name, "
+                    f"tool calls, additional_kwargs, response_metadata); the thread takes "
+                    f"{MAX_MESSAGE_EXTRA_CHARS:,}",
+                    hint='send {"role": "user", "content": "your request"} and little else',
                 )
         return add_messages(left, incoming)
     except GraphRequestError:

@@ -25,6 +25,7 @@
      ├── CheckpointError              a checkpointer request is malformed or names nothing
      │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
      │    ├── CheckpointNotFound      no such thread or checkpoint (a LookupError, ValueError)
+     │    ├── MalformedCommit         a commit channel's value is malformed (also a ValueError)
      │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
      ├── CatalogError                 the knowledge catalog cannot do what was asked
      │    ├── DocumentError           one input document cannot be ingested
@@ -252,6 +253,11 @@ class CheckpointError(BatosError):
 
 class CheckpointConfigError(CheckpointError, ValueError):
     """The config passed to the checkpointer lacks a usable thread or checkpoint id."""
+
+
+class MalformedCommit(CheckpointError, ValueError):
+    """A graph's ``commit`` channel holds what is not a well-formed commit of known effects
+    (a ValueError, so the LangGraph server shows a client its reason)."""
 
 
 class CheckpointNotFound(CheckpointError, LookupError, ValueError):

@@ -15,7 +15,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
 from typing_extensions import TypedDict
 
+from batos.errors import GraphRequestError
 from graph.request import add_checked_messages
+from prototypes.bounded import bounded_repr
 
 if TYPE_CHECKING:
     from store.core.image import LivingImage
@@ -53,10 +55,22 @@ class MindContext(TypedDict, total=False):
 
 
 def accumulate(left: list | None, right: list | dict | None) -> list:
-    """A node's items are appended; ``{"replace": [...]}`` starts the list over (a new cycle)."""
+    """A node's items are appended; ``{"replace": [...]}`` starts the list over (a new cycle).
+
+    A client can write these channels too (``update_state``): anything but a list of objects,
+    or ``{"replace": <such a list>}``, is refused with a ``GraphRequestError`` (a string was
+    added as its characters, a number failed with a bare TypeError)."""
+    items = right.get("replace") if isinstance(right, dict) else right
+    if items is None:
+        items = []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise GraphRequestError(
+            f"a list channel was written {bounded_repr(right, 80)}, not a list of objects",
+            hint='write a list of objects, or {"replace": [...]} to start it over',
+        )
     if isinstance(right, dict):
-        return list(right.get("replace") or [])
-    return [*(left or []), *(right or [])]
+        return list(items)
+    return [*(left or []), *items]
 
 
 class MindInput(TypedDict):

@@ -14,7 +14,7 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall, call_kind, im
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from batos.errors import CheckpointError, MindError, ModelError
+from batos.errors import CheckpointError, GraphRequestError, MalformedCommit, MindError, ModelError
 from batos.shell.runtime import ask, open_image
 from graph import cycle, facets
 from graph.answer import repetition
@@ -672,6 +672,30 @@ def test_without_a_zodb_saver_the_cycle_commits_its_own_transaction(file_uri) ->
         with image.read() as root:
             assert cycle.get(root, state["cycle"]["id"])["status"] == "COMPLETE"
         assert image.history(1)[0].description.startswith(f"mind cycle {state['cycle']['id']}")
+
+
+def test_state_a_client_writes_into_list_and_commit_channels_is_refused_with_its_reason(
+    image,
+) -> None:
+    # update_state from a server's client: a number in a list channel failed with a bare
+    # TypeError, a string was added as its characters, and a malformed commit raised a
+    # CheckpointError the server hid behind "Internal Server Error" (it shows ValueErrors).
+    from store.checkpoint.saver import ZODBSaver
+
+    with ZODBSaver(image) as saver:
+        graph = build_graph(mind(FakeModels(responder())), checkpointer=saver)
+        config = run_config("edited")
+        graph.invoke({"messages": [HumanMessage("hello")]}, config)
+        before = graph.get_state(config).values
+        for values in ({"partials": 5}, {"effects": "x"}, {"metrics": {"replace": 7}}):
+            with pytest.raises(GraphRequestError, match="not a list of objects") as refused:
+                graph.update_state(config, values, as_node="gate")
+            assert isinstance(refused.value, ValueError) and refused.value.hint
+        for commit in (5, {"id": "c1", "effects": [{"kind": "nope"}]}):
+            with pytest.raises(MalformedCommit) as refused:
+                graph.update_state(config, {"commit": commit}, as_node="gate")
+            assert isinstance(refused.value, ValueError)
+        assert graph.get_state(config).values["partials"] == before["partials"]
 
 
 def test_a_commit_is_applied_once_and_checked(image) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from batos.errors import CheckpointError
+from batos.errors import MalformedCommit
 from store.core import layout
 
 log = logging.getLogger("batos.effects")
@@ -63,20 +63,20 @@ def check(commit: Any, kinds: EffectKinds) -> dict[str, Any]:
     """The commit in canonical form; ``CheckpointError`` if it is malformed or names a kind
     not among ``kinds`` (nothing is written then)."""
     if not isinstance(commit, Mapping):
-        raise CheckpointError(
+        raise MalformedCommit(
             f"the {COMMIT_CHANNEL!r} channel holds a {type(commit).__name__}, not a commit",
             hint='write {"id": ..., "note": ..., "effects": [...]} or leave it empty',
         )
     commit_id, effects = commit.get("id"), commit.get("effects")
     if not isinstance(commit_id, str) or not 0 < len(commit_id) <= MAX_ID_CHARS:
-        raise CheckpointError(f"a commit needs an id of 1 to {MAX_ID_CHARS} characters")
+        raise MalformedCommit(f"a commit needs an id of 1 to {MAX_ID_CHARS} characters")
     if not isinstance(effects, list) or len(effects) > MAX_EFFECTS:
-        raise CheckpointError(f"commit {commit_id!r}: effects must be a list of <= {MAX_EFFECTS}")
+        raise MalformedCommit(f"commit {commit_id!r}: effects must be a list of <= {MAX_EFFECTS}")
     for number, effect in enumerate(effects):
         kind = effect.get("kind") if isinstance(effect, Mapping) else None
         if not isinstance(kind, str) or kind not in kinds:
             known = ", ".join(sorted(kinds)) or "(none: the saver was given no graph's kinds)"
-            raise CheckpointError(
+            raise MalformedCommit(
                 f"commit {commit_id!r} holds an effect of kind {str(kind)[:80]!r}, which nothing "
                 "applies; nothing was written",
                 hint=f"known kinds: {known}",
@@ -84,7 +84,7 @@ def check(commit: Any, kinds: EffectKinds) -> dict[str, Any]:
         try:
             kinds[kind].schema.model_validate(effect)
         except ValidationError as exc:
-            raise CheckpointError(
+            raise MalformedCommit(
                 f"commit {commit_id!r}: effect {number} ({kind}) is malformed: {problems(exc)}; "
                 "nothing was written",
                 hint="effects are written by the graphs; do not set the 'commit' channel by hand",

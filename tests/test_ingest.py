@@ -605,3 +605,30 @@ def test_a_long_round_of_embedding_is_announced_before_it_runs(
     report = ingest_paths(catalog, [tmp_path / "big.txt"], on_note=notes.append)
     assert report.added and notes and notes[0].startswith("embedding ")
     assert "(most from big.txt)" in notes[0]
+
+
+def test_a_folder_tree_deeper_than_the_recursion_limit_is_walked(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    """os.walk recursed once per level: a tree a thousand folders deep ended the run with a
+    RecursionError, and the paths named after it were never read."""
+    import sys
+
+    deep = folder = tmp_path / "deep"
+    deep.mkdir()
+    for _ in range(sys.getrecursionlimit() + 100):
+        folder = folder / "d"
+        folder.mkdir()  # one level at a time: mkdir(parents=True) recurses too
+    bottom = folder / "bottom.txt"
+    bottom.write_text(CATS)
+    (tmp_path / "after.txt").write_text(DOGS)
+    try:
+        report = ingest_paths(catalog, [deep, tmp_path / "after.txt"])
+    finally:
+        # pytest's clean-up (shutil.rmtree) recurses per level too: undo the tree here
+        bottom.unlink()
+        while folder != deep:
+            folder.rmdir()
+            folder = folder.parent
+    assert report.added == [str(bottom), str(tmp_path / "after.txt")]
+    assert not report.failed

@@ -356,16 +356,47 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
             yield path
             continue
         found: list[Path] = []
-        unlisted: list[OSError] = []
-        for folder, subfolders, names in os.walk(path, onerror=unlisted.append):
-            subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        unlisted: list[Path] = []
+        for folder, names in _walk(path, unlisted):
             found.extend(
                 Path(folder, name)
                 for name in names
                 if not name.startswith(".") and _listed(Path(folder, name), file_type(name))
             )
-        found.extend(Path(error.filename or path) for error in unlisted)
-        yield from sorted(found)
+        yield from sorted(found + unlisted)
+
+
+def _walk(top: Path, unlisted: list[Path]) -> Iterator[tuple[Path, list[str]]]:
+    """Each folder under ``top`` (``top`` too) with the names of the entries in it that are no
+    folders; hidden folders are left out and linked ones not followed. A folder that cannot be
+    listed is added to ``unlisted``, to be reported by name.
+
+    Iterative: ``os.walk`` recurses once per level on Python 3.11, so a tree some thousand
+    folders deep ended the whole run with a RecursionError.
+    """
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        names: list[str] = []
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if _entry_is_folder(entry):
+                        if not entry.name.startswith(".") and not entry.is_symlink():
+                            stack.append(Path(entry.path))
+                    else:
+                        names.append(entry.name)
+        except OSError as exc:
+            unlisted.append(Path(exc.filename or folder))
+            continue
+        yield folder, names
+
+
+def _entry_is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # no permission to look: reading it will say so
+        return False
 
 
 def _listed(path: Path, kind: str) -> bool:

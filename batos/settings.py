@@ -941,7 +941,8 @@ SETTINGS: dict[str, Setting] = {
             "catalog_max_bytes",
             "BATOS_CATALOG_MAX_BYTES",
             lambda: str(50 * 1024 * 1024),
-            "Largest file 'batos ingest' accepts, in bytes; bigger ones are refused.",
+            "Largest file 'batos ingest' accepts, in bytes, and most characters of text it "
+            "takes from a PDF; bigger ones are refused.",
             _positive_int,
         ),
         Setting(

@@ -67,3 +67,40 @@ def make_pdf(text: str, to_unicode: bytes | None = None) -> bytes:
         xref,
     )
     return bytes(out)
+
+
+def make_shared_stream_pdf(pages: int, lines: int) -> bytes:
+    """A PDF of ``pages`` pages that all draw one content stream of ``lines`` lines of text:
+    a small file whose extracted text is ``pages`` times the stream's."""
+    stream = (
+        b"BT /F1 12 Tf 72 720 Td "
+        + b"".join(
+            b"(Line %05d of the one stream every page draws.) Tj 0 -14 Td " % n
+            for n in range(lines)
+        )
+        + b"ET"
+    )
+    kids = b" ".join(b"%d 0 R" % (5 + n) for n in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    objects += [
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R "
+        b"/Resources << /Font << /F1 4 0 R >> >> >>"
+    ] * pages
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)

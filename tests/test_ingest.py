@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf
+from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf, make_shared_stream_pdf
 from images import laid_out
 
 from batos.errors import CatalogError, ConfigurationError, DocumentError
@@ -632,3 +632,21 @@ def test_a_folder_tree_deeper_than_the_recursion_limit_is_walked(
             folder = folder.parent
     assert report.added == [str(bottom), str(tmp_path / "after.txt")]
     assert not report.failed
+
+
+def test_a_pdf_whose_text_outgrows_the_size_limit_fails_at_that_page(tmp_path: Path) -> None:
+    """The byte limit bounds the file; a small PDF whose pages all draw one stream holds many
+    times its size in text. Extraction stops on the page that passes the limit (in
+    characters), not after every page."""
+    pdf = tmp_path / "shared.pdf"
+    pdf.write_bytes(make_shared_stream_pdf(pages=400, lines=40))
+    size = pdf.stat().st_size
+    assert size < 100_000
+    text, _, _ = read_document(pdf, max_bytes=10**7)  # within a larger limit, all is read
+    assert len(text) > 600_000
+    with pytest.raises(DocumentError) as info:
+        read_document(pdf, max_bytes=100_000)
+    stopped = int(info.value.message.split("stopped at page ")[1].split(" ")[0])
+    assert stopped == 100_000 // (len(text) // 400) + 1
+    assert "of 400" in info.value.message and "100,000 characters" in info.value.message
+    assert "BATOS_CATALOG_MAX_BYTES" in info.value.hint

@@ -104,7 +104,7 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
         raise DocumentError(f"{path} is empty", hint="nothing to ingest; remove it from the list")
     suffix = file_type(path.name)
     if suffix in PDF_SUFFIXES:
-        text, fmt = _pdf_text(path, data), "pdf"
+        text, fmt = _pdf_text(path, data, limit), "pdf"
     elif suffix in HTML_SUFFIXES:
         text, fmt = _html_text(path, _decode(path, data, html=True)), "html"
     else:
@@ -310,18 +310,47 @@ def _html_text(path: Path, markup: str) -> str:
     return "\n\n".join(line for line in lines if line)
 
 
-def _pdf_text(path: Path, data: bytes) -> str:
+class _TooMuchText(Exception):
+    """A PDF's extracted text passed its bound (raised from inside pypdf's extraction)."""
+
+
+def _pdf_text(path: Path, data: bytes, limit: int) -> str:
+    """The text of a PDF's pages, at most ``limit`` characters of it.
+
+    ``catalog_max_bytes`` bounds the file, and a small file can hold a great deal of text (two
+    thousand pages drawing one compressed content stream): the extracted characters are held
+    to the same number, counted as pypdf produces them, so such a file fails within a page
+    rather than after hours of work and gigabytes of text.
+    """
     import io
 
     from pypdf import PdfReader
+
+    extracted = 0
+    pages: list[str] = []
+
+    def count(text: str, *_: Any) -> None:
+        nonlocal extracted
+        extracted += len(text)
+        if extracted > limit:
+            raise _TooMuchText
 
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise DocumentError(f"{path} is an encrypted PDF", hint="decrypt it (qpdf --decrypt)")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        for page in reader.pages:
+            pages.append(page.extract_text(visitor_text=count) or "")
     except DocumentError:
         raise
+    except _TooMuchText:
+        raise DocumentError(
+            f"{path} holds more than {limit:,} characters of text (stopped at page "
+            f"{len(pages) + 1:,} of {len(reader.pages):,}); a PDF's text is held to "
+            "BATOS_CATALOG_MAX_BYTES characters",
+            hint="split it into smaller PDFs (qpdf --split-pages), or raise "
+            "BATOS_CATALOG_MAX_BYTES",
+        ) from None
     except Exception as exc:
         # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
         # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.

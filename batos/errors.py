@@ -12,7 +12,8 @@
      │    └── TransactionFailed      retries exhausted on conflicts (TransientError)
      ├── ObjectPathError             no object at a dotted path in the image
      ├── ModelError                  model weights or backends
-     │    └── ModelFileError         a model part is missing or fails its checksum
+     │    ├── ModelFileError         a model part is missing or fails its checksum
+     │    └── PromptTooLong          a prompt does not fit the model's context
      ├── DoesNotUnderstand           a public message no slot or parent answers
      │                                (also an AttributeError, so hasattr/getattr work)
      ├── SlotError                   a slot name or value a prototype cannot hold
@@ -172,6 +173,12 @@ class ModelError(BatosError):
 
 class ModelFileError(ModelError):
     """A model file part is missing or does not match its pinned checksum."""
+
+
+class PromptTooLong(ModelError):
+    """A prompt (with the reply scored after it) holds more tokens than the model's context.
+    Retrying the same prompt fails the same way; a caller with many prompts to make (the
+    curator, one per cluster) can skip this one and go on."""
 
 
 class DoesNotUnderstand(BatosError, AttributeError):

@@ -82,6 +82,7 @@ from graph.mind_state import MindServices, ModelFactory
 from graph.request import content_text
 from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
+from store.knowledge.chunking import clipped
 
 DATA = Path(__file__).resolve().parent / "data" / "usefulness"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -377,7 +378,7 @@ class Systems:
         # record=False: the baseline leaves the retrieval times the mind's image keeps alone
         hits = self.catalog.search(item["question"], RAG_PASSAGES, record=False)
         passages = "\n\n".join(
-            f"[{n}] ({Path(hit.source).name}) {hit.text}" for n, hit in enumerate(hits, 1)
+            f"[{n}] ({Path(hit.source).name}) {clipped(hit.text)}" for n, hit in enumerate(hits, 1)
         )
         prompt = RAG_PROMPT.format(passages=passages, question=item["question"])
         reply, usage = self.babs([*history, HumanMessage(prompt)])

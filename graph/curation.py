@@ -8,6 +8,7 @@ from typing import Any
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from graph import prompts
+from store.knowledge.chunking import clipped
 
 
 def babs_summarizer(
@@ -26,7 +27,8 @@ def babs_summarizer(
     prompt = prompts.load("curator")
 
     def summarize(texts: list[str]) -> str:
-        passages = "\n\n".join(f"[{n}] {t}" for n, t in enumerate(texts, start=1))
+        # A chunk stored before chunks were bounded in characters can be a whole file.
+        passages = "\n\n".join(f"[{n}] {clipped(t)}" for n, t in enumerate(texts, start=1))
         reply = model.invoke(
             [
                 SystemMessage(prompt["system"]),

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.knowledge.chunking import MIN_TOKENS, finish, plan, sentences
+from store.knowledge.chunking import MAX_CHARS, MIN_TOKENS, clipped, finish, plan, sentences
 from store.knowledge.embeddings import Embedder
 
 #: Every whitespace character of the Basic Multilingual Plane (str.isspace, as the splitter).
@@ -223,3 +223,42 @@ def test_a_budget_below_a_characters_tokens_is_refused(encoder: Embedder) -> Non
         plan("힝", encoder, 2)
     packed = plan("힝" * 50, encoder, MIN_TOKENS)
     assert all(encoder.count_tokens(t) <= MIN_TOKENS for t in packed.texts())
+
+
+@given(TEXTS, BUDGETS, st.sampled_from([1, 7, 64, 300]))
+def test_chunks_hold_any_text_within_the_character_bound(
+    encoder: Embedder, text: str, budget: int, max_chars: int
+) -> None:
+    """The tokenizer reads an unbroken run of over 100 characters as one token: a chunk within
+    its token budget is held to a number of characters too."""
+    packed = plan(text, encoder, budget, max_chars)
+    _assert_spans_hold(text, packed.units)
+    assert all(len(t) <= max_chars for t in packed.texts())
+    assert all(encoder.count_tokens(t) <= budget for t in packed.texts())
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        bytes(range(256)).hex() * 600,  # a hex dump: one "word"
+        "\n".join(f"{n:0128x}  file-{n}.tar.gz" for n in range(400)),  # a SHA512SUMS file
+        "สวัสดีครับยินดีต้อนรับ" * 2000,  # Thai: no spaces between words
+        "🙂🚀" * 5000,
+    ],
+    ids=["hex", "sha512sums", "thai", "emoji"],
+)
+def test_text_the_tokenizer_reads_as_few_tokens_is_cut_at_the_character_bound(
+    encoder: Embedder, blob: str
+) -> None:
+    text = f"Firmware notes follow.\n\n{blob}\n\nThe Zorblax reset code is 7731.\n"
+    texts = plan(text, encoder).texts()
+    assert max(len(t) for t in texts) <= MAX_CHARS
+    assert "".join(texts).replace("\n", "") == text.replace("\n", "").strip()
+    assert texts[-1].endswith("The Zorblax reset code is 7731.")
+    assert len(texts[-1]) <= MAX_CHARS
+
+
+def test_a_passage_read_into_a_prompt_is_clipped_to_the_character_bound() -> None:
+    assert clipped("short") == "short"
+    long = clipped("x" * 100_000)
+    assert len(long) == MAX_CHARS and long.endswith("…")

@@ -7,7 +7,7 @@ import time
 import pytest
 from images import laid_out, open_laid_out
 
-from batos.errors import ArchiveError
+from batos.errors import ArchiveError, PromptTooLong
 from store.core.image import LivingImage
 from store.core.schema import upgrade
 from store.knowledge.catalog import CATALOG_STEPS, KnowledgeCatalog
@@ -269,3 +269,30 @@ def test_retrieval_counts_of_an_older_image_become_retrieval_times(embedder: Emb
     [cluster] = Curator(catalog, FakeSummarizer(), max_chunks=1000).plan()
     assert used not in cluster.chunk_ids  # the used chunk stays warm after the upgrade
     assert len(cluster.chunk_ids) == 2
+
+
+def test_a_cluster_too_long_for_the_summariser_is_skipped_and_the_run_goes_on(
+    memory_image: LivingImage, embedder: Embedder
+) -> None:
+    """An engine that cannot take a cluster's prompt raises PromptTooLong; that cluster would
+    fail the same way on every run, so it is skipped and reported, and the others fold."""
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    _fill(catalog)
+    for i, text in enumerate(["Owls hunt at night.", "At night owls hunt."]):
+        ingest_text(catalog, f"owls-{i}.txt", text)
+    calls: list[list[str]] = []
+
+    def summarize(texts: list[str]) -> str:
+        calls.append(texts)
+        if len(calls) == 1:
+            raise PromptTooLong("the prompt is 33741 tokens; the context holds 4096")
+        return "Summary: " + texts[0]
+
+    curator = Curator(catalog, summarize, max_chunks=1000)
+    clusters = curator.plan()
+    assert len(clusters) == 2
+    report = curator.run()
+    assert report.too_long == [clusters[0].chunk_ids]
+    assert report.skipped_clusters == 1
+    assert len(report.archives) == 1
+    assert len(calls) == 2

@@ -230,3 +230,31 @@ def test_a_source_name_that_is_not_utf8_reaches_state_and_prompts_well_formed(
     shown = passage(context.hits[0])
     assert shown["source"] == "notes/caf\ufffd.txt" and "\udce9" not in shown["citation"]
     assert context.hits[0].source == "notes/caf\udce9.txt"  # the file's identity is kept
+
+
+def test_a_chunk_stored_before_the_character_bound_is_clipped_wherever_a_prompt_reads_it(
+    memory_image: LivingImage,
+) -> None:
+    """Images hold chunks made when only tokens bounded them (a whole hex dump in one): the
+    context block, the passages of graph state and the curator's prompt cut each one to the
+    character bound rather than handing a model hundreds of thousands of characters."""
+
+    from graph.curation import babs_summarizer
+    from store.knowledge.catalog import PreparedDocument
+    from store.knowledge.chunking import MAX_CHARS
+
+    embedder = Embedder()
+    catalog = KnowledgeCatalog.open(memory_image, embedder)
+    blob = "Zorblax firmware dump " + "0f" * 150_000
+    doc = PreparedDocument(
+        "old.txt", "h", "text", {}, [(0, len(blob), blob)], embedder.encode([blob])
+    )
+    memory_image.transact(lambda root: catalog.put_document(root, doc))
+    context = cited_context(catalog, "Zorblax firmware", k=1, record=False)
+    assert context.hits and len(context.hits[0].text) == len(blob)
+    assert len(context.text) < MAX_CHARS + 500
+    assert len(passage(context.hits[0])["text"]) == MAX_CHARS
+    model = ScriptedChatModel().enqueue("A firmware dump.")
+    summarize = babs_summarizer(lambda persona: model)
+    assert summarize([blob, blob]) == "A firmware dump."
+    assert sum(len(str(m.content)) for m in model.history[0]) < 2 * MAX_CHARS + 2000

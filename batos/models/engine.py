@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from batos import settings
-from batos.errors import ModelError
+from batos.errors import ModelError, PromptTooLong
 from batos.models.cancel import raise_if_cancelled
 from prototypes.bounded import well_formed
 
@@ -481,7 +481,7 @@ class Engine:
             if not reply:
                 return 0.0, 0
             if len(tokens) > self.n_ctx:
-                raise ModelError(
+                raise PromptTooLong(
                     f"the prompt and reply are {len(tokens)} tokens; the context holds "
                     f"{self.n_ctx}",
                     hint="score a shorter text",
@@ -594,10 +594,10 @@ class Engine:
         usage.prompt_tokens = len(tokens)
         room = self.n_ctx - len(tokens)
         if room < 1:
-            raise ModelError(
+            raise PromptTooLong(
                 f"the prompt is {len(tokens)} tokens; the context holds {self.n_ctx}",
-                hint="shorten the conversation, or raise PARAMETER num_ctx in "
-                "modelfiles/base.Modelfile",
+                hint="shorten the conversation or the texts it quotes, or raise PARAMETER "
+                "num_ctx in modelfiles/base.Modelfile",
             )
         limit = room if sampling.num_predict <= 0 else min(room, sampling.num_predict)
         usage.finish_reason = "length"

@@ -3,7 +3,8 @@
 1. The text is split into sentences (paragraph breaks, headings and list items end one too).
    A sentence longer than the budget is cut by ``semchunk`` (at clause, then word boundaries)
    into pieces within it; these *units* are what the rest works on.
-2. Units are packed greedily into chunks of at most ``max_tokens`` model tokens.
+2. Units are packed greedily into chunks of at most ``max_tokens`` model tokens and
+   ``max_chars`` characters.
 3. The chunks are embedded. The same forward pass gives every unit a vector — the mean of its
    tokens' contextual states — and where the similarity of adjacent units drops well below the
    document's usual level, a new section starts (the seed's semantic boundaries): a chunk
@@ -16,6 +17,11 @@ cited in full but searched only by its beginning. Token counts come from one tok
 the whole document (a unit's count is the tokens that start inside it); every packed chunk is
 then counted on its own text in one batch, and a section whose chunks a tokenizer counts
 differently is packed again the slow, exact way.
+
+Tokens alone do not bound a chunk's size: the tokenizer reads any unbroken run of over 100
+characters as one unknown token, so a hex dump, a checksum list, Thai written without spaces
+or a run of emoji made "200-token" chunks of kilobytes, up to the whole file, which no prompt
+could hold. Hence the second bound, in characters.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ import numpy as np
 
 #: Default chunk budget in model tokens (all-MiniLM-L6-v2 reads 256 at most).
 MAX_TOKENS = 200
+#: Most characters in a chunk, whatever its token count. Chunks of English within 200 tokens
+#: held about 700 characters (median) and 1,250 at most over the project's docs and Debian's
+#: copyright files, so prose is never cut by it; a passage of dense text (hex, digits) of this
+#: length is some 600 tokens of the persona model, so the passages a mind's prompt quotes
+#: still fit its 4,096-token context. What reads stored chunks into a prompt cuts them here
+#: too (``clipped``): chunks made before this bound may be larger.
+MAX_CHARS = 1500
 #: Smallest budget accepted. semchunk cannot cut below one character, and one character can
 #: be several tokens (a Hangul syllable is three word pieces, a byte-level BPE spends up to
 #: four); below that, it recurses until Python's recursion limit.
@@ -175,37 +188,50 @@ def _strip(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def plan(text: str, encoder: Encoder, max_tokens: int = MAX_TOKENS) -> Plan:
-    """Units of ``text`` packed greedily into chunks within ``max_tokens`` (cheap: no model)."""
+def clipped(text: str, max_chars: int = MAX_CHARS) -> str:
+    """``text`` cut to ``max_chars`` characters, the cut marked with "…" (a passage read into
+    a prompt: a chunk stored before chunks were bounded in characters can be far larger)."""
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def plan(
+    text: str, encoder: Encoder, max_tokens: int = MAX_TOKENS, max_chars: int = MAX_CHARS
+) -> Plan:
+    """Units of ``text`` packed greedily into chunks within ``max_tokens`` and ``max_chars``
+    (cheap: no model)."""
     if max_tokens < MIN_TOKENS:
         raise ValueError(f"a chunk budget of {max_tokens} tokens is below {MIN_TOKENS}")
+    if max_chars < 1:
+        raise ValueError(f"a chunk budget of {max_chars} characters is below 1")
     units: list[tuple[int, int]] = []
     tokens: list[int] = []
     spans = sentences(text)
     starts = encoder.token_starts(text)
     counts = np.diff(np.searchsorted(starts, [a for a, _ in spans] + [len(text)]))
     for (a, b), count in zip(spans, counts.tolist(), strict=True):
-        if count <= max_tokens:
+        if count <= max_tokens and b - a <= max_chars:
             units.append((a, b))
             tokens.append(count)
             continue
-        for piece in _split_sentence(text, a, b, encoder, max_tokens):
+        for piece in _split_sentence(text, a, b, encoder, max_tokens, max_chars):
             units.append((piece.start, piece.end))
             tokens.append(encoder.count_tokens(piece.text))
-    packed = Plan(text, units, tokens, _greedy(tokens, max_tokens))
+    packed = Plan(text, units, tokens, _greedy(units, tokens, max_tokens, max_chars))
     # Counts from one pass over the document add up exactly for BERT's word pieces; a
     # tokenizer that merges across whitespace could count a chunk differently on its own.
     exact = encoder.count_tokens_batch(packed.texts())
     if any(n > max_tokens for n in exact):
-        packed.chunks = _exact_pack(packed, encoder, max_tokens)
+        packed.chunks = _exact_pack(packed, encoder, max_tokens, max_chars)
     return packed
 
 
-def _greedy(tokens: list[int], max_tokens: int) -> list[tuple[int, int]]:
+def _greedy(
+    units: list[tuple[int, int]], tokens: list[int], max_tokens: int, max_chars: int
+) -> list[tuple[int, int]]:
     chunks: list[tuple[int, int]] = []
     first, total = 0, 0
     for i, count in enumerate(tokens):
-        if i > first and total + count > max_tokens:
+        if i > first and (total + count > max_tokens or units[i][1] - units[first][0] > max_chars):
             chunks.append((first, i))
             first, total = i, 0
         total += count
@@ -214,7 +240,9 @@ def _greedy(tokens: list[int], max_tokens: int) -> list[tuple[int, int]]:
     return chunks
 
 
-def _exact_pack(packed: Plan, encoder: Encoder, max_tokens: int) -> list[tuple[int, int]]:
+def _exact_pack(
+    packed: Plan, encoder: Encoder, max_tokens: int, max_chars: int
+) -> list[tuple[int, int]]:
     """Greedy packing that counts every candidate chunk on its own text."""
     text, units = packed.text, packed.units
     chunks: list[tuple[int, int]] = []
@@ -222,6 +250,7 @@ def _exact_pack(packed: Plan, encoder: Encoder, max_tokens: int) -> list[tuple[i
     for i in range(1, len(units) + 1):
         if (
             i == len(units)
+            or units[i][1] - units[first][0] > max_chars
             or encoder.count_tokens(text[units[first][0] : units[i][1]]) > max_tokens
         ):
             chunks.append((first, i))
@@ -302,10 +331,16 @@ def _window_similarity(vectors: np.ndarray) -> np.ndarray:
 
 
 def chunk_and_embed(
-    text: str, encoder: Encoder, *, max_tokens: int = MAX_TOKENS, semantic: bool = True
+    text: str,
+    encoder: Encoder,
+    *,
+    max_tokens: int = MAX_TOKENS,
+    max_chars: int = MAX_CHARS,
+    semantic: bool = True,
 ) -> tuple[list[Piece], np.ndarray]:
-    """Chunks of ``text`` in document order with their vectors, each within ``max_tokens``."""
-    packed = plan(text, encoder, max_tokens)
+    """Chunks of ``text`` in document order with their vectors, each within ``max_tokens``
+    and ``max_chars``."""
+    packed = plan(text, encoder, max_tokens, max_chars)
     vectors, sums, counts = encoder.encode_units(packed.texts(), packed.unit_spans())
     pieces, found = finish(packed, vectors, sums, counts, semantic=semantic)
     missing = [i for i, v in enumerate(found) if v is None]
@@ -324,28 +359,34 @@ def chunk(
     encoder: Encoder,
     *,
     max_tokens: int = MAX_TOKENS,
+    max_chars: int = MAX_CHARS,
     semantic: bool = True,
 ) -> list[Piece]:
-    """Chunks of ``text`` in document order, each within one section and ``max_tokens``."""
+    """Chunks of ``text`` in document order, each within one section, ``max_tokens`` and
+    ``max_chars``."""
     if not semantic:
-        packed = plan(text, encoder, max_tokens)
+        packed = plan(text, encoder, max_tokens, max_chars)
         return [
             Piece(packed.units[i][0], packed.units[j - 1][1], t)
             for (i, j), t in zip(packed.chunks, packed.texts(), strict=True)
         ]
-    return chunk_and_embed(text, encoder, max_tokens=max_tokens)[0]
+    return chunk_and_embed(text, encoder, max_tokens=max_tokens, max_chars=max_chars)[0]
 
 
 def _split_sentence(
-    text: str, start: int, end: int, encoder: Encoder, max_tokens: int
+    text: str, start: int, end: int, encoder: Encoder, max_tokens: int, max_chars: int
 ) -> list[Piece]:
     """A sentence over the budget, cut into pieces within it (the model would truncate it)."""
     import semchunk
 
+    def count(piece: str) -> int:
+        # a piece over the character bound counts as over the token budget: never tokenized
+        return max_tokens + 1 if len(piece) > max_chars else encoder.count_tokens(piece)
+
     # with offsets=True semchunk returns (chunks, offsets); its annotation is the union of both
     _, offsets = cast(
         tuple[list[str], list[tuple[int, int]]],
-        semchunk.chunk(text[start:end], max_tokens, encoder.count_tokens, offsets=True),
+        semchunk.chunk(text[start:end], max_tokens, count, offsets=True),
     )
     pieces = []
     for a, b in offsets:

@@ -35,7 +35,7 @@ from ZODB.blob import Blob
 from ZODB.interfaces import IBlobStorage
 
 from batos import settings
-from batos.errors import ArchiveError
+from batos.errors import ArchiveError, PromptTooLong
 from store.knowledge.catalog import Change, Chunk, KnowledgeCatalog, catalog_root, stored_vector
 from store.knowledge.names import SUMMARY_PREFIX
 
@@ -87,6 +87,9 @@ class CurationReport:
     archives: list[int] = field(default_factory=list)
     archived_chunks: int = 0
     skipped_clusters: int = 0
+    #: Clusters skipped because their texts do not fit the summariser's prompt (their chunk
+    #: ids), counted in ``skipped_clusters`` too.
+    too_long: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -211,12 +214,20 @@ class Curator:
     ) -> CurationReport:
         """Plan, summarise and fold; each cluster commits on its own.
 
+        A cluster whose texts the summariser's model cannot take in one prompt
+        (``PromptTooLong``) is skipped and listed in ``report.too_long``: it would fail the
+        same way on every run, and end the run each time before any later cluster.
         ``on_cluster(done, total, report)`` follows the progress, once per cluster.
         """
         report = CurationReport(live_before=self.catalog.stats()["chunks"])
         clusters = self.plan()[:max_clusters]
         for done, cluster in enumerate(clusters, start=1):
-            summary = self.summarize(list(cluster.texts)).strip()
+            try:
+                summary = self.summarize(list(cluster.texts)).strip()
+            except PromptTooLong as exc:
+                log.warning("cluster %s skipped: %s", list(cluster.chunk_ids), exc.message)
+                report.too_long.append(cluster.chunk_ids)
+                summary = ""
             archive_id = self.fold(cluster, summary) if summary else None
             if archive_id is None:
                 report.skipped_clusters += 1

@@ -272,6 +272,11 @@ def curate(
         f"live chunks {report.live_before} → {report.live_after}; "
         f"skipped {report.skipped_clusters}"
     )
+    for chunk_ids in report.too_long:
+        err_console.print(
+            f"skipped chunks {list(chunk_ids)}: together too long for BABS's context",
+            markup=False,
+        )
 
 
 def _no_summaries(texts: list[str]) -> str:

@@ -379,3 +379,45 @@ def test_only_the_image_opens_a_zodb_database():
         if path.name != "image_globals.py" and opened.search(path.read_text(encoding="utf-8"))
     ]
     assert found == []
+
+
+def _commit_with_extension(db, marker: Path) -> None:
+    """A transaction whose extension metadata is a pickled call, as ZODB itself writes it."""
+    manager = transaction.TransactionManager()
+    conn = db.open(transaction_manager=manager)
+    try:
+        conn.root()["touched"] = conn.root().get("touched", 0) + 1
+        txn = manager.get()
+        txn.note("a perfectly normal change")
+        txn.setExtendedInfo("x", Call(open, str(marker), "w"))
+        manager.commit()
+    finally:
+        conn.close()
+
+
+def test_a_transactions_extension_metadata_runs_nothing(lasting_image_uri, tmp_path, marker):
+    """ZODB (and RelStorage) unpickle a transaction's extension metadata with no resolver at
+    all wherever the history is read: 'batos history', undo, the heartbeat's missions."""
+    import ZODB
+    from ZODB.FileStorage import FileStorage
+
+    from store.core.zeo import ZeoServer
+
+    if lasting_image_uri.startswith("zeo://"):
+        # A ZEO client cannot send such metadata; whoever writes the server's file can.
+        path = tmp_path / "served" / "live_image.fs"
+        path.parent.mkdir()
+        plain = ZODB.DB(FileStorage(str(path)))
+        _commit_with_extension(plain, marker)
+        plain.close()
+        with ZeoServer(path) as server, LivingImage.open(server.uri) as image:
+            listed = image.history(5)
+    else:
+        with LivingImage.open(lasting_image_uri) as image:
+            _commit_with_extension(image.db, marker)
+        with LivingImage.open(lasting_image_uri) as image:
+            listed = image.history(5)
+            image.undo(listed[0].tid)  # reads the history to find it
+            assert [t.extension for t in image.db.storage.iterator()][-2] == {}
+    assert listed[0].description == "a perfectly normal change"
+    assert not marker.exists()

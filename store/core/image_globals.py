@@ -22,12 +22,17 @@ from __future__ import annotations
 import io
 import logging
 import pickletools
+import sys
 import threading
 from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
 from typing import Any
 
 import ZODB
+import ZODB._compat
 import ZODB.ConflictResolution
+import ZODB.Connection
+import ZODB.FileStorage.FileStorage
+import ZODB.fstools
 import ZODB.utils
 from ZODB.broken import find_global
 from ZODB.Connection import Connection
@@ -35,6 +40,8 @@ from ZODB.POSException import StateLoadError
 
 from batos import settings
 from batos.errors import ImageGlobalRefused
+
+log = logging.getLogger("batos.image")
 
 #: Packages whose classes a record may name: BAT OS's own rooms, old module names included
 #: (``batos.moved`` keeps them importable), and the persistence and indexing libraries the image
@@ -237,18 +244,47 @@ class _RefusalNotLogged(logging.Filter):
 _REFUSAL_NOT_LOGGED = _RefusalNotLogged()
 
 
+def transaction_extension(data: bytes) -> dict[str, Any]:
+    """A transaction's extension metadata, read only when its pickle builds plain data; {}
+    otherwise (with a warning). BAT OS reads a transaction's user and description only, and
+    writes no extension; one that names a global was written by something else."""
+    if not data:
+        return {}
+    if not is_plain_data(data):
+        log.warning(
+            "a transaction's extension metadata names code, which BAT OS does not run: "
+            "it is read as empty"
+        )
+        return {}
+    value = ZODB._compat.loads(data)
+    return value if isinstance(value, dict) else {}
+
+
 def guard_zodb() -> None:
-    """Put the allow-list on the two places ZODB unpickles stored data by itself, in this
-    process.
+    """Put the allow-list on the places ZODB (and RelStorage) unpickle stored data by
+    themselves, in this process.
 
     Conflict resolution unpickles the stored states of a conflicting object with a resolver of
     its own, which imports anything; a ``ConflictError`` given a record names its class by
-    loading the record's first pickle with no resolver at all. ZODB looks both up by their
-    module-level names on every use, and those names are the only hooks they have. A refusal
+    loading the record's first pickle with no resolver at all; a transaction's extension
+    metadata is unpickled with no resolver by every reader of the history (``undoLog``,
+    ``history``, a storage's iterator), in a ZEO server too. ZODB looks each up by its
+    module-level name on every use, and those names are the only hooks they have. A refusal
     in conflict resolution ends as the ConflictError the conflict would have been without it.
     """
     ZODB.ConflictResolution.find_global = _conflict_find_global
     ZODB.utils.get_pickle_metadata = pickled_class_name
+    ZODB.Connection.loads = transaction_extension  # TransactionMetaData.extension
+    # the package's name FileStorage is the class; the module is only in sys.modules
+    file_storage: Any = sys.modules["ZODB.FileStorage.FileStorage"]
+    file_storage.loads = transaction_extension  # undoLog, history
+    ZODB.fstools.loads = transaction_extension
+    try:
+        import relstorage.storage.history as relstorage_history
+    except ImportError:  # no RelStorage here, so no postgres:// image either
+        pass
+    else:
+        relstorage_history.loads = transaction_extension  # undoLog, history
     logging.getLogger("ZODB.Connection").addFilter(_REFUSAL_NOT_LOGGED)  # once: a set
 
 

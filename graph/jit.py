@@ -282,6 +282,14 @@ def _finish_served(context: JitContext, *, commit: bool) -> None:
     conn = context.connection
     if conn is None:
         return
+    if commit and context.mission is not None:
+        # Named in the image's history as every other change is, so it can be found to undo.
+        from store.core.image import actor
+        from store.core.transactions import note_text
+
+        txn = conn.transaction_manager.get()
+        txn.user = actor()
+        txn.note(note_text(f"jit: {_receiver_name(context)}.{context.mission.selector} installed"))
     context.connection = None
     for thread, resumed in list(_RESUMED.items()):
         if resumed is context:
@@ -294,6 +302,12 @@ def _finish_served(context: JitContext, *, commit: bool) -> None:
     finally:
         conn.transaction_manager.abort()
         conn.close()
+
+
+def _receiver_name(context: JitContext) -> str:
+    receiver = context.receiver
+    name = receiver._slots().get("name") if isinstance(receiver, UvmObject) else None
+    return name if isinstance(name, str) and name else type(receiver).__name__
 
 
 def _mission() -> Mission:

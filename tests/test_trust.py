@@ -420,6 +420,9 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
         assert done["status"] == "installed" and model.calls == calls
         with acquire_shared(file_uri).read() as root:
             assert root["objects"]["brick"].twice(5) == 10
+        # named in the history, to be found and undone (it was an empty description)
+        [installed] = acquire_shared(file_uri).history(1)
+        assert installed.description == "jit: BRICK.twice installed" and installed.user
     finally:
         while file_uri in shared_images._open:  # each served run holds the image once
             release_shared(file_uri)

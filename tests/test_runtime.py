@@ -200,6 +200,20 @@ def test_ask_refuses_a_request_that_is_not_text(memory_image: LivingImage, text)
         assert not layout.cycles(root)  # nothing ran
 
 
+def test_ask_refuses_arguments_of_the_wrong_kind_before_anything_runs(
+    memory_image: LivingImage,
+) -> None:
+    # image=5 raised "argument of type 'int' is not iterable" from deep in the URI parser;
+    # services="x" ran the cycle and ended it FAILED at synthesize with an AttributeError.
+    with pytest.raises(GraphRequestError, match="image must be an open image or its URI"):
+        runtime.ask("hi", image=5)  # type: ignore[arg-type]
+    with pytest.raises(GraphRequestError, match="services must be MindServices") as info:
+        runtime.ask("hi", image=memory_image, services="x")  # type: ignore[arg-type]
+    assert "leave it out" in info.value.hint
+    with memory_image.read() as root:
+        assert not layout.cycles(root)
+
+
 def test_ask_on_an_image_the_caller_keeps(memory_image: LivingImage) -> None:
     state = runtime.ask(
         "hello there", image=memory_image, services=_services(FakeModels(responder()))

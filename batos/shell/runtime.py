@@ -278,6 +278,17 @@ def ask(
             f"the request must be text, not {type(text).__name__}",
             hint="pass it as a string: ask('how do I plan a vegetable garden?')",
         )
+    if image is not None and not isinstance(image, LivingImage | str):
+        raise GraphRequestError(
+            f"image must be an open image or its URI, not {type(image).__name__}",
+            hint="pass image='file:///path/live_image.fs', an open LivingImage, or leave it "
+            "out for the 'image' setting (BATOS_IMAGE)",
+        )
+    if services is not None and not isinstance(services, MindServices):
+        raise GraphRequestError(
+            f"services must be MindServices, not {type(services).__name__}",
+            hint="leave it out for the image's own models, router and catalog",
+        )
     if isinstance(image, LivingImage):
         runtime = Runtime.of(image)
     else:

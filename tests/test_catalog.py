@@ -265,6 +265,28 @@ def test_cache_follows_writes_of_another_process(shared_image_uri: str, embedder
         assert not old_ids & stored  # the replaced chunks left the cache
 
 
+def test_a_cache_sees_a_document_added_after_an_undo(
+    shared_image_uri: str, embedder: Embedder
+) -> None:
+    # The cache was keyed on a counter that an undo rewound and the next ingest brought back
+    # to the number the reader had cached: the reader never found the new document.
+    with open_laid_out(shared_image_uri) as one, open_laid_out(shared_image_uri) as two:
+        writer = KnowledgeCatalog.open(one, embedder)
+        reader = KnowledgeCatalog.open(two, embedder)
+        ingest_text(writer, "cats", CATS)
+        _wait_for(reader, documents=1)
+        assert reader.search("purring", 1)[0].source == "cats"  # the caches are built
+        one.undo(one.history(1)[0].tid)
+        _wait_for(reader, documents=0)
+        ingest_text(writer, "physics", PHYSICS)
+        _wait_for(reader, documents=1, version=writer.stats()["version"])
+        assert [h.source for h in reader.search("quantum entanglement", 1)] == ["physics"]
+        assert [h.source for h in reader.search("quantum entanglement", 1, mode="dense")] == [
+            "physics"
+        ]
+        assert [h.source for h in reader.search("entanglement", 1, mode="lexical")] == ["physics"]
+
+
 def _wait_for(catalog: KnowledgeCatalog, *, documents: int, version: int | None = None) -> None:
     # ZEO delivers another client's invalidations asynchronously.
     deadline = time.monotonic() + 10

@@ -9,7 +9,9 @@ Layout under the image's ``layout.CATALOG`` key (declared by ``CATALOG_STEPS``):
     archives    IOBTree  archive id → Archive (compressed originals the curator folded away)
     retrieved   IIBTree  chunk id → when it was last retrieved, unix seconds (what makes a
                          chunk "cold" for the curator: not retrieved lately)
-    version     Length   bumped by every change to the set of chunks
+    version     Length   bumped by every change to the set of chunks, by a random amount
+                         (an undo rewinds it, and the next change must not bring it back to
+                         a value a process's cache already holds)
     encoder     str      the embedding encoder that made the stored vectors (None until the
                          first chunk): queries and new chunks must use the same one, since
                          int8 and float32 vectors of one text differ (cosine 0.98-1.0)
@@ -202,6 +204,19 @@ class Chunk(Persistent):
         return f"<Chunk {self.id} {self.source}[{self.start}:{self.end}]>"
 
 
+#: A bump of the version counter is drawn from 1 to this: two processes' caches never take
+#: one state of the catalog for another, even after an undo rewound the counter.
+_MAX_BUMP = 2**31
+
+
+def _bump(cat: Any) -> int:
+    """Move the version counter on by a random amount; the amount. (A ``Length`` adds the
+    changes of concurrent transactions, so the bumps of two writers both count.)"""
+    amount = random.randint(1, _MAX_BUMP)
+    cat["version"].change(amount)
+    return amount
+
+
 def _layout_1(root: Any) -> None:
     if layout.find(root, layout.CATALOG) is not None:
         return
@@ -325,7 +340,7 @@ class Change:
     added: list[int] = field(default_factory=list)
     added_vectors: list[np.ndarray] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
-    #: How many times the write bumped the catalog's version counter.
+    #: How far the write moved the catalog's version counter (the sum of its bumps).
     bumps: int = 0
 
     def extend(self, other: Change) -> None:
@@ -419,8 +434,7 @@ class KnowledgeCatalog:
         record.chunk_ids = tuple(ids)
         record.vectors = to_bytes(np.asarray(doc.vectors, dtype=np.float32).reshape(-1, DIMS))
         cat["documents"][doc.source] = record
-        cat["version"].change(1)
-        change.bumps += 1
+        change.bumps += _bump(cat)
         return change
 
     def add_chunk(
@@ -447,8 +461,7 @@ class KnowledgeCatalog:
         self._index_chunk(cat, chunk, document.format)
         document.chunk_ids = (*document.chunk_ids, chunk.id)
         document.vectors = document.vectors + to_bytes(vector.reshape(1, DIMS))
-        cat["version"].change(1)
-        return Change(added=[chunk.id], added_vectors=[vector], bumps=1)
+        return Change(added=[chunk.id], added_vectors=[vector], bumps=_bump(cat))
 
     def reinstate(self, root: Any, record: Mapping[str, Any], vector: np.ndarray) -> Change:
         """Put back an archived chunk (a record the curator wrote) into its document."""
@@ -470,8 +483,7 @@ class KnowledgeCatalog:
         document.chunk_ids = (*document.chunk_ids, chunk_id)
         document.vectors = document.vectors + to_bytes(vector.reshape(1, DIMS))
         document.archived = tuple(i for i in document.archived if i != record["id"])
-        cat["version"].change(1)
-        return Change(added=[chunk_id], added_vectors=[vector], bumps=1)
+        return Change(added=[chunk_id], added_vectors=[vector], bumps=_bump(cat))
 
     def remove_document(self, root: Any, source: str) -> Change:
         cat = catalog_root(root)
@@ -483,8 +495,7 @@ class KnowledgeCatalog:
             self._unindex_chunk(cat, chunk_id)
             change.removed.append(chunk_id)
         del cat["documents"][source]
-        cat["version"].change(1)
-        change.bumps += 1
+        change.bumps += _bump(cat)
         return change
 
     def remove_chunks(
@@ -515,8 +526,7 @@ class KnowledgeCatalog:
             if not (document.chunk_ids or document.archived or document.content_hash):
                 del cat["documents"][source]
         if change.removed:
-            cat["version"].change(1)
-            change.bumps += 1
+            change.bumps += _bump(cat)
         return change
 
     @staticmethod

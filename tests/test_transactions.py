@@ -48,3 +48,19 @@ def test_other_errors_are_not_retried() -> None:
     with pytest.raises(ValueError):
         retry(attempt, what="put", hint="h", seconds=5)
     assert len(calls) == 1
+
+
+def test_a_lost_zeo_server_is_said_as_such_not_as_a_conflict() -> None:
+    # ClientDisconnected is a TransientError, as a conflict is: it was reported as "conflicted
+    # 1 times in 10.0 s: " (an empty reason) with "another process keeps changing the same
+    # objects" as the hint.
+    from ZEO.Exceptions import ClientDisconnected
+
+    _, attempt = _attempts([ClientDisconnected(), ClientDisconnected(), "never reached"])
+    with pytest.raises(TransactionFailed, match="ZEO server cannot be reached") as info:
+        retry(attempt, what="ingest", hint="another process keeps changing them", seconds=0.0)
+    assert "ClientDisconnected" in info.value.message
+    assert "batos zeo start" in info.value.hint and "nothing of it was committed" in info.value.hint
+    _, attempt = _attempts([ConflictError(""), "never reached"])
+    with pytest.raises(TransactionFailed, match="conflicted 1 times in .* s: ConflictError"):
+        retry(attempt, what="put", hint="h", seconds=0.0)

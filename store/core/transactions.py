@@ -55,6 +55,14 @@ def pause(attempt: int) -> float:
     return random.uniform(0, ceiling)
 
 
+def _disconnected(exc: BaseException) -> bool:
+    """Whether ``exc`` says a ZEO client lost its server (a ``TransientError`` as a conflict
+    is, though retrying soon rarely helps)."""
+    from ZEO.Exceptions import ClientDisconnected
+
+    return isinstance(exc, ClientDisconnected)
+
+
 def retry(
     attempt: Callable[[], T],
     *,
@@ -83,8 +91,16 @@ def retry(
             wait = pause(tries)
             if elapsed + wait > budget:
                 metrics.count("transactions_failed")
+                said = str(exc).strip() or type(exc).__name__
+                if _disconnected(exc):  # transient too, but no other writer is the cause
+                    raise TransactionFailed(
+                        f"{what} was not committed: the image's ZEO server cannot be reached "
+                        f"({said}; {tries} tries in {elapsed:.1f} s)",
+                        hint="start the server ('batos zeo start') or check the image's "
+                        "address, then run it again: nothing of it was committed",
+                    ) from exc
                 raise TransactionFailed(
-                    f"{what} conflicted {tries} times in {elapsed:.1f} s: {exc}",
+                    f"{what} conflicted {tries} times in {elapsed:.1f} s: {said}",
                     hint=hint,
                 ) from exc
             log.info("%s: %s on attempt %d; retrying", what, type(exc).__name__, tries)

@@ -134,6 +134,16 @@ class PostgresCluster:
             time.sleep(0.05)
         return self
 
+    def halt(self) -> None:
+        """Stop the server as 'pg_ctl -m fast stop' does (its clients see it go away); its data
+        stays, for ``resume``."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the server again after it was stopped, on the same port and data."""
+        log = self.root / "server.log"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(log), "-w", "start")
+
     def _answers(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):

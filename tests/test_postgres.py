@@ -6,10 +6,14 @@ only a database server has.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from persistent.mapping import PersistentMapping
@@ -126,3 +130,104 @@ def test_two_processes_share_one_postgres_image(postgres_cluster: PostgresCluste
         with image.read() as root:
             assert root["from_child"] == 42 and root["from_parent"] == 1
         assert image.history(1)[0].description == "child"
+
+
+@pytest.fixture(scope="module")
+def stoppable_cluster() -> Iterator[PostgresCluster]:
+    """A server of its own, which a test may stop and start again without harming others."""
+    with PostgresCluster() as cluster:
+        yield cluster
+
+
+def test_a_server_that_goes_away_is_an_image_error_and_committed_work_stays(
+    stoppable_cluster: PostgresCluster,
+) -> None:
+    image = LivingImage.open(stoppable_cluster.uri())
+    image.transact(lambda root: root.__setitem__("kept", 1))
+    stoppable_cluster.halt()
+    try:
+        for _ in range(2):  # every later use says the same, not only the first
+            with pytest.raises(ImageError, match="went away or cannot be reached") as info:
+                image.transact(lambda root: root.__setitem__("lost", 2))
+            assert "retry once the server is back" in (info.value.hint or "")
+            with pytest.raises(ImageError, match="went away"), image.read() as root:
+                root["kept"]
+
+        def stops_midway(root: Any) -> None:
+            root["lost"] = 2
+            stoppable_cluster.halt()
+
+        stoppable_cluster.resume()
+        with pytest.raises(ImageError, match="went away"):
+            image.transact(stops_midway)
+    finally:
+        stoppable_cluster.resume()
+    image.transact(lambda root: root.__setitem__("after", 3))  # it reconnects by itself
+    with image.read() as root:
+        assert (root["kept"], root["after"], "lost" in root) == (1, 3, False)
+    image.close()  # every connection goes back to its pool: no KeyError from ZODB
+
+
+#: Runs ``batos ingest`` with PostgreSQL stopping (as 'pg_ctl -m fast stop' does: SIGINT to
+#: the postmaster) right after the ingest's third commit.
+_INGEST_THEN_STOP = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from batos.shell.cli import main
+    from store.knowledge import ingest
+
+    pid_file, uri, folder = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    write_batch, commits = ingest.write_batch, []
+
+    def write_then_stop(*args, **kwargs):
+        result = write_batch(*args, **kwargs)
+        commits.append(result)
+        if len(commits) == 3:
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
+            while pid_file.exists():
+                time.sleep(0.05)
+        return result
+
+    ingest.write_batch = write_then_stop
+    sys.exit(main(["--image", uri, "ingest", folder]))
+    """
+)
+
+
+def test_a_server_that_goes_away_mid_command_ends_it_with_an_error_not_a_traceback(
+    stoppable_cluster: PostgresCluster, tmp_path: Path, batos_home: Path
+) -> None:
+    uri = stoppable_cluster.uri()
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"note{i:02}.txt").write_text(f"note {i} is about topic number {i}. " * 10)
+    env = {
+        **os.environ,
+        "BATOS_HOME": str(batos_home),
+        "BATOS_CATALOG_COMMIT_CHUNKS": "1",  # one commit per file
+    }
+    pid_file = stoppable_cluster.data / "postmaster.pid"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _INGEST_THEN_STOP, str(pid_file), uri, str(folder)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        stoppable_cluster.resume()
+    assert done.returncode == ImageError.exit_code, done.stderr
+    assert "went away or cannot be reached" in done.stderr
+    assert "Traceback" not in done.stderr and "KeyError" not in done.stderr, done.stderr
+    again = subprocess.run(
+        [sys.executable, "-m", "batos.shell.cli", "--image", uri, "ingest", str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "unchanged 3," in again.stdout  # the three commits before the stop were kept

@@ -385,13 +385,80 @@ def _is_database_error(exc: Exception) -> bool:
     return any(c.__module__.startswith("psycopg2") for c in type(exc).__mro__)
 
 
+def _without_password(uri: str) -> str:
+    """``uri`` with its password, if any, as ``***``: messages end up in logs and terminals."""
+    where = urlsplit(uri)
+    if not where.password:
+        return uri
+    return where._replace(netloc=where.netloc.replace(f":{where.password}@", ":***@")).geturl()
+
+
+#: What psycopg2 says, in its connection errors, when the server stopped or cannot be reached:
+#: those errors carry no SQLSTATE to tell them from others.
+_SERVER_GONE = (
+    "server closed the connection",
+    "connection refused",
+    "could not connect",
+    "terminating connection",
+    "connection already closed",
+    "no connection to the server",
+    "could not receive data",
+    "could not send data",
+    "ssl connection has been closed",
+    "timeout expired",
+)
+
+
+def database_error(uri: str, exc: BaseException) -> ImageError | None:
+    """The ``ImageError`` for a database driver's error met while using the image at ``uri``,
+    or None when ``exc`` is not one (only a postgres:// image raises them).
+
+    A server that stops or restarts in the middle of a command leaves RelStorage's connections
+    dead: each later use fails until the server answers again, when they reconnect by
+    themselves. What was committed before is in the database; the transaction in progress, if
+    any, was not committed unless PostgreSQL had finished committing it.
+    """
+    if not isinstance(exc, Exception) or not _is_database_error(exc):
+        return None
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    lowered = text.lower()
+    if type(exc).__name__ not in ("OperationalError", "InterfaceError") or not any(
+        gone in lowered for gone in _SERVER_GONE
+    ):
+        return ImageError(
+            f"the image {_without_password(uri)} failed: PostgreSQL said: {first}",
+            hint="check the server's log; retry the command if the cause was passing",
+        )
+    where = urlsplit(uri)
+    server = f"{where.hostname or 'localhost'}:{where.port or 5432}"
+    return ImageError(
+        f"the PostgreSQL server at {server} went away or cannot be reached "
+        f"(image {_without_password(uri)}): {first}",
+        hint="retry once the server is back (start it, e.g. 'pg_ctlcluster 15 main start' or "
+        "your service manager): everything committed before is kept; a change in progress when "
+        "it went away was not saved unless the server had finished committing it",
+    )
+
+
+@contextmanager
+def _server_errors(uri: str) -> Iterator[None]:
+    """Turns a database driver's error inside the block into ``database_error``'s."""
+    try:
+        yield
+    except Exception as exc:
+        translated = database_error(uri, exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
 def _postgres_error(uri: str, exc: Exception) -> ImageError:
     """What a PostgreSQL image that cannot be opened needs: server, login or database."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     where = urlsplit(uri)
-    if where.password:  # messages end up in logs and terminals: never show the password
-        uri = where._replace(netloc=where.netloc.replace(f":{where.password}@", ":***@")).geturl()
+    uri = _without_password(uri)
     server = f"{where.hostname or 'localhost'}:{where.port or 5432}"
     if "Connection refused" in text or "could not connect" in text or "timeout" in text:
         hint = (
@@ -465,12 +532,13 @@ class LivingImage:
         The caller decides when to commit or abort; anything left open is aborted.
         """
         tm = transaction.TransactionManager()
-        conn = self._live_db().open(transaction_manager=tm)
-        try:
-            yield conn
-        finally:
-            tm.abort()
-            conn.close()
+        with _server_errors(self.uri):
+            conn = self._live_db().open(transaction_manager=tm)
+            try:
+                yield conn
+            finally:
+                tm.abort()
+                conn.close()
 
     def transact(
         self,
@@ -523,6 +591,10 @@ class LivingImage:
                 f"the storage behind {self.uri} keeps no undo history",
                 hint="use a file:// image, a ZEO server over one, or history-preserving RelStorage",
             )
+        with _server_errors(self.uri):
+            return self._history(limit)
+
+    def _history(self, limit: int) -> list[TransactionRecord]:
         return [
             TransactionRecord(
                 tid=_tid_hex(entry["id"]),
@@ -536,6 +608,10 @@ class LivingImage:
     def undo(self, tid: str, *, user: str | None = None) -> str:
         """Revert the transaction ``tid`` (as printed by ``history``) in a new transaction;
         returns what the undone transaction had recorded as its description."""
+        with _server_errors(self.uri):
+            return self._undo(tid, user=user)
+
+    def _undo(self, tid: str, *, user: str | None) -> str:
         wanted = tid.strip().lower()
         for entry in self._live_db().undoLog(0, 10_000):
             if _tid_hex(entry["id"]) == wanted:

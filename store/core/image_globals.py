@@ -178,7 +178,15 @@ class ImageConnection(Connection):
         # Read once per use of the connection, not per global: a record names several, and a
         # setting is an environment lookup.
         self.image_globals = in_force()
-        super().open(*args, **kw)
+        try:
+            super().open(*args, **kw)
+        except BaseException:
+            # ZODB's open can fail after taking the connection from the pool and before the
+            # transaction manager knows it (RelStorage polls a server that has gone away):
+            # handed back now, or closing the database fails on it with a bare KeyError.
+            self.transaction_manager = None
+            self._db._returnToPool(self)
+            raise
 
     def get(self, oid: bytes) -> Any:
         try:

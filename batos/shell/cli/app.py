@@ -21,7 +21,7 @@ import typer
 from batos import settings
 from batos.errors import BatosError
 from batos.shell.cli.terminal import TerminalConsole, shown
-from store.core.image import LOAD_ERRORS, acting_for, creating, load_error
+from store.core.image import LOAD_ERRORS, acting_for, creating, database_error, load_error
 
 if TYPE_CHECKING:
     from graph.learning import Retraining
@@ -188,6 +188,13 @@ def main(
     except typer.Abort:
         err_console.print("aborted")
         return 130
+    except Exception as exc:
+        # A database server lost mid-command, met outside the image's own transactions (the
+        # checkpointer keeps connections of its own): said as the image's error, not a trace.
+        translated = database_error(_current["image"], exc)
+        if translated is None:
+            raise
+        return report_error(translated)
     return result if isinstance(result, int) else 0
 
 

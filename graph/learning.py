@@ -49,7 +49,7 @@ from graph import records
 from prototypes.codex import PERSONAS
 from store.checkpoint import effects
 from store.core import layout
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 
 log = logging.getLogger("batos.learning")
 
@@ -451,8 +451,8 @@ def retrain_mission(
     least = settings.get_int("learning_min_examples")
     if not image.db.supportsUndo():
         raise LearningError(
-            f"the storage behind {image.uri} keeps no undo history, so a swap could not be "
-            "taken back",
+            f"the storage behind {shown_uri(image.uri)} keeps no undo history, so a swap could "
+            "not be taken back",
             hint="use a file:// image or a ZEO server over one",
         )
     with image.read() as root:

@@ -59,7 +59,7 @@ from prototypes.incarnation import personas
 from prototypes.install import install_method
 from prototypes.uvm import Method
 from store.core import layout
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 from store.core.transactions import note_text
 
 log = logging.getLogger("batos.audit")
@@ -340,8 +340,8 @@ def start(
     """
     if not image.db.supportsUndo():
         raise MissionError(
-            f"the storage behind {image.uri} keeps no undo history, so a mission could not be "
-            "taken back",
+            f"the storage behind {shown_uri(image.uri)} keeps no undo history, so a mission "
+            "could not be taken back",
             hint="use a file:// image or a ZEO server over one",
         )
     gain = settings.get_float("mission_min_gain")

@@ -231,3 +231,26 @@ def test_a_server_that_goes_away_mid_command_ends_it_with_an_error_not_a_traceba
     )
     assert again.returncode == 0, again.stderr
     assert "unchanged 3," in again.stdout  # the three commits before the stop were kept
+
+
+def test_no_command_shows_the_database_password(
+    postgres_cluster: PostgresCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = postgres_cluster.uri().replace(
+        f"//{postgres_cluster.user}@", f"//{postgres_cluster.user}:pw-s3cret@"
+    )
+    shown = []
+    for command in (
+        ["init"],
+        ["threads"],
+        ["heartbeat", "--list"],
+        ["history"],
+        ["pack"],
+        ["doctor"],
+    ):
+        code = batos(["--image", uri, *command])
+        out, err = capsys.readouterr()
+        assert "pw-s3cret" not in out + err, command
+        shown.append(out + err)
+        assert code in (0, 1) if command == ["doctor"] else code == 0, (command, err)
+    assert all(":***@" in text for text in shown[1:5]), shown

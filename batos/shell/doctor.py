@@ -23,7 +23,7 @@ from typing import Any
 
 from batos import settings
 from batos.errors import BatosError
-from store.core.image import LivingImage, image_path
+from store.core.image import LivingImage, image_path, shown_uri
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 #: Seconds a backend or server probe may take: doctor answers quickly when a host is down.
@@ -139,7 +139,7 @@ def check_image(uri: str) -> list[Check]:
     except BatosError as exc:
         locked = type(exc).__name__ == "ImageLockedError"
         status = WARN if locked else FAIL
-        return [*found, Check("image", status, f"{uri}: {exc.message}", exc.hint or "")]
+        return [*found, Check("image", status, f"{shown_uri(uri)}: {exc.message}", exc.hint or "")]
     with image:
         found.append(_summary(image))
         if path is None:
@@ -157,7 +157,10 @@ def _summary(image: LivingImage) -> Check:
         steps = list(applied(root))
         waiting = [step.name for step in pending(root, upgrade_steps(None))]
     objects = f"{count:,} objects, " if count is not None else ""
-    opened = f"{image.uri} opens: {objects}{size / 2**20:.1f} MiB, {len(steps)} layouts applied"
+    opened = (
+        f"{shown_uri(image.uri)} opens: {objects}{size / 2**20:.1f} MiB, "
+        f"{len(steps)} layouts applied"
+    )
     if waiting:
         return Check(
             "image",

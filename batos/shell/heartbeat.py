@@ -53,7 +53,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from batos import settings
 from batos.errors import BatosError, ConfigurationError
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 from store.core.jobstore import ImageJobStore, acquire_lease, lease_holder, release_lease
 
 log = logging.getLogger("batos.heartbeat")
@@ -563,7 +563,7 @@ class Heartbeat:
         if self._lease() is None:
             held = lease_holder(self.image) or {}
             raise LeaseHeld(
-                f"another heartbeat ({held.get('holder')}) acts on {self.image.uri}",
+                f"another heartbeat ({held.get('holder')}) acts on {shown_uri(self.image.uri)}",
                 hint="stop it, or wait until its lease expires "
                 f"({max(0, held.get('expires', 0) - time.time()):.0f} s)",
             )
@@ -581,7 +581,10 @@ class Heartbeat:
             now = datetime.now(UTC)
             for job in self.store.get_due_jobs(now):
                 if not renewer.is_alive():  # the lease was lost: another heartbeat may act now
-                    log.error("the lease on %s was taken over; no more jobs run", self.image.uri)
+                    log.error(
+                        "the lease on %s was taken over; no more jobs run",
+                        shown_uri(self.image.uri),
+                    )
                     break
                 try:
                     self.run(job.id)
@@ -614,7 +617,10 @@ class Heartbeat:
                 pause = min(ttl / 3, MAX_BACKOFF_S)
             except Exception as exc:  # the image is out of reach: say so, try again
                 log.warning(
-                    "image %s unreachable (%s); retrying in %.0f s", self.image.uri, exc, pause
+                    "image %s unreachable (%s); retrying in %.0f s",
+                    shown_uri(self.image.uri),
+                    exc,
+                    pause,
                 )
                 pause = min(pause * 2, MAX_BACKOFF_S)
             stop.wait(pause)
@@ -625,7 +631,7 @@ class Heartbeat:
         try:
             self.ensure_jobs()
             self.scheduler.resume()
-            log.info("heartbeat %s acting on %s", self.holder, self.image.uri)
+            log.info("heartbeat %s acting on %s", self.holder, shown_uri(self.image.uri))
             self._hold(stop, ttl)
             if not stop.is_set():
                 log.error("heartbeat %s stopping: it no longer holds the lease", self.holder)
@@ -671,11 +677,14 @@ class Heartbeat:
         while not stop.wait(pause):
             try:
                 if self._lease() is None:
-                    log.error("the lease on %s was taken over", self.image.uri)
+                    log.error("the lease on %s was taken over", shown_uri(self.image.uri))
                     return
                 pause = ttl / 3
             except Exception as exc:
                 pause = min(pause * 2, MAX_BACKOFF_S)
                 log.warning(
-                    "image %s unreachable (%s); retrying in %.0f s", self.image.uri, exc, pause
+                    "image %s unreachable (%s); retrying in %.0f s",
+                    shown_uri(self.image.uri),
+                    exc,
+                    pause,
                 )

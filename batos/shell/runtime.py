@@ -39,6 +39,7 @@ from store.core.image import (
     creating_in_force,
     default_uri,
     release_shared,
+    shown_uri,
 )
 from store.core.layout import UpgradeStep
 from store.core.schema import upgrade
@@ -124,7 +125,7 @@ def _brought_up_to_date(image: LivingImage, codex: Codex | None) -> LivingImage:
         image.close()
         raise
     if done:
-        log.info("upgraded %s: %s", image.uri, ", ".join(done))
+        log.info("upgraded %s: %s", shown_uri(image.uri), ", ".join(done))
     _serve_recorded_adapters(image)
     return image
 
@@ -138,7 +139,11 @@ def _serve_recorded_adapters(image: LivingImage) -> None:
 
     changed = learning.reconcile(image)
     if changed:
-        log.warning("serving the adapter versions %s records: %s", image.uri, ", ".join(changed))
+        log.warning(
+            "serving the adapter versions %s records: %s",
+            shown_uri(image.uri),
+            ", ".join(changed),
+        )
 
 
 def _open(uri: str | None, create: bool | None) -> LivingImage:

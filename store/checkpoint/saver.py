@@ -76,7 +76,7 @@ from store.checkpoint.layout import (
 )
 from store.checkpoint.parking import ParkedWrites
 from store.core import layout
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 from store.core.schema import require
 from store.core.transactions import Unchanged, run_in_transaction
 
@@ -471,7 +471,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             )
             raise CheckpointNotFound(
                 f"no {what} {configurable['thread_id']!r} (namespace "
-                f"{configurable.get('checkpoint_ns') or '(root)'!r}) in {self.image.uri}",
+                f"{configurable.get('checkpoint_ns') or '(root)'!r}) in "
+                f"{shown_uri(self.image.uri)}",
                 hint="list threads and their checkpoints with 'batos threads [THREAD_ID]'",
             )
         return found
@@ -706,7 +707,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         return CheckpointNotFound(
             f"cannot store checkpoint {checkpoint_id!r}: the checkpoint it continues, "
             f"{parent_id!r}, is not in thread {thread_id!r} (namespace {ns or '(root)'!r}) "
-            f"of {self.image.uri}; nothing was written",
+            f"of {shown_uri(self.image.uri)}; nothing was written",
             hint="pass a checkpoint_id listed by 'batos threads THREAD_ID' or "
             "graph.get_state_history(config), or leave it out to continue from the latest",
         )
@@ -865,7 +866,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             thread = tree.threads.get(thread_id)
             if thread is None or not thread.namespaces:
                 raise CheckpointNotFound(
-                    f"no thread {repr(thread_id)[:80]} in {self.image.uri}",
+                    f"no thread {repr(thread_id)[:80]} in {shown_uri(self.image.uri)}",
                     hint="list the threads with 'batos threads'",
                 )
             return thread.summary(thread_id)

@@ -161,12 +161,12 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
         factory, dbkw = zodburi.resolve_uri(resolved)
     except zodburi.NoResolverForScheme:
         raise ImageURIError(
-            f"no storage for URI scheme {scheme!r} in {uri!r}",
+            f"no storage for URI scheme {scheme!r} in {shown_uri(uri)!r}",
             hint="use file:///path/live_image.fs, zeo://host:port, memory:// or postgres://…",
         ) from None
     except (KeyError, ValueError) as exc:
         raise ImageURIError(
-            f"image URI {_cut(repr(uri))} is malformed: {exc}",
+            f"image URI {_cut(repr(shown_uri(uri)))} is malformed: {exc}",
             hint="e.g. file:///path/live_image.fs, zeo://127.0.0.1:8100, memory://",
         ) from exc
     if scheme == "zeo":
@@ -239,7 +239,7 @@ def _connect(uri: str, factory: Callable[[], Any], dbkw: dict[str, Any]) -> ZODB
 
     return retry(
         attempt,
-        what=f"creating the root of {uri}",
+        what=f"creating the root of {shown_uri(uri)}",
         hint="retry; if it persists, check what else writes to the image",
     )
 
@@ -304,7 +304,7 @@ def _check_file(uri: str, path: Path) -> None:
         raise _locked_error(uri)
     if found.damage is not None:
         raise ImageCorruptError(
-            f"the image {uri} is damaged: {found.damage}; the {found.transactions:,} "
+            f"the image {shown_uri(uri)} is damaged: {found.damage}; the {found.transactions:,} "
             "transactions before it are sound. Nothing was changed",
             hint=repair_hint(uri),
         )
@@ -335,7 +335,7 @@ def _locked_elsewhere(path: Path) -> bool:
 
 def _locked_error(uri: str) -> ImageLockedError:
     return ImageLockedError(
-        f"the image {uri} is in use by another process",
+        f"the image {shown_uri(uri)} is in use by another process",
         hint="a file:// image allows one process; to share it, serve it with "
         "'batos zeo start' and point every process at BATOS_IMAGE=zeo://HOST:PORT",
     )
@@ -343,7 +343,7 @@ def _locked_error(uri: str) -> ImageLockedError:
 
 def repair_hint(uri: str) -> str:
     return (
-        f"run 'batos --image {uri} repair' to replace it by what ZODB can recover "
+        f"run 'batos --image {shown_uri(uri)} repair' to replace it by what ZODB can recover "
         "(the damaged file is kept beside it), or restore a backup"
     )
 
@@ -355,7 +355,9 @@ def load_error(uri: str, exc: Exception) -> ImageCorruptError:
     else:
         cause = exc.__cause__ or exc
         what = f"a stored object cannot be read ({type(cause).__name__}: {cause})"
-    return ImageCorruptError(f"the image {uri} is damaged: {what}", hint=repair_hint(uri))
+    return ImageCorruptError(
+        f"the image {shown_uri(uri)} is damaged: {what}", hint=repair_hint(uri)
+    )
 
 
 def _translate_open_error(uri: str, exc: Exception) -> ImageError:
@@ -367,17 +369,17 @@ def _translate_open_error(uri: str, exc: Exception) -> ImageError:
         return _locked_error(uri)
     if isinstance(exc, (CorruptedError, CorruptedFileStorageError, FileStorageFormatError)):
         return ImageCorruptError(
-            f"the image {uri} is damaged or not a ZODB FileStorage: {exc}",
+            f"the image {shown_uri(uri)} is damaged or not a ZODB FileStorage: {exc}",
             hint=repair_hint(uri),
         )
     if name == "ClientDisconnected" or isinstance(exc, (ConnectionError, TimeoutError)):
         return ImageError(
-            f"no ZEO server answers at {uri}: {exc}",
+            f"no ZEO server answers at {shown_uri(uri)}: {exc}",
             hint="start one with 'batos zeo start' (or check the host and port)",
         )
     if uri.startswith("postgres") and _is_database_error(exc):
         return _postgres_error(uri, exc)
-    return ImageError(f"cannot open the image {uri}: {name}: {exc}")
+    return ImageError(f"cannot open the image {shown_uri(uri)}: {name}: {exc}")
 
 
 def _is_database_error(exc: Exception) -> bool:
@@ -385,8 +387,12 @@ def _is_database_error(exc: Exception) -> bool:
     return any(c.__module__.startswith("psycopg2") for c in type(exc).__mro__)
 
 
-def _without_password(uri: str) -> str:
-    """``uri`` with its password, if any, as ``***``: messages end up in logs and terminals."""
+def shown_uri(uri: str) -> str:
+    """``uri`` as a person may see it: its password, if any, as ``***``.
+
+    Every message, log line and table that names an image shows it through this: they end up
+    in terminals, logs and bug reports, and a postgres:// URI carries the database password.
+    """
     where = urlsplit(uri)
     if not where.password:
         return uri
@@ -427,14 +433,14 @@ def database_error(uri: str, exc: BaseException) -> ImageError | None:
         gone in lowered for gone in _SERVER_GONE
     ):
         return ImageError(
-            f"the image {_without_password(uri)} failed: PostgreSQL said: {first}",
+            f"the image {shown_uri(uri)} failed: PostgreSQL said: {first}",
             hint="check the server's log; retry the command if the cause was passing",
         )
     where = urlsplit(uri)
     server = f"{where.hostname or 'localhost'}:{where.port or 5432}"
     return ImageError(
         f"the PostgreSQL server at {server} went away or cannot be reached "
-        f"(image {_without_password(uri)}): {first}",
+        f"(image {shown_uri(uri)}): {first}",
         hint="retry once the server is back (start it, e.g. 'pg_ctlcluster 15 main start' or "
         "your service manager): everything committed before is kept; a change in progress when "
         "it went away was not saved unless the server had finished committing it",
@@ -458,7 +464,7 @@ def _postgres_error(uri: str, exc: Exception) -> ImageError:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     where = urlsplit(uri)
-    uri = _without_password(uri)
+    uri = shown_uri(uri)
     server = f"{where.hostname or 'localhost'}:{where.port or 5432}"
     if "Connection refused" in text or "could not connect" in text or "timeout" in text:
         hint = (
@@ -498,7 +504,7 @@ class LivingImage:
         if create is None:
             create = _CREATING.get() is not False
         db = _open_db(uri, create=create)
-        log.info("opened image %s", uri)
+        log.info("opened image %s", shown_uri(uri))
         return cls(db, uri)
 
     def close(self) -> None:
@@ -511,7 +517,7 @@ class LivingImage:
         AttributeError from deep inside)."""
         if self.closed:
             raise ImageError(
-                f"the image {self.uri} is closed",
+                f"the image {shown_uri(self.uri)} is closed",
                 hint="open it again (LivingImage.open or batos.shell.runtime.open_image)",
             )
         return self.db
@@ -588,7 +594,7 @@ class LivingImage:
         """The newest undoable transactions, newest first."""
         if not self._live_db().supportsUndo():
             raise ImageError(
-                f"the storage behind {self.uri} keeps no undo history",
+                f"the storage behind {shown_uri(self.uri)} keeps no undo history",
                 hint="use a file:// image, a ZEO server over one, or history-preserving RelStorage",
             )
         with _server_errors(self.uri):
@@ -618,7 +624,7 @@ class LivingImage:
                 break
         else:
             raise ImageError(
-                f"no undoable transaction {_cut(repr(tid), 80)} in {self.uri}",
+                f"no undoable transaction {_cut(repr(tid), 80)} in {shown_uri(self.uri)}",
                 hint="list them with 'batos history'",
             )
         undone_by = [

@@ -38,7 +38,7 @@ from persistent.mapping import PersistentMapping
 
 from batos import moved
 from store.core import layout
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 from store.core.image_globals import in_force
 
 log = logging.getLogger("batos.heartbeat")
@@ -234,7 +234,7 @@ class ImageJobStore(BaseJobStore):
         self.corrupt.clear()
 
     def __repr__(self) -> str:
-        return f"<ImageJobStore ({self.image.uri})>"
+        return f"<ImageJobStore ({shown_uri(self.image.uri)})>"
 
 
 # -- the lease ----------------------------------------------------------------------------------

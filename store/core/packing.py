@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from store.core.image import LivingImage, image_path
+from store.core.image import LivingImage, image_path, shown_uri
 
 log = logging.getLogger("batos.pack")
 
@@ -98,5 +98,5 @@ def pack(image: LivingImage, days: float = 0.0) -> PackReport:
         # started by 'batos zeo start' is told not to keep one.)
         Path(f"{path}.old").unlink(missing_ok=True)
     after = footprint(image)
-    log.info("packed %s (%s): %s -> %s", image.uri, kind, before, after)
+    log.info("packed %s (%s): %s -> %s", shown_uri(image.uri), kind, before, after)
     return PackReport(kind, before, after, tuple(notes))

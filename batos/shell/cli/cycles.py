@@ -21,7 +21,7 @@ from batos.shell.cli.terminal import plain, shown, visible
 from batos.shell.runtime import open_image
 from prototypes.bounded import bounded_repr
 from store.checkpoint.saver import ZODBSaver
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 
 cycles_app = typer.Typer()
 
@@ -103,7 +103,7 @@ def _committed(image: LivingImage, root: Any, cycle_id: str) -> dict[str, Any]:
     found = cycle.get(root, cycle_id)
     if found is None:
         raise ObjectPathError(
-            f"no committed cycle {bounded_repr(cycle_id, 80)} in {image.uri}",
+            f"no committed cycle {bounded_repr(cycle_id, 80)} in {shown_uri(image.uri)}",
             hint="list them with 'batos cycles' (FAILED cycles change nothing in the image; "
             "their threads keep them: 'batos threads THREAD_ID')",
         )

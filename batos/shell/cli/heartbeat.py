@@ -32,6 +32,7 @@ from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
 from graph import cem, missions
+from store.core.image import shown_uri
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
 
@@ -113,7 +114,7 @@ def _list(beat: Heartbeat, uri: str, as_json: bool) -> None:
             console.print(json_text(line, "a job"), markup=False, highlight=False, soft_wrap=True)
         return
     console.print("Heartbeat jobs (local times) of the image")
-    console.print(f"  {shown(uri)}", soft_wrap=True)  # whole on its line, to copy
+    console.print(f"  {shown(shown_uri(uri))}", soft_wrap=True)  # whole on its line, to copy
     table = _narrow_table()
     for column in ("job", "every", "next run", "interval from"):
         table.add_column(column, no_wrap=True)
@@ -250,7 +251,9 @@ def heartbeat(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, stopping)
-        say.print(f"heartbeat on {image.uri}; Ctrl-C stops it (twice: at once)", markup=False)
+        say.print(
+            f"heartbeat on {shown_uri(image.uri)}; Ctrl-C stops it (twice: at once)", markup=False
+        )
         beat.forever(stop)
         say.print("heartbeat stopped")
     return 0

@@ -20,7 +20,7 @@ from prototypes.incarnation import personas
 from prototypes.paths import resolve
 from prototypes.uvm import Method, UvmObject
 from store.core import schema
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 
 image_app = typer.Typer()
 zeo_app = typer.Typer(help="Share one image between processes through a ZEO server.")
@@ -63,7 +63,7 @@ def init(
     uri = image_uri(ctx)
     with open_image(uri) as image:
         with image.read() as root:
-            console.print(f"image [bold]{shown(uri)}[/]")
+            console.print(f"image [bold]{shown(shown_uri(uri))}[/]")
             for name, info in schema.applied(root).items():
                 when = dt.datetime.fromtimestamp(info["applied_at"]).isoformat(timespec="seconds")
                 console.print(
@@ -158,7 +158,7 @@ def run_main(
     session = Session(open_runtime(uri, models=model_factory(ctx)))
     try:
         with session.image.read() as root:
-            console.print(f"image [bold]{shown(uri)}[/]")
+            console.print(f"image [bold]{shown(shown_uri(uri))}[/]")
             if model_factory(ctx) is None:
                 console.print(f"model [bold]{shown(settings.get_str('model'))}[/] → {shown(path)}")
             console.print(_persona_table(root))
@@ -241,7 +241,7 @@ def history(
     Example: batos history -n 5
     """
     with LivingImage.open(image_uri(ctx)) as image:
-        table = Table(title=f"Transactions of {image.uri}")
+        table = Table(title=f"Transactions of {shown_uri(image.uri)}")
         for column in ("tid", "when", "user", "description"):
             table.add_column(column)
         for record in image.history(limit):
@@ -305,7 +305,7 @@ def repair(ctx: typer.Context) -> None:
     path = image_path(uri)
     if path is None:
         raise ImageURIError(
-            f"only a file:// image can be repaired, not {uri}",
+            f"only a file:// image can be repaired, not {shown_uri(uri)}",
             hint="repair the file behind the ZEO server or database with its own tools",
         )
     report = repair_file(path)

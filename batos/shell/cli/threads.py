@@ -19,7 +19,7 @@ from batos.shell.cli.terminal import json_text, one_line, shown
 from batos.shell.runtime import open_runtime
 from store.checkpoint.saver import ZODBSaver
 from store.core import packing
-from store.core.image import LivingImage
+from store.core.image import LivingImage, shown_uri
 
 
 @contextmanager
@@ -73,7 +73,7 @@ def threads(
             # at 80 columns, and an id cut short cannot be used again. Markup is off, so ids
             # are not escaped for it ('[red]' would print as '\[red]').
             console.print(
-                f"Threads in {one_line(saver.image.uri)}",
+                f"Threads in {one_line(shown_uri(saver.image.uri))}",
                 markup=False,
                 highlight=False,
                 soft_wrap=True,
@@ -171,12 +171,13 @@ def pack(
     before, after = report.before, report.after
     if before.revisions is None:
         console.print(
-            f"packed {image.uri} ({report.storage}): {_size(before.bytes)} → {_size(after.bytes)}",
+            f"packed {shown_uri(image.uri)} ({report.storage}): "
+            f"{_size(before.bytes)} → {_size(after.bytes)}",
             markup=False,
         )
     else:
         console.print(
-            f"packed {image.uri} ({report.storage}): object revisions "
+            f"packed {shown_uri(image.uri)} ({report.storage}): object revisions "
             f"{before.revisions:,} → {after.revisions:,}, their state "
             f"{_size(before.bytes)} → {_size(after.bytes)}, blob chunks "
             f"{before.blob_chunks:,} → {after.blob_chunks:,}",

@@ -19,7 +19,7 @@ import pytest
 from persistent.mapping import PersistentMapping
 from pgcluster import PostgresCluster
 
-from batos.errors import ImageError
+from batos.errors import ImageError, ImageNotFoundError
 from batos.shell.cli import main as batos
 from store.core import packing
 from store.core.image import LivingImage
@@ -254,3 +254,42 @@ def test_no_command_shows_the_database_password(
         shown.append(out + err)
         assert code in (0, 1) if command == ["doctor"] else code == 0, (command, err)
     assert all(":***@" in text for text in shown[1:5]), shown
+
+
+def _tables(cluster: PostgresCluster, database: str) -> set[str]:
+    import psycopg2
+
+    conn = psycopg2.connect(cluster.dsn(database))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            return {name for (name,) in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def test_only_init_installs_an_image_in_a_database_that_holds_none(
+    postgres_cluster: PostgresCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psycopg2
+
+    database = f"appdb_{os.getpid()}"
+    postgres_cluster._sql(f'CREATE DATABASE "{database}" TEMPLATE template0')
+    conn = psycopg2.connect(postgres_cluster.dsn(database))
+    with conn, conn.cursor() as cur:  # an application's own table, nothing of RelStorage's
+        cur.execute("CREATE TABLE users (id serial PRIMARY KEY, name text)")
+    conn.close()
+    uri = f"postgres://{postgres_cluster.user}@127.0.0.1:{postgres_cluster.port}/{database}"
+
+    for command in (["threads"], ["inspect", "robin"], ["history"]):
+        assert batos(["--image", uri, *command]) == ImageError.exit_code, command
+        err = capsys.readouterr().err
+        assert f"no image in the PostgreSQL database '{database}'" in err, err
+        assert "init" in err
+    assert _tables(postgres_cluster, database) == {"users"}
+    with pytest.raises(ImageNotFoundError):
+        LivingImage.open(uri, create=False)
+
+    assert batos(["--image", uri, "init"]) == 0
+    assert batos(["--image", uri, "threads"]) == 0
+    assert "users" in _tables(postgres_cluster, database)

@@ -171,6 +171,8 @@ def _open_db(uri: str, *, create: bool) -> ZODB.DB:
         ) from exc
     if scheme == "zeo":
         _prepare_blob_cache(Path(dict(parse_qsl(urlsplit(resolved).query))["blob_dir"]))
+    if scheme == "postgres" and not create:
+        _require_postgres_image(uri, resolved)
     if scheme != "file":
         return _connect(uri, factory, dbkw)
     path = image_path(uri)
@@ -242,6 +244,49 @@ def _connect(uri: str, factory: Callable[[], Any], dbkw: dict[str, Any]) -> ZODB
         what=f"creating the root of {shown_uri(uri)}",
         hint="retry; if it persists, check what else writes to the image",
     )
+
+
+def _require_postgres_image(uri: str, resolved: str) -> None:
+    """Refuse, as a missing file image is refused, a database that holds no image.
+
+    RelStorage installs its tables in whatever database it opens: a command that only reads,
+    pointed at an application's database or an empty one, would leave them there, and the
+    runtime would then lay out a whole image beside the application's tables.
+    """
+    import psycopg2
+
+    where = urlsplit(resolved)
+    query = dict(parse_qsl(where.query))
+    database = where.path[1:]
+    try:
+        # The same connection parameters RelStorage's resolver reads from the URI.
+        conn = psycopg2.connect(
+            dbname=database,
+            user=where.username,
+            password=where.password,
+            host=where.hostname,
+            port=where.port,
+            connect_timeout=query.get("connect_timeout", ZEO_CONNECT_TIMEOUT),
+            **({"sslmode": query["ssl_mode"]} if "ssl_mode" in query else {}),
+        )
+    except psycopg2.Error as exc:
+        raise _postgres_error(uri, exc) from exc
+    try:
+        with conn.cursor() as cursor:
+            # object_state holds every object record RelStorage writes, in both history modes.
+            cursor.execute("SELECT to_regclass('object_state') IS NOT NULL")
+            row = cursor.fetchone()
+    except psycopg2.Error as exc:
+        raise _postgres_error(uri, exc) from exc
+    finally:
+        conn.close()
+    if not (row and row[0]):
+        shown = shown_uri(uri)
+        raise ImageNotFoundError(
+            f"no image in the PostgreSQL database {database!r} ({shown})",
+            hint=f"run 'batos --image {shlex.quote(shown)} init' to create one there, "
+            "or check the database name",
+        )
 
 
 class _FilesAdded:

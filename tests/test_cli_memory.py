@@ -16,6 +16,7 @@ from rich.console import Console
 
 from batos.shell.cli import main
 from batos.shell.cli.progress import ProgressReport
+from store.core.image import LivingImage
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.curator import Curator
 from store.knowledge.embeddings import Embedder
@@ -244,6 +245,44 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
     assert code == 0 and f"restored 3 chunk(s) from archive {archive_id}" in out
     code, _, err = run(capsys, "--image", file_uri, "curate", "--show", str(archive_id))
     assert code == 9 and "batos curate --list" in err
+
+
+def test_forget_removes_documents_undoably_and_refuses_what_it_cannot_forget_whole(
+    capsys, file_uri, notes, tmp_path
+) -> None:
+    # A file ingested by mistake (a secret, a file that poisons answers) could be taken out
+    # only by undoing its whole ingest, with every other document of that run.
+    run(capsys, "--image", file_uri, "ingest", str(notes))
+    code, out, err = run(capsys, "--image", file_uri, "forget", str(notes / "dogs.txt"))
+    assert code == 0, err
+    assert f"forgot {notes / 'dogs.txt'} (1 chunks)" in " ".join(out.split())
+    code, out, _ = run(capsys, "--image", file_uri, "search", "dogs", "--json", "-k", "5")
+    assert {r["source"] for r in json.loads(out)["results"]} == {str(notes / "cats.md")}
+    code, _, err = run(capsys, "--image", file_uri, "forget", str(notes / "cats.md"), "nowhere.txt")
+    assert code == 9 and "holds no document 'nowhere.txt'" in err and "nothing was removed" in err
+    code, out, _ = run(capsys, "--image", file_uri, "search", "cats", "--json", "-k", "5")
+    assert {r["source"] for r in json.loads(out)["results"]} == {str(notes / "cats.md")}
+    with LivingImage.open(file_uri) as image:
+        [forgot] = [t for t in image.history(10) if t.description.startswith("catalog: forget")]
+        image.undo(forgot.tid)
+    code, out, _ = run(capsys, "--image", file_uri, "search", "dogs", "--json", "-k", "5")
+    assert str(notes / "dogs.txt") in {r["source"] for r in json.loads(out)["results"]}
+    # a document the curator folded lives on in its archive: forgetting it alone is refused
+    for i, text in enumerate(BACKUPS):
+        (tmp_path / f"backup-{i}.txt").write_text(text)
+    run(
+        capsys,
+        "--image",
+        file_uri,
+        "ingest",
+        *(str(tmp_path / f"backup-{i}.txt") for i in range(3)),
+    )
+    with open_laid_out(file_uri) as image:
+        catalog = KnowledgeCatalog.open(image)
+        [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives
+        catalog.close()
+    code, _, err = run(capsys, "--image", file_uri, "forget", str(tmp_path / "backup-0.txt"))
+    assert code == 9 and f"archive(s) {archive_id}" in err and "batos curate --restore" in err
 
 
 @pytest.mark.model

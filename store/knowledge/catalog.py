@@ -498,6 +498,50 @@ class KnowledgeCatalog:
         change.bumps += _bump(cat)
         return change
 
+    def forget(self, sources: Sequence[str]) -> dict[str, int]:
+        """Remove the documents ``sources`` and their chunks from the catalog, in one
+        transaction (the image's history undoes it); {source: chunks removed}.
+
+        ``CatalogError`` names a source the catalog does not hold, and one whose chunks the
+        curator folded into archives: their text lives on there and in the archives'
+        summaries, so forgetting the document alone would not forget it. Nothing is removed
+        then."""
+        outcome: dict[str, Any] = {}
+
+        def apply(root: Any) -> dict[str, int]:
+            cat = catalog_root(root)
+            missing = [s for s in sources if s not in cat["documents"]]
+            if missing:
+                raise CatalogError(
+                    f"the catalog holds no document {missing[0][:200]!r}"
+                    + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                    hint="name a document as 'batos search --json' shows its source (for a "
+                    "file, its absolute path); nothing was removed",
+                )
+            folded = [s for s in sources if cat["documents"][s].archived]
+            if folded:
+                archives = sorted(set(cat["documents"][folded[0]].archives))
+                raise CatalogError(
+                    f"{folded[0][:200]!r} has chunks the curator folded into "
+                    f"archive(s) {', '.join(map(str, archives))}: their text lives on there and "
+                    "in the archives' summaries; nothing was removed",
+                    hint="restore them first ('batos curate --restore ID' for each), then forget "
+                    "the document",
+                )
+            outcome["version"] = self.version(root)
+            change, removed = Change(), {}
+            for source in dict.fromkeys(sources):
+                one = self.remove_document(root, source)
+                removed[source] = len(one.removed)
+                change.extend(one)
+            outcome["change"] = change
+            return removed
+
+        count = len(sources)
+        removed = self.image.transact(apply, note=f"catalog: forget {count} document(s)")
+        self.committed(outcome["change"], outcome["version"])
+        return removed
+
     def remove_chunks(
         self, root: Any, chunk_ids: Iterable[int], *, archive: int | None = None
     ) -> Change:

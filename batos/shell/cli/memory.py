@@ -279,6 +279,41 @@ def curate(
         )
 
 
+def forget(
+    ctx: typer.Context,
+    documents: list[str] = typer.Argument(
+        ...,
+        help="Documents to remove: a file as it was ingested (its path), or a source as "
+        "'batos search --json' shows it.",
+    ),
+) -> None:
+    """Remove documents and their chunks from the knowledge catalog, in one transaction.
+
+    A document whose chunks the curator folded into archives is refused (their text lives
+    on there): restore the archives first. 'batos undo TID' brings the documents back.
+
+    Example: batos forget notes/old-secrets.txt
+    """
+    with _catalog(ctx) as catalog:
+        sources = [_known_source(catalog, name) for name in documents]
+        removed = catalog.forget(sources)
+    for source, chunks in removed.items():
+        console.print(f"forgot {shown(source)} ({chunks} chunks)", soft_wrap=True)
+    console.print("'batos history' shows the transaction; 'batos undo TID' brings them back")
+
+
+def _known_source(catalog: KnowledgeCatalog, name: str) -> str:
+    """``name`` as the catalog keeps it: as given when it holds that source, else the
+    absolute path a file of that name was ingested under."""
+    if catalog.document(name) is not None:
+        return name
+    try:
+        resolved = str(Path(name).resolve())
+    except (OSError, RuntimeError):  # a symlink loop: it names no ingested file either
+        return name
+    return resolved if catalog.document(resolved) is not None else name
+
+
 def _no_summaries(texts: list[str]) -> str:
     raise BatosError("this curator run does not summarise")  # pragma: no cover
 
@@ -287,3 +322,4 @@ def register(app: typer.Typer) -> None:
     app.command()(ingest)
     app.command()(search)
     app.command()(curate)
+    app.command()(forget)

@@ -31,6 +31,7 @@ the embedder, the image), which the LangGraph server never passes on from client
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import StateSnapshot
 
+from batos.errors import GraphRequestError
 from graph import cycle
 from graph.mind_nodes import (
     ANSWER_TOKENS,
@@ -57,7 +59,14 @@ from graph.mind_state import (
     ModelFactory,
     accumulate,
 )
-from graph.request import admit_checked_input, check_thread_id, content_text, request_text
+from graph.request import (
+    MAX_MESSAGE_EXTRA_CHARS,
+    add_checked_messages,
+    admit_checked_input,
+    check_thread_id,
+    content_text,
+    request_text,
+)
 from store.core.image import LivingImage
 
 __all__ = [
@@ -83,6 +92,30 @@ __all__ = [
 ]
 
 
+#: What a client's Command(update=...) may write to the channels whose reducers check what
+#: they are given: held to the same checks before the checkpointer stores it (stored, a value
+#: a reducer refuses would break every later read of the thread).
+def _client_items(value: Any) -> None:
+    """A client's items for a list channel: as ``accumulate`` takes them, and bounded (every
+    later checkpoint of the thread carries them)."""
+    accumulate([], value)
+    size = len(json.dumps(value, default=str, ensure_ascii=False))
+    if size > MAX_MESSAGE_EXTRA_CHARS:
+        raise GraphRequestError(
+            f"a write of {size:,} characters to a list channel is more than a client may send "
+            f"({MAX_MESSAGE_EXTRA_CHARS:,})",
+            hint="the graph writes these channels itself; send messages instead",
+        )
+
+
+CLIENT_WRITE_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "messages": lambda value: add_checked_messages([], value),
+    "partials": _client_items,
+    "effects": _client_items,
+    "metrics": _client_items,
+}
+
+
 def build_graph(
     services: MindServices | None = None,
     *,
@@ -96,7 +129,7 @@ def build_graph(
     from store.checkpoint.saver import ZODBSaver
 
     if isinstance(checkpointer, ZODBSaver):
-        checkpointer.accept(cycle.EFFECT_KINDS)
+        checkpointer.accept(cycle.EFFECT_KINDS, CLIENT_WRITE_CHECKS)
     mind = Mind(services, checkpointer=checkpointer, served_image=served_image)
     builder = StateGraph(MindState, context_schema=MindContext, input_schema=MindInput)
     builder.add_node("route", mind.route)

@@ -698,6 +698,32 @@ def test_state_a_client_writes_into_list_and_commit_channels_is_refused_with_its
         assert graph.get_state(config).values["partials"] == before["partials"]
 
 
+def test_a_clients_command_update_is_checked_before_it_is_stored(image) -> None:
+    # Command(update=...) is stored as a write of no task before any node runs; a value a
+    # reducer refuses was applied again by every later read and run: the thread was broken
+    # for good.
+    from langgraph.types import Command
+
+    from store.checkpoint.saver import ZODBSaver
+
+    with ZODBSaver(image) as saver:
+        graph = build_graph(mind(FakeModels(responder())), checkpointer=saver)
+        config = run_config("commanded")
+        graph.invoke({"messages": [HumanMessage("hello")]}, config)
+        hostile = (
+            {"messages": [{"role": "nobody", "content": "x"}]},
+            {"partials": 5},
+            {"effects": [{"kind": "x", "blob": "y" * 70_000}]},
+        )
+        for update in hostile:
+            with pytest.raises(GraphRequestError):
+                graph.invoke(Command(update=update), config)
+            state = graph.get_state(config)  # it reads, and the next run goes on
+            assert [m.content for m in state.values["messages"]][0] == "hello"
+        done = graph.invoke({"messages": [HumanMessage("again")]}, config)
+        assert done["status"] == "COMPLETE" and len(done["messages"]) == 4
+
+
 def test_a_commit_is_applied_once_and_checked(image) -> None:
     state = run(image, mind(FakeModels(responder())), "hello")
     commit = effects.check(state["commit"], cycle.EFFECT_KINDS)

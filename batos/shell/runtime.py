@@ -28,7 +28,7 @@ from langgraph.checkpoint.base.id import uuid6
 
 from batos.errors import GraphRequestError, ImageNotFoundError
 from graph import cycle
-from graph.mind import MindServices, build_graph, run_config
+from graph.mind import CLIENT_WRITE_CHECKS, MindServices, build_graph, run_config
 from prototypes.codex import Codex
 from prototypes.incarnation import incarnation_step
 from prototypes.tools import TOOLS_STEP
@@ -85,7 +85,9 @@ class Runtime:
         """The image's checkpointer; it applies the mind's commits with their checkpoints."""
         with self._lock:
             if self._saver is None:
-                self._saver = ZODBSaver(self.image, effect_kinds=cycle.EFFECT_KINDS)
+                self._saver = ZODBSaver(
+                    self.image, effect_kinds=cycle.EFFECT_KINDS, write_checks=CLIENT_WRITE_CHECKS
+                )
             return self._saver
 
     @property

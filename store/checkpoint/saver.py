@@ -32,13 +32,14 @@ import logging
 import random
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
 import transaction
 from langchain_core.runnables import RunnableConfig
+from langgraph._internal._constants import NULL_TASK_ID  # a Command(update=...)'s task
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
@@ -321,11 +322,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         blob_threshold: int | None = None,
         max_connections: int = MAX_CONNECTIONS,
         effect_kinds: effects.EffectKinds | None = None,
+        write_checks: Mapping[str, Callable[[Any], Any]] | None = None,
     ) -> None:
         super().__init__(serde=serde or image_data_serde())
         self.image = image
         require(image, CHECKPOINT_STEPS, "the checkpointer")
         self.effect_kinds: dict[str, effects.EffectKind] = dict(effect_kinds or {})
+        self.write_checks: dict[str, Callable[[Any], Any]] = dict(write_checks or {})
         self._blob_threshold: int | None = (
             (blob_threshold or settings.get_int("checkpoint_blob_bytes"))
             if IBlobStorage.providedBy(image.db.storage)
@@ -335,9 +338,15 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         self._writer = _Writer(image)
         self._parking = ParkedWrites()
 
-    def accept(self, kinds: effects.EffectKinds) -> None:
-        """Apply effects of ``kinds`` too from now on (a graph assembled with this saver)."""
+    def accept(
+        self,
+        kinds: effects.EffectKinds,
+        write_checks: Mapping[str, Callable[[Any], Any]] | None = None,
+    ) -> None:
+        """Apply effects of ``kinds`` too from now on, and hold a client's writes to the
+        channels of ``write_checks`` to them (a graph assembled with this saver)."""
         self.effect_kinds.update(kinds)
+        self.write_checks.update(write_checks or {})
 
     def close(self) -> None:
         self._writer.close()
@@ -730,6 +739,14 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         ns = _checkpoint_ns(config)
         checkpoint_id = _checkpoint_id(config, required=True)
         assert checkpoint_id is not None
+        if task_id == NULL_TASK_ID:
+            # A run's Command(update=...): a client's values, stored before any node or
+            # reducer sees them, and applied again by every later read of the thread. One
+            # its channel's check refuses (it raises) is never stored.
+            for channel, value in writes:
+                check = self.write_checks.get(channel)
+                if check is not None:
+                    check(value)
         task_writes: TaskWrites = (
             task_id,
             task_path,

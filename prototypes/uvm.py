@@ -281,6 +281,9 @@ class Method(_Tracked):
         self.audit = dict(audit or {})
         self.compiler = compiler
         self.created = self.updated = time.time()
+        # Made by this process's own code (volatile: a method loaded from an image, or a
+        # copy of one, never has it): what lets a plain method that was never stored run.
+        self._v_made_here = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         persistent.Persistent.__setattr__(self, name, value)
@@ -297,7 +300,8 @@ class Method(_Tracked):
         fn = self.__dict__.get("_v_function")
         if fn is None:
             self._p_activate()
-            if self.compiler == "plain" and self._p_oid is not None and not _plain_allowed():
+            stored = self._p_oid is not None or not self.__dict__.get("_v_made_here")
+            if self.compiler == "plain" and stored and not _plain_allowed():
                 # Stored, so anyone who could write the image could have written it: plain
                 # Python runs unsandboxed as the user of whichever process sends it.
                 raise PlainMethodRefused(self.selector, oid=self._p_oid)
@@ -330,6 +334,8 @@ class Method(_Tracked):
         if self.examples:
             twin.examples = copy.deepcopy(list(self.examples))
         twin.created = self.created
+        # a copy of a method from an image is one too (clone() copies every method)
+        twin._v_made_here = self._p_oid is None and bool(self.__dict__.get("_v_made_here"))
         return twin
 
     def __repr__(self) -> str:

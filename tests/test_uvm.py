@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import persistent
 import pytest
 import transaction
@@ -307,6 +309,13 @@ def test_a_stored_plain_method_runs_only_where_the_setting_allows_it(tmp_path, m
     db = _reopen(tmp_path / "p.fs")
     with pytest.raises(PlainMethodRefused):
         db.open().root()["o"].touch()
+    assert not marker.exists()
+    # nor does a copy of it run: clone() copies every method, deepcopy the record
+    loaded = db.open().root()["o"]
+    with pytest.raises(PlainMethodRefused):
+        loaded.clone().touch()
+    with pytest.raises(PlainMethodRefused):
+        copy.deepcopy(loaded._slots()["touch"]).function()
     assert not marker.exists()
     monkeypatch.setenv("BATOS_IMAGE_PLAIN_METHODS", "on")
     assert db.open().root()["o"].touch() == "ran" and marker.exists()

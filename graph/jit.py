@@ -897,9 +897,21 @@ def choose(state: JitState) -> JitState:
 
 
 def install(state: JitState) -> JitState:
-    mission = _mission()
-    candidate = next(c for c in mission.candidates if c.number == state["chosen"])
-    mission.install(candidate.source, candidate.number)
+    context, mission = _context(), _mission()
+    # What is installed is what this run's mission chose and trusted, never what the state
+    # names: a served run's client can write the state (update_state) and resume at install.
+    choice, verdict = mission.choice, mission.verdict
+    if (
+        choice is None
+        or choice.candidate.number != state.get("chosen")
+        or (context.trust is not None and (verdict is None or not verdict.trusted))
+    ):
+        raise GraphRequestError(
+            "the run's state names a method its mission did not choose and trust, so nothing "
+            "was installed",
+            hint="send the request again (a new run)",
+        )
+    mission.install(choice.candidate.source, choice.candidate.number)
     return {}
 
 
@@ -1001,6 +1013,15 @@ def _rebuild(runtime_context: Any, state: JitState) -> JitContext:
     if stale is not None:  # a resumed run of this thread that was stopped before it ended
         _finish_served(stale, commit=False)
     context = _served(dict(state.get("request") or {}), state)
+    try:
+        return _rebuilt(context, runtime_context, state, thread)
+    except BaseException:  # its connection (and the image it holds) go back at once
+        _finish_served(context, commit=False)
+        raise
+
+
+def _rebuilt(context: JitContext, runtime_context: Any, state: JitState, thread: str) -> JitContext:
+    """``_rebuild``'s mission, on the connection ``_served`` opened for ``context``."""
     mission = Mission(
         context.receiver,  # type: ignore[arg-type]  # _served sets it
         state["selector"],

@@ -14,7 +14,7 @@ from persistent.mapping import PersistentMapping
 from test_jit import NO_EXAMPLES, _examples, _method
 
 from batos import settings
-from batos.errors import ConfigurationError, MissionFailed, ModelError
+from batos.errors import ConfigurationError, GraphRequestError, MissionFailed, ModelError
 from bench import jit as bench_jit
 from graph import jit
 from graph.review import Reviewer, signature_of
@@ -484,3 +484,31 @@ def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, monk
     finally:
         while file_uri in shared_images._open:  # each served run holds the image once
             release_shared(file_uri)
+
+
+def test_a_state_that_names_a_refused_draft_for_install_installs_nothing(image) -> None:
+    """The install step took the draft the run's state named: a client that could write the
+    state (and reach a run's live mission) could send a refused draft to install."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    graph = jit.build_graph(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "forged-install"}}
+    with image.connection() as conn:
+        conn.transaction_manager.begin()
+        live = jit.JitContext(
+            receiver=conn.root()["o"],
+            args=(2,),
+            model=_disagreeing(),
+            drafts=2,
+            trust=0.6,
+            ask="interrupt",
+        )
+        context = {jit.LIVE: live}
+        paused = graph.invoke({"selector": "double"}, config, context=context)
+        assert paused["__interrupt__"]  # not trusted: the user is asked
+        chosen = live.mission.choice.candidate.number
+        graph.update_state(config, {"decision": "install", "chosen": chosen}, as_node="choose")
+        with pytest.raises(GraphRequestError, match="did not choose and trust"):
+            graph.invoke(None, config, context=context)
+        assert "double" not in conn.root()["o"]._methods
+        conn.transaction_manager.abort()

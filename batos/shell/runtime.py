@@ -159,8 +159,7 @@ def _open(uri: str | None, create: bool | None) -> LivingImage:
             raise
         raise ImageNotFoundError(
             exc.message,
-            hint=f"run 'batos --image {shown_uri(uri or default_uri())} init', or pass "
-            "create=True",
+            hint=f"run 'batos --image {shown_uri(uri or default_uri())} init', or pass create=True",
         ) from None
 
 

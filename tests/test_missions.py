@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,9 +262,22 @@ def test_a_served_audits_state_written_by_a_client_undoes_and_starts_nothing(ima
         assert report["verdict"] == "unknown" and report["judged"] == {}
         assert report["narrative"] == audit.STALE_NARRATIVE
         assert report["weights_next"] != {"H_rel": 1.0}
-        # resuming the started mission's step again starts nothing either
-        graph.update_state(config, {"report_id": final["report_id"]}, as_node="record")
-        assert graph.invoke(None, config)["mission"] is None and missions.history(img) == []
+        # the improve step starts only the plan of the newest report, and only once: a report
+        # id the state names that is older, or whose mission is set, starts nothing
+        plan = forged["plan"]
+
+        def reports_with_plans(root: Any) -> None:
+            found = layout.audit_reports(root)
+            newest = found.maxKey()
+            found[newest + 1] = {**found[newest], "id": newest + 1, "plan": plan}
+            found[newest + 2] = {**found[newest], "id": newest + 2, "plan": plan, "mission": 7}
+
+        img.transact(reports_with_plans)
+        older, started = final["report_id"] + 1, final["report_id"] + 2
+        for number in (older, started):
+            graph.update_state(config, {"report_id": number}, as_node="record")
+            assert graph.invoke(None, config)["mission"] is None
+        assert missions.history(img) == []
 
 
 def test_a_mission_whose_change_fails_is_recorded_and_changes_nothing(image: str) -> None:

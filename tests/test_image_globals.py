@@ -421,3 +421,22 @@ def test_a_transactions_extension_metadata_runs_nothing(lasting_image_uri, tmp_p
             assert [t.extension for t in image.db.storage.iterator()][-2] == {}
     assert listed[0].description == "a perfectly normal change"
     assert not marker.exists()
+
+
+def test_a_zeo_servers_client_messages_name_no_code(marker):
+    """ZEO's server decodes a client's pickled messages with all of builtins allowed: a
+    message that called builtins.open (or exec) ran it in the server."""
+    import ZEO.asyncio.marshal
+
+    from store.core.image_globals import guard_zodb
+
+    guard_zodb()
+    hostile = b"\x80\x03" + _open_call(marker) + b"."
+    with pytest.raises(ImportError, match=r"may not name builtins\.open"):
+        ZEO.asyncio.marshal.pickle_server_decode(hostile)
+    assert not marker.exists()
+    legit = (1, False, "undoLog", (0, 20, {"description": set()}))
+    assert (
+        ZEO.asyncio.marshal.pickle_server_decode(ZEO.asyncio.marshal.encoder(b"Z5")(*legit))
+        == legit
+    )

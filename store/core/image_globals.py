@@ -19,6 +19,7 @@ pickle that builds nothing but data (a FileStorage index) from one that names co
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import pickletools
@@ -268,6 +269,32 @@ def transaction_extension(data: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+#: What a ZEO client's pickled messages may name, in the server: value types, and the prefix
+#: ZEO's undo filters use. ZEO's own list allows all of ``builtins`` (``eval``, ``exec``,
+#: ``open``), which let anyone who could reach the port run code in the server.
+ZEO_MESSAGE_GLOBALS = frozenset(
+    {
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytes"),
+        ("builtins", "bytearray"),
+        ("builtins", "complex"),
+        ("builtins", "slice"),
+        ("__builtin__", "set"),
+        ("__builtin__", "frozenset"),
+        ("zodbpickle", "binary"),
+        ("ZopeUndo.Prefix", "Prefix"),
+    }
+)
+
+
+def zeo_message_global(module: str, name: str) -> Any:
+    """ZEO's server-side ``find_global``, held to ``ZEO_MESSAGE_GLOBALS``."""
+    if (module, name) not in ZEO_MESSAGE_GLOBALS:
+        raise ImportError(f"a ZEO message may not name {module[:80]}.{name[:80]}")
+    return getattr(importlib.import_module(module), name)
+
+
 def guard_zodb() -> None:
     """Put the allow-list on the places ZODB (and RelStorage) unpickle stored data by
     themselves, in this process.
@@ -293,6 +320,9 @@ def guard_zodb() -> None:
         pass
     else:
         relstorage_history.loads = transaction_extension  # undoLog, history
+    import ZEO.asyncio.marshal
+
+    ZEO.asyncio.marshal.server_find_global = zeo_message_global  # a server's client messages
     logging.getLogger("ZODB.Connection").addFilter(_REFUSAL_NOT_LOGGED)  # once: a set
 
 

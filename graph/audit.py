@@ -45,6 +45,7 @@ from batos.errors import BatosError
 from graph import cem, missions, prompts, records
 from store.core import layout
 from store.core.image import LivingImage
+from store.core.transactions import Unchanged
 
 log = logging.getLogger("batos.audit")
 
@@ -378,6 +379,18 @@ def build_graph(image: LivingImage, models: Callable[..., Any] | None = None) ->
         if not isinstance(chosen, Mapping) or set(chosen) != set(
             missions.Plan.__dataclass_fields__
         ):
+            return {"mission": None}
+
+        def claim(root: Any) -> bool:
+            # Once: two resumed runs of one report read "no mission yet" alike; the first to
+            # commit its claim starts it (a conflict retries the other, which then sees it).
+            held = layout.audit_reports(root)[number]
+            if held.get("mission") is not None or held.get("mission_claimed"):
+                raise Unchanged(False)
+            layout.audit_reports(root)[number] = {**held, "mission_claimed": True}
+            return True
+
+        if not image.transact(claim, note=f"audit {number}: its mission starts"):
             return {"mission": None}
         try:
             started = missions.start(

@@ -277,6 +277,15 @@ def test_a_served_audits_state_written_by_a_client_undoes_and_starts_nothing(ima
         for number in (older, started):
             graph.update_state(config, {"report_id": number}, as_node="record")
             assert graph.invoke(None, config)["mission"] is None
+
+        def claimed_by_another_run(root: Any) -> None:  # its claim committed first
+            found = layout.audit_reports(root)
+            found[started] = {**found[started], "mission": None, "mission_claimed": True}
+
+        img.transact(claimed_by_another_run)
+        for number in (started,):
+            graph.update_state(config, {"report_id": number}, as_node="record")
+            assert graph.invoke(None, config)["mission"] is None
         assert missions.history(img) == []
 
 

@@ -724,6 +724,30 @@ def test_a_clients_command_update_is_checked_before_it_is_stored(image) -> None:
         assert done["status"] == "COMPLETE" and len(done["messages"]) == 4
 
 
+def test_a_replayed_cycle_is_not_named_in_the_history_as_a_second_commit(file_uri) -> None:
+    # Replayed from a checkpoint after routing, a cycle commits nothing again (its commit id
+    # was applied), but its checkpoint's transaction carried the commit's note: the history
+    # read as if the cycle had committed twice.
+    from store.checkpoint.saver import ZODBSaver
+
+    image = open_image(file_uri, create=True)
+    try:
+        with ZODBSaver(image) as saver:
+            graph = build_graph(mind(FakeModels(responder())), checkpointer=saver)
+            config = run_config("replayed")
+            done = graph.invoke({"messages": [HumanMessage("hello")]}, config)
+            cycle_id = done["cycle"]["id"]
+            at_gate = next(s for s in graph.get_state_history(config) if s.next == ("gate",))
+            graph.invoke(None, at_gate.config)
+        named = [t.description for t in image.history(20) if cycle_id in t.description]
+        assert len([d for d in named if d.startswith(f"mind cycle {cycle_id}")]) == 1
+        assert any("applied before: nothing of it now" in d for d in named)
+        with image.read() as root:
+            assert len(cycle.recent(root, 10)) == 1
+    finally:
+        image.close()
+
+
 def test_a_commit_is_applied_once_and_checked(image) -> None:
     state = run(image, mind(FakeModels(responder())), "hello")
     commit = effects.check(state["commit"], cycle.EFFECT_KINDS)

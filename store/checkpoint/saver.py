@@ -79,7 +79,7 @@ from store.checkpoint.parking import ParkedWrites
 from store.core import layout
 from store.core.image import LivingImage, shown_uri
 from store.core.schema import require
-from store.core.transactions import Unchanged, run_in_transaction
+from store.core.transactions import Unchanged, note_text, run_in_transaction
 
 __all__ = [
     "CheckpointConfigError",
@@ -601,14 +601,20 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             raise
         parked = self._parking.begin_put(key)
         stored = False
-        note = f"checkpoint {_named(thread_id)} {ns} {checkpoint_id}"
+        note = plain_note = f"checkpoint {_named(thread_id)} {ns} {checkpoint_id}"
         if commit is not None:
             note = commit["note"] or f"commit {commit['id']}"
 
         def transaction(root: Any) -> None:
             apply(parked, layout.checkpoints(root))
-            if commit is not None:
-                effects.apply_commit(root, commit, key, self.effect_kinds)
+            if commit is not None and not effects.apply_commit(
+                root, commit, key, self.effect_kinds
+            ):
+                # Applied before (a replay or fork of a committed cycle): the history must
+                # not read as if the commit's changes were made a second time.
+                root._p_jar.transaction_manager.get().description = note_text(
+                    f"{plain_note} (commit {commit['id']} applied before: nothing of it now)"
+                )
 
         try:
             self._write_root(transaction, note)

@@ -112,6 +112,8 @@ class JitContext:
     call: Callable[[BaseChatModel, list[BaseMessage]], str] | None = None
     #: The thread of a served run resumed after its question (its question is then spent).
     resumed_thread: str = ""
+    #: The image a served run holds (``acquire_shared``) until it ends (``_finish_served``).
+    shared_image: str = ""
 
 
 class JitRequest(TypedDict, total=False):
@@ -225,7 +227,7 @@ def _served(context: Any, state: JitState) -> JitContext:
     import transaction
 
     from prototypes.paths import resolve
-    from store.core.image import acquire_shared
+    from store.core.image import acquire_shared, release_shared
 
     request = context if isinstance(context, dict) else {}
     path, args, kwargs = request.get("receiver"), request.get("args", []), request.get("kwargs", {})
@@ -243,7 +245,8 @@ def _served(context: Any, state: JitState) -> JitContext:
         raise GraphRequestError("the run context names no receiver", hint=_REQUEST_HINT)
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise GraphRequestError("args must be a JSON list and kwargs an object", hint=_REQUEST_HINT)
-    image = acquire_shared(settings.get_str("image"))
+    uri = settings.get_str("image")
+    image = acquire_shared(uri)
     tm = transaction.TransactionManager()
     conn = image.db.open(transaction_manager=tm)
     try:
@@ -262,6 +265,7 @@ def _served(context: Any, state: JitState) -> JitContext:
     except BaseException:
         tm.abort()
         conn.close()
+        release_shared(uri)
         raise
     live = JitContext(
         receiver=receiver,
@@ -271,6 +275,7 @@ def _served(context: Any, state: JitState) -> JitContext:
         drafts=settings.get_int("jit_drafts"),
         transaction=tm.get(),
         connection=conn,
+        shared_image=uri,
         trust=trust.threshold(),
         ask="interrupt",
     )
@@ -302,6 +307,11 @@ def _finish_served(context: JitContext, *, commit: bool) -> None:
     finally:
         conn.transaction_manager.abort()
         conn.close()
+        if context.shared_image:  # held once per served run, given back once
+            from store.core.image import release_shared
+
+            uri, context.shared_image = context.shared_image, ""
+            release_shared(uri)
 
 
 def _receiver_name(context: JitContext) -> str:

@@ -413,6 +413,7 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
             {"selector": "twice"}, config, context={"receiver": "brick", "args": [4]}
         )
         assert paused["__interrupt__"][0].value["call"] == "self.twice(4)"
+        assert file_uri not in shared_images._open  # a paused run holds no image
         with acquire_shared(file_uri).read() as root:
             assert "twice" not in root["objects"]["brick"]._methods
         calls = model.calls
@@ -479,6 +480,7 @@ def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, monk
         graph.update_state(config, {"drafted": [forged]}, as_node="choose")
         done = graph.invoke(Command(resume={"args": [3], "returns": 300}), config, context={})
         assert done["status"] == "failed" and "not asked by this server" in done["error"]
+        assert file_uri not in shared_images._open  # each run gave its image back
         with acquire_shared(file_uri).read() as root:
             assert "twice" not in root["objects"]["brick"]._methods
     finally:

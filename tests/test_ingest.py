@@ -616,17 +616,19 @@ def test_a_folder_tree_deeper_than_the_recursion_limit_is_walked(
 
     deep = folder = tmp_path / "deep"
     deep.mkdir()
-    for _ in range(sys.getrecursionlimit() + 100):
-        folder = folder / "d"
-        folder.mkdir()  # one level at a time: mkdir(parents=True) recurses too
-    bottom = folder / "bottom.txt"
-    bottom.write_text(CATS)
+    bottom = deep / "bottom.txt"
     (tmp_path / "after.txt").write_text(DOGS)
     try:
+        for _ in range(sys.getrecursionlimit() + 100):
+            folder = folder / "d"
+            folder.mkdir()  # one level at a time: mkdir(parents=True) recurses too
+        bottom = folder / "bottom.txt"
+        bottom.write_text(CATS)
         report = ingest_paths(catalog, [deep, tmp_path / "after.txt"])
     finally:
-        # pytest's clean-up (shutil.rmtree) recurses per level too: undo the tree here
-        bottom.unlink()
+        # pytest's clean-up (shutil.rmtree) recurses per level too, and a tree left behind
+        # ends a later session with a RecursionError: undo it here, however far it got
+        bottom.unlink(missing_ok=True)
         while folder != deep:
             folder.rmdir()
             folder = folder.parent

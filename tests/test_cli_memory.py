@@ -210,7 +210,8 @@ def test_search_without_a_query_or_with_a_bad_mode_exits_9(capsys, file_uri) -> 
     assert code == 9 and "cannot read queries" in err
 
 
-def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> None:
+def _ingest_backups(capsys, file_uri: str, tmp_path: Path) -> None:
+    """Three files that say the same thing: a cluster the curator folds as redundant."""
     for i, text in enumerate(BACKUPS):
         (tmp_path / f"backup-{i}.txt").write_text(text)
     run(
@@ -220,6 +221,10 @@ def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> No
         "ingest",
         *(str(tmp_path / f"backup-{i}.txt") for i in range(3)),
     )
+
+
+def test_curate_plans_lists_shows_and_restores(capsys, file_uri, tmp_path) -> None:
+    _ingest_backups(capsys, file_uri, tmp_path)
     code, out, _ = run(capsys, "--image", file_uri, "curate", "--dry-run")
     assert code == 0 and "redundant: 3 chunks" in out and "1 cluster(s) would be folded" in out
     with open_laid_out(file_uri) as image:  # fold with a stand-in for BABS
@@ -268,15 +273,7 @@ def test_forget_removes_documents_undoably_and_refuses_what_it_cannot_forget_who
     code, out, _ = run(capsys, "--image", file_uri, "search", "dogs", "--json", "-k", "5")
     assert str(notes / "dogs.txt") in {r["source"] for r in json.loads(out)["results"]}
     # a document the curator folded lives on in its archive: forgetting it alone is refused
-    for i, text in enumerate(BACKUPS):
-        (tmp_path / f"backup-{i}.txt").write_text(text)
-    run(
-        capsys,
-        "--image",
-        file_uri,
-        "ingest",
-        *(str(tmp_path / f"backup-{i}.txt") for i in range(3)),
-    )
+    _ingest_backups(capsys, file_uri, tmp_path)
     with open_laid_out(file_uri) as image:
         catalog = KnowledgeCatalog.open(image)
         [archive_id] = Curator(catalog, lambda texts: "Nightly NAS backups at two.").run().archives

@@ -334,6 +334,18 @@ def test_an_answer_with_a_typo_is_asked_for_again_and_the_next_one_used(image) -
     assert len(asked) == 2 and "the answer is not JSON" in asked[1]["again"]
 
 
+def _asking(conn: Any) -> jit.JitContext:
+    """A live run context on ``conn`` whose drafts disagree, so the run asks the user."""
+    return jit.JitContext(
+        receiver=conn.root()["o"],
+        args=(2,),
+        model=_disagreeing(),
+        drafts=2,
+        trust=0.6,
+        ask="interrupt",
+    )
+
+
 def test_the_graph_interrupts_and_resumes_with_the_users_example(image) -> None:
     """The Python API with a checkpointer: the run returns the interrupt, and resuming it
     with an example installs the method."""
@@ -344,14 +356,7 @@ def test_the_graph_interrupts_and_resumes_with_the_users_example(image) -> None:
     config = {"configurable": {"thread_id": "t1"}}
     with image.connection() as conn:
         conn.transaction_manager.begin()
-        live = jit.JitContext(
-            receiver=conn.root()["o"],
-            args=(2,),
-            model=_disagreeing(),
-            drafts=2,
-            trust=0.6,
-            ask="interrupt",
-        )
+        live = _asking(conn)
         context = {jit.LIVE: live}
         paused = graph.invoke({"selector": "double"}, config, context=context)
         (pending,) = paused["__interrupt__"]
@@ -497,14 +502,7 @@ def test_a_state_that_names_a_refused_draft_for_install_installs_nothing(image) 
     config = {"configurable": {"thread_id": "forged-install"}}
     with image.connection() as conn:
         conn.transaction_manager.begin()
-        live = jit.JitContext(
-            receiver=conn.root()["o"],
-            args=(2,),
-            model=_disagreeing(),
-            drafts=2,
-            trust=0.6,
-            ask="interrupt",
-        )
+        live = _asking(conn)
         context = {jit.LIVE: live}
         paused = graph.invoke({"selector": "double"}, config, context=context)
         assert paused["__interrupt__"]  # not trusted: the user is asked

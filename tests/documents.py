@@ -54,19 +54,7 @@ def make_pdf(text: str, to_unicode: bytes | None = None) -> bytes:
     ]
     if to_unicode:
         objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(to_unicode), to_unicode))
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1,
-        xref,
-    )
-    return bytes(out)
+    return _pdf(objects)
 
 
 def make_shared_stream_pdf(pages: int, lines: int) -> bytes:
@@ -91,6 +79,11 @@ def make_shared_stream_pdf(pages: int, lines: int) -> bytes:
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R "
         b"/Resources << /Font << /F1 4 0 R >> >> >>"
     ] * pages
+    return _pdf(objects)
+
+
+def _pdf(objects: list[bytes]) -> bytes:
+    """A PDF file of ``objects`` (numbered from 1, the catalog first), with its xref table."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, body in enumerate(objects, start=1):

@@ -388,109 +388,99 @@ def test_the_bench_reads_a_run_that_asked() -> None:
     assert bench_jit.selective(cases, 0.5)["installed"] == 1
 
 
+@pytest.fixture
+def served(file_uri, monkeypatch) -> Any:
+    """(the JIT graph, its scripted model) as 'langgraph dev' runs it on the image at
+    ``file_uri``: two disagreeing drafts of 'twice', so a run asks; the image each served run
+    held is given back at the end."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from batos.shell.runtime import open_image
+    from store.core.image import _SHARED as shared_images
+    from store.core.image import release_shared
+
+    open_image(file_uri, create=True).close()
+    monkeypatch.setenv("BATOS_IMAGE", file_uri)
+    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
+    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
+    model = ScriptedChatModel().enqueue(
+        NO_EXAMPLES,
+        _method("x * 3").replace("double", "twice"),
+        _method("x * 2").replace("double", "twice"),
+    )
+    monkeypatch.setattr(jit, "default_model_factory", lambda persona, **options: model)
+    yield jit.build_graph(checkpointer=InMemorySaver()), model
+    while file_uri in shared_images._open:
+        release_shared(file_uri)
+
+
 def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
-    file_uri, monkeypatch
+    file_uri, served
 ) -> None:
     """As under 'langgraph dev': the request names the receiver, the run stops at the
     question with nothing written, and the resuming run (a new request, no receiver in its
     context) rebuilds the mission from the thread's state, without calling the model."""
-    from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
 
-    from batos.shell.runtime import open_image
     from store.core.image import _SHARED as shared_images
-    from store.core.image import acquire_shared, release_shared
+    from store.core.image import acquire_shared
 
-    open_image(file_uri, create=True).close()
-    monkeypatch.setenv("BATOS_IMAGE", file_uri)
-    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
-    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
-    model = ScriptedChatModel().enqueue(
-        NO_EXAMPLES,
-        _method("x * 3").replace("double", "twice"),
-        _method("x * 2").replace("double", "twice"),
-    )
-    monkeypatch.setattr(jit, "default_model_factory", lambda persona, **options: model)
-    graph = jit.build_graph(checkpointer=InMemorySaver())
+    graph, model = served
     config = {"configurable": {"thread_id": "served"}}
-    try:
-        paused = graph.invoke(
-            {"selector": "twice"}, config, context={"receiver": "brick", "args": [4]}
-        )
-        assert paused["__interrupt__"][0].value["call"] == "self.twice(4)"
-        assert file_uri not in shared_images._open  # a paused run holds no image
-        with acquire_shared(file_uri).read() as root:
-            assert "twice" not in root["objects"]["brick"]._methods
-        calls = model.calls
-        done = graph.invoke(Command(resume={"args": [3], "returns": 6}), config, context={})
-        assert done["status"] == "installed" and model.calls == calls
-        with acquire_shared(file_uri).read() as root:
-            assert root["objects"]["brick"].twice(5) == 10
-        # named in the history, to be found and undone (it was an empty description)
-        [installed] = acquire_shared(file_uri).history(1)
-        assert installed.description == "jit: BRICK.twice installed" and installed.user
-    finally:
-        while file_uri in shared_images._open:  # each served run holds the image once
-            release_shared(file_uri)
+    paused = graph.invoke({"selector": "twice"}, config, context={"receiver": "brick", "args": [4]})
+    assert paused["__interrupt__"][0].value["call"] == "self.twice(4)"
+    assert file_uri not in shared_images._open  # a paused run holds no image
+    with acquire_shared(file_uri).read() as root:
+        assert "twice" not in root["objects"]["brick"]._methods
+    calls = model.calls
+    done = graph.invoke(Command(resume={"args": [3], "returns": 6}), config, context={})
+    assert done["status"] == "installed" and model.calls == calls
+    with acquire_shared(file_uri).read() as root:
+        assert root["objects"]["brick"].twice(5) == 10
+    # named in the history, to be found and undone (it was an empty description)
+    [installed] = acquire_shared(file_uri).history(1)
+    assert installed.description == "jit: BRICK.twice installed" and installed.user
 
 
-def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, monkeypatch) -> None:
+def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, served) -> None:
     """A server's client can write any state of a JIT run (update_state) and resume it: the
     run rebuilt its mission from the state's drafts, so the client's own code, with an
     example it passes, was installed as the model's, trusted."""
-    from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
 
-    from batos.shell.runtime import open_image
     from store.core.image import _SHARED as shared_images
-    from store.core.image import acquire_shared, release_shared
+    from store.core.image import acquire_shared
 
-    open_image(file_uri, create=True).close()
-    monkeypatch.setenv("BATOS_IMAGE", file_uri)
-    monkeypatch.setenv("BATOS_JIT_DRAFTS", "2")
-    monkeypatch.setenv("BATOS_JIT_TRUST", "0.6")
-    model = ScriptedChatModel().enqueue(
-        NO_EXAMPLES,
-        _method("x * 3").replace("double", "twice"),
-        _method("x * 2").replace("double", "twice"),
-    )
-    monkeypatch.setattr(jit, "default_model_factory", lambda persona, **options: model)
-    graph = jit.build_graph(checkpointer=InMemorySaver())
+    graph, model = served
     forged = _method("x * 100").replace("double", "twice")
-    try:
-        # 1. a thread that never asked anything, its state written to stand at a question
-        config = {"configurable": {"thread_id": "forged"}}
-        graph.update_state(
-            config,
-            {
-                "selector": "twice",
-                "attempt": 1,
-                "decision": "ask",
-                "status": "drafting",
-                "examples": [],
-                "request": {"receiver": "brick", "args": [3], "kwargs": {}},
-                "drafted": [forged],
-            },
-            as_node="choose",
-        )
-        done = graph.invoke(None, config, context={})
-        assert done["status"] == "failed" and "not asked by this server" in done["error"]
-        assert "send the request again" in done["error"]
-        # 2. a run that did ask: its drafts replaced by the client's before the answer
-        config = {"configurable": {"thread_id": "asked"}}
-        paused = graph.invoke(
-            {"selector": "twice"}, config, context={"receiver": "brick", "args": [4]}
-        )
-        assert paused["__interrupt__"]
-        graph.update_state(config, {"drafted": [forged]}, as_node="choose")
-        done = graph.invoke(Command(resume={"args": [3], "returns": 300}), config, context={})
-        assert done["status"] == "failed" and "not asked by this server" in done["error"]
-        assert file_uri not in shared_images._open  # each run gave its image back
-        with acquire_shared(file_uri).read() as root:
-            assert "twice" not in root["objects"]["brick"]._methods
-    finally:
-        while file_uri in shared_images._open:  # each served run holds the image once
-            release_shared(file_uri)
+    # 1. a thread that never asked anything, its state written to stand at a question
+    config = {"configurable": {"thread_id": "forged"}}
+    graph.update_state(
+        config,
+        {
+            "selector": "twice",
+            "attempt": 1,
+            "decision": "ask",
+            "status": "drafting",
+            "examples": [],
+            "request": {"receiver": "brick", "args": [3], "kwargs": {}},
+            "drafted": [forged],
+        },
+        as_node="choose",
+    )
+    done = graph.invoke(None, config, context={})
+    assert done["status"] == "failed" and "not asked by this server" in done["error"]
+    assert "send the request again" in done["error"]
+    # 2. a run that did ask: its drafts replaced by the client's before the answer
+    config = {"configurable": {"thread_id": "asked"}}
+    paused = graph.invoke({"selector": "twice"}, config, context={"receiver": "brick", "args": [4]})
+    assert paused["__interrupt__"]
+    graph.update_state(config, {"drafted": [forged]}, as_node="choose")
+    done = graph.invoke(Command(resume={"args": [3], "returns": 300}), config, context={})
+    assert done["status"] == "failed" and "not asked by this server" in done["error"]
+    assert file_uri not in shared_images._open  # each run gave its image back
+    with acquire_shared(file_uri).read() as root:
+        assert "twice" not in root["objects"]["brick"]._methods
 
 
 def test_a_state_that_names_a_refused_draft_for_install_installs_nothing(image) -> None:

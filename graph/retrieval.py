@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prototypes.bounded import well_formed
+from store.core.text import well_formed
 from store.knowledge.catalog import Hit, KnowledgeCatalog
 from store.knowledge.chunking import clipped
 

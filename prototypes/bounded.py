@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,19 +37,6 @@ MAX_JSON_INT_DIGITS = 100
 
 class NotStrictJSON(ValueError):
     """Text that Python's ``json`` reads but JSON does not allow, or past a size asked for."""
-
-
-#: A UTF-16 surrogate: Python text may hold a lone one (a file name's undecodable byte read
-#: with surrogateescape, a JSON "\\udce9"); UTF-8 cannot encode it.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def well_formed(text: str) -> str:
-    """``text`` with lone surrogates replaced by U+FFFD (pairs joined into their character):
-    text that UTF-8, a tokenizer and a JSON body all take."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def strict_json(

@@ -48,6 +48,7 @@ from prototypes.bounded import bounded_repr
 from prototypes.uvm import Method, UvmObject, register_compiler
 from store.core import layout
 from store.core.layout import UpgradeStep
+from store.core.text import SURROGATE
 
 #: The compiler name of a tool proxy's methods (``Method.compiler``).
 TOOL_COMPILER = "tool"
@@ -185,13 +186,11 @@ def _text_field(value: Any, what: str) -> str:
         raise ValueError(f"{what} is over {MAX_FIELD_CHARS} characters")
     if any(c in text for c in "\r\n\0"):
         raise ValueError(f"{what} holds a line break or NUL")
-    if _SURROGATE.search(text):
+    if SURROGATE.search(text):
         raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
     return text
 
 
-#: A lone UTF-16 surrogate: Python text may hold one, UTF-8 (and so a request) cannot.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 #: What a header's value may hold: visible ASCII, spaces and tabs (RFC 9110's field-value;
 #: httpx encodes values as ASCII).
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
@@ -228,7 +227,7 @@ def plain_data(value: Any, what: str, max_nodes: int, max_chars: int) -> Any:
         budget[0] -= 1
         if budget[0] < 0 or depth > 20:
             raise ValueError(f"{what} has over {max_nodes} values or 20 levels")
-        if isinstance(v, str) and _SURROGATE.search(v):
+        if isinstance(v, str) and SURROGATE.search(v):
             raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
         if v is None or isinstance(v, bool | str | int):
             return v
@@ -237,7 +236,7 @@ def plain_data(value: Any, what: str, max_nodes: int, max_chars: int) -> Any:
         if isinstance(v, Mapping):
             if len(v) > budget[0] or not all(isinstance(k, str) for k in v):
                 raise ValueError(f"{what}'s objects need text keys and few entries")
-            if any(_SURROGATE.search(k) for k in v):
+            if any(SURROGATE.search(k) for k in v):
                 raise ValueError(f"{what} holds a lone surrogate, which no request can encode")
             return {k: plain(x, depth + 1) for k, x in list(v.items())}
         if isinstance(v, list | tuple):
@@ -273,7 +272,7 @@ def read_request(value: Any) -> ToolRequest:
     origin_of(url)
     if parts.username or parts.password:
         raise ValueError("the url may not hold a user or password: name a secret instead")
-    if parts.fragment or _URL_FORBIDDEN.search(url) or _SURROGATE.search(url):
+    if parts.fragment or _URL_FORBIDDEN.search(url) or SURROGATE.search(url):
         raise ValueError(
             "the url may not hold a fragment, spaces, tabs, line breaks or other control "
             "characters (percent-encode them, or pass values in params)"

@@ -28,7 +28,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from batos import metrics
 from batos.errors import GenerationCancelled, ModelError
 from batos.models.cancel import cancel_event, raise_if_cancelled
-from prototypes.bounded import well_formed
+from store.core.text import well_formed
 
 #: A backend's exception class → what to make of it. The most specific matching class wins.
 ExceptionTable = Mapping[type[BaseException], Callable[[BaseException], ModelError]]

@@ -30,7 +30,7 @@ from typing import Any
 from batos import settings
 from batos.errors import ModelError, PromptTooLong
 from batos.models.cancel import raise_if_cancelled
-from prototypes.bounded import well_formed
+from store.core.text import well_formed
 
 log = logging.getLogger("batos.llm.engine")
 

@@ -31,6 +31,7 @@ from transaction.interfaces import TransientError
 
 from batos import settings
 from batos.errors import BatosError, ConfigurationError, DocumentError
+from store.core.text import well_formed
 from store.knowledge.catalog import (
     MAX_FIELDS,
     Change,
@@ -61,7 +62,6 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16"),
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
-_SURROGATE = re.compile("[\ud800-\udfff]")
 #: Characters of an exception's text kept in a file's error (the rest is cut off).
 _REASON_CHARS = 300
 
@@ -110,7 +110,7 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     else:
         text = _decode(path, data)
         fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
-    text = _well_formed(text)
+    text = well_formed(text)
     if not text.strip():
         raise DocumentError(
             f"{path} has no text to index",
@@ -171,17 +171,6 @@ def _too_large(path: Path, size: int, limit: int) -> DocumentError:
         f"{path} is {size:,} bytes, over the {limit:,}-byte limit",
         hint="split it, or raise BATOS_CATALOG_MAX_BYTES",
     )
-
-
-def _well_formed(text: str) -> str:
-    """``text`` with lone surrogates replaced by U+FFFD (pairs joined into their character).
-
-    pypdf decodes a PDF's character maps with "surrogatepass": a broken map leaves halves of
-    UTF-16 pairs in the text, which neither the tokenizer nor UTF-8 accepts.
-    """
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def _reason(exc: BaseException) -> str:
@@ -776,7 +765,7 @@ def ingest_text(
 ) -> str:
     """Ingest a text held in memory under the name ``source``; returns the outcome."""
     metadata = check_metadata(metadata)
-    text = _well_formed(text)
+    text = well_formed(text)
     content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
     known = catalog.document(source)
     kept = _metadata(known, metadata)

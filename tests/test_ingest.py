@@ -607,6 +607,28 @@ def test_a_long_round_of_embedding_is_announced_before_it_runs(
     assert "(most from big.txt)" in notes[0]
 
 
+def test_files_before_a_large_document_are_committed_before_its_long_round(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large document embedded for minutes held back the commit of every small file read
+    before it in the same interval: a kill then lost them all, and nothing was said of them."""
+    from store.knowledge import ingest
+
+    monkeypatch.setattr(ingest, "LONG_ROUND", 8)  # a large document's round, in miniature
+    monkeypatch.setenv("BATOS_CATALOG_COMMIT_SECONDS", "3600")
+    (tmp_path / "small.txt").write_text(DOGS)
+    (tmp_path / "big.txt").write_text("Newts live near ponds and hunt at dusk. " * 300)
+    events: list[str] = []
+    report = ingest_paths(
+        catalog,
+        [tmp_path / "small.txt", tmp_path / "big.txt"],
+        on_file=lambda path, outcome, _: events.append(f"{path.name} {outcome}"),
+        on_note=lambda note: events.append("note"),
+    )
+    assert events == ["small.txt added", "note", "big.txt added"]
+    assert report.commits == 2
+
+
 def test_a_folder_tree_deeper_than_the_recursion_limit_is_walked(
     tmp_path: Path, catalog: KnowledgeCatalog
 ) -> None:

@@ -699,11 +699,18 @@ def ingest_paths(
                     report.unchanged.append(str(path))
                     tell(path, "unchanged")
                     continue
-                pending.append(_plan(catalog, source, text, content_hash, fmt, kept))
+                planned = _plan(catalog, source, text, content_hash, fmt, kept)
             except DocumentError as exc:
                 report.failed.append((str(path), exc))
                 tell(path, "failed")
                 continue
+            if len(planned.plan.chunks) >= LONG_ROUND and (pending or ready):
+                # A large document's round runs for minutes: the files before it are
+                # embedded and committed first, rather than wait for it (and be lost with
+                # it to a kill).
+                embed()
+                flush()
+            pending.append(planned)
             paths_of[source] = path
             # A round of embedding takes about half the commit interval at the rate measured
             # so far, so commits keep their pace on a slow or busy machine too.

@@ -27,6 +27,8 @@
      │    ├── CheckpointConfigError   no usable thread or checkpoint id (also a ValueError)
      │    ├── CheckpointNotFound      no such thread or checkpoint (a LookupError, ValueError)
      │    ├── MalformedCommit         a commit channel's value is malformed (also a ValueError)
+     │    ├── ThreadMovedOn           another run stored a newer checkpoint first (a ValueError)
+     │    ├── ThreadBusy              another process's run is answering on the thread now
      │    └── CheckpointSerializationError  a state value cannot be encoded (a TypeError)
      ├── CatalogError                 the knowledge catalog cannot do what was asked
      │    ├── DocumentError           one input document cannot be ingested
@@ -273,6 +275,19 @@ class CheckpointNotFound(CheckpointError, LookupError, ValueError):
     Also a ValueError: the LangGraph server passes the message of those (reason and hint) to
     its clients, and only "An internal error occurred" of a LookupError.
     """
+
+
+class ThreadMovedOn(CheckpointError, ValueError):
+    """A run continued the thread's latest checkpoint, and another run (most often in another
+    process sharing the image) stored a newer one first; the run's step was not stored.
+
+    A ValueError, so the LangGraph server shows a client its reason and hint.
+    """
+
+
+class ThreadBusy(CheckpointError, ValueError):
+    """A request was sent on a thread whose latest checkpoint is a run still in progress
+    (another process's, most often); nothing of the request was stored."""
 
 
 class CheckpointSerializationError(CheckpointError, TypeError):

@@ -34,13 +34,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import StateSnapshot
 
-from batos.errors import GraphRequestError
+from batos.errors import GraphRequestError, ThreadBusy
 from graph import cycle
 from graph.mind_nodes import (
     ANSWER_TOKENS,
@@ -161,6 +162,45 @@ graph = build_graph()
 
 def run_config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": check_thread_id(thread_id)}, "recursion_limit": 40}
+
+
+#: A thread whose latest checkpoint still has steps to run, stored less than this long ago, is
+#: taken to be answering a request in another process; stored longer ago, its run is taken to
+#: have died (a killed process), and a new request goes on from it. A mind cycle stores a
+#: checkpoint after every step, and no step of one takes this long on the default model.
+BUSY_SECONDS = 300.0
+
+
+def refuse_if_busy(graph: Any, config: RunnableConfig) -> None:
+    """Raise ``ThreadBusy`` if ``config``'s thread is answering another request now.
+
+    Two runs on one thread at once from two processes each go on from what they read: the
+    checkpointer lets only one of them store each step (``ThreadMovedOn`` for the other), and
+    a request sent while another run is mid-cycle would go on from that run's half-done state
+    and make it fail. So a new request is refused up front while the thread's latest
+    checkpoint has steps still to run (no interrupt waiting for an answer, no failed step)
+    and is recent. A run from a checkpoint named by id (a fork) is never refused.
+    """
+    configurable = config.get("configurable", {})
+    if configurable.get("checkpoint_id"):
+        return
+    snapshot = graph.get_state({"configurable": {"thread_id": configurable["thread_id"]}})
+    if not snapshot.next or not snapshot.created_at:
+        return
+    if any(task.interrupts or task.error for task in snapshot.tasks):
+        return  # waiting for the user's answer, or a run that failed: nothing runs there now
+    try:
+        age = (datetime.now(UTC) - datetime.fromisoformat(snapshot.created_at)).total_seconds()
+    except (TypeError, ValueError):
+        return
+    if age < BUSY_SECONDS:
+        raise ThreadBusy(
+            f"thread {configurable['thread_id']!r} is answering another request (its last "
+            f"step, before {', '.join(snapshot.next)}, was stored {max(age, 0):.0f} s ago); "
+            "this one was not sent",
+            hint="send it again when that answer is done, or on a thread of its own; a run "
+            f"whose process died is taken as ended {BUSY_SECONDS:.0f} s after its last step",
+        )
 
 
 def own_run(config: RunnableConfig) -> RunnableConfig:

@@ -23,6 +23,7 @@ from store.checkpoint.saver import (
     CheckpointConfigError,
     CheckpointNotFound,
     CheckpointSerializationError,
+    ThreadMovedOn,
     ZODBSaver,
 )
 from store.core import layout
@@ -186,22 +187,33 @@ def test_threads_hammering_one_image(lasting_saver: ZODBSaver) -> None:
     file_saver = lasting_saver
     graph = chain_graph(file_saver)
     errors: list[BaseException] = []
+    moved: list[ThreadMovedOn] = []
 
-    def worker(k: int) -> None:
-        try:
-            for r in range(3):
-                graph.invoke({"n": r, "log": []}, cfg(f"w{k % 3}"))  # threads share ids
-        except BaseException as exc:
-            errors.append(exc)
+    def worker(thread: str) -> None:
+        for r in range(3):
+            try:
+                graph.invoke({"n": r, "log": []}, cfg(thread))
+            except ThreadMovedOn as exc:
+                moved.append(exc)
+            except BaseException as exc:
+                errors.append(exc)
 
-    workers = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    # Six threads of their own, and two runs at once on each of three more.
+    workers = [threading.Thread(target=worker, args=(f"w{k}",)) for k in range(6)]
+    workers += [threading.Thread(target=worker, args=(f"s{k % 3}",)) for k in range(6)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
     assert not errors
+    for k in range(6):
+        assert len(list(file_saver.list(cfg(f"w{k}")))) == 3 * 5
+    # Runs on a shared thread either ran whole or were told the thread moved on; its latest
+    # state is one whole run's.
     for k in range(3):
-        assert len(list(file_saver.list(cfg(f"w{k}")))) == 6 * 5
+        values = file_saver.get_tuple(cfg(f"s{k}")).checkpoint["channel_values"]
+        assert values["log"][-3:] == ["n0", "n1", "n2"]
+    assert all("moved on" in str(exc) for exc in moved)
 
 
 def test_concurrent_writes_to_one_checkpoint_are_all_kept(
@@ -768,6 +780,120 @@ def _race(*calls: Callable[[], Any]) -> None:
         w.start()
     for w in workers:
         w.join()
+
+
+# -- two runs on one thread at once --------------------------------------------------------
+
+
+def test_a_run_continuing_a_superseded_latest_stores_nothing(file_saver: ZODBSaver) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    graph = chain_graph(file_saver)
+    graph.invoke({"n": 0, "log": []}, cfg("t"))
+    read = file_saver.get_tuple(cfg("t"))  # what a run reads as it starts
+    assert read is not None
+    graph.invoke({"n": 10, "log": []}, cfg("t"))  # and another run stores first
+    latest = file_saver.get_tuple(cfg("t"))
+    before = written(file_saver)
+    with pytest.raises(ThreadMovedOn, match="moved on while this run was in progress") as err:
+        file_saver.put(read.config, generate_checkpoint(), {"step": 9, "source": "loop"}, {})
+    assert err.value.hint and "send the request again" in err.value.hint
+    assert isinstance(err.value, ValueError)  # the LangGraph server shows a client why
+    assert written(file_saver) == before
+    assert file_saver.get_tuple(cfg("t")).config == latest.config
+    # The same checkpoint named by id is a fork on purpose, and stores.
+    fork = cfg("t", checkpoint_ns="", checkpoint_id=read.config["configurable"]["checkpoint_id"])
+    file_saver.put(fork, generate_checkpoint(), {"step": 9, "source": "fork"}, {})
+    assert transactions(file_saver.image) == before[0] + 1
+
+
+def test_a_run_overtaken_mid_step_fails_and_the_other_run_is_kept(
+    any_image: LivingImage,
+) -> None:
+    # Two runs on one thread at once, each through a saver of its own (two processes sharing
+    # an image): the first stops inside a node, the second runs to its end meanwhile.
+    inside, go_on = threading.Event(), threading.Event()
+
+    def step(state: State) -> dict:
+        if state["log"][-1] == "first":
+            inside.set()
+            assert go_on.wait(30)
+        return {"n": state["n"] + 1, "log": [f"step after {state['log'][-1]}"]}
+
+    def build(saver: ZODBSaver) -> Any:
+        builder = StateGraph(State)
+        builder.add_node("step", step)
+        builder.add_edge(START, "step")
+        builder.add_edge("step", END)
+        return builder.compile(checkpointer=saver)
+
+    with ZODBSaver(any_image) as one, ZODBSaver(any_image) as two:
+        build(one).invoke({"n": 0, "log": ["opening"]}, cfg("t"))
+        failures: list[BaseException] = []
+
+        def first() -> None:
+            try:
+                build(one).invoke({"n": 0, "log": ["first"]}, cfg("t"))
+            except BaseException as exc:
+                failures.append(exc)
+
+        runner = threading.Thread(target=first)
+        runner.start()
+        assert inside.wait(30)
+        for _ in range(300):  # the first run's step checkpoint is stored in the background
+            state = two.get_tuple(cfg("t"))
+            if state.metadata.get("step", -1) >= 2 and state.metadata["source"] == "loop":
+                break
+            threading.Event().wait(0.01)
+        second = build(two).invoke({"n": 0, "log": ["second"]}, cfg("t"))
+        go_on.set()
+        runner.join(30)
+        assert [type(f) for f in failures] == [ThreadMovedOn]
+        assert second["log"][-1] == "step after second"
+        latest = one.get_tuple(cfg("t")).checkpoint["channel_values"]
+        assert latest["log"][-1] == "step after second"
+        assert "step after first" not in latest["log"]
+
+
+class _Meeting(ZODBSaver):
+    """A saver whose first checkpoint transaction waits, before committing, until the other
+    saver's has run too: both read the same state, as two processes' puts at once may."""
+
+    meeting: threading.Barrier | None = None
+
+    def _write_root(self, fn: Callable[[Any], Any], note: str) -> Any:
+        def met(root: Any) -> Any:
+            result = fn(root)
+            meeting, self.meeting = self.meeting, None
+            if meeting is not None and note.startswith("checkpoint"):
+                meeting.wait(10)
+            return result
+
+        return super()._write_root(met, note)
+
+
+def test_two_puts_continuing_one_latest_at_once_store_one(any_image: LivingImage) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    with _Meeting(any_image) as one, _Meeting(any_image) as two:
+        chain_graph(one).invoke({"n": 0, "log": []}, cfg("t"))
+        reads = [one.get_tuple(cfg("t")), two.get_tuple(cfg("t"))]
+        one.meeting = two.meeting = threading.Barrier(2)
+        outcomes: list[Any] = []
+
+        def put(saver: ZODBSaver, read: Any) -> None:
+            try:
+                outcomes.append(saver.put(read.config, generate_checkpoint(), {"step": 9}, {}))
+            except ThreadMovedOn as exc:
+                outcomes.append(exc)
+
+        _race(partial(put, one, reads[0]), partial(put, two, reads[1]))
+        moved = [o for o in outcomes if isinstance(o, ThreadMovedOn)]
+        stored = [o for o in outcomes if not isinstance(o, ThreadMovedOn)]
+        assert len(moved) == 1 and len(stored) == 1, outcomes
+        latest = one.get_tuple(cfg("t")).config["configurable"]["checkpoint_id"]
+        assert latest == stored[0]["configurable"]["checkpoint_id"]
+        assert len(list(one.list(cfg("t")))) == len(list(two.list(cfg("t"))))
 
 
 def test_writes_racing_their_put_are_stored_exactly_once(file_saver: ZODBSaver) -> None:

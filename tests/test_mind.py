@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import operator
 import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall, call_kind, image_digest
@@ -1894,3 +1895,67 @@ def test_a_short_computation_takes_the_fast_path_after_its_program(image, rememb
     assert state["cycle"]["grounding"] == {"about_catalog": False}
     assert [call_kind(c) for c in models.calls] == ["program", "answer"]
     assert "A program computed this for the request: 36" in models.of("answer")[0].text
+
+
+# -- a request on a thread another process is answering on -------------------------------
+
+
+class _Steps(TypedDict):
+    log: Annotated[list, operator.add]
+
+
+class _Asked(TypedDict):
+    answer: str
+
+
+def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
+    memory_image: LivingImage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph.graph import END, START, StateGraph
+
+    from batos.errors import ThreadBusy
+    from graph import mind as mind_module
+    from graph.mind import refuse_if_busy
+
+    builder = StateGraph(_Steps)
+    builder.add_node("one", lambda s: {"log": ["one"]})
+    builder.add_node("two", lambda s: {"log": ["two"]})
+    builder.add_edge(START, "one")
+    builder.add_edge("one", "two")
+    builder.add_edge("two", END)
+    with ZODBSaver(memory_image) as saver:
+        steps = builder.compile(checkpointer=saver)
+        config = run_config("busy")
+        refuse_if_busy(steps, config)  # a new thread
+        steps.invoke({"log": []}, config)
+        refuse_if_busy(steps, config)  # a thread whose last run ended
+        # A run stopped between its steps, as another process's run is while it works.
+        steps.invoke({"log": []}, config, interrupt_before=["two"])
+        with pytest.raises(ThreadBusy, match="is answering another request") as refused:
+            refuse_if_busy(steps, config)
+        assert "before two" in refused.value.message and refused.value.hint
+        assert isinstance(refused.value, ValueError)
+        latest = saver.get_tuple(config)
+        fork = {"configurable": {**config["configurable"], "checkpoint_id": "x"}}
+        refuse_if_busy(steps, fork)  # a branch from a named checkpoint is never refused
+        # A run whose last step is older than a cycle's step ever takes: its process died.
+        monkeypatch.setattr(mind_module, "BUSY_SECONDS", 0.0)
+        refuse_if_busy(steps, config)
+        assert saver.get_tuple(config).config == latest.config  # nothing stored by a check
+
+
+def test_a_thread_waiting_on_an_interrupt_takes_a_new_request(memory_image: LivingImage) -> None:
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    from graph.mind import refuse_if_busy
+
+    builder = StateGraph(_Asked)
+    builder.add_node("ask", lambda s: {"answer": interrupt("an example, please")})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    with ZODBSaver(memory_image) as saver:
+        asking = builder.compile(checkpointer=saver)
+        asking.invoke({"answer": ""}, run_config("asking"))
+        assert asking.get_state(run_config("asking")).next == ("ask",)
+        refuse_if_busy(asking, run_config("asking"))  # the user may answer, or ask anew

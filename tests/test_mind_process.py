@@ -30,9 +30,10 @@ from fakes import FakeEmbedder, FakeModels, FakeRouter, call_kind
 from langchain_core.messages import HumanMessage
 from batos.shell.runtime import open_image
 from graph import facets
-from graph.mind import MindServices, build_graph, run_config
+from graph.mind import MindServices, build_graph, refuse_if_busy, run_config
+from batos.errors import ThreadBusy
 from prototypes.codex import load_codex
-from store.checkpoint.saver import ZODBSaver
+from store.checkpoint.saver import ThreadMovedOn, ZODBSaver
 
 INTENTS = {s: i for spec in load_codex().personas.values() for s, i in spec.intents.items()}
 uri, mode, threads = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
@@ -76,7 +77,13 @@ with open_image(uri, create=True) as image, ZODBSaver(image) as saver:
     for thread in threads:
         payload = None if mode == "resume" else {
             "messages": [HumanMessage("plan the steps to build a shed")]}
-        state = graph.invoke(payload, run_config(thread))
+        try:
+            if payload is not None:  # as every entry point sends a request
+                refuse_if_busy(graph, run_config(thread))
+            state = graph.invoke(payload, run_config(thread))
+        except (ThreadBusy, ThreadMovedOn) as refused:
+            print(json.dumps({"thread": thread, "status": type(refused).__name__}), flush=True)
+            continue
         print(json.dumps({"thread": thread, "status": state["status"],
                           "cycle": state["cycle"]["id"]}), flush=True)
 """
@@ -192,3 +199,34 @@ def test_concurrent_cycles_through_zeo_lose_no_update(tmp_path: Path) -> None:
         assert stats["facets"]["facet_steps"] == 8
         with open_laid_out(server.uri) as image, image.read() as root:
             assert {r["id"] for r in cycle.recent(root, 20)} == {line["cycle"] for line in lines}
+
+
+@pytest.mark.slow
+def test_cycles_of_two_processes_on_one_thread_keep_whole_exchanges(tmp_path: Path) -> None:
+    # Two processes asking on the same thread at once: a request either completes, or is
+    # refused before it starts while the other's run is mid-cycle (ThreadBusy), or is told the
+    # thread moved on (ThreadMovedOn: both read the same latest checkpoint, and the other
+    # stored first); the thread's state holds whole exchanges. Before, both completed and the
+    # thread kept one of each pair.
+    with ZeoServer(tmp_path / "shared.fs") as server:
+        with open_image(server.uri):
+            pass
+        racers = [_run(tmp_path, server.uri, "ask", "one,one,one") for _ in range(2)]
+        results = [r.communicate(timeout=300) for r in racers]
+        for racer, (_, err) in zip(racers, results, strict=True):
+            assert racer.returncode == 0, err[-3000:]
+        lines = [json.loads(line) for out, _ in results for line in out.splitlines()]
+        statuses = {line["status"] for line in lines}
+        assert len(lines) == 6 and statuses <= {"COMPLETE", "ThreadBusy", "ThreadMovedOn"}
+        done = [line["cycle"] for line in lines if line["status"] == "COMPLETE"]
+        assert done
+        with open_laid_out(server.uri) as image, ZODBSaver(image) as saver:
+            state = saver.get_tuple({"configurable": {"thread_id": "one"}})
+            messages = state.checkpoint["channel_values"]["messages"]
+            with image.read() as root:
+                recorded = {r["id"] for r in cycle.recent(root, 20)}
+        assert set(done) <= recorded
+        kinds = [m.type for m in messages]
+        assert kinds == ["human", "ai"] * (len(kinds) // 2), kinds
+        answered = [m.additional_kwargs.get("batos_cycle") for m in messages if m.type == "ai"]
+        assert set(answered) <= recorded and len(answered) == len(set(answered))

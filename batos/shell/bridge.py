@@ -48,7 +48,7 @@ import zmq
 
 from batos.errors import BatosError, GraphRequestError
 from batos.shell.runtime import Runtime
-from graph.mind import MindContext, MindServices, own_run, run_state
+from graph.mind import MindContext, MindServices, own_run, refuse_if_busy, run_state
 from graph.request import check_thread_id, content_text
 from prototypes.bounded import strict_json
 
@@ -372,6 +372,7 @@ class Bridge:
         self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any], thread_id: str
     ) -> dict[str, Any]:
         config = own_run({"configurable": {"thread_id": thread_id}, "recursion_limit": 40})
+        refuse_if_busy(self.graph, config)  # another process's run on the thread
         self._send(envelope, request_id, "accepted", {"thread_id": thread_id})
         for mode, chunk in self.graph.stream(
             payload["input"],

@@ -28,7 +28,13 @@ from langgraph.checkpoint.base.id import uuid6
 
 from batos.errors import GraphRequestError, ImageNotFoundError
 from graph import cycle
-from graph.mind import CLIENT_WRITE_CHECKS, MindServices, build_graph, run_config
+from graph.mind import (
+    CLIENT_WRITE_CHECKS,
+    MindServices,
+    build_graph,
+    refuse_if_busy,
+    run_config,
+)
 from prototypes.codex import Codex
 from prototypes.incarnation import incarnation_step
 from prototypes.tools import TOOLS_STEP
@@ -306,8 +312,7 @@ def ask(
             context["persona"] = persona
         if depth:
             context["depth"] = depth
-        return runtime.mind(services).invoke(
-            {"messages": [HumanMessage(text)]},
-            run_config(f"ask-{uuid6()}" if thread_id is None else thread_id),
-            context=context,
-        )
+        mind = runtime.mind(services)
+        config = run_config(f"ask-{uuid6()}" if thread_id is None else thread_id)
+        refuse_if_busy(mind, config)
+        return mind.invoke({"messages": [HumanMessage(text)]}, config, context=context)

@@ -19,6 +19,8 @@ Errors::
     CheckpointError (BatosError, exit code 8)
      ├── CheckpointConfigError         no usable thread_id / checkpoint_id in the config
      ├── CheckpointNotFound            no such thread or checkpoint (``require``, a put's parent)
+     ├── ThreadMovedOn                 a run that continues the latest checkpoint found a newer
+     │                                 one stored first (another process's run); nothing written
      └── CheckpointSerializationError  a state value the serde cannot encode; nothing written
     TransactionFailed (ImageError)     conflicts outlasted every retry; nothing written
 """
@@ -61,6 +63,7 @@ from batos.errors import (
     CheckpointError,
     CheckpointNotFound,
     CheckpointSerializationError,
+    ThreadMovedOn,
 )
 from store.checkpoint import effects
 from store.checkpoint.layout import (
@@ -87,6 +90,7 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointSerializationError",
     "CheckpointHeader",
+    "ThreadMovedOn",
     "ThreadSummary",
     "ZODBSaver",
 ]
@@ -97,6 +101,12 @@ T = TypeVar("T")
 
 #: Connections the saver keeps open at most; more concurrent callers wait for one.
 MAX_CONNECTIONS = 16
+#: The configurable key of a config ``get_tuple`` gave for a namespace's latest checkpoint; its
+#: value is that namespace. LangGraph's loop carries the config it started from into every put
+#: of its run, so a put that finds the key continues what was the latest when the run read it,
+#: and must still continue the latest (``ThreadMovedOn`` otherwise). "__" keeps it out of the
+#: checkpoint metadata LangGraph copies from configurable values.
+LATEST_KEY = "__batos_continues_latest__"
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
 
@@ -462,7 +472,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 return None
             if checkpoint_id is None:
                 checkpoint_id = checkpoints.maxKey()
-                named = None
+                named = _config(thread_id, ns, checkpoint_id)
+                named["configurable"][LATEST_KEY] = ns
             record = checkpoints.get(checkpoint_id)
             if record is None:
                 return None
@@ -585,15 +596,36 @@ class ZODBSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Store one checkpoint, its new channel values and the writes parked for it, in one
         transaction — with the image changes of a commit the checkpoint carries
-        (``store.checkpoint.effects``), applied once per commit id."""
+        (``store.checkpoint.effects``), applied once per commit id.
+
+        A put of a run that started from the thread's latest checkpoint (``LATEST_KEY``) stores
+        only while its parent is still the namespace's newest: two runs on one thread at once
+        (two processes sharing the image) would otherwise both store, and the thread's latest
+        state would keep one run's exchange and silently drop the other's. The run whose put
+        comes second gets ``ThreadMovedOn`` and stores nothing of that step (nor the commit it
+        carries). A run from a checkpoint named by id (a fork) has no such condition.
+        """
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
         parent_id = _checkpoint_id(config)
         checkpoint_id = checkpoint["id"]
         key = (thread_id, ns, checkpoint_id)
+        continues_latest = config.get("configurable", {}).get(LATEST_KEY) == ns or (
+            # A run's input on a thread it found empty: LangGraph's first put of a run (step
+            # -1) with nothing to continue. Another run's checkpoint there means it started
+            # first.
+            parent_id is None and metadata.get("source") == "input" and metadata.get("step") == -1
+        )
         try:
             apply = self._put_transaction(
-                config, thread_id, ns, parent_id, checkpoint, metadata, new_versions
+                config,
+                thread_id,
+                ns,
+                parent_id,
+                checkpoint,
+                metadata,
+                new_versions,
+                continues_latest=continues_latest,
             )
             commit = self._commit(checkpoint, new_versions)
         except BaseException:
@@ -642,6 +674,8 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
+        *,
+        continues_latest: bool = False,
     ) -> Callable[[builtins.list[TaskWrites], CheckpointTree], None]:
         """Serialize everything a put stores, before its transaction begins; returns the
         function the transaction runs."""
@@ -681,6 +715,12 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 parent = index.get(parent_id) if index is not None else None
                 if parent is None:
                     raise self._no_parent(thread_id, ns, parent_id, checkpoint_id)
+            if continues_latest and index:
+                # Two puts into one namespace write its index, so one of two at once conflicts
+                # and runs this again on fresh state: the check sees the other.
+                newest = index.maxKey()
+                if newest not in (parent_id, checkpoint_id):
+                    raise self._moved_on(thread_id, ns, parent_id, newest)
             if index is None:
                 index = tree.thread(thread_id, create=True).namespace(ns, create=True)
             stored: dict[str, Any] = {}
@@ -709,6 +749,21 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 tree.index_run(run_id, (thread_id, ns, checkpoint_id))
 
         return apply
+
+    def _moved_on(
+        self, thread_id: str, ns: str, parent_id: str | None, newest: str
+    ) -> ThreadMovedOn:
+        where = f"thread {thread_id!r}" + (f" (namespace {ns!r})" if ns else "")
+        continued = f"continues checkpoint {parent_id!r}" if parent_id else "found it empty"
+        return ThreadMovedOn(
+            f"{where} moved on while this run was in progress: this run {continued}, and "
+            f"another run (another process sharing {shown_uri(self.image.uri)}, or a client "
+            f"of the same thread) has since stored {newest!r}; nothing of this step was stored",
+            hint="send the request again when the other run is done (it continues from the "
+            "thread's latest state), or use a thread of its own for each request made at the "
+            "same time; to branch from an earlier checkpoint on purpose, pass its "
+            "checkpoint_id alone (from 'batos threads THREAD_ID' or get_state_history)",
+        )
 
     def _no_parent(
         self, thread_id: str, ns: str, parent_id: str, checkpoint_id: str

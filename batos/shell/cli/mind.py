@@ -37,7 +37,7 @@ from batos.shell.cli.cycles import cycles_table, print_failed
 from batos.shell.cli.repl import LineReader, StopOnInterrupt, clean_line
 from batos.shell.cli.terminal import shown
 from batos.shell.runtime import Runtime, open_image, open_runtime
-from graph.mind import MAX_ANSWER_CHARS, own_run, run_config, run_state
+from graph.mind import MAX_ANSWER_CHARS, own_run, refuse_if_busy, run_config, run_state
 from graph.request import DEPTHS, check_thread_id, content_text
 from prototypes.bounded import bounded_repr
 from prototypes.codex import PERSONAS
@@ -94,6 +94,7 @@ class Session:
         more (``StopOnInterrupt``).
         """
         answer: list[str] = []
+        refuse_if_busy(self.graph, config)
         run = own_run(config)
         with StopOnInterrupt() as stop:
             try:

@@ -282,6 +282,25 @@ def _head(image: str, thread_id: str) -> dict[str, Any]:
         session.close()
 
 
+def test_ask_on_a_thread_another_run_is_answering_on_is_refused(capsys, image) -> None:
+    # Another process's cycle, stopped before its synthesis as it would be while working.
+    with open_runtime(image, models=FakeModels(responder())) as runtime:
+        runtime.mind().invoke(
+            {"messages": [HumanMessage("plan a garden")]},
+            run_config("busy"),
+            context={"persona": "BRICK", "depth": "fast"},
+            interrupt_before=["synthesize"],
+        )
+        before = runtime.saver.get_tuple(run_config("busy")).config["configurable"]
+    code, out, err = run(capsys, "--image", image, "ask", "-t", "busy", "and a pond?")
+    assert code == 8, out + err
+    said = " ".join((out + err).split())
+    assert "thread 'busy' is answering another request" in said and "send it again" in said
+    with open_runtime(image, models=FakeModels(responder())) as runtime:
+        after = runtime.saver.get_tuple(run_config("busy")).config["configurable"]
+    assert after["checkpoint_id"] == before["checkpoint_id"]  # nothing of it was stored
+
+
 def test_after_an_undo_the_next_request_reports_its_own_cycle(capsys, image, monkeypatch) -> None:
     lines = "hello one\nhello two\n/undo\nhello three\n/undo\nboom four\n/quit\n"
     models = FakeModels(responder(answer=_said_by("it")))

@@ -114,6 +114,39 @@ def test_a_missing_database_or_a_wrong_password_is_named(
     assert "secret" not in str(info.value)
 
 
+def test_a_port_where_no_postgresql_listens_is_said_to_be_the_wrong_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Something else on the port (here a server that greets as SSH does and hangs up) was
+    reported as PostgreSQL refusing the login, with a hint to check the password."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def greet() -> None:
+        while True:
+            try:
+                peer, _ = listener.accept()
+            except OSError:
+                return
+            with peer:
+                peer.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    threading.Thread(target=greet, daemon=True).start()
+    try:
+        uri = f"postgresql://batos:secret@127.0.0.1:{port}/batos?connect_timeout=5"
+        with pytest.raises(ImageError, match="not a PostgreSQL server") as info:
+            LivingImage.open(uri)  # libpq's scheme is read as RelStorage's postgres://
+        assert "check the port" in info.value.hint and "password" not in info.value.hint
+        assert "secret" not in str(info.value)
+        assert batos(["--image", uri, "inspect"]) == ImageError.exit_code
+        assert "not a PostgreSQL server" in " ".join(capsys.readouterr().err.split())
+    finally:
+        listener.close()
+
+
 def test_two_processes_share_one_postgres_image(postgres_cluster: PostgresCluster) -> None:
     uri = postgres_cluster.uri()
     script = textwrap.dedent(

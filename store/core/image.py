@@ -432,6 +432,15 @@ def _is_database_error(exc: Exception) -> bool:
     return any(c.__module__.startswith("psycopg2") for c in type(exc).__mro__)
 
 
+def canonical_uri(uri: str) -> str:
+    """``uri`` with libpq's ``postgresql://`` scheme written ``postgres://``, the name RelStorage
+    registers with zodburi: both name the same server, and people copy the first from
+    PostgreSQL's own documentation and tools."""
+    if uri[:13].lower() == "postgresql://":
+        return "postgres://" + uri[13:]
+    return uri
+
+
 def shown_uri(uri: str) -> str:
     """``uri`` as a person may see it: its password, if any, as ``***``.
 
@@ -504,6 +513,16 @@ def _server_errors(uri: str) -> Iterator[None]:
         raise translated from exc
 
 
+#: What libpq says when what answers on the port does not speak PostgreSQL's protocol (each
+#: of its tries, with SSL and without, adds a line; the wording varies with what answered).
+_NOT_POSTGRES = (
+    "closed the connection unexpectedly",
+    "SSL SYSCALL error",
+    "expected authentication request from server",
+    "received invalid response",
+)
+
+
 def _postgres_error(uri: str, exc: Exception) -> ImageError:
     """What a PostgreSQL image that cannot be opened needs: server, login or database."""
     text = str(exc).strip()
@@ -521,6 +540,19 @@ def _postgres_error(uri: str, exc: Exception) -> ImageError:
         database = where.path.lstrip("/")
         hint = f"create it with 'createdb {database}' (RelStorage then adds its tables)"
         return ImageError(f"PostgreSQL at {server} has no database {database!r}", hint=hint)
+    if any(said in text for said in _NOT_POSTGRES):
+        # What libpq says of something on the port that is not PostgreSQL (an SSH or HTTP
+        # server): it answered the connection, then not as a database server would.
+        hint = (
+            f"check the port in the image URI: PostgreSQL listens on 5432 unless configured "
+            f"otherwise ('pg_lsclusters' lists the local ones); if {server} is PostgreSQL, its "
+            "log says why it closed the connection"
+        )
+        return ImageError(
+            f"what answers at {server} is not a PostgreSQL server that takes the login, "
+            f"or it ended the connection at once: {first}",
+            hint=hint,
+        )
     if "authentication" in text or "password" in text or "role" in text:
         hint = "check the user and password in the URI (postgres://USER:PASSWORD@HOST/DB)"
         return ImageError(f"PostgreSQL at {server} refused the login: {first}", hint=hint)
@@ -545,7 +577,7 @@ class LivingImage:
         A file:// image that does not exist is created only when ``create`` is true; left
         out, ``create`` follows ``creating()`` (true outside any ``creating`` block).
         """
-        uri = uri or default_uri()
+        uri = canonical_uri(uri or default_uri())
         if create is None:
             create = _CREATING.get() is not False
         db = _open_db(uri, create=create)

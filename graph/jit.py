@@ -1060,6 +1060,10 @@ def _rebuilt(context: JitContext, runtime_context: Any, state: JitState, thread:
         runtime_context[LIVE] = context
     else:
         _RESUMED[thread] = context
+        while len(_RESUMED) > MAX_ASKED:
+            # A resumed run stopped before it ended (a client's cancel) left its entry, and
+            # its image connection, until its thread resumed again: the oldest go back.
+            _finish_served(_RESUMED[next(iter(_RESUMED))], commit=False)
     return context
 
 

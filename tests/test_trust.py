@@ -442,6 +442,27 @@ def test_a_served_run_interrupts_and_a_later_run_resumes_it_from_the_thread(
     assert installed.description == "jit: BRICK.twice installed" and installed.user
 
 
+def test_resumed_runs_left_behind_give_their_image_connections_back(
+    file_uri, served, monkeypatch
+) -> None:
+    """A resumed served run whose run context is not a dict is kept by thread until it ends;
+    one a client cancelled kept its image connection until its own thread resumed again."""
+    from store.core.image import _SHARED as shared_images
+
+    monkeypatch.setattr(jit, "MAX_ASKED", 2)
+    monkeypatch.setattr(jit, "_RESUMED", {})
+    state = {"selector": "twice", "drafted": [], "examples": []}
+    left = []
+    for n in range(4):
+        live = jit._served({"receiver": "brick", "args": [4]}, state)
+        left.append(jit._rebuilt(live, None, state, f"cancelled-{n}"))
+    assert list(jit._RESUMED) == ["cancelled-2", "cancelled-3"]
+    assert [live.connection is None for live in left] == [True, True, False, False]
+    assert shared_images._open[shared_images._key(file_uri)][1] == 2  # one hold per live run
+    for live in left[2:]:
+        jit._finish_served(live, commit=False)
+
+
 def test_a_served_runs_state_written_by_a_client_installs_nothing(file_uri, served) -> None:
     """A server's client can write any state of a JIT run (update_state) and resume it: the
     run rebuilt its mission from the state's drafts, so the client's own code, with an

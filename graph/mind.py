@@ -41,7 +41,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import StateSnapshot
 
-from batos.errors import GraphRequestError, ThreadBusy
+from batos.errors import BatosError, GraphRequestError, ThreadBusy
 from graph import cycle
 from graph.mind_nodes import (
     ANSWER_TOKENS,
@@ -68,6 +68,7 @@ from graph.request import (
     content_text,
     request_text,
 )
+from store.checkpoint.saver import ZODBSaver
 from store.core.image import LivingImage
 
 __all__ = [
@@ -164,28 +165,36 @@ def run_config(thread_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": check_thread_id(thread_id)}, "recursion_limit": 40}
 
 
-#: A thread whose latest checkpoint still has steps to run, stored less than this long ago, is
-#: taken to be answering a request in another process; stored longer ago, its run is taken to
-#: have died (a killed process), and a new request goes on from it. A mind cycle stores a
+#: A thread whose latest checkpoint still has steps to run, stored by another process less than
+#: this long ago, is taken to be answering a request there; stored longer ago, its run is taken
+#: to have died (a killed process), and a new request goes on from it. A mind cycle stores a
 #: checkpoint after every step, and no step of one takes this long on the default model.
 BUSY_SECONDS = 300.0
 
 
 def refuse_if_busy(graph: Any, config: RunnableConfig) -> None:
-    """Raise ``ThreadBusy`` if ``config``'s thread is answering another request now.
+    """Raise ``ThreadBusy`` if another process is answering on ``config``'s thread now.
 
     Two runs on one thread at once from two processes each go on from what they read: the
     checkpointer lets only one of them store each step (``ThreadMovedOn`` for the other), and
-    a request sent while another run is mid-cycle would go on from that run's half-done state
-    and make it fail. So a new request is refused up front while the thread's latest
-    checkpoint has steps still to run (no interrupt waiting for an answer, no failed step)
-    and is recent. A run from a checkpoint named by id (a fork) is never refused.
+    a request sent while another process's run is mid-cycle would go on from that run's
+    half-done state and make it fail. So a new request is refused up front while the thread's
+    latest checkpoint was stored by another process, recently, and has steps still to run
+    (no interrupt waiting for an answer, no failed step). This process's own runs are its
+    own to order (a run it stopped, a breakpoint), a run from a checkpoint named by id (a
+    fork) is never refused, and a thread that cannot be read is left to the run to report.
     """
     configurable = config.get("configurable", {})
-    if configurable.get("checkpoint_id"):
+    saver = getattr(graph, "checkpointer", None)
+    if configurable.get("checkpoint_id") or not isinstance(saver, ZODBSaver):
         return
-    snapshot = graph.get_state({"configurable": {"thread_id": configurable["thread_id"]}})
-    if not snapshot.next or not snapshot.created_at:
+    try:
+        snapshot = graph.get_state({"configurable": {"thread_id": configurable["thread_id"]}})
+    except BatosError:
+        return  # a thread holding a client's refused input: its next request mends it
+    if not snapshot.next or not snapshot.created_at or not snapshot.config:
+        return
+    if saver.stored_here(snapshot.config["configurable"]["checkpoint_id"]):
         return
     if any(task.interrupts or task.error for task in snapshot.tasks):
         return  # waiting for the user's answer, or a run that failed: nothing runs there now
@@ -195,9 +204,9 @@ def refuse_if_busy(graph: Any, config: RunnableConfig) -> None:
         return
     if age < BUSY_SECONDS:
         raise ThreadBusy(
-            f"thread {configurable['thread_id']!r} is answering another request (its last "
-            f"step, before {', '.join(snapshot.next)}, was stored {max(age, 0):.0f} s ago); "
-            "this one was not sent",
+            f"thread {configurable['thread_id']!r} is answering another request in another "
+            f"process (its last step, before {', '.join(snapshot.next)}, was stored "
+            f"{max(age, 0):.0f} s ago); this one was not sent",
             hint="send it again when that answer is done, or on a thread of its own; a run "
             f"whose process died is taken as ended {BUSY_SECONDS:.0f} s after its last step",
         )

@@ -1909,8 +1909,9 @@ class _Asked(TypedDict):
 
 
 def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
-    memory_image: LivingImage, monkeypatch: pytest.MonkeyPatch
+    shared_image_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from images import open_laid_out
     from langgraph.graph import END, START, StateGraph
 
     from batos.errors import ThreadBusy
@@ -1923,25 +1924,33 @@ def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
     builder.add_edge(START, "one")
     builder.add_edge("one", "two")
     builder.add_edge("two", END)
-    with ZODBSaver(memory_image) as saver:
-        steps = builder.compile(checkpointer=saver)
-        config = run_config("busy")
-        refuse_if_busy(steps, config)  # a new thread
-        steps.invoke({"log": []}, config)
-        refuse_if_busy(steps, config)  # a thread whose last run ended
-        # A run stopped between its steps, as another process's run is while it works.
-        steps.invoke({"log": []}, config, interrupt_before=["two"])
+    config = run_config("busy")
+    # Two processes: each its own image of the shared one, and its own checkpointer.
+    with (
+        open_laid_out(shared_image_uri) as here_image,
+        open_laid_out(shared_image_uri) as there_image,
+        ZODBSaver(here_image) as here_saver,
+        ZODBSaver(there_image) as there_saver,
+    ):
+        here = builder.compile(checkpointer=here_saver)
+        there = builder.compile(checkpointer=there_saver)
+        refuse_if_busy(here, config)  # a new thread
+        there.invoke({"log": []}, config)
+        refuse_if_busy(here, config)  # a thread whose last run ended
+        # A run stopped between its steps, as the other process's run is while it works.
+        there.invoke({"log": []}, config, interrupt_before=["two"])
+        refuse_if_busy(there, config)  # its own process orders its own runs
         with pytest.raises(ThreadBusy, match="is answering another request") as refused:
-            refuse_if_busy(steps, config)
+            refuse_if_busy(here, config)
         assert "before two" in refused.value.message and refused.value.hint
         assert isinstance(refused.value, ValueError)
-        latest = saver.get_tuple(config)
+        latest = here_saver.get_tuple(config)
         fork = {"configurable": {**config["configurable"], "checkpoint_id": "x"}}
-        refuse_if_busy(steps, fork)  # a branch from a named checkpoint is never refused
+        refuse_if_busy(here, fork)  # a branch from a named checkpoint is never refused
         # A run whose last step is older than a cycle's step ever takes: its process died.
         monkeypatch.setattr(mind_module, "BUSY_SECONDS", 0.0)
-        refuse_if_busy(steps, config)
-        assert saver.get_tuple(config).config == latest.config  # nothing stored by a check
+        refuse_if_busy(here, config)
+        assert here_saver.get_tuple(config).config == latest.config  # a check stores nothing
 
 
 def test_a_thread_waiting_on_an_interrupt_takes_a_new_request(memory_image: LivingImage) -> None:

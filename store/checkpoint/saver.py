@@ -34,6 +34,7 @@ import logging
 import random
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -102,11 +103,53 @@ T = TypeVar("T")
 #: Connections the saver keeps open at most; more concurrent callers wait for one.
 MAX_CONNECTIONS = 16
 #: The configurable key of a config ``get_tuple`` gave for a namespace's latest checkpoint; its
-#: value is that namespace. LangGraph's loop carries the config it started from into every put
-#: of its run, so a put that finds the key continues what was the latest when the run read it,
-#: and must still continue the latest (``ThreadMovedOn`` otherwise). "__" keeps it out of the
+#: value is that namespace (None in a config for a checkpoint named by id). LangGraph's loop
+#: carries the config it started from into every put of its run, so a put that finds the key
+#: continues what was the latest when the run read it, and must still continue the latest of
+#: this process's own writing (``ThreadMovedOn`` otherwise). "__" keeps it out of the
 #: checkpoint metadata LangGraph copies from configurable values.
 LATEST_KEY = "__batos_continues_latest__"
+#: Checkpoint ids this process stored, kept per open image: the newest of them are what tells
+#: another process's checkpoint from one of its own runs'.
+OWN_IDS = 4096
+
+
+class _OwnCheckpoints:
+    """The ids of the checkpoints stored through one open image by this process, newest last.
+
+    Runs of one process on one thread are ordered by the process itself (the LangGraph server
+    queues, interrupts or rolls back a thread's runs; the bridge and the CLI refuse a second):
+    a cancelled run's last put may land after the next run read the thread, and that is no
+    lost exchange. What the checkpointer refuses is a newer checkpoint another process stored.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, None] = {}
+
+    def add(self, checkpoint_id: str) -> None:
+        with self._lock:
+            self._ids[checkpoint_id] = None
+            while len(self._ids) > OWN_IDS:
+                del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, checkpoint_id: object) -> bool:
+        with self._lock:
+            return checkpoint_id in self._ids
+
+
+_OWN: weakref.WeakKeyDictionary[LivingImage, _OwnCheckpoints] = weakref.WeakKeyDictionary()
+_OWN_LOCK = threading.Lock()
+
+
+def _own(image: LivingImage) -> _OwnCheckpoints:
+    with _OWN_LOCK:
+        own = _OWN.get(image)
+        if own is None:
+            own = _OWN[image] = _OwnCheckpoints()
+        return own
+
+
 #: Prune strategies: the base class documents "delete", the LangGraph server sends "delete_all".
 DELETE_STRATEGIES = frozenset({"delete", "delete_all"})
 
@@ -474,6 +517,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 checkpoint_id = checkpoints.maxKey()
                 named = _config(thread_id, ns, checkpoint_id)
                 named["configurable"][LATEST_KEY] = ns
+            elif LATEST_KEY in config.get("configurable", {}):
+                # A config read as the latest and passed back later (a StateSnapshot's) names
+                # its checkpoint: a run from it branches on purpose. LangGraph's loop lays
+                # this config over the one it was given, so the key is unset here.
+                named = {**config, "configurable": {**config["configurable"], LATEST_KEY: None}}
             record = checkpoints.get(checkpoint_id)
             if record is None:
                 return None
@@ -599,11 +647,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         (``store.checkpoint.effects``), applied once per commit id.
 
         A put of a run that started from the thread's latest checkpoint (``LATEST_KEY``) stores
-        only while its parent is still the namespace's newest: two runs on one thread at once
-        (two processes sharing the image) would otherwise both store, and the thread's latest
-        state would keep one run's exchange and silently drop the other's. The run whose put
-        comes second gets ``ThreadMovedOn`` and stores nothing of that step (nor the commit it
-        carries). A run from a checkpoint named by id (a fork) has no such condition.
+        only while no other process stored a newer checkpoint in its namespace: two runs on one
+        thread at once in two processes sharing the image would otherwise both store, and the
+        thread's latest state would keep one run's exchange and silently drop the other's. The
+        run whose put comes second gets ``ThreadMovedOn`` and stores nothing of that step (nor
+        the commit it carries). A run's input on a thread it found empty is held to the same. A
+        run from a checkpoint named by id (a fork) has no such condition, and neither has a
+        newer checkpoint of this process's own (``_OwnCheckpoints``).
         """
         thread_id = _thread_id(config)
         ns = _checkpoint_ns(config)
@@ -612,9 +662,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         key = (thread_id, ns, checkpoint_id)
         continues_latest = config.get("configurable", {}).get(LATEST_KEY) == ns or (
             # A run's input on a thread it found empty: LangGraph's first put of a run (step
-            # -1) with nothing to continue. Another run's checkpoint there means it started
-            # first.
-            parent_id is None and metadata.get("source") == "input" and metadata.get("step") == -1
+            # -1) with nothing to continue. Another process's checkpoint there means it started
+            # first. Only in the root namespace: a subgraph's namespace may start afresh over
+            # checkpoints of its own (a replay of a subgraph compiled with checkpointer=True).
+            ns == ""
+            and parent_id is None
+            and metadata.get("source") == "input"
+            and metadata.get("step") == -1
         )
         try:
             apply = self._put_transaction(
@@ -648,12 +702,19 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                     f"{plain_note} (commit {commit['id']} applied before: nothing of it now)"
                 )
 
+        # Known as this process's before it is stored: another of its runs may read it as the
+        # latest the moment it commits. An id whose put then fails is never anyone's newest.
+        _own(self.image).add(checkpoint_id)
         try:
             self._write_root(transaction, note)
             stored = True
         finally:
             self._parking.end_put(key, stored=stored)
         return _config(thread_id, ns, checkpoint_id)
+
+    def stored_here(self, checkpoint_id: str) -> bool:
+        """Whether this process stored the checkpoint ``checkpoint_id`` (one of its newest)."""
+        return checkpoint_id in _own(self.image)
 
     def _commit(
         self, checkpoint: Checkpoint, new_versions: ChannelVersions
@@ -706,6 +767,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             + sum(len(typed[1]) for typed in new_values.values())
         )
         blob_threshold = self._blob_threshold
+        own = _own(self.image)
 
         def apply(parked: list[TaskWrites], tree: CheckpointTree) -> None:
             thread = tree.threads.get(thread_id)
@@ -719,7 +781,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 # Two puts into one namespace write its index, so one of two at once conflicts
                 # and runs this again on fresh state: the check sees the other.
                 newest = index.maxKey()
-                if newest not in (parent_id, checkpoint_id):
+                if newest not in (parent_id, checkpoint_id) and newest not in own:
                     raise self._moved_on(thread_id, ns, parent_id, newest)
             if index is None:
                 index = tree.thread(thread_id, create=True).namespace(ns, create=True)

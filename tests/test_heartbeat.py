@@ -182,6 +182,83 @@ def test_forever_runs_unattended_waits_for_the_lease_and_stops_cleanly(
         assert all(o.ok for o in first.outcomes + second.outcomes)
 
 
+def test_a_job_whose_lease_another_heartbeat_took_runs_nothing(image: str) -> None:
+    """A heartbeat that lost its lease (stopped, or cut off from the image, past the lease)
+    ran the job it had already started scheduling beside the new holder's."""
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0))])
+        beat = Heartbeat(img, alfred("Steady."))
+        assert acquire_lease(img, "the-other", 30.0)
+        with pytest.raises(LeaseHeld, match="the-other holds the lease"):
+            beat.run("audit")
+        assert audit.history(img) == []
+        [outcome] = beat.outcomes
+        assert not outcome.ok and "not run" in outcome.said
+
+
+def test_the_scheduler_outlives_an_image_out_of_reach(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job store writes each job's next run into the image: a failure there (a ZEO or
+    PostgreSQL server restarting) ended APScheduler's thread, and the heartbeat went on
+    holding the lease with no job ever running again."""
+    from batos.errors import TransactionFailed
+    from batos.shell import heartbeat as heartbeat_module
+
+    monkeypatch.setenv("BATOS_HEARTBEAT_AUDIT_SECONDS", "1")
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "3")
+    monkeypatch.setattr(heartbeat_module, "SCHEDULER_RETRY_S", 0.2)
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred(*["Steady."] * 50))
+        update = beat.store.update_job
+        failures = iter(range(3))
+
+        def out_of_reach(job: object) -> None:
+            if next(failures, None) is not None:
+                raise TransactionFailed("the ZEO server cannot be reached", hint="retry")
+            update(job)
+
+        monkeypatch.setattr(beat.store, "update_job", out_of_reach)
+        stop = threading.Event()
+        running = threading.Thread(target=beat.forever, args=(stop,), daemon=True)
+        running.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len([o for o in beat.outcomes if o.job == "audit"]) < 3:
+                assert time.monotonic() < deadline, beat.outcomes
+                time.sleep(0.05)
+            assert next(failures, None) is None  # every failure met, and the jobs went on
+        finally:
+            stop.set()
+            running.join(10)
+
+
+def test_a_heartbeat_whose_lease_was_taken_over_stops_and_says_so(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store.core.jobstore import release_lease
+
+    monkeypatch.setenv("BATOS_HEARTBEAT_LEASE_SECONDS", "3")
+    with LivingImage.open(image) as img:
+        beat = Heartbeat(img, alfred(*["Steady."] * 50))
+        ended: list[bool] = []
+        stop = threading.Event()
+        running = threading.Thread(target=lambda: ended.append(beat.forever(stop)), daemon=True)
+        running.start()
+        try:
+            deadline = time.monotonic() + 20
+            while lease_holder(img) is None or lease_holder(img)["holder"] != beat.holder:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            release_lease(img, beat.holder)  # as a lease that expired while it could not renew
+            assert acquire_lease(img, "the-other", 30.0)
+            running.join(20)
+            assert ended == [False]
+        finally:
+            stop.set()
+            running.join(10)
+
+
 def test_end_to_end_ask_heartbeat_report(capsys, image: str, tmp_path) -> None:
     models = FakeModels(responder())
     for question in ("what is a living image", "tell me about persistence", "why ZODB"):

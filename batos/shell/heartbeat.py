@@ -281,6 +281,10 @@ def _next_run(stored: datetime | None, now: datetime, interval: timedelta) -> da
     return None if stored is None else min(stored, now + interval)
 
 
+#: Seconds before the scheduler tries again after it could not read or write its jobs.
+SCHEDULER_RETRY_S = 5.0
+
+
 class _Scheduler(BackgroundScheduler):
     """APScheduler's background scheduler, minus one pass too many at shutdown.
 
@@ -294,7 +298,19 @@ class _Scheduler(BackgroundScheduler):
     def _process_jobs(self) -> float | None:
         if self.state == STATE_STOPPED:
             return None
-        return super()._process_jobs()
+        try:
+            return super()._process_jobs()
+        except Exception as exc:
+            # The job store writes each job's next run into the image: with the image out of
+            # reach (a ZEO or PostgreSQL server restarting) that raised out of APScheduler's
+            # loop and ended its thread, and the heartbeat went on holding the lease with no
+            # job ever running again. A job handed over before the failure may run again.
+            log.warning(
+                "could not schedule the jobs in the image (%s); trying again in %.0f s",
+                _one_line(str(exc)),
+                SCHEDULER_RETRY_S,
+            )
+            return SCHEDULER_RETRY_S
 
 
 class _Executor(ThreadPoolExecutor):
@@ -401,6 +417,15 @@ class Heartbeat:
     def run(self, name: str) -> str:
         started, clock = datetime.now(UTC), time.monotonic()
         try:
+            if self._lease() is None:
+                # Another heartbeat took the lease over since the last renewal (this process
+                # was stopped, or the image out of its reach): one acts at a time.
+                held = lease_holder(self.image) or {}
+                raise LeaseHeld(
+                    f"not run: heartbeat {held.get('holder')} holds the lease on "
+                    f"{shown_uri(self.image.uri)} now",
+                    hint="this heartbeat stops; the other runs the jobs",
+                )
             decided = JOBS[name][0](self.image, self.models)
         except Exception as exc:
             seconds = time.monotonic() - clock
@@ -603,9 +628,10 @@ class Heartbeat:
             release_lease(self.image, self.holder)
         return self.outcomes
 
-    def forever(self, stop: threading.Event) -> None:
+    def forever(self, stop: threading.Event) -> bool:
         """Wait for the lease, run the jobs until ``stop`` is set, then let the running job
-        finish and give the lease up."""
+        finish and give the lease up. False when it stopped for another reason: the lease was
+        taken over, or its scheduler ended."""
         ttl = settings.get_float("heartbeat_lease_seconds")
         pause = 1.0
         while not stop.is_set():
@@ -625,7 +651,7 @@ class Heartbeat:
                 pause = min(pause * 2, MAX_BACKOFF_S)
             stop.wait(pause)
         if stop.is_set():
-            return
+            return True
         _ACTIVE["beat"] = self
         self.scheduler.start(paused=True)
         try:
@@ -634,7 +660,9 @@ class Heartbeat:
             log.info("heartbeat %s acting on %s", self.holder, shown_uri(self.image.uri))
             self._hold(stop, ttl)
             if not stop.is_set():
-                log.error("heartbeat %s stopping: it no longer holds the lease", self.holder)
+                log.error("heartbeat %s stopping: it no longer runs the jobs", self.holder)
+                return False
+            return True
         finally:
             self._shut_down(ttl)
             _ACTIVE.pop("beat", None)
@@ -675,6 +703,12 @@ class Heartbeat:
         holder has taken it over."""
         pause = ttl / 3
         while not stop.wait(pause):
+            thread = getattr(self.scheduler, "_thread", None)
+            if thread is not None and not thread.is_alive():
+                # A lease held by a heartbeat whose scheduler ended runs no job, and keeps
+                # every other heartbeat waiting for ever.
+                log.error("the heartbeat's scheduler ended; giving the lease up")
+                return
             try:
                 if self._lease() is None:
                     log.error("the lease on %s was taken over", shown_uri(self.image.uri))

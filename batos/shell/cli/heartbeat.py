@@ -28,7 +28,7 @@ from batos import settings
 from batos.errors import BatosError, ConfigurationError
 from batos.shell.cli.app import console, err_console, image_uri, model_factory
 from batos.shell.cli.terminal import json_text, plain, shown, visible
-from batos.shell.heartbeat import JOBS, Heartbeat, Outcome, Planned
+from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
 from graph import cem, missions
@@ -254,7 +254,14 @@ def heartbeat(
         say.print(
             f"heartbeat on {shown_uri(image.uri)}; Ctrl-C stops it (twice: at once)", markup=False
         )
-        beat.forever(stop)
+        if not beat.forever(stop):
+            say.print(
+                "heartbeat stopped without being asked: it lost the lease (another heartbeat "
+                "took it over, or the image was out of reach for longer than the lease) or "
+                "its scheduler ended (the log says which); start it again if none is running",
+                markup=False,
+            )
+            return LeaseHeld.exit_code
         say.print("heartbeat stopped")
     return 0
 

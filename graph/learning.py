@@ -404,8 +404,14 @@ def new_accepted(root: Any, persona: str, model: str) -> list[dict[str, Any]]:
 
 
 def due(image: LivingImage, model: str | None = None) -> list[tuple[str, int]]:
-    """(persona, new accepted lessons) of the personas due a retraining, most first."""
+    """(persona, new accepted lessons) of the personas due a retraining, most first; none
+    for a model given as a GGUF path, whose adapters no mission can train (lessons are still
+    kept, for the day the same lessons are trained on a named model)."""
+    from store.core.model_files import catalog
+
     model = model or settings.get_str("model")
+    if model not in catalog():
+        return []
     least = settings.get_int("learning_min_examples")
     with image.read() as root:
         counts = [

@@ -885,7 +885,7 @@ def test_a_second_retraining_of_a_persona_waits_for_the_one_running(
 
 
 def test_a_retraining_whose_process_was_killed_is_not_running_and_is_closed_by_the_next(
-    image, modelfiles, monkeypatch
+    image, modelfiles, monkeypatch, capsys
 ) -> None:
     """A retraining killed outright (SIGKILL, the OOM killer) kept its record 'running': no
     other retraining of the persona could start for half an hour past the training time,
@@ -942,6 +942,12 @@ def test_a_retraining_whose_process_was_killed_is_not_running_and_is_closed_by_t
         assert learning.running_mission(root, "ALFRED", "test") is None
         line = _mission_line(dict(layout.missions(root)[number]))
     assert f"mission {number} ended without a word (its process is gone)" in line
+    from batos.shell.cli.heartbeat import _print_retraining
+
+    capsys.readouterr()
+    with image.read() as root:  # 'batos audit report' says the same
+        _print_retraining(dict(layout.missions(root)[number]))
+    assert "ended without a word (its process is gone)" in " ".join(capsys.readouterr().out.split())
     mission = learning.retrain_mission(
         image,
         "ALFRED",
@@ -953,6 +959,18 @@ def test_a_retraining_whose_process_was_killed_is_not_running_and_is_closed_by_t
         ended = dict(layout.missions(root)[number])
     assert ended["status"] == "interrupted" and f"pid {child.pid}" in ended["error"]
     assert "ended without a word" in ended["error"]
+
+
+def test_no_retraining_is_due_for_a_model_given_as_a_file(image, modelfiles, monkeypatch) -> None:
+    """Lessons are kept for a GGUF path too, but no adapter of one can be trained: every
+    learn job recorded another failed mission, for ever, with a hint of another command."""
+    path = "/models/some-model.Q4_K_M.gguf"
+    monkeypatch.setenv("BATOS_MODEL", path)  # the lessons of its answers name the file
+    alfred_with_lessons(image, modelfiles, monkeypatch, 2)
+    with image.read() as root:
+        assert len(learning.new_accepted(root, "ALFRED", path)) == 2
+    assert learning.due(image) == []
+    assert learning.due(image, "test") == []  # and none of another model's
 
 
 def test_a_mission_of_another_host_or_of_no_process_is_never_taken_as_ended() -> None:

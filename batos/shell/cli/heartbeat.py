@@ -31,7 +31,7 @@ from batos.shell.cli.terminal import json_text, plain, shown, visible
 from batos.shell.heartbeat import JOBS, Heartbeat, LeaseHeld, Outcome, Planned
 from batos.shell.runtime import open_image, open_runtime
 from graph import audit as audits
-from graph import cem, missions
+from graph import cem, learning, missions
 from store.core.image import shown_uri
 
 audit_app = typer.Typer(help="ALFRED's audits of the Composite Entropy Metric.")
@@ -371,7 +371,10 @@ def _print_retraining(m: dict[str, Any]) -> None:
     judged = m.get("judged") or {}  # a kept one undone since, by hand
     said = [ev.get("why"), m.get("error"), judged.get("why"), judged.get("error")]
     shown = [str(part) for part in said if part]
-    console.paragraph(f"{m['status']}: {'; '.join(shown)}" if shown else m["status"])
+    status = m["status"]
+    if status == "running" and learning.process_ended(m):  # as 'batos learn' says it
+        status = "ended without a word (its process is gone)"
+    console.paragraph(f"{status}: {'; '.join(shown)}" if shown else status)
 
 
 @audit_app.command("report")

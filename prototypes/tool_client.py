@@ -342,6 +342,13 @@ def _read_bounded(
             )
         chunks.append(chunk)
 
+    def inflate(decoder: Any, raw: bytes) -> None:
+        # At most one byte past the room left comes out: that byte is already too many.
+        take(decoder.decompress(raw, max(policy.max_bytes - total, 0) + 1))
+        while decoder.unconsumed_tail:
+            take(decoder.decompress(decoder.unconsumed_tail, policy.max_bytes - total + 1))
+
+    head = b""
     try:
         for raw in response.iter_raw():
             if time.monotonic() > deadline:
@@ -353,12 +360,15 @@ def _read_bounded(
             if decoder is None:
                 take(raw)
                 continue
-            # At most one byte past the room left comes out: that byte is already too many.
             if decoder is _DEFLATE_UNSEEN:  # zlib-wrapped, or raw as some servers send it
-                decoder = _deflate_decoder(raw)
-            take(decoder.decompress(raw, max(policy.max_bytes - total, 0) + 1))
-            while decoder.unconsumed_tail:
-                take(decoder.decompress(decoder.unconsumed_tail, policy.max_bytes - total + 1))
+                head += raw
+                if len(head) < 2:  # its first two bytes tell which, however they arrive
+                    continue
+                decoder, raw = _deflate_decoder(head), head
+            inflate(decoder, raw)
+        if decoder is _DEFLATE_UNSEEN and head:
+            decoder = _deflate_decoder(head)
+            inflate(decoder, head)
         if decoder is not None:
             take(decoder.flush())
     except httpx.HTTPError as exc:

@@ -156,7 +156,7 @@ def _zeros_packed(wbits: int) -> bytes:
 def _gzip_json(handler: _Handler, query: dict[str, str], port: int) -> None:
     """A small JSON answer compressed though nobody asked for it: decoded, within the limit.
     ``form``: ``gzip`` (default), ``deflate`` (zlib-wrapped) or ``raw`` (raw deflate, sent as
-    "deflate" by some servers)."""
+    "deflate" by some servers); ``split``: its first byte sent alone."""
     data = json.dumps({"packed": True}).encode()
     form = query.get("form", "gzip")
     if form == "gzip":
@@ -171,6 +171,10 @@ def _gzip_json(handler: _Handler, query: dict[str, str], port: int) -> None:
     handler.send_header("Content-Encoding", "gzip" if form == "gzip" else "deflate")
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
+    if query.get("split"):  # its first byte alone, the rest a moment later
+        handler._raw(body[:1])
+        time.sleep(0.3)
+        body = body[1:]
     handler._raw(body)
 
 

@@ -203,6 +203,9 @@ def _tools_allow(text: str) -> str:
         host, _, methods = entry.partition("/")
         if not _HOST.fullmatch(host):
             raise ValueError(f"{raw.strip()!r}: {host!r} is not a host name[:port]")
+        port = host.partition(":")[2]
+        if port and not 0 < int(port) < 65536:
+            raise ValueError(f"{raw.strip()!r}: port {port} is not one from 1 to 65535")
         names = [m.upper() for m in methods.split("+") if m] or ["GET"]
         unknown = sorted(set(names) - _METHODS)
         if unknown:

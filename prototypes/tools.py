@@ -378,10 +378,21 @@ class ToolPolicy:
         allowed = self.allow.get((scheme, host, port))
         entry = host if (scheme, port) == ("https", 443) else f"{scheme}://{host}:{port}"
         if allowed is None:
+            if _ALLOWABLE.fullmatch(host):
+                shown = host
+                hint = (
+                    f"add it with BATOS_TOOLS_ALLOW='{_joined(entry)}' ('batos config' shows "
+                    "the value in force)"
+                )
+            else:
+                shown = bounded_repr(host, 80)
+                hint = (
+                    "no allow-list entry can name it, as it is no host name or address: the "
+                    "method, or the service's redirect, named it"
+                )
             raise ToolRefused(
-                f"host {host} ({scheme}, port {port}) is not in tools_allow; nothing was sent",
-                hint=f"add it with BATOS_TOOLS_ALLOW='{_joined(entry)}' ('batos config' shows "
-                "the value in force)",
+                f"host {shown} ({scheme}, port {port}) is not in tools_allow; nothing was sent",
+                hint=hint,
             )
         if method not in allowed:
             raise ToolRefused(
@@ -419,6 +430,10 @@ class ToolPolicy:
         self.check(req.method, req.url)
         for name in req.secrets():
             self.check_secret(name, req.url)
+
+
+#: What tools_allow can name (``batos.settings``'s check of its entries, less the port).
+_ALLOWABLE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 
 
 def _joined(entry: str) -> str:

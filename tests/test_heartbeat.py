@@ -259,6 +259,27 @@ def test_a_heartbeat_whose_lease_was_taken_over_stops_and_says_so(
             running.join(10)
 
 
+def test_a_job_a_killed_heartbeat_left_unfinished_runs_at_the_next_one(capsys, image) -> None:
+    """The scheduler moves a job to its next interval as it hands the run over: a heartbeat
+    killed mid-job (SIGKILL, the OOM killer) left it waiting a whole interval (six hours
+    for a retraining) though it never finished."""
+    from store.core.jobstore import job_running
+
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0 and "✓ audit" in out, out + err
+    with LivingImage.open(image) as img:  # a heartbeat killed inside its audit
+        assert acquire_lease(img, "killed", 0.5)
+        assert job_running(img, "killed", "audit", True)
+        assert not job_running(img, "someone-else", "prune", True)  # only the holder marks
+    time.sleep(0.6)  # its lease expires
+    code, out, err = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0 and "✓ audit" in out and "curate" not in out, out + err
+    code, out, _ = run(capsys, "--image", image, "heartbeat", "--once", models=alfred("Ok."))
+    assert code == 0 and "no job was due" in out  # and once it ran, it waits as before
+    with LivingImage.open(image) as img:
+        assert lease_holder(img) is None  # given back, with nothing left marked
+
+
 def test_end_to_end_ask_heartbeat_report(capsys, image: str, tmp_path) -> None:
     models = FakeModels(responder())
     for question in ("what is a living image", "tell me about persistence", "why ZODB"):

@@ -54,7 +54,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 from batos import settings
 from batos.errors import BatosError, ConfigurationError
 from store.core.image import LivingImage, shown_uri
-from store.core.jobstore import ImageJobStore, acquire_lease, lease_holder, release_lease
+from store.core.jobstore import (
+    ImageJobStore,
+    acquire_lease,
+    job_running,
+    lease_holder,
+    release_lease,
+)
 
 log = logging.getLogger("batos.heartbeat")
 
@@ -416,8 +422,9 @@ class Heartbeat:
 
     def run(self, name: str) -> str:
         started, clock = datetime.now(UTC), time.monotonic()
+        marked = False
         try:
-            if self._lease() is None:
+            if not job_running(self.image, self.holder, name, True):
                 # Another heartbeat took the lease over since the last renewal (this process
                 # was stopped, or the image out of its reach): one acts at a time.
                 held = lease_holder(self.image) or {}
@@ -426,6 +433,7 @@ class Heartbeat:
                     f"{shown_uri(self.image.uri)} now",
                     hint="this heartbeat stops; the other runs the jobs",
                 )
+            marked = True  # a heartbeat killed from here on leaves the job to the next one
             decided = JOBS[name][0](self.image, self.models)
         except Exception as exc:
             seconds = time.monotonic() - clock
@@ -446,11 +454,30 @@ class Heartbeat:
                 exc_info=True,  # shown with -v alone
             )
             raise
+        finally:
+            if marked:
+                self._ended(name)
         outcome = Outcome(name, True, decided.said, time.monotonic() - clock, started)
         outcome.decided = decided.facts
         self._heard(outcome)
         log.info("job %s (%.1f s): %s", name, outcome.seconds, decided.said)
         return decided.said
+
+    def _ended(self, name: str) -> None:
+        try:
+            job_running(self.image, self.holder, name, False)
+        except Exception as exc:  # the job's outcome stands; the mark goes with the lease
+            log.warning("could not record that job %s ended (%s)", name, exc)
+
+    def _take_over(self, lease: Mapping[str, Any]) -> None:
+        """Make due the jobs a killed heartbeat left started and unfinished (``lease``'s
+        ``orphaned``): the scheduler had moved each to its next interval as it ran it."""
+        now = datetime.now(UTC)
+        for name in lease.get("orphaned") or {}:
+            job = self.store.stored_job(name) if name in JOBS else None
+            if job is not None and job.next_run_time is not None and job.next_run_time > now:
+                log.warning("job %s was left unfinished by a heartbeat that ended: due now", name)
+                self.scheduler.modify_job(name, next_run_time=now)
 
     def _heard(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
@@ -585,7 +612,8 @@ class Heartbeat:
         (facets on a slow model, for minutes), and a lease left to expire would let a second
         heartbeat start its jobs beside this one's."""
         ttl = settings.get_float("heartbeat_lease_seconds")
-        if self._lease() is None:
+        lease = self._lease()
+        if lease is None:
             held = lease_holder(self.image) or {}
             raise LeaseHeld(
                 f"another heartbeat ({held.get('holder')}) acts on {shown_uri(self.image.uri)}",
@@ -603,6 +631,7 @@ class Heartbeat:
             self.scheduler.start(paused=True)
             started = True
             self.ensure_jobs()
+            self._take_over(lease)
             now = datetime.now(UTC)
             for job in self.store.get_due_jobs(now):
                 if not renewer.is_alive():  # the lease was lost: another heartbeat may act now
@@ -634,9 +663,11 @@ class Heartbeat:
         taken over, or its scheduler ended."""
         ttl = settings.get_float("heartbeat_lease_seconds")
         pause = 1.0
+        lease: dict[str, Any] | None = None
         while not stop.is_set():
             try:
-                if self._lease() is not None:
+                lease = self._lease()
+                if lease is not None:
                     break
                 held = lease_holder(self.image) or {}
                 log.warning("heartbeat %s holds the image; waiting", held.get("holder"))
@@ -656,6 +687,7 @@ class Heartbeat:
         self.scheduler.start(paused=True)
         try:
             self.ensure_jobs()
+            self._take_over(lease or {})
             self.scheduler.resume()
             log.info("heartbeat %s acting on %s", self.holder, shown_uri(self.image.uri))
             self._hold(stop, ttl)

@@ -256,10 +256,53 @@ def acquire_lease(image: LivingImage, holder: str, seconds: float) -> dict[str, 
         taken = {"holder": holder, "expires": now + seconds, "since": now}
         if lease and lease["holder"] == holder:
             taken["since"] = lease["since"]
+            if lease.get("running"):
+                taken["running"] = dict(lease["running"])
         home["lease"] = taken
-        return taken
+        result = dict(taken)
+        if lease and lease["holder"] != holder and _running(lease):
+            # Jobs the expired holder had started and never finished (it was killed): the
+            # new holder runs them again at once, rather than a whole interval later.
+            result["orphaned"] = _running(lease)
+        return result
 
     return image.transact(take, note=f"heartbeat: lease for {holder}")
+
+
+def _running(lease: Mapping[str, Any]) -> dict[str, float]:
+    running = lease.get("running")
+    if not isinstance(running, Mapping):
+        return {}
+    return {
+        str(job): float(at)
+        for job, at in list(running.items())[:MAX_RUNNING]
+        if isinstance(job, str) and isinstance(at, int | float)
+    }
+
+
+#: Jobs a lease records as started at most (there are seven; a record of more is not ours).
+MAX_RUNNING = 32
+
+
+def job_running(image: LivingImage, holder: str, job: str, running: bool) -> bool:
+    """Record in ``holder``'s lease that ``job`` started (``running``) or ended, renewing
+    nothing else; False when ``holder`` does not hold the lease, and nothing was written."""
+
+    def mark(root: Any) -> bool:
+        home = _home(root)
+        lease = home.get("lease")
+        if not lease or lease["holder"] != holder or lease["expires"] <= time.time():
+            return False
+        jobs = _running(lease)
+        if running:
+            jobs[job] = time.time()
+        else:
+            jobs.pop(job, None)
+        home["lease"] = {**lease, "running": jobs}
+        return True
+
+    verb = "started" if running else "ended"
+    return image.transact(mark, note=f"heartbeat: {holder} {verb} job {job}")
 
 
 def lease_holder(image: LivingImage) -> dict[str, Any] | None:

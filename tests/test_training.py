@@ -168,3 +168,34 @@ def test_shipped_default_adapters_match_their_data_and_change_greedy_output() ->
         replies[persona] = reply(persona, [adapter])
         assert replies[persona] != reply(persona, []), persona
     assert len(set(replies.values())) == len(PERSONAS)
+
+
+def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_work(tmp_path) -> None:
+    """A retraining killed outright left its scratch folder (weights, megabytes to gigabytes)
+    in the temporary folder for good: each kill added one."""
+    import os
+    import subprocess
+    import sys
+
+    from batos.training.scratch import scratch
+
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(ended.stdout)
+    left = tmp_path / f"batos-retrain-{dead}-abc123"
+    (left / "warm-start").mkdir(parents=True)
+    (left / "warm-start" / "adapter_model.safetensors").write_bytes(b"w" * 1000)
+    live = tmp_path / f"batos-eval-{os.getppid()}-def456"  # a process that runs: kept
+    live.mkdir()
+    other = tmp_path / "batos-notes"  # no pid in its name: not ours to judge
+    other.mkdir()
+    link = tmp_path / f"batos-lora-{dead}-ghi789"
+    link.symlink_to(other)  # a link is never followed
+    with scratch("retrain", tmp_path) as mine:
+        assert Path(mine).name.startswith(f"batos-retrain-{os.getpid()}-")
+        assert not left.exists() and live.is_dir() and other.is_dir() and link.is_symlink()
+    assert not Path(mine).exists()

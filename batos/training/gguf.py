@@ -16,13 +16,13 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batos import settings
 from batos.errors import ModelError
+from batos.training.scratch import scratch as scratch_folder
 from store.core.files import replacing
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def tools_dir() -> Path:
     if (target / "convert_lora_to_gguf.py").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="batos-sdist-", dir=target.parent) as scratch:
+    with scratch_folder("sdist", target.parent) as scratch:
         sdist = _sdist(version, Path(scratch))
         with replacing(target) as unpacked:
             _unpack(sdist, unpacked)

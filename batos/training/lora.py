@@ -16,7 +16,6 @@ import logging
 import math
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from batos import settings
 from batos.errors import ConfigurationError, ModelError
 from batos.models.modelfile import adapter_path, modelfiles_dir
+from batos.training.scratch import scratch as scratch_folder
 from prototypes.codex import PERSONAS, load_codex
 from store.core.files import copy_file, replacing, write_text
 from store.core.model_files import catalog, model_path
@@ -391,7 +391,7 @@ def train_persona(
             state = get_peft_model_state_dict(peft_model)
         weights = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
         adapter_config = peft_model.peft_config["default"]
-        with tempfile.TemporaryDirectory(prefix="batos-lora-") as scratch:
+        with scratch_folder("lora") as scratch:
             staging = Path(scratch)
             lora_dir = save_peft(weights, adapter_config, staging / "peft")
             base_dir = lora_gguf.write_base_config(model, tokenizer, staging / "base")
@@ -556,7 +556,7 @@ def fuse_persona(model: str, persona: str, outtype: str = "q8_0") -> Path:
     target = fused_dir(model) / f"{persona.lower()}.gguf"
     target.parent.mkdir(parents=True, exist_ok=True)
     with (
-        tempfile.TemporaryDirectory(prefix="batos-fuse-", dir=target.parent) as scratch,
+        scratch_folder("fuse", target.parent) as scratch,
         replacing(target) as draft,
     ):
         served = served_weights(model, persona, Path(scratch))

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -56,6 +55,7 @@ from batos.training.lora import (
     read_manifest,
     train_persona,
 )
+from batos.training.scratch import scratch as scratch_folder
 from batos.training.voice import heldout_rows, train_classifier, usable, validate, voice_prompts
 from batos.training.warm import WarmStart, plan_for, served_weights
 from store.core.files import copy_file, write_text
@@ -200,7 +200,7 @@ class VoiceEvaluator:
         persona = persona_name(persona)
         prompts = evaluation_prompts(persona, self.limit)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="batos-eval-") as scratch:
+        with scratch_folder("eval") as scratch:
             folder = _modelfiles_with(Path(scratch), self.model, persona, adapter)
             chat = EmbeddedChatModel(
                 persona=persona,
@@ -384,7 +384,7 @@ def retrain(
     served = adapter_path(model, persona)
     current_sha = keep_version(model, persona, served)[0] if served.is_file() else None
     planned_rate = plan.learning_rate
-    with tempfile.TemporaryDirectory(prefix="batos-retrain-") as scratch:
+    with scratch_folder("retrain") as scratch:
         if warm:
             start, plan = start_for(model, persona, plan, Path(scratch))
         else:

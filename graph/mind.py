@@ -68,7 +68,7 @@ from graph.request import (
     content_text,
     request_text,
 )
-from store.checkpoint.saver import ZODBSaver
+from store.checkpoint.saver import EXPECT_KEY, ZODBSaver
 from store.core.image import LivingImage
 
 __all__ = [
@@ -170,10 +170,14 @@ def run_config(thread_id: str) -> RunnableConfig:
 #: to have died (a killed process), and a new request goes on from it. A mind cycle stores a
 #: checkpoint after every step, and no step of one takes this long on the default model.
 BUSY_SECONDS = 300.0
+#: How far ahead of this host's clock a checkpoint's time may be and still count as recent.
+CLOCK_SKEW_SECONDS = 60.0
 
 
-def refuse_if_busy(graph: Any, config: RunnableConfig) -> None:
-    """Raise ``ThreadBusy`` if another process is answering on ``config``'s thread now.
+def refuse_if_busy(graph: Any, config: RunnableConfig) -> RunnableConfig:
+    """Raise ``ThreadBusy`` if another process is answering on ``config``'s thread now; else
+    ``config`` for the run, holding what the check saw (``EXPECT_KEY``): a run another process
+    starts between the check and this run's start is then found at its first step.
 
     Two runs on one thread at once from two processes each go on from what they read: the
     checkpointer lets only one of them store each step (``ThreadMovedOn`` for the other), and
@@ -187,29 +191,35 @@ def refuse_if_busy(graph: Any, config: RunnableConfig) -> None:
     configurable = config.get("configurable", {})
     saver = getattr(graph, "checkpointer", None)
     if configurable.get("checkpoint_id") or not isinstance(saver, ZODBSaver):
-        return
+        return config
     try:
         snapshot = graph.get_state({"configurable": {"thread_id": configurable["thread_id"]}})
     except BatosError:
-        return  # a thread holding a client's refused input: its next request mends it
-    if not snapshot.next or not snapshot.created_at or not snapshot.config:
-        return
-    if saver.stored_here(snapshot.config["configurable"]["checkpoint_id"]):
-        return
+        return config  # a thread holding a client's refused input: its next request mends it
+    seen = (snapshot.config or {}).get("configurable", {}).get("checkpoint_id") or ""
+    expecting: RunnableConfig = {**config, "configurable": {**configurable, EXPECT_KEY: seen}}
+    # A step whose tasks have all written their results shows no next step until the loop
+    # stores the checkpoint after it: its tasks still say a run is there.
+    steps = snapshot.next or tuple(task.name for task in snapshot.tasks)
+    if not steps or not snapshot.created_at or saver.stored_here(seen):
+        return expecting
     if any(task.interrupts or task.error for task in snapshot.tasks):
-        return  # waiting for the user's answer, or a run that failed: nothing runs there now
+        return expecting  # waiting for the user's answer, or a failed run: nothing runs there
     try:
         age = (datetime.now(UTC) - datetime.fromisoformat(snapshot.created_at)).total_seconds()
     except (TypeError, ValueError):
-        return
-    if age < BUSY_SECONDS:
+        return expecting
+    # A checkpoint stamped ahead of this host's clock (another host's clock, or a stranger's
+    # value) counts from now, not from its stamp: no thread waits longer than BUSY_SECONDS.
+    if -CLOCK_SKEW_SECONDS < age < BUSY_SECONDS:
         raise ThreadBusy(
             f"thread {configurable['thread_id']!r} is answering another request in another "
-            f"process (its last step, before {', '.join(snapshot.next)}, was stored "
+            f"process (its last step, before {', '.join(steps)}, was stored "
             f"{max(age, 0):.0f} s ago); this one was not sent",
             hint="send it again when that answer is done, or on a thread of its own; a run "
             f"whose process died is taken as ended {BUSY_SECONDS:.0f} s after its last step",
         )
+    return expecting
 
 
 def own_run(config: RunnableConfig) -> RunnableConfig:

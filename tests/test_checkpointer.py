@@ -804,8 +804,56 @@ def test_a_run_continuing_a_superseded_latest_stores_nothing(
     assert one.get_tuple(cfg("t")).config == latest.config
     # The same checkpoint named by id is a fork on purpose, and stores.
     fork = cfg("t", checkpoint_ns="", checkpoint_id=read.config["configurable"]["checkpoint_id"])
-    one.put(fork, generate_checkpoint(), {"step": 9, "source": "fork"}, {})
+    chain_graph(one).update_state(fork, {"n": 1})
     assert transactions(one.image) == before[0] + 1
+
+
+def test_a_run_that_started_a_thread_is_held_to_the_check_at_every_step(
+    two_processes: tuple[ZODBSaver, ZODBSaver],
+) -> None:
+    # On a thread with no checkpoint LangGraph keeps the config it was given: no mark from
+    # get_tuple. Its first put was checked, its later ones were not, and the other process's
+    # run stored meanwhile was dropped from the thread's latest state.
+    one, two = two_processes
+    inside, go_on = threading.Event(), threading.Event()
+
+    def step(state: State) -> dict:
+        if state["log"][-1] == "first":
+            inside.set()
+            assert go_on.wait(30)
+        return {"n": state["n"] + 1, "log": [f"step after {state['log'][-1]}"]}
+
+    def build(saver: ZODBSaver) -> Any:
+        builder = StateGraph(State)
+        builder.add_node("step", step)
+        builder.add_edge(START, "step")
+        builder.add_edge("step", END)
+        return builder.compile(checkpointer=saver)
+
+    failures: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            build(one).invoke({"n": 0, "log": ["first"]}, cfg("new"))
+        except BaseException as exc:
+            failures.append(exc)
+
+    runner = threading.Thread(target=first, daemon=True)
+    runner.start()
+    try:
+        assert inside.wait(30)
+        for _ in range(300):  # the first run's step checkpoint is stored in the background
+            state = two.get_tuple(cfg("new"))
+            if state is not None and state.metadata.get("step", -1) >= 0:
+                break
+            threading.Event().wait(0.01)
+        second = build(two).invoke({"n": 0, "log": ["second"]}, cfg("new"))
+    finally:
+        go_on.set()
+        runner.join(30)
+    assert [type(f) for f in failures] == [ThreadMovedOn]
+    latest = one.get_tuple(cfg("new")).checkpoint["channel_values"]
+    assert latest["log"] == second["log"] and latest["log"][-1] == "step after second"
 
 
 def test_a_newer_checkpoint_of_the_same_process_is_no_conflict(saver: ZODBSaver) -> None:

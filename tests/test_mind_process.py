@@ -78,9 +78,10 @@ with open_image(uri, create=True) as image, ZODBSaver(image) as saver:
         payload = None if mode == "resume" else {
             "messages": [HumanMessage("plan the steps to build a shed")]}
         try:
+            config = run_config(thread)
             if payload is not None:  # as every entry point sends a request
-                refuse_if_busy(graph, run_config(thread))
-            state = graph.invoke(payload, run_config(thread))
+                config = refuse_if_busy(graph, config)
+            state = graph.invoke(payload, config)
         except (ThreadBusy, ThreadMovedOn) as refused:
             print(json.dumps({"thread": thread, "status": type(refused).__name__}), flush=True)
             continue
@@ -230,3 +231,4 @@ def test_cycles_of_two_processes_on_one_thread_keep_whole_exchanges(tmp_path: Pa
         assert kinds == ["human", "ai"] * (len(kinds) // 2), kinds
         answered = [m.additional_kwargs.get("batos_cycle") for m in messages if m.type == "ai"]
         assert set(answered) <= recorded and len(answered) == len(set(answered))
+        assert set(done) <= set(answered)  # every answer a request got is on the thread

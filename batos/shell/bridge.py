@@ -372,7 +372,7 @@ class Bridge:
         self, envelope: list[bytes], request_id: bytes, payload: dict[str, Any], thread_id: str
     ) -> dict[str, Any]:
         config = own_run({"configurable": {"thread_id": thread_id}, "recursion_limit": 40})
-        refuse_if_busy(self.graph, config)  # another process's run on the thread
+        config = refuse_if_busy(self.graph, config)  # another process's run on the thread
         self._send(envelope, request_id, "accepted", {"thread_id": thread_id})
         for mode, chunk in self.graph.stream(
             payload["input"],

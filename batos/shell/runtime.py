@@ -314,5 +314,5 @@ def ask(
             context["depth"] = depth
         mind = runtime.mind(services)
         config = run_config(f"ask-{uuid6()}" if thread_id is None else thread_id)
-        refuse_if_busy(mind, config)
+        config = refuse_if_busy(mind, config)
         return mind.invoke({"messages": [HumanMessage(text)]}, config, context=context)

@@ -109,19 +109,18 @@ MAX_CONNECTIONS = 16
 #: this process's own writing (``ThreadMovedOn`` otherwise). "__" keeps it out of the
 #: checkpoint metadata LangGraph copies from configurable values.
 LATEST_KEY = "__batos_continues_latest__"
+#: The configurable key of a run whose caller read the thread first (``graph.mind.
+#: refuse_if_busy``): the id of the latest root checkpoint it saw ("" for none). The run's
+#: first put must continue that one: a run that started in between (another process's) was
+#: not seen by the check, and this one would go on from its half-done state.
+EXPECT_KEY = "__batos_expects__"
 #: Checkpoint ids this process stored, kept per open image: the newest of them are what tells
 #: another process's checkpoint from one of its own runs'.
 OWN_IDS = 4096
 
 
-class _OwnCheckpoints:
-    """The ids of the checkpoints stored through one open image by this process, newest last.
-
-    Runs of one process on one thread are ordered by the process itself (the LangGraph server
-    queues, interrupts or rolls back a thread's runs; the bridge and the CLI refuse a second):
-    a cancelled run's last put may land after the next run read the thread, and that is no
-    lost exchange. What the checkpointer refuses is a newer checkpoint another process stored.
-    """
+class _Ids:
+    """A bounded set of checkpoint ids, the oldest forgotten first (``OWN_IDS`` of them)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -136,6 +135,35 @@ class _OwnCheckpoints:
     def __contains__(self, checkpoint_id: object) -> bool:
         with self._lock:
             return checkpoint_id in self._ids
+
+
+class _Newest:
+    """A bounded map of (thread, namespace) to a checkpoint id, the oldest entry dropped first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[tuple[str, str], str] = {}
+
+    def set(self, key: tuple[str, str], checkpoint_id: str) -> None:
+        with self._lock:
+            self._ids.pop(key, None)
+            self._ids[key] = checkpoint_id
+            while len(self._ids) > OWN_IDS:
+                del self._ids[next(iter(self._ids))]
+
+    def get(self, key: tuple[str, str]) -> str | None:
+        with self._lock:
+            return self._ids.get(key)
+
+
+class _OwnCheckpoints(_Ids):
+    """The ids of the checkpoints stored through one open image by this process, newest last.
+
+    Runs of one process on one thread are ordered by the process itself (the LangGraph server
+    queues, interrupts or rolls back a thread's runs; the bridge and the CLI refuse a second):
+    a cancelled run's last put may land after the next run read the thread, and that is no
+    lost exchange. What the checkpointer refuses is a newer checkpoint another process stored.
+    """
 
 
 _OWN: weakref.WeakKeyDictionary[LivingImage, _OwnCheckpoints] = weakref.WeakKeyDictionary()
@@ -388,6 +416,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             else None
         )
         self._pool = _ConnectionPool(image, max_connections)
+        #: (thread, namespace) → the newest checkpoint stored by a run held to the
+        #: newest-checkpoint check (``put``): its run's next put is held to it too.
+        self._guarded = _Newest()
         self._writer = _Writer(image)
         self._parking = ParkedWrites()
 
@@ -517,10 +548,11 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                 checkpoint_id = checkpoints.maxKey()
                 named = _config(thread_id, ns, checkpoint_id)
                 named["configurable"][LATEST_KEY] = ns
-            elif LATEST_KEY in config.get("configurable", {}):
-                # A config read as the latest and passed back later (a StateSnapshot's) names
-                # its checkpoint: a run from it branches on purpose. LangGraph's loop lays
-                # this config over the one it was given, so the key is unset here.
+            else:
+                # A run from a checkpoint named by id branches on purpose, even from a config
+                # read as the latest and passed back later (a StateSnapshot's): LangGraph's
+                # loop lays this config over the one it was given, so the key is unset here,
+                # and its puts are never taken for a run's continuation (``_guarded``).
                 named = {**config, "configurable": {**config["configurable"], LATEST_KEY: None}}
             record = checkpoints.get(checkpoint_id)
             if record is None:
@@ -660,16 +692,33 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         parent_id = _checkpoint_id(config)
         checkpoint_id = checkpoint["id"]
         key = (thread_id, ns, checkpoint_id)
-        continues_latest = config.get("configurable", {}).get(LATEST_KEY) == ns or (
-            # A run's input on a thread it found empty: LangGraph's first put of a run (step
-            # -1) with nothing to continue. Another process's checkpoint there means it started
-            # first. Only in the root namespace: a subgraph's namespace may start afresh over
-            # checkpoints of its own (a replay of a subgraph compiled with checkpointer=True).
-            ns == ""
-            and parent_id is None
-            and metadata.get("source") == "input"
-            and metadata.get("step") == -1
+        continues_latest = (
+            config.get("configurable", {}).get(LATEST_KEY) == ns
+            or (
+                # A run's input on a thread it found empty: LangGraph's first put of a run (step
+                # -1) with nothing to continue. Another process's checkpoint there means it started
+                # first. Only in the root namespace: a subgraph's namespace may start afresh over
+                # checkpoints of its own (a replay of a subgraph compiled with checkpointer=True).
+                ns == ""
+                and parent_id is None
+                and metadata.get("source") == "input"
+                and metadata.get("step") == -1
+            )
+            or (
+                parent_id is not None
+                and self._guarded.get((thread_id, ns)) == parent_id
+                and LATEST_KEY not in config.get("configurable", {})
+            )
         )
+        expected = config.get("configurable", {}).get(EXPECT_KEY)
+        if (
+            isinstance(expected, str)
+            and ns == ""
+            and parent_id != (expected or None)
+            and self._guarded.get((thread_id, ns)) != parent_id
+        ):
+            self._parking.put_failed(key)
+            raise self._moved_on(thread_id, ns, expected or None, parent_id or "(none)")
         try:
             apply = self._put_transaction(
                 config,
@@ -710,6 +759,13 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             stored = True
         finally:
             self._parking.end_put(key, stored=stored)
+        if continues_latest:
+            # The run's next put continues this one: held to the same check, whether its
+            # config carries the mark (a run from the latest) or not (one that started the
+            # thread: LangGraph keeps the config it was given when a thread has no checkpoint).
+            # Only the newest such of a namespace: a later fork from an older one is no
+            # continuation of a run.
+            self._guarded.set((thread_id, ns), checkpoint_id)
         return _config(thread_id, ns, checkpoint_id)
 
     def stored_here(self, checkpoint_id: str) -> bool:

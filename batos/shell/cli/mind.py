@@ -94,8 +94,7 @@ class Session:
         more (``StopOnInterrupt``).
         """
         answer: list[str] = []
-        refuse_if_busy(self.graph, config)
-        run = own_run(config)
+        run = own_run(refuse_if_busy(self.graph, config))
         with StopOnInterrupt() as stop:
             try:
                 self._stream(text, run, context, show, answer)

@@ -196,6 +196,41 @@ def test_a_job_whose_lease_another_heartbeat_took_runs_nothing(image: str) -> No
         assert not outcome.ok and "not run" in outcome.said
 
 
+def test_a_job_whose_own_lease_lapsed_unclaimed_takes_it_again_and_runs(image: str) -> None:
+    """A lease that lapsed with nobody else claiming it (a laptop asleep, a process stopped)
+    made the job skip, named the heartbeat itself as 'another' holder."""
+    with LivingImage.open(image) as img:
+        add_cycles(img, [("BRICK", (1, 0, 0))])
+        beat = Heartbeat(img, alfred("Steady."))
+        assert acquire_lease(img, beat.holder, 0.2)
+        time.sleep(0.3)
+        beat.run("audit")
+        assert [r["id"] for r in audit.history(img)] == [1]
+        assert lease_holder(img)["holder"] == beat.holder
+
+
+def test_a_lease_record_a_stranger_wrote_is_read_as_data(image: str) -> None:
+    from store.core.jobstore import job_running
+
+    with LivingImage.open(image) as img:
+        for stored in (
+            {"holder": "gone", "expires": 1.0, "since": 0.0, "running": {"audit": 10**400}},
+            {"holder": "gone", "expires": 1.0, "running": 5},
+            {"holder": 7, "expires": "soon"},
+            ["not", "a", "lease"],
+        ):
+
+            def write(root, stored=stored):
+                layout.find(root, layout.HEARTBEAT)["lease"] = stored
+
+            img.transact(write)
+            taken = acquire_lease(img, "me", 30.0)  # an expired or malformed lease is taken
+            assert taken is not None and taken["holder"] == "me"
+            assert job_running(img, "me", "audit", True)
+            assert acquire_lease(img, "me", 30.0)["running"].keys() == {"audit"}
+            assert lease_holder(img)["holder"] == "me"
+
+
 def test_the_scheduler_outlives_an_image_out_of_reach(
     image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -173,11 +173,13 @@ def test_shipped_default_adapters_match_their_data_and_change_greedy_output() ->
 def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_work(tmp_path) -> None:
     """A retraining killed outright left its scratch folder (weights, megabytes to gigabytes)
     in the temporary folder for good: each kill added one."""
+    import fcntl
     import os
+    import socket
     import subprocess
     import sys
 
-    from batos.training.scratch import scratch
+    from batos.training.scratch import LOCK, scratch
 
     ended = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -186,16 +188,34 @@ def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_work(tmp_
         check=True,
     )
     dead = int(ended.stdout)
-    left = tmp_path / f"batos-retrain-{dead}-abc123"
-    (left / "warm-start").mkdir(parents=True)
-    (left / "warm-start" / "adapter_model.safetensors").write_bytes(b"w" * 1000)
-    live = tmp_path / f"batos-eval-{os.getppid()}-def456"  # a process that runs: kept
-    live.mkdir()
-    other = tmp_path / "batos-notes"  # no pid in its name: not ours to judge
+
+    def left_by(name: str, host: str | None = None) -> Path:
+        folder = tmp_path / name
+        (folder / "warm-start").mkdir(parents=True)
+        (folder / "warm-start" / "adapter_model.safetensors").write_bytes(b"w" * 1000)
+        if host is not None:
+            (folder / LOCK).write_text(host)
+        return folder
+
+    here = socket.gethostname()
+    abandoned = left_by(f"batos-retrain-{dead}-abc123", here)
+    elsewhere = left_by(f"batos-fuse-{dead}-def456", "another-host")  # a shared folder
+    unlocked = left_by(f"batos-eval-{dead}-ghi789")  # no lock file: not known to be ours
+    held = left_by(f"batos-lora-{dead}-jkl012", here)  # its owner, in another pid namespace
+    holder = os.open(held / LOCK, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    live = left_by(f"batos-eval-{os.getppid()}-mno345", here)  # a process that runs
+    other = tmp_path / "batos-notes"
     other.mkdir()
-    link = tmp_path / f"batos-lora-{dead}-ghi789"
+    link = tmp_path / f"batos-sdist-{dead}-pqr678"
     link.symlink_to(other)  # a link is never followed
-    with scratch("retrain", tmp_path) as mine:
-        assert Path(mine).name.startswith(f"batos-retrain-{os.getpid()}-")
-        assert not left.exists() and live.is_dir() and other.is_dir() and link.is_symlink()
+    try:
+        with scratch("retrain", tmp_path) as mine:
+            assert Path(mine).name.startswith(f"batos-retrain-{os.getpid()}-")
+            assert not abandoned.exists()
+            for kept in (elsewhere, unlocked, held, live, other):
+                assert kept.is_dir()
+            assert link.is_symlink()
+    finally:
+        os.close(holder)
     assert not Path(mine).exists()

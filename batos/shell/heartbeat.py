@@ -424,9 +424,12 @@ class Heartbeat:
         started, clock = datetime.now(UTC), time.monotonic()
         marked = False
         try:
-            if not job_running(self.image, self.holder, name, True):
-                # Another heartbeat took the lease over since the last renewal (this process
-                # was stopped, or the image out of its reach): one acts at a time.
+            if not job_running(self.image, self.holder, name, True) and (
+                # Its own lease lapsed unrenewed (the process was stopped, the image out of
+                # its reach): taken again if nobody else has it, and the job runs.
+                self._lease() is None or not job_running(self.image, self.holder, name, True)
+            ):
+                # Another heartbeat took the lease over meanwhile: one acts at a time.
                 held = lease_holder(self.image) or {}
                 raise LeaseHeld(
                     f"not run: heartbeat {held.get('holder')} holds the lease on "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -250,14 +251,14 @@ def acquire_lease(image: LivingImage, holder: str, seconds: float) -> dict[str, 
     def take(root: Any) -> dict[str, Any] | None:
         home = _home(root)
         now = time.time()
-        lease = home.get("lease")
+        lease = _lease_in(home)
         if lease and lease["holder"] != holder and lease["expires"] > now:
             return None
-        taken = {"holder": holder, "expires": now + seconds, "since": now}
+        taken: dict[str, Any] = {"holder": holder, "expires": now + seconds, "since": now}
         if lease and lease["holder"] == holder:
             taken["since"] = lease["since"]
-            if lease.get("running"):
-                taken["running"] = dict(lease["running"])
+            if _running(lease):
+                taken["running"] = _running(lease)
         home["lease"] = taken
         result = dict(taken)
         if lease and lease["holder"] != holder and _running(lease):
@@ -269,15 +270,46 @@ def acquire_lease(image: LivingImage, holder: str, seconds: float) -> dict[str, 
     return image.transact(take, note=f"heartbeat: lease for {holder}")
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None: image data is a stranger's (an int of 400
+    digits does not fit a float, nan never compares)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _lease_in(home: Any) -> dict[str, Any] | None:
+    """The lease record of ``home`` as plain checked data, or None when there is none or it
+    is not one (a record that is not a lease is no holder's: it is taken over)."""
+    lease = home.get("lease")
+    if not isinstance(lease, Mapping):
+        return None
+    holder, expires = lease.get("holder"), _finite(lease.get("expires"))
+    if not isinstance(holder, str) or expires is None:
+        return None
+    since = _finite(lease.get("since"))
+    return {
+        "holder": holder,
+        "expires": expires,
+        "since": expires if since is None else since,
+        "running": lease.get("running"),
+    }
+
+
 def _running(lease: Mapping[str, Any]) -> dict[str, float]:
     running = lease.get("running")
     if not isinstance(running, Mapping):
         return {}
-    return {
-        str(job): float(at)
-        for job, at in list(running.items())[:MAX_RUNNING]
-        if isinstance(job, str) and isinstance(at, int | float)
-    }
+    jobs: dict[str, float] = {}
+    for job, at in list(running.items())[:MAX_RUNNING]:
+        when = _finite(at)
+        if isinstance(job, str) and len(job) <= 64 and when is not None:
+            jobs[job] = when
+    return jobs
 
 
 #: Jobs a lease records as started at most (there are seven; a record of more is not ours).
@@ -290,7 +322,7 @@ def job_running(image: LivingImage, holder: str, job: str, running: bool) -> boo
 
     def mark(root: Any) -> bool:
         home = _home(root)
-        lease = home.get("lease")
+        lease = _lease_in(home)
         if not lease or lease["holder"] != holder or lease["expires"] <= time.time():
             return False
         jobs = _running(lease)
@@ -306,11 +338,14 @@ def job_running(image: LivingImage, holder: str, job: str, running: bool) -> boo
 
 
 def lease_holder(image: LivingImage) -> dict[str, Any] | None:
-    """The lease as it stands (holder, expiry), expired or not; None when never taken."""
+    """The lease as it stands (holder, expiry), expired or not; None when never taken (or
+    what is stored is no lease)."""
     with image.read() as root:
         home = layout.find(root, layout.HEARTBEAT)
-        lease = home.get("lease") if home is not None else None
-        return dict(lease) if lease else None
+        lease = _lease_in(home) if home is not None else None
+        if lease is not None:
+            lease["running"] = _running(lease)
+        return lease
 
 
 def release_lease(image: LivingImage, holder: str) -> None:
@@ -318,7 +353,7 @@ def release_lease(image: LivingImage, holder: str) -> None:
 
     def release(root: Any) -> None:
         home = layout.find(root, layout.HEARTBEAT)
-        if home is not None and (home.get("lease") or {}).get("holder") == holder:
+        if home is not None and (_lease_in(home) or {}).get("holder") == holder:
             del home["lease"]
 
     image.transact(release, note=f"heartbeat: {holder} released the lease")

@@ -808,6 +808,23 @@ def test_a_run_continuing_a_superseded_latest_stores_nothing(
     assert transactions(one.image) == before[0] + 1
 
 
+def _pausing(inside: threading.Event, go_on: threading.Event, saver: ZODBSaver) -> Any:
+    """A one-step graph on ``saver`` whose step, for the input "first", says it is ``inside``
+    and waits until told to ``go_on``: a run caught mid-step, as another process sees it."""
+
+    def step(state: State) -> dict:
+        if state["log"][-1] == "first":
+            inside.set()
+            assert go_on.wait(30)
+        return {"n": state["n"] + 1, "log": [f"step after {state['log'][-1]}"]}
+
+    builder = StateGraph(State)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    return builder.compile(checkpointer=saver)
+
+
 def test_a_run_that_started_a_thread_is_held_to_the_check_at_every_step(
     two_processes: tuple[ZODBSaver, ZODBSaver],
 ) -> None:
@@ -816,19 +833,7 @@ def test_a_run_that_started_a_thread_is_held_to_the_check_at_every_step(
     # run stored meanwhile was dropped from the thread's latest state.
     one, two = two_processes
     inside, go_on = threading.Event(), threading.Event()
-
-    def step(state: State) -> dict:
-        if state["log"][-1] == "first":
-            inside.set()
-            assert go_on.wait(30)
-        return {"n": state["n"] + 1, "log": [f"step after {state['log'][-1]}"]}
-
-    def build(saver: ZODBSaver) -> Any:
-        builder = StateGraph(State)
-        builder.add_node("step", step)
-        builder.add_edge(START, "step")
-        builder.add_edge("step", END)
-        return builder.compile(checkpointer=saver)
+    build = partial(_pausing, inside, go_on)
 
     failures: list[BaseException] = []
 
@@ -888,19 +893,7 @@ def test_a_run_overtaken_mid_step_fails_and_the_other_run_is_kept(
     # Two runs on one thread at once in two processes: the first stops inside a node, the
     # second runs to its end meanwhile.
     inside, go_on = threading.Event(), threading.Event()
-
-    def step(state: State) -> dict:
-        if state["log"][-1] == "first":
-            inside.set()
-            assert go_on.wait(30)
-        return {"n": state["n"] + 1, "log": [f"step after {state['log'][-1]}"]}
-
-    def build(saver: ZODBSaver) -> Any:
-        builder = StateGraph(State)
-        builder.add_node("step", step)
-        builder.add_edge(START, "step")
-        builder.add_edge("step", END)
-        return builder.compile(checkpointer=saver)
+    build = partial(_pausing, inside, go_on)
 
     one, two = two_processes
     build(one).invoke({"n": 0, "log": ["opening"]}, cfg("t"))

@@ -196,17 +196,32 @@ def test_a_job_whose_lease_another_heartbeat_took_runs_nothing(image: str) -> No
         assert not outcome.ok and "not run" in outcome.said
 
 
-def test_a_job_whose_own_lease_lapsed_unclaimed_takes_it_again_and_runs(image: str) -> None:
+def test_a_job_whose_own_lease_lapsed_unclaimed_takes_it_again_and_runs(
+    image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A lease that lapsed with nobody else claiming it (a laptop asleep, a process stopped)
     made the job skip, named the heartbeat itself as 'another' holder."""
+    from batos.shell import heartbeat as heartbeat_module
+
     with LivingImage.open(image) as img:
         add_cycles(img, [("BRICK", (1, 0, 0))])
-        beat = Heartbeat(img, alfred("Steady."))
+        beat = Heartbeat(img, alfred("Steady.", "Steady."))
+        monkeypatch.setitem(heartbeat_module._ACTIVE, "beat", beat)  # as forever() runs it
         assert acquire_lease(img, beat.holder, 0.2)
         time.sleep(0.3)
         beat.run("audit")
         assert [r["id"] for r in audit.history(img)] == [1]
-        assert lease_holder(img)["holder"] == beat.holder
+        assert lease_holder(img)["holder"] == beat.holder  # it acts on: it keeps the lease
+        # A job run by hand, by a heartbeat that is not acting, borrows the lease and gives
+        # it back: a second one after it runs as well.
+        monkeypatch.delitem(heartbeat_module._ACTIVE, "beat")
+        from store.core.jobstore import release_lease
+
+        release_lease(img, beat.holder)
+        add_cycles(img, [("ROBIN", (0, 1, 0))])
+        Heartbeat(img, alfred("Steady.")).run("audit")
+        assert lease_holder(img) is None
+        Heartbeat(img, alfred("Steady.")).run("prune")
 
 
 def test_a_lease_record_a_stranger_wrote_is_read_as_data(image: str) -> None:

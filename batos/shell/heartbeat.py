@@ -422,13 +422,14 @@ class Heartbeat:
 
     def run(self, name: str) -> str:
         started, clock = datetime.now(UTC), time.monotonic()
-        marked = False
+        marked = borrowed = False
         try:
-            if not job_running(self.image, self.holder, name, True) and (
+            if not job_running(self.image, self.holder, name, True):
                 # Its own lease lapsed unrenewed (the process was stopped, the image out of
-                # its reach): taken again if nobody else has it, and the job runs.
-                self._lease() is None or not job_running(self.image, self.holder, name, True)
-            ):
+                # its reach), or a job run by hand, outside forever() and once(): the lease
+                # is taken if nobody else has it (and given back after, for one by hand).
+                borrowed = self._lease() is not None and _ACTIVE.get("beat") is not self
+            if not job_running(self.image, self.holder, name, True):
                 # Another heartbeat took the lease over meanwhile: one acts at a time.
                 held = lease_holder(self.image) or {}
                 raise LeaseHeld(
@@ -460,6 +461,11 @@ class Heartbeat:
         finally:
             if marked:
                 self._ended(name)
+            if borrowed:
+                try:
+                    release_lease(self.image, self.holder)
+                except Exception as exc:  # it expires by itself
+                    log.warning("could not give the lease back (%s)", exc)
         outcome = Outcome(name, True, decided.said, time.monotonic() - clock, started)
         outcome.decided = decided.facts
         self._heard(outcome)

@@ -128,8 +128,6 @@ def build_graph(
     """The mind graph, compiled; with a ``ZODBSaver`` its commits join the checkpoints (the
     saver is handed the cycle's effect kinds). ``served_image`` is for a graph a server runs
     with its own checkpointer, the ``ZODBSaver`` of the runtime whose image it returns."""
-    from store.checkpoint.saver import ZODBSaver
-
     if isinstance(checkpointer, ZODBSaver):
         checkpointer.accept(cycle.EFFECT_KINDS, CLIENT_WRITE_CHECKS)
     mind = Mind(services, checkpointer=checkpointer, served_image=served_image)

@@ -119,44 +119,30 @@ EXPECT_KEY = "__batos_expects__"
 OWN_IDS = 4096
 
 
-class _Ids:
-    """A bounded set of checkpoint ids, the oldest forgotten first (``OWN_IDS`` of them)."""
+class _Bounded:
+    """A map bounded to ``OWN_IDS`` entries, the least recently set dropped first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ids: dict[str, None] = {}
+        self._items: dict[Any, Any] = {}
 
-    def add(self, checkpoint_id: str) -> None:
+    def set(self, key: Any, value: Any = None) -> None:
         with self._lock:
-            self._ids[checkpoint_id] = None
-            while len(self._ids) > OWN_IDS:
-                del self._ids[next(iter(self._ids))]
+            self._items.pop(key, None)
+            self._items[key] = value
+            while len(self._items) > OWN_IDS:
+                del self._items[next(iter(self._items))]
 
-    def __contains__(self, checkpoint_id: object) -> bool:
+    def get(self, key: Any) -> Any:
         with self._lock:
-            return checkpoint_id in self._ids
+            return self._items.get(key)
 
-
-class _Newest:
-    """A bounded map of (thread, namespace) to a checkpoint id, the oldest entry dropped first."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: dict[tuple[str, str], str] = {}
-
-    def set(self, key: tuple[str, str], checkpoint_id: str) -> None:
+    def __contains__(self, key: object) -> bool:
         with self._lock:
-            self._ids.pop(key, None)
-            self._ids[key] = checkpoint_id
-            while len(self._ids) > OWN_IDS:
-                del self._ids[next(iter(self._ids))]
-
-    def get(self, key: tuple[str, str]) -> str | None:
-        with self._lock:
-            return self._ids.get(key)
+            return key in self._items
 
 
-class _OwnCheckpoints(_Ids):
+class _OwnCheckpoints(_Bounded):
     """The ids of the checkpoints stored through one open image by this process, newest last.
 
     Runs of one process on one thread are ordered by the process itself (the LangGraph server
@@ -418,7 +404,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         self._pool = _ConnectionPool(image, max_connections)
         #: (thread, namespace) → the newest checkpoint stored by a run held to the
         #: newest-checkpoint check (``put``): its run's next put is held to it too.
-        self._guarded = _Newest()
+        self._guarded = _Bounded()
         self._writer = _Writer(image)
         self._parking = ParkedWrites()
 
@@ -753,7 +739,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
         # Known as this process's before it is stored: another of its runs may read it as the
         # latest the moment it commits. An id whose put then fails is never anyone's newest.
-        _own(self.image).add(checkpoint_id)
+        _own(self.image).set(checkpoint_id)
         try:
             self._write_root(transaction, note)
             stored = True

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,6 +186,25 @@ def test_a_stop_lets_running_requests_finish_and_refuses_those_waiting(bridge, c
         else:
             assert [kind for kind, _ in frames] == ["error"]
             assert "the bridge is stopping" in frames[0][1]["message"]
+
+
+def test_a_request_that_comes_while_the_bridge_stops_is_refused_not_left_unread(
+    bridge, client
+) -> None:
+    """Requests reaching the socket after ``stop()`` were never read: no reply, ever."""
+    GATE.clear()  # one request keeps the bridge stopping, not stopped
+    send(client, b"running", request("question running"))
+    assert client.poll(10_000)
+    assert client.recv_multipart()[:2] == [b"running", b"accepted"]
+    bridge.stop()
+    time.sleep(0.5)  # past the main loop's poll: the late one meets the stopping bridge
+    send(client, b"late", request("question late"))
+    time.sleep(0.3)
+    GATE.set()
+    got = replies(client, {b"running", b"late"})
+    assert got[b"running"][-1][1]["status"] == "COMPLETE"
+    assert [kind for kind, _ in got[b"late"]] == ["error"]
+    assert "the bridge is stopping" in got[b"late"][0][1]["message"]
 
 
 def test_a_req_socket_is_answered_too(bridge) -> None:

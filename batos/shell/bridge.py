@@ -251,17 +251,24 @@ class Bridge:
                     else:
                         self._accept(router, *receive(router))
             # Running requests finish and their replies go out; forwarding goes on meanwhile,
-            # or a worker blocked on a full in-process queue would never finish.
+            # or a worker blocked on a full in-process queue would never finish. A request
+            # that reaches the socket now is refused, not left unread: its client would wait
+            # for a reply for ever.
             while True:
                 with self._lock:
                     idle = self._pending == 0
-                if inbox.poll(0 if idle else 100):
+                ready = dict(poller.poll(0 if idle else 100))
+                if inbox in ready:
                     router.send_multipart(inbox.recv_multipart())
-                elif idle:
+                if router in ready:
+                    self._refuse(router, *receive(router))
+                if idle and not ready:
                     break
             self.pool.shutdown(wait=True)
             while inbox.poll(50):
                 router.send_multipart(inbox.recv_multipart())
+            while router.poll(0):
+                self._refuse(router, *receive(router))
         finally:
             self.bound.set()
             self.pool.shutdown(wait=True)
@@ -278,13 +285,25 @@ class Bridge:
         """Whether ``stop()`` was called (the running requests may still be answering)."""
         return self._stopping.is_set()
 
-    def _accept(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
+    @staticmethod
+    def _envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes], bytes]:
+        """The reply envelope, the request's own frames, and its id (``b"?"`` if unreadable)."""
         client = frames[0]
         rest = frames[1:]
         envelope = [client]
         if rest and rest[0] == b"":  # a REQ client puts an empty delimiter first
             rest, envelope = rest[1:], [client, b""]
         request_id = rest[1] if len(rest) > 1 and len(rest[1]) <= MAX_ID_BYTES else b"?"
+        return envelope, rest, request_id
+
+    def _refuse(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
+        """Answer a request that came after ``stop()`` with the error that says so."""
+        envelope, _, request_id = self._envelope(frames)
+        router.send_multipart([*envelope, request_id, b"error", _json(_error(_stopping()))])
+
+    def _accept(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
+        envelope, rest, request_id = self._envelope(frames)
+        client = envelope[0]
         try:
             if dropped is not None:
                 log.warning("bridge dropped a message from client %s: %s", client.hex(), dropped)
@@ -324,10 +343,7 @@ class Bridge:
             if self._stopping.is_set():
                 # Waiting when the bridge was told to stop: refused, so that a stop waits for
                 # the requests running, not for every one queued behind them.
-                raise GraphRequestError(
-                    "the bridge is stopping: this request did not start",
-                    hint="send it again to a bridge that is running",
-                )
+                raise _stopping()
             self._answer(envelope, request_id, payload)
         except BatosError as exc:
             self._send(envelope, request_id, "error", _error(exc))
@@ -402,6 +418,13 @@ class Bridge:
             "failure": values.get("failure"),
             "cycle": (values.get("cycle") or {}).get("id"),
         }
+
+
+def _stopping() -> GraphRequestError:
+    return GraphRequestError(
+        "the bridge is stopping: this request did not start",
+        hint="send it again to a bridge that is running",
+    )
 
 
 def _error(exc: BatosError) -> dict[str, Any]:

@@ -257,12 +257,12 @@ class Bridge:
             while True:
                 with self._lock:
                     idle = self._pending == 0
-                ready = dict(poller.poll(0 if idle else 100))
-                if inbox in ready:
+                waiting = dict(poller.poll(0 if idle else 100))
+                if inbox in waiting:
                     router.send_multipart(inbox.recv_multipart())
-                if router in ready:
+                if router in waiting:
                     self._refuse(router, *receive(router))
-                if idle and not ready:
+                if idle and not waiting:
                     break
             self.pool.shutdown(wait=True)
             while inbox.poll(50):

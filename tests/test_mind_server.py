@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,15 +25,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def _serve(command: list[str], tmp_path: Path, image: Path, **extra_env: str) -> Iterator[str]:
-    if not image.exists():  # a server never creates the image it is told to serve
+def _serve(
+    command: list[str], tmp_path: Path, image: Path | str, **extra_env: str
+) -> Iterator[str]:
+    """A server of ``image``: a FileStorage path, or the URI of an image that exists."""
+    if isinstance(image, Path) and not image.exists():  # a server never creates its image
         open_image(image.as_uri(), create=True).close()
     port = free_port()
     log_path = tmp_path / "server.log"
     env = {
         **os.environ,
         **extra_env,
-        "BATOS_IMAGE": f"file://{image}",
+        "BATOS_IMAGE": f"file://{image}" if isinstance(image, Path) else image,
         # the tiny test model rambles: the relevance check is tested with scripted models
         "BATOS_MIND_RELEVANCE": "-1",
         "LANGSMITH_TRACING": "false",
@@ -325,3 +329,46 @@ def test_a_full_cycle_through_batos_serve_streams_and_keeps_its_history(tmp_path
     with LivingImage.open(f"file://{image}") as living, living.read() as root:
         (committed,) = cycle.recent(root, 10)
         assert committed["id"] == cycle_id and committed["status"] == "COMPLETE"
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_served_run_on_a_thread_another_process_is_answering_is_refused(tmp_path: Path) -> None:
+    """A served run went on from another process's half-done cycle, which then failed."""
+    from fakes import FakeEmbedder, FakeModels, FakeRouter
+    from langchain_core.messages import HumanMessage
+    from langgraph_sdk import get_sync_client
+    from test_mind import responder
+
+    from graph.mind import MindServices, build_graph, run_config
+    from store.checkpoint.saver import ZODBSaver
+    from store.core.zeo import ZeoServer
+
+    busy, done = str(uuid.uuid4()), str(uuid.uuid4())
+    request = {"messages": [{"role": "user", "content": "hello there"}]}
+    with ZeoServer(tmp_path / "zeo" / "live_image.fs") as zeo:
+        open_image(zeo.uri, create=True).close()
+        # This process answers on two threads of the shared image: one run is stopped before
+        # its answer (mid-cycle, as while it works), one ended.
+        services = MindServices(
+            models=FakeModels(responder()), router=FakeRouter(("ROBIN",)), embedder=FakeEmbedder()
+        )
+        with open_image(zeo.uri) as living, ZODBSaver(living) as saver:
+            graph = build_graph(services, checkpointer=saver)
+            hello = {"messages": [HumanMessage("hello there")]}
+            graph.invoke(hello, run_config(busy), interrupt_before=["synthesize"])
+            graph.invoke(hello, run_config(done))
+            stopped = saver.get_tuple(run_config(busy)).checkpoint["id"]
+        command = [str(REPO / ".venv" / "bin" / "python"), "-m", "batos.shell.cli", "serve"]
+        with _serve(command, tmp_path, zeo.uri) as base:
+            client = get_sync_client(url=base)
+            for thread in (busy, done):
+                client.threads.create(thread_id=thread)
+            with pytest.raises(Exception, match="ThreadBusy: .* answering another request"):
+                client.runs.wait(busy, "mind", input=request, context={"depth": "fast"})
+            answered = client.runs.wait(done, "mind", input=request, context={"depth": "fast"})
+            assert answered["status"] == "COMPLETE", answered
+            # a state read of the busy thread is no run: it is answered
+            assert client.threads.get_state(busy)["next"] == ["synthesize"]
+        with open_image(zeo.uri) as living, ZODBSaver(living) as saver:
+            assert saver.get_tuple(run_config(busy)).checkpoint["id"] == stopped  # nothing stored

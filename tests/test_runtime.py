@@ -268,7 +268,7 @@ def test_a_served_mind_finds_its_image_in_the_runtime_the_checkpointer_factory_o
         async with served.checkpointer() as saver, served.store() as memory:
             assert memory.image is saver.image  # one runtime: the image is opened once
             carrier = saver if handed == "bare" else _as_the_server_hands_it(saver, monkeypatch)
-            graph = served.mind.copy(update={"checkpointer": carrier})
+            graph = served.MIND.copy(update={"checkpointer": carrier})
             return await graph.ainvoke(
                 {"messages": [HumanMessage("hello there")]},
                 run_config("served"),
@@ -307,7 +307,7 @@ def test_a_served_run_from_an_unknown_checkpoint_writes_nothing(
 
     async def serve() -> None:
         async with served.checkpointer() as saver, served.store():
-            graph = served.mind.copy(
+            graph = served.MIND.copy(
                 update={"checkpointer": _as_the_server_hands_it(saver, monkeypatch)}
             )
             await graph.ainvoke(
@@ -340,7 +340,7 @@ def test_a_stateless_served_run_still_commits_its_cycle(
 
     async def serve() -> dict:
         async with served.checkpointer(), served.store():
-            return await served.mind.ainvoke(  # no checkpointer: as the server runs it
+            return await served.MIND.ainvoke(  # no checkpointer: as the server runs it
                 {"messages": [HumanMessage("hello there")]},
                 run_config("stateless"),
                 context={"services": _services(models)},

@@ -265,11 +265,15 @@ async def served(uri: str | None = None) -> AsyncIterator[Runtime]:
         await loop.run_in_executor(None, _SERVED.release, uri)
 
 
+def served_runtime() -> Runtime:
+    """The server's runtime at the ``image`` setting, for a served graph: the same one the
+    checkpointer factory opened. The served graphs hold it once, for the process's life."""
+    return _SERVED.keep(default_uri())
+
+
 def served_image() -> LivingImage:
-    """The image of the server's runtime at the ``image`` setting, for a served graph: the
-    same one the checkpointer factory opened. The served graphs hold it once, for the
-    process's life."""
-    return _SERVED.keep(default_uri()).image
+    """The image of ``served_runtime()``."""
+    return served_runtime().image
 
 
 # -- the Python API ---------------------------------------------------------------------------

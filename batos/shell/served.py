@@ -9,14 +9,20 @@ commits to that runtime's checkpointer, the one the server hands it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
+from langgraph.pregel import Pregel
+from langgraph_sdk.runtime import ServerRuntime
+
 from batos.shell import runtime
 from graph import audit as audit_graph
-from graph.mind import build_graph
-from store.checkpoint.saver import ZODBSaver
+from graph.mind import build_graph, refuse_if_busy
+from store.checkpoint.saver import EXPECT_KEY, ZODBSaver
 from store.knowledge.memory_store import ImageStore
 
 
@@ -34,8 +40,37 @@ async def store(uri: str | None = None) -> AsyncIterator[ImageStore]:
         yield served.store
 
 
-#: The mind graph as the server runs it (langgraph.json's ``graphs.mind``).
-mind = build_graph(served_image=runtime.served_image)
+#: The mind graph the factory below hands the server.
+MIND = build_graph(served_image=runtime.served_image)
+
+
+async def mind(config: RunnableConfig, server: ServerRuntime) -> Pregel:
+    """The mind graph (langgraph.json's ``graphs.mind``), built for each use by the server.
+
+    For a run, the thread is checked first as every other entry point checks it
+    (``refuse_if_busy``): a run sent while another process's run is mid-cycle on the thread
+    would go on from its half-done state and make that run fail, so it is refused
+    (``ThreadBusy``, the run's error) before it stores anything. State reads, updates,
+    and schemas get the graph as it is.
+    """
+    configurable = config.get("configurable") or {}
+    if server.execution_runtime is None or "thread_id" not in configurable:
+        return MIND
+    seen = await asyncio.to_thread(_check_thread, config)
+    if seen is None:  # a run from a checkpoint named by id: never held to the thread's latest
+        return MIND
+    # What the check saw goes with the run: another process's run started since is caught at
+    # this run's first step.
+    expecting = merge_configs(MIND.config, {"configurable": {EXPECT_KEY: seen}})
+    return MIND.copy(update={"config": expecting})
+
+
+def _check_thread(config: RunnableConfig) -> str | None:
+    """What ``refuse_if_busy`` saw of ``config``'s thread through the server's checkpointer
+    (the server hands the graph that saver wrapped in an adapter of its own)."""
+    checking = MIND.copy(update={"checkpointer": runtime.served_runtime().saver})
+    seen: str | None = refuse_if_busy(checking, config)["configurable"].get(EXPECT_KEY)
+    return seen
 
 
 def audit() -> Any:

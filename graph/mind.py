@@ -210,12 +210,15 @@ def refuse_if_busy(graph: Any, config: RunnableConfig) -> RunnableConfig:
     # A checkpoint stamped ahead of this host's clock (another host's clock, or a stranger's
     # value) counts from now, not from its stamp: no thread waits longer than BUSY_SECONDS.
     if -CLOCK_SKEW_SECONDS < age < BUSY_SECONDS:
+        if saver.writer_gone(snapshot.config):
+            return expecting  # its process was killed: no run is there
         raise ThreadBusy(
             f"thread {configurable['thread_id']!r} is answering another request in another "
             f"process (its last step, before {', '.join(steps)}, was stored "
             f"{max(age, 0):.0f} s ago); this one was not sent",
             hint="send it again when that answer is done, or on a thread of its own; a run "
-            f"whose process died is taken as ended {BUSY_SECONDS:.0f} s after its last step",
+            "whose process died on another host or in another container is taken as ended "
+            f"{BUSY_SECONDS:.0f} s after its last step",
         )
     return expecting
 

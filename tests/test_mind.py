@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +30,8 @@ from prototypes.uvm import Method
 from store.checkpoint import effects
 from store.checkpoint.saver import ZODBSaver
 from store.core.image import LivingImage
+
+REPO = Path(__file__).resolve().parents[1]
 
 SELECTOR = re.compile(r"Write the method `(\w+)`")
 
@@ -1951,6 +1956,106 @@ def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
         monkeypatch.setattr(mind_module, "BUSY_SECONDS", 0.0)
         refuse_if_busy(here, config)
         assert here_saver.get_tuple(config).config == latest.config  # a check stores nothing
+
+
+_STOPPED_WRITER = """
+import sys
+from typing import Annotated, TypedDict
+import operator
+from langgraph.graph import END, START, StateGraph
+from images import open_laid_out
+from graph.mind import run_config
+from store.checkpoint.saver import ZODBSaver
+
+class Steps(TypedDict):
+    log: Annotated[list, operator.add]
+
+builder = StateGraph(Steps)
+builder.add_node("one", lambda s: {"log": ["one"]})
+builder.add_node("two", lambda s: {"log": ["two"]})
+builder.add_edge(START, "one")
+builder.add_edge("one", "two")
+builder.add_edge("two", END)
+with open_laid_out(sys.argv[1]) as image, ZODBSaver(image) as saver:
+    builder.compile(checkpointer=saver).invoke(
+        {"log": []}, run_config("stopped"), interrupt_before=["two"]
+    )
+    print("stored", flush=True)
+    sys.stdin.readline()  # alive, as a process answering, until the test lets it go
+"""
+
+
+def test_a_thread_whose_writer_was_killed_takes_a_new_request_at_once(
+    shared_image_uri: str, tmp_path: Path
+) -> None:
+    """A killed process's thread was refused for five minutes."""
+    from images import open_laid_out
+    from langgraph.graph import END, START, StateGraph
+
+    from batos.errors import ThreadBusy
+    from graph.mind import refuse_if_busy
+
+    script = tmp_path / "writer.py"
+    script.write_text(_STOPPED_WRITER)
+    paths = os.pathsep.join([str(REPO / "tests"), str(REPO)])
+    writer = subprocess.Popen(
+        [sys.executable, str(script), shared_image_uri],
+        env={**os.environ, "PYTHONPATH": paths},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "stored\n"
+        builder = StateGraph(_Steps)
+        builder.add_node("one", lambda s: {"log": ["one"]})
+        builder.add_node("two", lambda s: {"log": ["two"]})
+        builder.add_edge(START, "one")
+        builder.add_edge("one", "two")
+        builder.add_edge("two", END)
+        with open_laid_out(shared_image_uri) as image, ZODBSaver(image) as saver:
+            graph = builder.compile(checkpointer=saver)
+            config = run_config("stopped")
+            with pytest.raises(ThreadBusy):  # its writer is alive: it may be answering
+                refuse_if_busy(graph, config)
+            assert "__batos_writer__" not in graph.get_state(config).metadata  # kept apart
+            writer.kill()
+            writer.wait(30)
+            refuse_if_busy(graph, config)  # its writer is gone: nothing runs there
+    finally:
+        writer.kill()
+        writer.wait(30)
+
+
+def test_a_checkpoints_writer_is_gone_only_when_this_host_can_tell() -> None:
+    import psutil
+
+    from store.checkpoint import writers
+
+    mine = writers.this_process()
+    assert mine is not None and not writers.gone(mine)
+    boot, namespace, pid, started = mine.split("|")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead_pid = int(dead.stdout)
+    assert not psutil.pid_exists(dead_pid)
+    assert writers.gone(f"{boot}|{namespace}|{dead_pid}|{started}")
+    assert writers.gone(f"{boot}|{namespace}|{pid}|{float(started) - 60:.2f}")  # pid reused
+    other_boot = "0" * 8 + boot[8:]
+    for unknown in (  # another host or container, or not a writer's name at all: unknown
+        f"{other_boot}|{namespace}|{dead_pid}|{started}",
+        f"{boot}|pid:[1]|{dead_pid}|{started}",
+        f"{boot}|{namespace}|{dead_pid}|{started}" + "0" * 300,
+        None,
+        12,
+        ["x"],
+        "x" * 10_000,
+    ):
+        assert not writers.gone(unknown), unknown
 
 
 def test_a_thread_waiting_on_an_interrupt_takes_a_new_request(memory_image: LivingImage) -> None:

@@ -66,7 +66,7 @@ from batos.errors import (
     CheckpointSerializationError,
     ThreadMovedOn,
 )
-from store.checkpoint import effects
+from store.checkpoint import effects, writers
 from store.checkpoint.layout import (
     CHECKPOINT_STEPS,
     CheckpointHeader,
@@ -487,6 +487,27 @@ class ZODBSaver(BaseCheckpointSaver[str]):
 
     # -- reading ----------------------------------------------------------------------------
 
+    def _metadata(self, record: CheckpointRecord) -> Any:
+        """A checkpoint's metadata as LangGraph wrote it (its writer's name taken out)."""
+        metadata = self.serde.loads_typed(record.metadata)
+        if isinstance(metadata, dict):
+            metadata.pop(writers.WRITER_KEY, None)
+        return metadata
+
+    def writer_gone(self, config: RunnableConfig) -> bool:
+        """Whether the process that stored the checkpoint ``config`` names is known to have
+        ended (``store.checkpoint.writers``); False when unknown or not found."""
+        thread_id, ns = _thread_id(config), _checkpoint_ns(config)
+        checkpoint_id = _checkpoint_id(config)
+        with self._reading() as tree:
+            thread = tree.threads.get(thread_id)
+            checkpoints = thread.namespaces.get(ns) if thread is not None else None
+            record = checkpoints.get(checkpoint_id) if checkpoints and checkpoint_id else None
+            if record is None:
+                return False
+            metadata = self.serde.loads_typed(record.metadata)
+        return isinstance(metadata, dict) and writers.gone(metadata.get(writers.WRITER_KEY))
+
     def _tuple(
         self,
         thread_id: str,
@@ -507,7 +528,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         return CheckpointTuple(
             config=config or _config(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,
-            metadata=self.serde.loads_typed(record.metadata),
+            metadata=self._metadata(record),
             parent_config=(_config(thread_id, ns, record.parent_id) if record.parent_id else None),
             pending_writes=[
                 (task_id, channel, self.serde.loads_typed(decode(stored)))
@@ -602,7 +623,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
             namespace=ns,
             checkpoint_id=checkpoint_id,
             parent_id=record.parent_id,
-            metadata=self.serde.loads_typed(record.metadata),
+            metadata=self._metadata(record),
             writes=len(record.writes),
         )
 
@@ -643,7 +664,7 @@ class ZODBSaver(BaseCheckpointSaver[str]):
                         continue
                     record = namespaces[ns][checkpoint_id]
                     if filter:
-                        metadata = self.serde.loads_typed(record.metadata)
+                        metadata = self._metadata(record)
                         if any(metadata.get(k) != v for k, v in filter.items()):
                             continue
                     found.append(each(thread_id, ns, checkpoint_id, record))
@@ -799,6 +820,9 @@ class ZODBSaver(BaseCheckpointSaver[str]):
         if not full_metadata.get("run_id") and config.get("run_id"):
             # as the LangGraph server does, so delete_for_runs finds plain invoke() runs too
             full_metadata["run_id"] = str(config["run_id"])
+        writer = writers.this_process()
+        if writer is not None:  # whether it is gone can then be told (a busy thread's check)
+            full_metadata = {**full_metadata, writers.WRITER_KEY: writer}  # type: ignore[misc]
         body_typed = self._dumps(body, f"checkpoint {checkpoint_id!r}")
         metadata_typed = self._dumps(full_metadata, f"metadata of checkpoint {checkpoint_id!r}")
         run_id = full_metadata.get("run_id")

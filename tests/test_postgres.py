@@ -114,6 +114,39 @@ def test_a_missing_database_or_a_wrong_password_is_named(
     assert "secret" not in str(info.value)
 
 
+def test_a_role_that_may_not_lay_out_or_read_the_image_is_told_what_to_grant(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """A role that does not own the database (PostgreSQL 15 grants it no CREATE on the
+    public schema) got "check the server's log"."""
+    import uuid
+
+    role, empty = f"reader_{uuid.uuid4().hex[:8]}", f"empty_{uuid.uuid4().hex[:8]}"
+    postgres_cluster._sql(f"CREATE ROLE {role} LOGIN")
+    postgres_cluster._sql(f'CREATE DATABASE "{empty}"')
+    laid_out = postgres_cluster.create_database()
+    base = f"postgres://{role}@127.0.0.1:{postgres_cluster.port}"
+    for database in (empty, laid_out):
+        with pytest.raises(ImageError, match=f"does not let role '{role}' use") as info:
+            LivingImage.open(f"{base}/{database}", create=True)
+        assert "permission denied" in info.value.message
+        assert (
+            f"createdb -O {role}" in info.value.hint and f"{database} OWNER TO" in info.value.hint
+        )
+    # what the hint says works: the role owning the new database and its schema lays it out
+    postgres_cluster._sql(f'ALTER DATABASE "{empty}" OWNER TO {role}')
+    import psycopg2
+
+    conn = psycopg2.connect(postgres_cluster.dsn(empty))
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"ALTER SCHEMA public OWNER TO {role}")
+    finally:
+        conn.close()
+    LivingImage.open(f"{base}/{empty}", create=True).close()
+
+
 def test_a_port_where_no_postgresql_listens_is_said_to_be_the_wrong_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

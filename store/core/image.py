@@ -553,6 +553,23 @@ def _postgres_error(uri: str, exc: Exception) -> ImageError:
             f"or it ended the connection at once: {first}",
             hint=hint,
         )
+    if "permission denied" in text:
+        # PostgreSQL 15 and later grant no CREATE on the public schema to a role that does
+        # not own the database: a new image cannot lay out RelStorage's tables there, and a
+        # role other than the owner of existing ones may not read them.
+        role = where.username or "USER"
+        database = where.path.lstrip("/") or "DB"
+        hint = (
+            f"open the image as the role that owns database {database!r} and its tables, or "
+            f"give {role!r} its own database ('createdb -O {role} DB'); on a new database, "
+            f"'ALTER DATABASE {database} OWNER TO {role}' and 'ALTER SCHEMA public OWNER TO "
+            f"{role}' (in {database}) let it lay out the image"
+        )
+        return ImageError(
+            f"PostgreSQL at {server} does not let role {role!r} use database {database!r} "
+            f"for an image: {first}",
+            hint=hint,
+        )
     if "authentication" in text or "password" in text or "role" in text:
         hint = "check the user and password in the URI (postgres://USER:PASSWORD@HOST/DB)"
         return ImageError(f"PostgreSQL at {server} refused the login: {first}", hint=hint)

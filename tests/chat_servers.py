@@ -163,6 +163,8 @@ class FakeOpenAI:
         #: The Authorization header of each chat request.
         self.keys: list[str] = []
         self.answer: Callable[[dict], str] = lambda body: "Hello, friend."
+        #: A status and error document to answer a chat request with instead, or None.
+        self.refuse: Callable[[dict], tuple[int, dict] | None] = lambda body: None
         self.lock = threading.Lock()
         fake = self
 
@@ -189,6 +191,8 @@ class FakeOpenAI:
                 elif body["model"] not in fake.models:
                     message = f"The model `{body['model']}` does not exist."
                     self._send(404, {"error": {"message": message, "code": "model_not_found"}})
+                elif (refused := fake.refuse(body)) is not None:
+                    self._send(*refused)
                 elif body.get("stream"):
                     self._stream(body["model"], fake.answer(body))
                 else:

@@ -7,7 +7,7 @@ import time
 import pytest
 from images import laid_out, open_laid_out
 
-from batos.errors import ArchiveError, PromptTooLong
+from batos.errors import ArchiveError, ModelError, PromptTooLong
 from store.core.image import LivingImage
 from store.core.schema import upgrade
 from store.knowledge.catalog import CATALOG_STEPS, KnowledgeCatalog
@@ -296,3 +296,71 @@ def test_a_cluster_too_long_for_the_summariser_is_skipped_and_the_run_goes_on(
     assert report.skipped_clusters == 1
     assert len(report.archives) == 1
     assert len(calls) == 2
+
+
+def test_a_cluster_an_openai_compatible_server_finds_too_long_is_skipped_too(
+    memory_image: LivingImage, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through BABS on an OpenAI-compatible server whose context the first cluster
+    does not fit: the server's 400 ended every curation run at that cluster."""
+    from chat_servers import FakeOpenAI
+
+    from graph.curation import babs_summarizer
+
+    server = FakeOpenAI()
+    server.models = {"batos-babs"}
+    server.answer = lambda body: "Summary: owls hunt at night."
+    refusals = {
+        # OpenAI and vLLM
+        "owls": (
+            400,
+            {
+                "error": {
+                    "message": "This model's maximum context length is 4096 tokens. However, "
+                    "your messages resulted in 33741 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            },
+        ),
+        # llama-server
+        "backup": (
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size, try increasing it",
+                    "type": "exceed_context_size_error",
+                }
+            },
+        ),
+    }
+
+    def refuse(body: dict) -> tuple[int, dict] | None:
+        prompt = body["messages"][-1]["content"].lower()
+        return next((refused for word, refused in refusals.items() if word in prompt), None)
+
+    server.refuse = refuse
+    server.thread.start()
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
+    monkeypatch.setenv("BATOS_OPENAI_BASE_URL", server.url)
+    try:
+        catalog = KnowledgeCatalog.open(memory_image, embedder)
+        _fill(catalog)
+        for i, text in enumerate(["Owls hunt at night.", "At night owls hunt."]):
+            ingest_text(catalog, f"owls-{i}.txt", text)
+        summarize = babs_summarizer()
+        with pytest.raises(PromptTooLong, match="maximum context length") as raised:
+            summarize(["Owls hunt at night."])
+        assert "--max-model-len" in raised.value.hint
+        curator = Curator(catalog, summarize, max_chunks=1000)
+        clusters = curator.plan()
+        report = curator.run()
+        assert len(report.too_long) == 2 == len(clusters)  # each skipped, the run ended whole
+        # a 400 for another reason is no prompt too long: it still ends the run
+        refusals["owls"] = (400, {"error": {"message": "temperature must be at most 2"}})
+        with pytest.raises(ModelError) as other:
+            summarize(["Owls hunt at night."])
+        assert not isinstance(other.value, PromptTooLong)
+    finally:
+        server.stop()

@@ -8,12 +8,13 @@ use only: they are heavy and most machines never need them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 
 from batos import settings
-from batos.errors import ModelError
+from batos.errors import ModelError, PromptTooLong
 from batos.models.base import ExceptionTable, PersonaChatModel
 from prototypes.codex import PersonaSpec
 
@@ -100,6 +101,15 @@ def _chat_class() -> type[BaseChatModel]:
                 return {openai.OpenAIError: self._failed}
 
             def _failed(self, exc: BaseException) -> ModelError:
+                said = _context_exceeded(exc)
+                if said is not None:
+                    return PromptTooLong(
+                        f"the OpenAI-compatible endpoint {self.openai_api_base} says the "
+                        f"prompt does not fit {self.model_name!r}'s context: {said}",
+                        hint="shorten the conversation or the texts it quotes, or serve the "
+                        "model with a longer context (vLLM's --max-model-len, llama-server's "
+                        "--ctx-size)",
+                    )
                 return ModelError(
                     f"the OpenAI-compatible endpoint {self.openai_api_base} failed: {exc}",
                     hint=self.failure_hint
@@ -109,3 +119,29 @@ def _chat_class() -> type[BaseChatModel]:
 
         _chat = OpenAIPersonaChat
     return _chat
+
+
+#: How OpenAI-compatible servers word a prompt longer than the context: OpenAI and vLLM
+#: ("This model's maximum context length is 4096 tokens..."), llama-server ("the request
+#: exceeds the available context size"), others ("prompt is too long", "too many tokens").
+_TOO_LONG = re.compile(
+    r"maximum context length|context (?:length|size|window)|prompt is too long|too many tokens",
+    re.IGNORECASE,
+)
+#: The error codes and types the same servers give it.
+_TOO_LONG_CODES = {"context_length_exceeded", "exceed_context_size_error"}
+
+
+def _context_exceeded(exc: BaseException) -> str | None:
+    """The server's words when ``exc`` refused a prompt longer than the model's context (a
+    retry fails the same way: ``PromptTooLong`` lets a caller with many prompts skip it)."""
+    if getattr(exc, "status_code", None) not in (400, 413):
+        return None
+    body = getattr(exc, "body", None)
+    error = body.get("error", body) if isinstance(body, dict) else None
+    fields = error if isinstance(error, dict) else {}
+    message = str(fields.get("message") or getattr(exc, "message", "") or exc)[:500]
+    kinds = {str(fields.get("code"))[:100], str(fields.get("type"))[:100]}
+    if kinds & _TOO_LONG_CODES or _TOO_LONG.search(message):
+        return message
+    return None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -257,3 +259,14 @@ def call_kind(call: ModelCall) -> str:
     if "(This is one part of answering:" in call.text:
         return "facet"
     return "answer"
+
+
+def a_dead_pid() -> int:
+    """The pid of a process that has ended (a child run and waited for)."""
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(ended.stdout)

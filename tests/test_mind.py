@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from fakes import FakeEmbedder, FakeModels, FakeRouter, ModelCall, call_kind, image_digest
+from fakes import (
+    FakeEmbedder,
+    FakeModels,
+    FakeRouter,
+    ModelCall,
+    a_dead_pid,
+    call_kind,
+    image_digest,
+)
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -1909,6 +1917,19 @@ class _Steps(TypedDict):
     log: Annotated[list, operator.add]
 
 
+def two_steps() -> Any:
+    """A graph of two steps, ``one`` then ``two``: a run stopped before ``two`` is mid-run."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(_Steps)
+    builder.add_node("one", lambda s: {"log": ["one"]})
+    builder.add_node("two", lambda s: {"log": ["two"]})
+    builder.add_edge(START, "one")
+    builder.add_edge("one", "two")
+    builder.add_edge("two", END)
+    return builder
+
+
 class _Asked(TypedDict):
     answer: str
 
@@ -1917,18 +1938,12 @@ def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
     shared_image_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from images import open_laid_out
-    from langgraph.graph import END, START, StateGraph
 
     from batos.errors import ThreadBusy
     from graph import mind as mind_module
     from graph.mind import refuse_if_busy
 
-    builder = StateGraph(_Steps)
-    builder.add_node("one", lambda s: {"log": ["one"]})
-    builder.add_node("two", lambda s: {"log": ["two"]})
-    builder.add_edge(START, "one")
-    builder.add_edge("one", "two")
-    builder.add_edge("two", END)
+    builder = two_steps()
     config = run_config("busy")
     # Two processes: each its own image of the shared one, and its own checkpointer.
     with (
@@ -1960,24 +1975,13 @@ def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
 
 _STOPPED_WRITER = """
 import sys
-from typing import Annotated, TypedDict
-import operator
-from langgraph.graph import END, START, StateGraph
 from images import open_laid_out
+from test_mind import two_steps
 from graph.mind import run_config
 from store.checkpoint.saver import ZODBSaver
 
-class Steps(TypedDict):
-    log: Annotated[list, operator.add]
-
-builder = StateGraph(Steps)
-builder.add_node("one", lambda s: {"log": ["one"]})
-builder.add_node("two", lambda s: {"log": ["two"]})
-builder.add_edge(START, "one")
-builder.add_edge("one", "two")
-builder.add_edge("two", END)
 with open_laid_out(sys.argv[1]) as image, ZODBSaver(image) as saver:
-    builder.compile(checkpointer=saver).invoke(
+    two_steps().compile(checkpointer=saver).invoke(
         {"log": []}, run_config("stopped"), interrupt_before=["two"]
     )
     print("stored", flush=True)
@@ -1990,7 +1994,6 @@ def test_a_thread_whose_writer_was_killed_takes_a_new_request_at_once(
 ) -> None:
     """A killed process's thread was refused for five minutes."""
     from images import open_laid_out
-    from langgraph.graph import END, START, StateGraph
 
     from batos.errors import ThreadBusy
     from graph.mind import refuse_if_busy
@@ -2007,12 +2010,7 @@ def test_a_thread_whose_writer_was_killed_takes_a_new_request_at_once(
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline() == "stored\n"
-        builder = StateGraph(_Steps)
-        builder.add_node("one", lambda s: {"log": ["one"]})
-        builder.add_node("two", lambda s: {"log": ["two"]})
-        builder.add_edge(START, "one")
-        builder.add_edge("one", "two")
-        builder.add_edge("two", END)
+        builder = two_steps()
         with open_laid_out(shared_image_uri) as image, ZODBSaver(image) as saver:
             graph = builder.compile(checkpointer=saver)
             config = run_config("stopped")
@@ -2035,13 +2033,7 @@ def test_a_checkpoints_writer_is_gone_only_when_this_host_can_tell() -> None:
     mine = writers.this_process()
     assert mine is not None and not writers.gone(mine)
     boot, namespace, pid, started = mine.split("|")
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    dead_pid = int(dead.stdout)
+    dead_pid = a_dead_pid()
     assert not psutil.pid_exists(dead_pid)
     assert writers.gone(f"{boot}|{namespace}|{dead_pid}|{started}")
     assert writers.gone(f"{boot}|{namespace}|{pid}|{float(started) - 60:.2f}")  # pid reused

@@ -176,18 +176,12 @@ def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_work(tmp_
     import fcntl
     import os
     import socket
-    import subprocess
-    import sys
+
+    from fakes import a_dead_pid
 
     from batos.training.scratch import LOCK, scratch
 
-    ended = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    dead = int(ended.stdout)
+    dead = a_dead_pid()
 
     def left_by(name: str, host: str | None = None) -> Path:
         folder = tmp_path / name

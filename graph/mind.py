@@ -172,7 +172,9 @@ BUSY_SECONDS = 300.0
 CLOCK_SKEW_SECONDS = 60.0
 
 
-def refuse_if_busy(graph: Any, config: RunnableConfig) -> RunnableConfig:
+def refuse_if_busy(
+    graph: Any, config: RunnableConfig, *, run_id: str | None = None
+) -> RunnableConfig:
     """Raise ``ThreadBusy`` if another process is answering on ``config``'s thread now; else
     ``config`` for the run, holding what the check saw (``EXPECT_KEY``): a run another process
     starts between the check and this run's start is then found at its first step.
@@ -185,6 +187,9 @@ def refuse_if_busy(graph: Any, config: RunnableConfig) -> RunnableConfig:
     (no interrupt waiting for an answer, no failed step). This process's own runs are its
     own to order (a run it stopped, a breakpoint), a run from a checkpoint named by id (a
     fork) is never refused, and a thread that cannot be read is left to the run to report.
+    ``run_id`` names the run about to start when it may be a retry of one another process
+    began (a server retrying the runs its stopped predecessor left running): its own earlier
+    attempt does not make it wait.
     """
     configurable = config.get("configurable", {})
     saver = getattr(graph, "checkpointer", None)
@@ -203,6 +208,8 @@ def refuse_if_busy(graph: Any, config: RunnableConfig) -> RunnableConfig:
         return expecting
     if any(task.interrupts or task.error for task in snapshot.tasks):
         return expecting  # waiting for the user's answer, or a failed run: nothing runs there
+    if run_id is not None and str((snapshot.metadata or {}).get("run_id")) == run_id:
+        return expecting  # this run's own earlier attempt
     try:
         age = (datetime.now(UTC) - datetime.fromisoformat(snapshot.created_at)).total_seconds()
     except (TypeError, ValueError):

@@ -1958,10 +1958,15 @@ def test_a_request_on_a_thread_mid_run_is_refused_before_it_starts(
         there.invoke({"log": []}, config)
         refuse_if_busy(here, config)  # a thread whose last run ended
         # A run stopped between its steps, as the other process's run is while it works.
-        there.invoke({"log": []}, config, interrupt_before=["two"])
+        stopped = {**config, "metadata": {"run_id": "run-1"}}
+        there.invoke({"log": []}, stopped, interrupt_before=["two"])
         refuse_if_busy(there, config)  # its own process orders its own runs
         with pytest.raises(ThreadBusy, match="is answering another request") as refused:
             refuse_if_busy(here, config)
+        # a server retrying a run its stopped predecessor left running: its own attempt
+        refuse_if_busy(here, config, run_id="run-1")
+        with pytest.raises(ThreadBusy):
+            refuse_if_busy(here, config, run_id="run-2")
         assert "before two" in refused.value.message and refused.value.hint
         assert isinstance(refused.value, ValueError)
         latest = here_saver.get_tuple(config)

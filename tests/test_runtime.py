@@ -414,3 +414,79 @@ def test_the_runtime_of_an_image_kept_by_its_caller_leaves_it_open(
         assert kept.saver.image is memory_image
     with memory_image.read() as root:
         assert layout.objects(root)["robin"] is not None
+
+
+_MID_CYCLE_WRITER = """
+import sys
+from fakes import FakeEmbedder, FakeModels, FakeRouter
+from langchain_core.messages import HumanMessage
+from test_mind import responder
+from batos.shell.runtime import open_runtime
+from graph.mind import MindServices, build_graph, run_config
+
+services = MindServices(
+    models=FakeModels(responder()), router=FakeRouter(("ROBIN",)), embedder=FakeEmbedder()
+)
+with open_runtime(sys.argv[1]) as opened:
+    graph = build_graph(services, checkpointer=opened.saver)
+    config = {**run_config("stopped"), "metadata": {"run_id": sys.argv[2]}}
+    graph.invoke({"messages": [HumanMessage("hello")]}, config, interrupt_before=["synthesize"])
+    print("stored", flush=True)
+    sys.stdin.readline()  # alive, as a server answering, until the test lets it go
+"""
+
+
+def test_the_served_factory_refuses_a_run_on_a_busy_thread_but_not_a_retry_of_its_own(
+    shared_image_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server retrying the runs its stopped predecessor left running met its own first
+    attempt's last step as another process's, and the run ended in ThreadBusy for good."""
+    import subprocess
+
+    from langgraph.store.memory import InMemoryStore
+
+    from batos.errors import ThreadBusy
+    from store.checkpoint.saver import EXPECT_KEY
+
+    monkeypatch.setenv("BATOS_IMAGE", shared_image_uri)
+    open_runtime(shared_image_uri, create=True).close()
+    script = tmp_path / "writer.py"
+    script.write_text(_MID_CYCLE_WRITER)
+    paths = os.pathsep.join([str(REPO / "tests"), str(REPO)])
+    writer = subprocess.Popen(
+        [sys.executable, str(script), shared_image_uri, "server-run-1"],
+        env={**os.environ, "PYTHONPATH": paths},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    for name, value in (("REDIS_URI", "fake"), ("DATABASE_URI", ":memory:")):
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    monkeypatch.setenv("MIGRATIONS_PATH", os.environ.get("MIGRATIONS_PATH", "__inmem"))
+    from langgraph_api._factory_utils import build_server_runtime
+
+    served = _load_as_the_server_does("__served_factory__")
+    running = build_server_runtime("threads.create_run", InMemoryStore())
+    reading = build_server_runtime("threads.read", InMemoryStore())
+
+    def run(run_id: str) -> dict:
+        return {"configurable": {"thread_id": "stopped", "run_id": run_id}}
+
+    async def check() -> str:
+        assert await served.mind(run("another"), reading) is served.MIND  # a read: as it is
+        with pytest.raises(ThreadBusy, match="answering another request"):
+            await served.mind(run("another"), running)
+        retried = await served.mind(run("server-run-1"), running)
+        return str(retried.config["configurable"][EXPECT_KEY])
+
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "stored\n"
+        seen = asyncio.run(check())
+        with open_runtime(shared_image_uri) as opened:
+            assert seen == opened.saver.get_tuple(run_config("stopped")).checkpoint["id"]
+    finally:
+        writer.kill()
+        writer.wait(30)
+        del sys.modules["__served_factory__"]
+        while runtime._SERVED._open:  # the served graph keeps its image for the process
+            runtime._SERVED.release(next(iter(runtime._SERVED._open)))

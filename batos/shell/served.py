@@ -69,7 +69,11 @@ def _check_thread(config: RunnableConfig) -> str | None:
     """What ``refuse_if_busy`` saw of ``config``'s thread through the server's checkpointer
     (the server hands the graph that saver wrapped in an adapter of its own)."""
     checking = MIND.copy(update={"checkpointer": runtime.served_runtime().saver})
-    seen: str | None = refuse_if_busy(checking, config)["configurable"].get(EXPECT_KEY)
+    # The server retries the runs a stopped server left running, under their ids: a retry
+    # meets its own first attempt's last step, which is no other request.
+    run_id = (config.get("configurable") or {}).get("run_id")
+    checked = refuse_if_busy(checking, config, run_id=str(run_id) if run_id else None)
+    seen: str | None = checked["configurable"].get(EXPECT_KEY)
     return seen
 
 

@@ -299,6 +299,8 @@ class Bridge:
     def _refuse(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:
         """Answer a request that came after ``stop()`` with the error that says so."""
         envelope, _, request_id = self._envelope(frames)
+        if dropped is not None:
+            log.warning("bridge dropped a message from client %s: %s", envelope[0].hex(), dropped)
         router.send_multipart([*envelope, request_id, b"error", _json(_error(_stopping()))])
 
     def _accept(self, router: zmq.Socket, frames: list[bytes], dropped: str | None) -> None:

@@ -323,6 +323,30 @@ def test_a_walk_reads_names_whose_last_dot_starts_a_version_or_a_word(tmp_path: 
     assert read_document(tmp_path / "README.Debian")[1] == "text"
 
 
+def test_a_supported_type_is_read_as_such_however_its_suffix_is_capitalised(
+    tmp_path: Path,
+) -> None:
+    """``Page.Html`` was read as text with no suffix, markup and scripts included, and a
+    ``Spec.Pdf`` found in a folder was left out without a word."""
+    (tmp_path / "Page.Html").write_text(
+        "<html><body><p>Tides turn twice a day.</p><script>var token=1;</script></body></html>"
+    )
+    (tmp_path / "Spec.Pdf").write_bytes(make_pdf("Gears mesh at the pitch circle."))
+    (tmp_path / "README.Debian").write_text("Notes for Debian.")
+    assert [p.name for p in expand([tmp_path])] == ["Page.Html", "README.Debian", "Spec.Pdf"]
+    text, kind, _ = read_document(tmp_path / "Page.Html")
+    assert kind == "html" and "Tides turn" in text and "token" not in text
+    assert "pitch circle" in read_document(tmp_path / "Spec.Pdf")[0]
+    assert read_document(tmp_path / "README.Debian")[1] == "text"
+
+
+def test_a_file_of_nothing_but_nul_bytes_is_binary_not_utf16(tmp_path: Path) -> None:
+    (tmp_path / "zeros.txt").write_bytes(b"\0" * 10_000)  # a zeroed or sparse file
+    with pytest.raises(DocumentError, match="looks binary") as info:
+        read_document(tmp_path / "zeros.txt")
+    assert "iconv" not in (info.value.hint or "")
+
+
 @pytest.mark.parametrize(
     ("name", "data", "says", "hint"),
     [

@@ -220,7 +220,9 @@ def _decode(path: Path, data: bytes, *, html: bool = False) -> str:
         )
     if b"\x00" in head:
         odd, even = head[1::2], head[0::2]
-        if head and (odd.count(0) > len(odd) * 0.9 or even.count(0) > len(even) * 0.9):
+        utf16 = odd.count(0) > len(odd) * 0.9 or even.count(0) > len(even) * 0.9
+        # nothing but NULs (a zeroed or sparse file) is no text in any encoding
+        if head.strip(b"\x00") and utf16:
             # text in UTF-16 with no byte-order mark: every other byte of ASCII is a NUL
             endian = "LE" if odd.count(0) > even.count(0) else "BE"
             raise DocumentError(
@@ -359,6 +361,8 @@ def file_type(name: str) -> str:
     """The suffix that says what a file holds, lower-cased; "" for a name whose last dot
     starts a version or a capitalised word, which is read as a name with no suffix."""
     suffix = Path(name).suffix
+    if suffix.lower() in SUPPORTED:  # Page.Html, Spec.PDF: a type, however it is spelt
+        return suffix.lower()
     return "" if _NAME_PART.fullmatch(suffix) else suffix.lower()
 
 
@@ -433,11 +437,22 @@ def _binary(path: Path) -> bool:
     """Whether a file with no suffix found in a folder is binary (a NUL byte in its first
     ``SNIFF_BYTES``, as git and grep tell): a folder's programs and data files are not
     documents, and listing them as failures would hide the files that did fail."""
+    # Opened without blocking, and read only if regular: a file such as /proc/kmsg blocks
+    # a plain read until the kernel writes to it, and would hang the walk of its folder.
     try:
-        with path.open("rb") as handle:
-            return b"\0" in handle.read(SNIFF_BYTES)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False  # reading it will say why
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # reading it will say why
+        return b"\0" in os.read(fd, SNIFF_BYTES)
+    except BlockingIOError:
+        return True  # nothing to read without waiting: no document to read either
+    except OSError:
+        return False  # reading it will say why
+    finally:
+        os.close(fd)
 
 
 def _is_folder(path: Path) -> bool:

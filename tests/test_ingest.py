@@ -67,6 +67,26 @@ def test_an_html_paragraph_wrapped_in_its_source_is_one_run_of_sentences(tmp_pat
     ]
 
 
+def test_an_html_comment_stays_out_of_the_text_even_across_lines(tmp_path: Path) -> None:
+    """The Rust book's ``<!-- ignore\n-->`` markers were read as the word "ignore"."""
+    (tmp_path / "book.html").write_text(
+        "<p>Stored in <a href='/w'>two's complement</a><!-- ignore\n--> representation.</p>"
+    )
+    assert read_document(tmp_path / "book.html")[0] == "Stored in two's complement representation."
+
+
+def test_a_large_or_deeply_nested_html_page_is_read_whole(tmp_path: Path) -> None:
+    """Pages of 20,000 rows or elements nested 100,000 deep: reading them once edited the
+    parsed tree, in time growing with the square of their size (50 s for the rows; the
+    nesting did not end in five minutes)."""
+    rows = "".join(f"<tr><td>row {i}</td><td>{i * 3}</td></tr>" for i in range(20_000))
+    (tmp_path / "rows.html").write_text(f"<table><tr><th>a</th><th>b</th></tr>{rows}</table>")
+    paragraphs = read_document(tmp_path / "rows.html")[0].split("\n\n")
+    assert paragraphs[:3] == ["a | b", "---|---", "row 0 | 0"] and len(paragraphs) == 20_002
+    (tmp_path / "deep.html").write_text("<div>" * 100_000 + "deep" + "</div>" * 100_000)
+    assert read_document(tmp_path / "deep.html")[0] == "deep"
+
+
 def test_reads_text_markdown_html_and_pdf(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Cats\n\n" + CATS)
     (tmp_path / "b.html").write_text(

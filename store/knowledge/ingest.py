@@ -262,6 +262,7 @@ _HTML_BLOCKS = (
     "table thead tbody tfoot tr caption blockquote pre figure figcaption address hr title "
     "details summary form fieldset legend"
 ).split()
+_HTML_BLOCK_SET = frozenset(_HTML_BLOCKS)
 _HTML_CELLS = ["td", "th"]
 
 
@@ -272,33 +273,57 @@ def _html_text(path: Path, markup: str) -> str:
         soup = BeautifulSoup(markup, "html.parser")
         for tag in soup(["script", "style", "noscript", "template"]):
             tag.decompose()
-        # A line break in the source is a space on the page (but in <pre>): a paragraph
-        # wrapped at 72 columns is one run of sentences, not one paragraph per line.
-        for string in soup.find_all(string=True):
-            if "\n" in string and string.find_parent("pre") is None:
-                string.replace_with(string.replace("\n", " "))
-        # Block elements become paragraphs, table cells are set apart on their row, and inline
-        # elements (<b>, <a>, <span>…) stay inside their sentence: "built in <b>1931</b>." is
-        # one sentence, not three paragraphs.
-        for tag in soup.find_all("br"):
-            tag.replace_with("\n")
-        for tag in soup.find_all(_HTML_CELLS):
-            tag.insert_after(" | ")
-        # A row of header cells is marked as Markdown marks one ("---|---" under it): which
-        # row names the columns is known here, and lost once the cells are plain text.
-        for row in soup.find_all("tr"):
-            cells = row.find_all(_HTML_CELLS, recursive=False)
-            if cells and all(cell.name == "th" for cell in cells):
-                row.insert_after("\n\n" + "|".join(["---"] * len(cells)) + "\n\n")
-        for tag in soup.find_all(_HTML_BLOCKS):
-            tag.insert_before("\n\n")
-            tag.insert_after("\n\n")
-        text = soup.get_text()
+        text = "".join(_page_text(soup))
     except Exception as exc:  # a parser bug on one odd page must not end the batch
         raise DocumentError(f"{path} is not readable HTML: {_reason(exc)}") from exc
     lines = (" ".join(line.split()).strip(" |") for line in text.splitlines())
     # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
     return "\n\n".join(line for line in lines if line)
+
+
+def _page_text(soup: Any) -> Iterator[str]:
+    """A parsed page's text, in one pass over its elements (a loop, not recursion: a page
+    can nest a hundred thousand deep). Editing the tree instead (a string before and after
+    each block) costs time in each element's siblings and descendants: 50 s for a table of
+    20,000 rows.
+
+    Block elements become paragraphs, table cells are set apart on their row, and inline
+    elements (<b>, <a>, <span>…) stay inside their sentence: "built in <b>1931</b>." is one
+    sentence, not three paragraphs. A line break in the source is a space on the page (but
+    in <pre>): a paragraph wrapped at 72 columns is one run of sentences, not one paragraph
+    per line. A row of header cells is marked as Markdown marks one ("---|---" under it):
+    which row names the columns is known here, and lost once the cells are plain text.
+    """
+    from bs4 import CData, NavigableString, Tag
+
+    stack: list[tuple[Any, bool, bool]] = [(soup, False, False)]  # node, leaving, in <pre>
+    while stack:
+        node, leaving, in_pre = stack.pop()
+        if isinstance(node, NavigableString):
+            if type(node) in (NavigableString, CData):  # comments, doctypes: not the page's
+                yield str(node) if in_pre else str(node).replace("\n", " ")
+            continue
+        if not isinstance(node, Tag):
+            continue
+        name = node.name
+        if leaving:
+            if name in _HTML_BLOCK_SET:
+                yield "\n\n"
+            if name in _HTML_CELLS:
+                yield " | "
+            if name == "tr":
+                cells = node.find_all(_HTML_CELLS, recursive=False)
+                if cells and all(cell.name == "th" for cell in cells):
+                    yield "\n\n" + "|".join(["---"] * len(cells)) + "\n\n"
+            continue
+        if name == "br":
+            yield "\n"
+            continue
+        if name in _HTML_BLOCK_SET:
+            yield "\n\n"
+        stack.append((node, True, in_pre))
+        inner = in_pre or name == "pre"
+        stack.extend((child, False, inner) for child in reversed(node.contents))
 
 
 class _TooMuchText(Exception):

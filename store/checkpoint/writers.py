@@ -9,9 +9,10 @@ same boot and pid namespace can tell for sure that the writer is gone: no proces
 pid, or one started at another time (the pid was reused). From anywhere else (another host,
 another container) nothing is known, and the wait stands.
 
-The writer's name is read back as hostile data: what a stranger could write there at worst
-makes a busy thread look free, and the checkpointer still stores only one of two runs that
-read the same checkpoint (``ThreadMovedOn``).
+A caller cannot name the writer through a run's metadata (LangGraph drops keys that start
+with ``__`` from it). The writer's name is still read back as hostile data: what a stranger
+could write there at worst makes a busy thread look free, and the checkpointer still stores
+only one of two runs that read the same checkpoint (``ThreadMovedOn``).
 """
 
 from __future__ import annotations

@@ -239,12 +239,16 @@ def _load_as_the_server_does(name: str) -> object:
     return module
 
 
-def _as_the_server_hands_it(saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch) -> object:
-    """The checkpointer as the LangGraph server gives it to a run: inside its own adapter."""
-    # What 'langgraph dev' sets before the server's configuration is read at import.
+def _as_under_langgraph_dev(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What 'langgraph dev' sets before the server's configuration is read at import."""
     for name, value in (("REDIS_URI", "fake"), ("DATABASE_URI", ":memory:")):
         monkeypatch.setenv(name, os.environ.get(name, value))
     monkeypatch.setenv("MIGRATIONS_PATH", os.environ.get("MIGRATIONS_PATH", "__inmem"))
+
+
+def _as_the_server_hands_it(saver: ZODBSaver, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The checkpointer as the LangGraph server gives it to a run: inside its own adapter."""
+    _as_under_langgraph_dev(monkeypatch)
     from langgraph_api._checkpointer._adapter import (
         CheckpointerCapabilities,
         _CustomCheckpointerAdapter,
@@ -460,9 +464,7 @@ def test_the_served_factory_refuses_a_run_on_a_busy_thread_but_not_a_retry_of_it
         stdout=subprocess.PIPE,
         text=True,
     )
-    for name, value in (("REDIS_URI", "fake"), ("DATABASE_URI", ":memory:")):
-        monkeypatch.setenv(name, os.environ.get(name, value))
-    monkeypatch.setenv("MIGRATIONS_PATH", os.environ.get("MIGRATIONS_PATH", "__inmem"))
+    _as_under_langgraph_dev(monkeypatch)
     from langgraph_api._factory_utils import build_server_runtime
 
     served = _load_as_the_server_does("__served_factory__")

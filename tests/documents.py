@@ -82,6 +82,60 @@ def make_shared_stream_pdf(pages: int, lines: int) -> bytes:
     return _pdf(objects)
 
 
+def make_drawing_pdf(pages: int, draws: int, nops: int, *, nested: bool = False) -> bytes:
+    """A PDF whose text is one line a page but whose drawing is ``nops`` no-op operators
+    (``q Q``, 4 bytes each): drawn by every one of ``pages`` pages as their shared content
+    stream when ``draws`` is 0, else kept in a form the one page draws ``draws`` times
+    (through a small form of its own, which draws the large one, when ``nested``)."""
+    text = b"BT /F1 12 Tf 72 720 Td (Penguins swim.) Tj ET\n"
+    noops = b"q Q\n" * nops
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+    if draws == 0:
+        kids = b" ".join(b"%d 0 R" % (6 + n) for n in range(pages))
+        objects = [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+            b"<< /Length %d >>\nstream\n%s\nendstream" % (len(text), text),
+            b"<< /Length %d >>\nstream\n%s\nendstream" % (len(noops), noops),
+            font,
+        ]
+        objects += [
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents [3 0 R 4 0 R] "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>"
+        ] * pages
+        return _pdf(objects)
+    large = (
+        b"<< /Type /XObject /Subtype /Form /BBox [0 0 9 9] /Resources << /Font << /F1 5 0 R >>"
+        b" >> /Length %d >>"
+        b"\nstream\n%s\nendstream"
+    )
+    if nested:  # the page draws Small once; Small draws Big ``draws`` times
+        drawn = b"/Small Do\n"
+        small = b"/Big Do\n" * draws
+        forms = b"/XObject << /Small 6 0 R >>"
+        extra = [
+            b"<< /Type /XObject /Subtype /Form /BBox [0 0 9 9] "
+            b"/Resources << /XObject << /Big 7 0 R >> >> /Length %d >>\nstream\n%s\nendstream"
+            % (len(small), small),
+            large % (len(noops), noops),
+        ]
+    else:
+        drawn = b"/Big Do\n" * draws
+        forms = b"/XObject << /Big 6 0 R >>"
+        extra = [large % (len(noops), noops)]
+    content = text + drawn
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> " + forms + b" >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+        font,
+        *extra,
+    ]
+    return _pdf(objects)
+
+
 def _pdf(objects: list[bytes]) -> bytes:
     """A PDF file of ``objects`` (numbered from 1, the catalog first), with its xref table."""
     out = bytearray(b"%PDF-1.4\n")

@@ -8,11 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from documents import BROKEN_TO_UNICODE, DEBIAN_COPYRIGHT, make_pdf, make_shared_stream_pdf
+from documents import (
+    BROKEN_TO_UNICODE,
+    DEBIAN_COPYRIGHT,
+    make_drawing_pdf,
+    make_pdf,
+    make_shared_stream_pdf,
+)
 from images import laid_out
 
 from batos.errors import CatalogError, ConfigurationError, DocumentError
 from store.core.image import LivingImage
+from store.knowledge import ingest as ingest_module
 from store.knowledge.catalog import KnowledgeCatalog
 from store.knowledge.chunking import MIN_TOKENS, chunk_and_embed
 from store.knowledge.embeddings import FLOAT32, INT8, Embedder
@@ -718,3 +725,115 @@ def test_a_pdf_whose_text_outgrows_the_size_limit_fails_at_that_page(tmp_path: P
     assert stopped == 100_000 // (len(text) // 400) + 1
     assert "of 400" in info.value.message and "100,000 characters" in info.value.message
     assert "BATOS_CATALOG_MAX_BYTES" in info.value.hint
+
+
+def test_a_pdf_whose_pages_all_draw_one_large_stream_fails_within_its_drawing_bound(
+    tmp_path: Path,
+) -> None:
+    """Two thousand pages drawing one stream of no-op operators is a file of kilobytes with
+    one line of text a page, which pypdf parsed for hours: each page's drawing is counted
+    before it is parsed, within twice the byte limit."""
+    pdf = tmp_path / "drawn.pdf"
+    pdf.write_bytes(make_drawing_pdf(pages=6, draws=0, nops=24_900))  # 99,646 B a page
+    assert pdf.stat().st_size < 200_000
+    with pytest.raises(DocumentError) as info:
+        read_document(pdf, max_bytes=200_000)
+    assert "stopped at page 5 of 6" in info.value.message  # 4 pages: 398,584 of 400,000
+    assert "400,000 bytes of instructions" in info.value.message
+    assert "BATOS_CATALOG_MAX_BYTES" in info.value.hint
+    text, _, _ = read_document(pdf, max_bytes=300_000)  # a larger limit reads them all
+    assert text.count("Penguins swim.") == 6
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["by-the-page", "by-a-form"])
+def test_a_pdf_that_draws_one_large_form_many_times_fails_within_its_drawing_bound(
+    tmp_path: Path, nested: bool
+) -> None:
+    """A page may draw one form thousands of times (pypdf's bound is 5,000 a page), each
+    drawing parsed anew: each is counted at its size, whether the page draws it or a form the
+    page draws does."""
+    pdf = tmp_path / "forms.pdf"
+    pdf.write_bytes(make_drawing_pdf(pages=1, draws=8, nops=25_000, nested=nested))
+    assert pdf.stat().st_size < 200_000
+    with pytest.raises(DocumentError, match="400,000 bytes of instructions") as info:
+        read_document(pdf, max_bytes=200_000)
+    assert "stopped at page 1 of 1" in info.value.message
+    text, _, _ = read_document(pdf, max_bytes=500_000)  # 8 drawings of 100 KB: 800,000
+    assert text.strip() == "Penguins swim."
+
+
+def test_files_of_proc_and_sys_are_refused_before_they_are_opened(
+    tmp_path: Path, catalog: KnowledgeCatalog
+) -> None:
+    """/etc/mtab is /proc/self/mounts, which names this process's folder: each run stored it
+    again under a new name. /proc/kmsg is consumed by reading it. Neither is a document."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text(CATS)
+    (folder / "mounts").symlink_to("/proc/self/mounts")  # no suffix: it would be sniffed
+    (folder / "status.txt").symlink_to("/proc/self/status")
+    named = [folder, Path("/proc/self/status"), Path("/proc"), Path("/sys/kernel")]
+    files = list(expand(named))
+    assert files == [
+        folder / "a.txt",
+        folder / "mounts",
+        folder / "status.txt",
+        Path("/proc/self/status"),
+        Path("/proc"),  # not walked
+        Path("/sys/kernel"),
+    ]
+    report = ingest_paths(catalog, files)
+    assert report.added == [str(folder / "a.txt")]
+    assert [Path(p).name for p, _ in report.failed] == [
+        "mounts",
+        "status.txt",
+        "status",
+        "proc",
+        "kernel",
+    ]
+    for _, error in report.failed:
+        assert "in the kernel's /" in error.message and "snapshot.txt" in error.hint
+    assert f"(it is /proc/{os.getpid()}/mounts)" in report.failed[0][1].message
+    assert catalog.document(str(folder / "a.txt")) is not None
+
+
+def test_an_unchanged_file_is_told_by_its_bytes_before_its_text_is_extracted(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run over a folder already ingested read every PDF's text again to find it
+    unchanged; the hash of the file's bytes is compared first."""
+    (tmp_path / "a.pdf").write_bytes(make_pdf("Penguins cannot fly but swim very well."))
+    (tmp_path / "b.txt").write_text(CATS)
+    assert len(ingest_paths(catalog, [tmp_path]).added) == 2
+    (tmp_path / "b.txt").write_text(DOGS)
+    extracted: list[str] = []
+    real = ingest_module._extract
+
+    def extract(path: Path, *args: object, **options: object) -> object:
+        extracted.append(path.name)
+        return real(path, *args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ingest_module, "_extract", extract)
+    report = ingest_paths(catalog, [tmp_path])
+    assert report.unchanged == [str(tmp_path / "a.pdf")]
+    assert report.replaced == [str(tmp_path / "b.txt")]
+    assert extracted == ["b.txt"]
+
+
+@pytest.mark.parametrize("emptied", [b"", b"<html><script>x=1</script></html>"])
+def test_a_file_emptied_since_it_was_ingested_says_its_old_text_is_kept_and_how_to_drop_it(
+    tmp_path: Path, catalog: KnowledgeCatalog, emptied: bytes
+) -> None:
+    page = tmp_path / "page.html"
+    page.write_text(f"<p>{CATS}</p>")
+    assert ingest_paths(catalog, [page]).added == [str(page)]
+    page.write_bytes(emptied)
+    report = ingest_paths(catalog, [page])
+    [(_, error)] = report.failed
+    assert "earlier text is still in the catalog" in error.message
+    assert f"'batos forget {page}' removes it" in error.message
+    assert catalog.document(str(page)) is not None
+    fresh = tmp_path / "new.html"  # never ingested: no word of an earlier text
+    fresh.write_bytes(emptied)
+    [(_, error)] = ingest_paths(catalog, [fresh]).failed
+    assert "earlier text" not in error.message

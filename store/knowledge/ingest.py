@@ -76,7 +76,7 @@ class IngestReport:
     failed: list[tuple[str, DocumentError]] = field(default_factory=list)
     chunks: int = 0
     commits: int = 0
-    #: Bytes of text read (UTF-8; unchanged files too) and seconds since the start.
+    #: Bytes of files read (unchanged ones too) and seconds since the start.
     bytes: int = 0
     seconds: float = 0.0
 
@@ -99,9 +99,28 @@ FIRST_ROUND = 16
 def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str, str]:
     """(text, format, content hash) of one file, or a ``DocumentError`` saying what is wrong."""
     limit = max_bytes if max_bytes is not None else settings.get_int("catalog_max_bytes")
+    _not_pseudo(path)
     data = _read_bytes(path, limit)
+    text, fmt = _extract(path, data, limit)
+    return text, fmt, _content_hash(data)
+
+
+def _content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _extract(path: Path, data: bytes, limit: int, *, known: bool = False) -> tuple[str, str]:
+    """(text, format) of a file's bytes. ``known``: the catalog holds an earlier text of it,
+    which a file with no text left does not replace (the error says how to remove it)."""
+    kept = (
+        "; its earlier text is still in the catalog "
+        f"('batos forget {shlex.quote(str(path))}' removes it)"
+    )
     if not data.strip():
-        raise DocumentError(f"{path} is empty", hint="nothing to ingest; remove it from the list")
+        raise DocumentError(
+            f"{path} is empty{kept if known else ''}",
+            hint="nothing to ingest; remove it from the list",
+        )
     suffix = file_type(path.name)
     if suffix in PDF_SUFFIXES:
         text, fmt = _pdf_text(path, data, limit), "pdf"
@@ -113,10 +132,38 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     text = well_formed(text)
     if not text.strip():
         raise DocumentError(
-            f"{path} has no text to index",
+            f"{path} has no text to index{kept if known else ''}",
             hint="a scanned PDF needs OCR first; an HTML page may carry only scripts",
         )
-    return text, fmt, hashlib.sha256(data).hexdigest()
+    return text, fmt
+
+
+#: Kernel file systems: their files are made as they are read (/proc/kmsg is consumed by the
+#: read) and /proc/self names another process's folder on each run, so a document read from
+#: one would change under its own name or come back under a new name every time.
+_PSEUDO = ("/proc", "/sys")
+
+
+def _is_pseudo(path: Path) -> str | None:
+    """The kernel file system ``path`` lies in once links are resolved, or None."""
+    real = os.path.realpath(path)
+    return next((top for top in _PSEUDO if real == top or real.startswith(top + "/")), None)
+
+
+def _not_pseudo(path: Path) -> None:
+    """A ``DocumentError`` for a file of /proc or /sys (a link to one included), before it is
+    opened."""
+    top = _is_pseudo(path)
+    if top is None:
+        return
+    real = os.path.realpath(path)
+    where = "" if str(path) == real else f" (it is {real})"
+    raise DocumentError(
+        f"{path} is in the kernel's {top}{where}: its text is made as it is read and is "
+        "not a document",
+        hint=f"save what you want to keep to a file first (cat {shlex.quote(str(path))} > "
+        "snapshot.txt) and ingest that",
+    )
 
 
 def _read_bytes(path: Path, limit: int) -> bytes:
@@ -330,6 +377,22 @@ class _TooMuchText(Exception):
     """A PDF's extracted text passed its bound (raised from inside pypdf's extraction)."""
 
 
+class _TooManyForms(Exception):
+    """A PDF's page may draw more forms than are looked at to size them."""
+
+
+class _TooMuchDrawing(Exception):
+    """A PDF's drawing instructions passed their bound (raised from inside the extraction)."""
+
+
+#: Bytes of drawing instructions parsed for a PDF's text, as a multiple of its bound in
+#: characters: the PDFs of a Debian system draw about as many bytes as their files hold, and
+#: text drawn takes more bytes to draw than it has characters.
+PDF_DRAWING = 2
+#: Form XObjects looked at to size a page's forms (a page's and its forms' resources).
+_PDF_FORMS = 10_000
+
+
 def _pdf_text(path: Path, data: bytes, limit: int) -> str:
     """The text of a PDF's pages, at most ``limit`` characters of it.
 
@@ -337,26 +400,57 @@ def _pdf_text(path: Path, data: bytes, limit: int) -> str:
     thousand pages drawing one compressed content stream): the extracted characters are held
     to the same number, counted as pypdf produces them, so such a file fails within a page
     rather than after hours of work and gigabytes of text.
+
+    The drawing instructions parsed to find the text (pages' content streams and the forms
+    they draw, decoded) are held to ``PDF_DRAWING`` times that number of bytes, counted for
+    each page's content before it is parsed and for each form as it is drawn. pypdf bounds
+    each stream, but pages may all draw one stream, and a page may draw one form thousands of
+    times: a file of a few kilobytes would be parsed for hours (0.4 to 1 MB a second on 2
+    cores: within the default bound, four and a half minutes at most).
     """
     import io
 
     from pypdf import PdfReader
 
     extracted = 0
+    drawn = 0
+    budget = PDF_DRAWING * limit
     pages: list[str] = []
+    sizes: dict[int, int] = {}  # a form's decoded size, by object, once per file
 
+    # pypdf logs and drops what a form's extraction raises, and goes on with the page: these
+    # raise again on every later call (which ends each form's extraction before its parse),
+    # and the page's end checks them again.
     def count(text: str, *_: Any) -> None:
         nonlocal extracted
         extracted += len(text)
         if extracted > limit:
             raise _TooMuchText
 
+    def draw(size: int) -> None:
+        nonlocal drawn
+        drawn += size
+        if drawn > budget:
+            raise _TooMuchDrawing
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise DocumentError(f"{path} is an encrypted PDF", hint="decrypt it (qpdf --decrypt)")
         for page in reader.pages:
-            pages.append(page.extract_text(visitor_text=count) or "")
+            contents = page.get_contents()
+            draw(len(contents.get_data()) if contents is not None else 0)
+            forms = _pdf_forms(page, sizes)
+
+            def drawing(operator: bytes, operands: Any, *_: Any, forms: Any = forms) -> None:
+                if operator == b"Do" and operands:
+                    # A name no form of the page has is not drawn (pypdf skips it).
+                    draw(forms.get(operands[0], 0))
+
+            text = page.extract_text(visitor_text=count, visitor_operand_before=drawing)
+            draw(0)
+            count("")
+            pages.append(text or "")
     except DocumentError:
         raise
     except _TooMuchText:
@@ -367,6 +461,20 @@ def _pdf_text(path: Path, data: bytes, limit: int) -> str:
             hint="split it into smaller PDFs (qpdf --split-pages), or raise "
             "BATOS_CATALOG_MAX_BYTES",
         ) from None
+    except _TooMuchDrawing:
+        raise DocumentError(
+            f"{path} draws more than {budget:,} bytes of instructions to read for its text "
+            f"(stopped at page {len(pages) + 1:,} of {len(reader.pages):,}); a PDF's are held "
+            f"to {PDF_DRAWING} times BATOS_CATALOG_MAX_BYTES",
+            hint="split it into smaller PDFs (qpdf --split-pages), or raise "
+            "BATOS_CATALOG_MAX_BYTES",
+        ) from None
+    except _TooManyForms:
+        raise DocumentError(
+            f"{path} has a page that may draw more than {_PDF_FORMS:,} forms (page "
+            f"{len(pages) + 1:,}); they are not read",
+            hint="print it to a new PDF with a PDF tool, or extract its text another way",
+        ) from None
     except Exception as exc:
         # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
         # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.
@@ -375,6 +483,40 @@ def _pdf_text(path: Path, data: bytes, limit: int) -> str:
             hint="open and re-save it with a PDF tool, or extract its text another way",
         ) from exc
     return "\n\n".join(page.strip() for page in pages if page.strip())
+
+
+def _pdf_forms(page: Any, sizes: dict[int, int]) -> dict[str, int]:
+    """The decoded size of the largest form of each name a page may draw: its own forms and
+    those its forms draw, found through their resources. A name used by several forms is
+    given the largest size, so a drawn form is never charged less than it costs to parse."""
+    from pypdf.generic import DictionaryObject, StreamObject
+
+    found: dict[str, int] = {}
+    seen: set[int] = set()
+    stack = [page.get("/Resources")]
+    while stack:
+        resources = stack.pop()
+        resources = resources.get_object() if resources is not None else None
+        if not isinstance(resources, DictionaryObject):
+            continue
+        xobjects = resources.get("/XObject")
+        xobjects = xobjects.get_object() if xobjects is not None else None
+        if not isinstance(xobjects, DictionaryObject):
+            continue
+        for name, ref in xobjects.items():
+            form = ref.get_object()
+            if not isinstance(form, StreamObject) or form.get("/Subtype") != "/Form":
+                continue
+            key = id(form)
+            if key not in sizes:
+                sizes[key] = len(form.get_data())
+            found[name] = max(found.get(name, 0), sizes[key])
+            if key not in seen:
+                if len(seen) == _PDF_FORMS:
+                    raise _TooManyForms
+                seen.add(key)
+                stack.append(form.get("/Resources"))
+    return found
 
 
 #: What follows a name's last dot but is no file type: a version ("Apache-2.0", "LGPL-2.1") or a
@@ -399,9 +541,9 @@ def expand(paths: Iterable[Path]) -> Iterator[Path]:
     rather than its files going missing without a word.
     """
     for path in paths:
-        if not _is_folder(path):
-            yield path
-            continue
+        if not _is_folder(path) or _is_pseudo(path):
+            yield path  # a folder of /proc is not walked (its files are read as they are
+            continue  # listed): it fails by name
         found: list[Path] = []
         unlisted: list[Path] = []
         for folder, names in _walk(path, unlisted):
@@ -449,11 +591,12 @@ def _entry_is_folder(entry: os.DirEntry[str]) -> bool:
 def _listed(path: Path, kind: str) -> bool:
     """Whether a folder's entry is read. One named as a document (``.txt``, ``.pdf``…) is,
     whatever it is: a dangling link, a link loop or a pipe then fails by name when read (a
-    pipe without being opened), rather than the document going missing without a word. One
-    with no suffix is read only when it is a regular file with no NUL in its head."""
+    pipe without being opened), rather than the document going missing without a word; so is
+    a link into /proc or /sys. One with no suffix is read only when it is a regular file with
+    no NUL in its head."""
     if kind not in SUPPORTED:
         return False
-    if kind:
+    if kind or _is_pseudo(path):  # a link into /proc is not opened to be sniffed
         return True
     return _is_file(path) and not _binary(path)
 
@@ -670,6 +813,7 @@ def ingest_paths(
     silent for minutes says why.
     """
     metadata = check_metadata(metadata)
+    limit = settings.get_int("catalog_max_bytes")
     started = time.monotonic()
     report = IngestReport()
     commit_chunks = settings.get_int("catalog_commit_chunks")
@@ -728,17 +872,23 @@ def ingest_paths(
     try:
         for path in expand(paths):
             try:
-                text, fmt, content_hash = read_document(path)
+                _not_pseudo(path)
+                data = _read_bytes(path, limit)
                 source = _source(path)
-                report.bytes += len(text.encode("utf-8", "surrogatepass"))
+                report.bytes += len(data)
+                content_hash = _content_hash(data)
                 known = catalog.document(source)
                 kept = _metadata(known, metadata)
                 # A file reached again under another name (a linked folder) is the same
                 # document: once in a run, or its outcomes would be told under one name.
+                # An unchanged file is told by its bytes' hash, before its text is extracted
+                # (a PDF's extraction can take minutes).
                 if source in paths_of or _unchanged(known, content_hash, kept):
                     report.unchanged.append(str(path))
                     tell(path, "unchanged")
                     continue
+                text, fmt = _extract(path, data, limit, known=known is not None)
+                del data  # the text alone is kept while the document waits to be embedded
                 planned = _plan(catalog, source, text, content_hash, fmt, kept)
             except DocumentError as exc:
                 report.failed.append((str(path), exc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -384,3 +385,49 @@ def test_ingest_reports_each_bad_file_by_name_and_commits_the_rest(file_uri, tmp
     )
     [line] = [json.loads(x) for x in done.stdout.splitlines()]
     assert line["results"][0]["source"] == str(folder / "purrd" / "copyright")
+
+
+def test_ctrl_c_during_ingest_says_what_was_kept_and_a_second_run_goes_on(
+    file_uri, tmp_path
+) -> None:
+    """Ctrl-C ended the run with 'aborted' alone. Documents are committed whole as the run
+    goes: the interrupted run says how many are in, and the same command goes on from there."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(200):
+        (folder / f"note-{i:03}.txt").write_text(f"Note {i}. {CATS} {BACKUPS[i % 3]}")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "BATOS_PROGRESS_SECONDS": "0",
+        "BATOS_CATALOG_COMMIT_SECONDS": "0.000001",
+    }
+    command = [sys.executable, "-m", "batos.shell.cli", "--image", file_uri, "ingest", str(folder)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as process:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("ingest: 5/200"):
+                process.send_signal(signal.SIGINT)
+                break
+        rest = process.stdout.read()
+        code = process.wait(timeout=120)
+    said = flat(rest)
+    assert code == 130, "".join(seen) + rest
+    kept = int(said.split("interruptedafter")[1].split("of200")[0])
+    assert 5 <= kept < 200
+    assert f"added{kept}," in said and "Runthesamecommandagaintogoon" in said
+    again = subprocess.run(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0, again.stdout
+    assert f"added {200 - kept}, replaced 0, unchanged {kept}, failed 0" in again.stdout

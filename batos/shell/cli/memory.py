@@ -86,25 +86,41 @@ def ingest(
             hint="ingest reads text (.txt .md .rst, or no suffix), HTML and PDF files; "
             "name such files, or a folder that holds them",
         )
-    with (
-        _catalog(ctx) as catalog,
-        ProgressReport(err_console, "ingest", total=len(files), unit="files") as progress,
-    ):
+    so_far = IngestReport()
+    try:
+        with (
+            _catalog(ctx) as catalog,
+            ProgressReport(err_console, "ingest", total=len(files), unit="files") as progress,
+        ):
 
-        def advance(path: Path, outcome: str, report: IngestReport) -> None:
-            rate = report.chunks / report.seconds if report.seconds else 0.0
-            progress.update(
-                report.files,
-                f"{report.chunks} chunks, {rate:.1f} chunks/s, {outcome}: {path.name}",
+            def advance(path: Path, outcome: str, report: IngestReport) -> None:
+                nonlocal so_far
+                so_far = report
+                rate = report.chunks / report.seconds if report.seconds else 0.0
+                progress.update(
+                    report.files,
+                    f"{report.chunks} chunks, {rate:.1f} chunks/s, {outcome}: {path.name}",
+                )
+
+            report = ingest_paths(
+                catalog,
+                files,
+                metadata=_pairs(meta, "--meta"),
+                on_file=advance,
+                on_note=lambda note: progress.update(note=note),
             )
-
-        report = ingest_paths(
-            catalog,
-            files,
-            metadata=_pairs(meta, "--meta"),
-            on_file=advance,
-            on_note=lambda note: progress.update(note=note),
+    except KeyboardInterrupt:
+        # Documents are committed whole as the run goes: say what is in, and how to go on.
+        console.print(
+            f"interrupted after {so_far.files} of {len(files)} file(s): added "
+            f"{len(so_far.added)}, replaced {len(so_far.replaced)}, unchanged "
+            f"{len(so_far.unchanged)}, failed {len(so_far.failed)}; nothing of the files after "
+            "them was kept. Run the same command again to go on: the files already in are "
+            "skipped as unchanged.",
+            markup=False,
+            highlight=False,
         )
+        raise typer.Exit(130) from None
     seconds = max(report.seconds, 1e-9)
     console.print(
         f"added {len(report.added)}, replaced {len(report.replaced)}, "

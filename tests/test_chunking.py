@@ -8,6 +8,7 @@ that only split chunks. Then the texts that broke them once, as plain examples.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -262,3 +263,21 @@ def test_a_passage_read_into_a_prompt_is_clipped_to_the_character_bound() -> Non
     assert clipped("short") == "short"
     long = clipped("x" * 100_000)
     assert len(long) == MAX_CHARS and long.endswith("…")
+
+
+@given(TEXTS)
+def test_token_starts_tokenized_in_slices_are_those_of_the_whole_text(text: str) -> None:
+    """A whole document tokenized at once held some 200 bytes a character (1 GB for 5 MB of
+    Markdown); slices cut after a space or a line break give the same offsets, because the
+    tokenizer splits words there. A run with neither (a hex dump) is cut where it must be."""
+    from store.knowledge import embeddings
+    from store.knowledge.encoder_onnx import tokenizer
+
+    whole = [a for a, _ in tokenizer().encode(text, add_special_tokens=False).offsets]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embeddings, "TOKENIZE_CHARS", 16)
+        sliced = Embedder().token_starts(text).tolist()
+    if re.search(r"[^ \n]{16}", text) is None:
+        assert sliced == whole
+    else:
+        assert sliced == sorted(sliced) and all(0 <= a < len(text) for a in sliced)

@@ -837,3 +837,43 @@ def test_a_file_emptied_since_it_was_ingested_says_its_old_text_is_kept_and_how_
     fresh.write_bytes(emptied)
     [(_, error)] = ingest_paths(catalog, [fresh]).failed
     assert "earlier text" not in error.message
+
+
+@pytest.mark.parametrize("commit_seconds", ["3", "0.000001"], ids=["one-round", "round-each"])
+def test_files_of_the_same_bytes_are_embedded_once_and_stored_under_each_name(
+    tmp_path: Path,
+    catalog: KnowledgeCatalog,
+    monkeypatch: pytest.MonkeyPatch,
+    commit_seconds: str,
+) -> None:
+    """Debian's copyright files repeat the same licences: 200 of them held 112 distinct texts,
+    and each copy was cut and embedded again. A copy waiting with its original, or coming
+    after the original was embedded and written, takes its chunks and vectors."""
+    monkeypatch.setenv("BATOS_CATALOG_COMMIT_SECONDS", commit_seconds)
+    for name, text in [
+        ("a.txt", CATS),
+        ("b.txt", DOGS),
+        ("c.txt", CATS),
+        ("d.md", CATS),  # the same bytes read as Markdown: its own document
+        ("e.txt", CATS),
+    ]:
+        (tmp_path / name).write_text(text)
+    encoded: list[str] = []
+    real = catalog.embedder.encode_units
+
+    def encode_units(texts: list[str], spans: object) -> object:
+        encoded.extend(texts)
+        return real(texts, spans)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(catalog.embedder, "encode_units", encode_units)
+    report = ingest_paths(catalog, [tmp_path], metadata={"shelf": "pets"})
+    assert [Path(p).name for p in report.added] == ["a.txt", "b.txt", "c.txt", "d.md", "e.txt"]
+    assert sorted(encoded) == sorted([CATS, DOGS, CATS])  # a, b and d; not c or e
+    first = catalog.document(str(tmp_path / "a.txt"))
+    for name in ["c.txt", "e.txt"]:
+        twin = catalog.document(str(tmp_path / name))
+        assert twin is not None and first is not None
+        assert twin["content_hash"] == first["content_hash"]
+        assert twin["metadata"] == {"shelf": "pets"}
+    sources = {hit.source for hit in catalog.search("kittens purr", k=10)}
+    assert {str(tmp_path / n) for n in ["a.txt", "c.txt", "d.md", "e.txt"]} <= sources

@@ -105,6 +105,16 @@ def read_document(path: Path, *, max_bytes: int | None = None) -> tuple[str, str
     return text, fmt, _content_hash(data)
 
 
+def _format(path: Path) -> str:
+    """How a file is read, by its name: "pdf", "html", "markdown" or "text"."""
+    suffix = file_type(path.name)
+    if suffix in PDF_SUFFIXES:
+        return "pdf"
+    if suffix in HTML_SUFFIXES:
+        return "html"
+    return "markdown" if suffix in {".md", ".markdown"} else "text"
+
+
 def _content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -121,14 +131,13 @@ def _extract(path: Path, data: bytes, limit: int, *, known: bool = False) -> tup
             f"{path} is empty{kept if known else ''}",
             hint="nothing to ingest; remove it from the list",
         )
-    suffix = file_type(path.name)
-    if suffix in PDF_SUFFIXES:
-        text, fmt = _pdf_text(path, data, limit), "pdf"
-    elif suffix in HTML_SUFFIXES:
-        text, fmt = _html_text(path, _decode(path, data, html=True)), "html"
+    fmt = _format(path)
+    if fmt == "pdf":
+        text = _pdf_text(path, data, limit)
+    elif fmt == "html":
+        text = _html_text(path, _decode(path, data, html=True))
     else:
         text = _decode(path, data)
-        fmt = "markdown" if suffix in {".md", ".markdown"} else "text"
     text = well_formed(text)
     if not text.strip():
         raise DocumentError(
@@ -821,6 +830,12 @@ def ingest_paths(
     pending: list[_Pending] = []
     ready: list[PreparedDocument] = []
     paths_of: dict[str, Path] = {}
+    # Files of the same bytes and type (the same licence in many packages) are embedded once:
+    # a twin of a document waiting to be embedded waits with it, one of a document embedded
+    # in this run takes its chunks and vectors (those of the last TWIN_CHUNKS chunks kept).
+    twins: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    embedded: dict[tuple[str, str], PreparedDocument] = {}
+    arrival: dict[str, int] = {}  # each document's place in the run, by source
     last_commit = time.monotonic()
     writing = False
     rate: float | None = None  # chunks embedded per second, once measured
@@ -834,6 +849,7 @@ def ingest_paths(
         nonlocal last_commit, writing
         if not ready:
             return
+        ready.sort(key=lambda doc: arrival[doc.source])  # twins among the files they follow
         writing = True
         results, errors = write_batch(catalog, ready)
         writing = False
@@ -862,8 +878,14 @@ def ingest_paths(
                 guess = f", about {count / rate:.0f} s at the rate so far" if rate else ""
                 name = Path(largest.source).name
                 on_note(f"embedding {count:,} chunks (most from {name}){guess}")
-            ready.extend(_embed(catalog, pending))
+            for doc in _embed(catalog, pending):
+                ready.append(doc)
+                key = (doc.content_hash, doc.format)
+                ready.extend(_twin(doc, twin, kept) for twin, kept in twins.pop(key, ()))
+                embedded[key] = doc
             pending.clear()
+            while sum(len(d.spans) for d in embedded.values()) > TWIN_CHUNKS:
+                del embedded[next(iter(embedded))]  # the oldest first
             rate = count / max(time.monotonic() - began, 1e-6)
         due = time.monotonic() - last_commit >= commit_seconds
         if due or sum(len(d.spans) for d in ready) >= commit_chunks:
@@ -887,6 +909,15 @@ def ingest_paths(
                     report.unchanged.append(str(path))
                     tell(path, "unchanged")
                     continue
+                key = (content_hash, _format(path))
+                if key in embedded or key in twins:
+                    paths_of[source] = path
+                    arrival[source] = len(arrival)
+                    if key in embedded:
+                        ready.append(_twin(embedded[key], source, kept))
+                    else:
+                        twins[key].append((source, kept))
+                    continue
                 text, fmt = _extract(path, data, limit, known=known is not None)
                 del data  # the text alone is kept while the document waits to be embedded
                 planned = _plan(catalog, source, text, content_hash, fmt, kept)
@@ -902,6 +933,8 @@ def ingest_paths(
                 flush()
             pending.append(planned)
             paths_of[source] = path
+            arrival[source] = len(arrival)
+            twins[key] = []
             # A round of embedding takes about half the commit interval at the rate measured
             # so far, so commits keep their pace on a slow or busy machine too.
             size = FIRST_ROUND if rate is None else int(rate * commit_seconds / 2)
@@ -919,6 +952,23 @@ def ingest_paths(
         raise
     report.seconds = time.monotonic() - started
     return report
+
+
+#: Chunks of the documents embedded in a run kept for their twins (text and vectors: some
+#: 2 KB a chunk).
+TWIN_CHUNKS = 20_000
+
+
+def _twin(doc: PreparedDocument, source: str, metadata: dict[str, Any]) -> PreparedDocument:
+    """``doc``'s chunks and vectors under another file's name and metadata."""
+    return PreparedDocument(
+        source=source,
+        content_hash=doc.content_hash,
+        format=doc.format,
+        metadata=metadata,
+        spans=doc.spans,
+        vectors=doc.vectors,
+    )
 
 
 def _metadata(known: Mapping[str, Any] | None, given: Mapping[str, Any] | None) -> dict[str, Any]:

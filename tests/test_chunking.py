@@ -281,3 +281,60 @@ def test_token_starts_tokenized_in_slices_are_those_of_the_whole_text(text: str)
         assert sliced == whole
     else:
         assert sliced == sorted(sliced) and all(0 <= a < len(text) for a in sliced)
+
+
+@pytest.mark.parametrize("kind", ["minilm-int8", "minilm-float32"])
+def test_a_large_documents_chunks_are_embedded_a_slice_at_a_time_with_the_same_result(
+    kind: str,
+) -> None:
+    """The encodings (and the float model's states of every token) of one document's 35,000
+    chunks were held at once, gigabytes of them; slices give the same vectors and sums (the
+    same directions for the int8 model, whose activations are quantised over each batch)."""
+    from store.knowledge import embeddings
+
+    texts = [f"Chunk {i}. Kittens learn to hunt. Dogs bark at strangers {i}." for i in range(7)]
+    units = [[(0, 9), (10, len(t))] for t in texts]
+    encoder = Embedder(kind)
+    whole = encoder.encode_units(texts, units)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embeddings, "ENCODE_SLICE", 3)
+        sliced = encoder.encode_units(texts, units)
+    cosines = (whole[0] * sliced[0]).sum(axis=1)
+    assert cosines.min() > (0.99 if kind == "minilm-int8" else 0.99999), cosines
+    assert len(whole[1]) == len(sliced[1]) == 7
+    for one, other in zip(whole[1], sliced[1], strict=True):
+        assert one.shape == other.shape == (2, embeddings.DIMS)
+        unit = np.linalg.norm(one, axis=1) * np.linalg.norm(other, axis=1)
+        assert ((one * other).sum(axis=1) / unit).min() > (
+            0.97 if kind == "minilm-int8" else 0.9999
+        )
+    assert all(np.array_equal(a, b) for a, b in zip(whole[2], sliced[2], strict=True))
+
+
+@given(
+    st.integers(min_value=0, max_value=60),
+    st.sampled_from([1, 2, 5, 4096]),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
+def test_window_similarity_in_blocks_is_the_similarity_of_the_whole(
+    units: int, block: int, seed: int
+) -> None:
+    """Worked out a block of gaps at a time (a large document's copies of every unit vector
+    held some 700 MB), the similarity is the one of the definition: the cosine of the sums
+    of up to WINDOW unit vectors, normalised, before and after each gap."""
+    from store.knowledge import chunking
+
+    vectors = np.random.default_rng(seed).normal(size=(units, 8)).astype(np.float32)
+    vectors[::7] = 0.0  # a unit of no tokens
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    expected = []
+    for gap in range(1, units):
+        before = unit[max(0, gap - chunking.WINDOW) : gap].astype(np.float64).sum(axis=0)
+        after = unit[gap : gap + chunking.WINDOW].astype(np.float64).sum(axis=0)
+        norms = np.linalg.norm(before) * np.linalg.norm(after)
+        expected.append(before @ after / norms if norms > 0 else 0.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunking, "SIMILARITY_BLOCK", block)
+        found = chunking._window_similarity(vectors)
+    assert found.dtype == np.float32 and found.shape == (max(units - 1, 0),)
+    assert np.allclose(found, expected, atol=1e-5)

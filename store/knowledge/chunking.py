@@ -26,6 +26,7 @@ could hold. Hence the second bound, in characters.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -274,15 +275,16 @@ def finish(
     vector: they attended to the other part, and sit at cosine 0.75-0.9 from the real one.
     """
     text, units = packed.text, packed.units
-    cuts: set[int] = set()
+    cuts: list[int] = []
     if semantic and len(sums):
-        unit_sums = np.vstack(sums)
-        unit_counts = np.concatenate(counts).astype(np.float32)
-        cuts = _shifts(unit_sums / np.maximum(unit_counts, 1.0)[:, None], packed.tokens)
+        means = np.vstack(sums)
+        means /= np.maximum(np.concatenate(counts).astype(np.float32), 1.0)[:, None]  # in place
+        cuts = sorted(_shifts(means, packed.tokens))
+        del means
     pieces: list[Piece] = []
     out: list[np.ndarray | None] = []
     for c, (first, last) in enumerate(packed.chunks):
-        inner = sorted(cut for cut in cuts if first < cut < last)
+        inner = cuts[bisect.bisect_right(cuts, first) : bisect.bisect_left(cuts, last)]
         for a, b in zip([first, *inner], [*inner, last], strict=True):
             pieces.append(Piece(units[a][0], units[b - 1][1], _cut(text, a, b, units)))
             out.append(vectors[c] if not inner else None)
@@ -318,16 +320,30 @@ def _shifts(unit_sums: np.ndarray, tokens: list[int]) -> set[int]:
     return set(kept)
 
 
+#: Gaps between units whose similarity is worked out together.
+SIMILARITY_BLOCK = 4096
+
+
 def _window_similarity(vectors: np.ndarray) -> np.ndarray:
-    """Cosine between the mean of up to WINDOW units before each gap and after it."""
-    vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    cumulative = np.vstack([np.zeros((1, vectors.shape[1]), vectors.dtype), vectors.cumsum(0)])
+    """Cosine between the mean of up to WINDOW units before each gap and after it.
+
+    A block of gaps at a time, each from its own running sums: done at once over a large
+    document's 100,000 units, the copies of every unit's vector held some 700 MB, and a
+    running sum over all of them lost the float32 precision the differences need."""
     n = len(vectors)
-    gaps = np.arange(1, n)
-    before = cumulative[gaps] - cumulative[np.maximum(0, gaps - WINDOW)]
-    after = cumulative[np.minimum(n, gaps + WINDOW)] - cumulative[gaps]
-    norms = np.linalg.norm(before, axis=1) * np.linalg.norm(after, axis=1)
-    return ((before * after).sum(axis=1) / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    out = np.empty(max(n - 1, 0), dtype=np.float32)
+    for start in range(1, n, SIMILARITY_BLOCK):
+        end = min(n, start + SIMILARITY_BLOCK)  # gaps start..end-1
+        low, high = max(0, start - WINDOW), min(n, end - 1 + WINDOW)
+        block = vectors[low:high]
+        block = block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+        cumulative = np.vstack([np.zeros((1, block.shape[1]), block.dtype), block.cumsum(0)])
+        gaps = np.arange(start, end) - low
+        before = cumulative[gaps] - cumulative[np.maximum(0, gaps - WINDOW)]
+        after = cumulative[np.minimum(high - low, gaps + WINDOW)] - cumulative[gaps]
+        norms = np.linalg.norm(before, axis=1) * np.linalg.norm(after, axis=1)
+        out[start - 1 : end - 1] = (before * after).sum(axis=1) / np.where(norms > 0, norms, 1.0)
+    return out
 
 
 def chunk_and_embed(

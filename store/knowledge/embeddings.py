@@ -131,6 +131,18 @@ class Embedder:
         one forward pass gives a chunk's vector and its sentences' vectors."""
         if not texts:
             return np.zeros((0, DIMS), dtype=np.float32), [], []
+        if len(texts) > ENCODE_SLICE:
+            # A slice at a time: the tokenizer's encodings (and the float model's states of
+            # every token) of one large document's 35,000 chunks held several gigabytes.
+            parts = [
+                self.encode_units(texts[at : at + ENCODE_SLICE], units[at : at + ENCODE_SLICE])
+                for at in range(0, len(texts), ENCODE_SLICE)
+            ]
+            return (
+                np.concatenate([part[0] for part in parts]),
+                [s for part in parts for s in part[1]],
+                [c for part in parts for c in part[2]],
+            )
         if self.encoder == INT8:
             from store.knowledge import encoder_onnx
 
@@ -191,6 +203,9 @@ class Embedder:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+#: Texts embedded together by ``encode_units`` (each batch of the model is sorted by length
+#: within one).
+ENCODE_SLICE = 1024
 #: Characters of a document tokenized at once to find where its tokens start.
 TOKENIZE_CHARS = 65_536
 

@@ -949,6 +949,22 @@ SETTINGS: dict[str, Setting] = {
             _positive_int,
         ),
         Setting(
+            "catalog_pdf_seconds",
+            "BATOS_CATALOG_PDF_SECONDS",
+            lambda: "300",
+            "CPU seconds 'batos ingest' gives one PDF's text, read in a process of its own; a "
+            "PDF that takes longer is refused (a crafted one can take hours).",
+            _seconds,
+        ),
+        Setting(
+            "catalog_pdf_memory_mb",
+            "BATOS_CATALOG_PDF_MEMORY_MB",
+            lambda: "2048",
+            "Memory in MB the process reading one PDF's text may take; a PDF that needs more "
+            "is refused.",
+            _positive_int,
+        ),
+        Setting(
             "catalog_chunk_tokens",
             "BATOS_CATALOG_CHUNK_TOKENS",
             lambda: "200",

@@ -136,6 +136,26 @@ def make_drawing_pdf(pages: int, draws: int, nops: int, *, nested: bool = False)
     return _pdf(objects)
 
 
+def make_deflated_pdf(drawing: bytes) -> bytes:
+    """A one-page PDF showing "Penguins swim." followed by ``drawing``, deflated."""
+    import zlib
+
+    content = b"BT /F1 12 Tf 72 720 Td (Penguins swim.) Tj ET\n" + drawing
+    packed = zlib.compress(content, 9)
+    return _pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>",
+            b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed)
+            + packed
+            + b"\nendstream",
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        ]
+    )
+
+
 def _pdf(objects: list[bytes]) -> bytes:
     """A PDF file of ``objects`` (numbered from 1, the catalog first), with its xref table."""
     out = bytearray(b"%PDF-1.4\n")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from documents import (
     BROKEN_TO_UNICODE,
     DEBIAN_COPYRIGHT,
+    make_deflated_pdf,
     make_drawing_pdf,
     make_pdf,
     make_shared_stream_pdf,
@@ -727,39 +730,82 @@ def test_a_pdf_whose_text_outgrows_the_size_limit_fails_at_that_page(tmp_path: P
     assert "BATOS_CATALOG_MAX_BYTES" in info.value.hint
 
 
-def test_a_pdf_whose_pages_all_draw_one_large_stream_fails_within_its_drawing_bound(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"pages": 100, "draws": 0},  # 100 pages drawing one stream
+        {"pages": 1, "draws": 100},  # a form drawn 100 times by the page
+        {"pages": 1, "draws": 100, "nested": True},  # ... by a form the page draws
+    ],
+    ids=["shared-stream", "form", "nested-form"],
+)
+def test_a_pdf_whose_drawing_costs_more_than_its_cpu_seconds_fails_in_that_time(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch, shape: dict
 ) -> None:
-    """Two thousand pages drawing one stream of no-op operators is a file of kilobytes with
-    one line of text a page, which pypdf parsed for hours: each page's drawing is counted
-    before it is parsed, within twice the byte limit."""
-    pdf = tmp_path / "drawn.pdf"
-    pdf.write_bytes(make_drawing_pdf(pages=6, draws=0, nops=24_900))  # 99,646 B a page
+    """A file of kilobytes whose one line of text a page sits among megabytes of no-op
+    operators, drawn again and again: pypdf parsed such files for hours. Its reader runs in a
+    process of its own held to ``catalog_pdf_seconds`` of CPU; the run goes on."""
+    monkeypatch.setenv("BATOS_CATALOG_PDF_SECONDS", "1")
+    pdf = tmp_path / "a_drawn.pdf"
+    pdf.write_bytes(make_drawing_pdf(nops=25_000, **shape))  # 100 KB drawn 100 times
     assert pdf.stat().st_size < 200_000
-    with pytest.raises(DocumentError) as info:
-        read_document(pdf, max_bytes=200_000)
-    assert "stopped at page 5 of 6" in info.value.message  # 4 pages: 398,584 of 400,000
-    assert "400,000 bytes of instructions" in info.value.message
-    assert "BATOS_CATALOG_MAX_BYTES" in info.value.hint
-    text, _, _ = read_document(pdf, max_bytes=300_000)  # a larger limit reads them all
-    assert text.count("Penguins swim.") == 6
+    (tmp_path / "b.txt").write_text(CATS)
+    began = time.monotonic()
+    report = ingest_paths(catalog, [tmp_path])
+    assert time.monotonic() - began < 30  # 1 s of CPU, the grace, and b.txt
+    [(path, error)] = report.failed
+    assert path == str(pdf)
+    assert "took more than 1 s of CPU to read" in error.message
+    assert "BATOS_CATALOG_PDF_SECONDS" in error.hint
+    assert report.added == [str(tmp_path / "b.txt")]
 
 
-@pytest.mark.parametrize("nested", [False, True], ids=["by-the-page", "by-a-form"])
-def test_a_pdf_that_draws_one_large_form_many_times_fails_within_its_drawing_bound(
-    tmp_path: Path, nested: bool
-) -> None:
-    """A page may draw one form thousands of times (pypdf's bound is 5,000 a page), each
-    drawing parsed anew: each is counted at its size, whether the page draws it or a form the
-    page draws does."""
+def test_a_pdf_drawn_a_few_times_is_read_in_its_own_process(tmp_path: Path) -> None:
     pdf = tmp_path / "forms.pdf"
-    pdf.write_bytes(make_drawing_pdf(pages=1, draws=8, nops=25_000, nested=nested))
-    assert pdf.stat().st_size < 200_000
-    with pytest.raises(DocumentError, match="400,000 bytes of instructions") as info:
-        read_document(pdf, max_bytes=200_000)
-    assert "stopped at page 1 of 1" in info.value.message
-    text, _, _ = read_document(pdf, max_bytes=500_000)  # 8 drawings of 100 KB: 800,000
-    assert text.strip() == "Penguins swim."
+    pdf.write_bytes(make_drawing_pdf(pages=1, draws=3, nops=2_500, nested=True))
+    assert read_document(pdf)[0] == "Penguins swim."
+    shared = tmp_path / "shared.pdf"
+    shared.write_bytes(make_drawing_pdf(pages=6, draws=0, nops=2_500))
+    assert read_document(shared)[0].count("Penguins swim.") == 6
+
+
+def test_a_pdf_that_needs_more_memory_than_its_reader_may_take_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of 60 MB of zeros is 60 KB compressed: decoding it in the ingesting process
+    took its memory; the reader's process is held to ``catalog_pdf_memory_mb``."""
+    monkeypatch.setenv("BATOS_CATALOG_PDF_MEMORY_MB", "40")
+    pdf = tmp_path / "bomb.pdf"
+    pdf.write_bytes(make_deflated_pdf(b"\0" * 60_000_000))
+    assert pdf.stat().st_size < 100_000
+    with pytest.raises(DocumentError) as info:
+        read_document(pdf)
+    assert "memory" in info.value.message and "BATOS_CATALOG_PDF_MEMORY_MB" in info.value.hint
+    monkeypatch.setenv("BATOS_CATALOG_PDF_MEMORY_MB", "2048")
+    assert read_document(pdf)[0] == "Penguins swim."
+
+
+@pytest.mark.parametrize(
+    ("report", "status", "says"),
+    [
+        (b"T" + "é".encode() * 11, 0, "gave more text than it may hold"),  # 11 > limit 10
+        (b"Xanything", 0, "its reader stopped (exit status 0)"),
+        (b"", 9, "its reader stopped (signal SIGKILL)"),
+        (b"T" + b"fine", 9, "its reader stopped (signal SIGKILL)"),  # killed after writing
+        (b"E" + b"unreadable\n" + b"x" * 5000, 0, "is not a readable PDF: xxx"),
+    ],
+)
+def test_what_a_pdfs_reader_sends_back_is_checked_before_it_is_used(
+    report: bytes, status: int, says: str
+) -> None:
+    """The reader's process ran hostile input: its report is bytes, bounded, and a text is
+    taken only from a process that exited cleanly, within the character limit."""
+    from store.knowledge import pdf
+
+    code = status if status else 0  # a raw wait status: a signal number, or exit code << 8
+    with pytest.raises(DocumentError, match=re.escape(says)) as info:
+        pdf._outcome("f.pdf", report, False, code, 10, 300.0, 2048)
+    assert len(info.value.message) < 600
 
 
 def test_files_of_proc_and_sys_are_refused_before_they_are_opened(
@@ -792,8 +838,8 @@ def test_files_of_proc_and_sys_are_refused_before_they_are_opened(
         "kernel",
     ]
     for _, error in report.failed:
-        assert "in the kernel's /" in error.message and "snapshot.txt" in error.hint
-    assert f"(it is /proc/{os.getpid()}/mounts)" in report.failed[0][1].message
+        assert "in the kernel" in error.message and "snapshot.txt" in error.hint
+    assert f"(mounted at /proc; it is /proc/{os.getpid()}/mounts)" in report.failed[0][1].message
     assert catalog.document(str(folder / "a.txt")) is not None
 
 
@@ -877,3 +923,43 @@ def test_files_of_the_same_bytes_are_embedded_once_and_stored_under_each_name(
         assert twin["metadata"] == {"shelf": "pets"}
     sources = {hit.source for hit in catalog.search("kittens purr", k=10)}
     assert {str(tmp_path / n) for n in ["a.txt", "c.txt", "d.md", "e.txt"]} <= sources
+
+
+def test_a_twin_of_a_document_already_written_is_written_on_the_runs_schedule(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of a document embedded earlier in the run waited for some other file's round
+    (or the run's end): lost to a Ctrl-C, and the progress stood still meanwhile."""
+    monkeypatch.setenv("BATOS_CATALOG_COMMIT_SECONDS", "0.000001")
+    for name, text in [("a.txt", CATS), ("b.txt", CATS), ("c.txt", DOGS)]:
+        (tmp_path / name).write_text(text)
+    told: list[str] = []
+
+    def paths() -> Iterator[Path]:
+        yield tmp_path / "a.txt"
+        yield tmp_path / "b.txt"
+        assert told == ["a.txt", "b.txt"]  # b written before c is even read
+        yield tmp_path / "c.txt"
+
+    report = ingest_paths(catalog, paths(), on_file=lambda p, _o, _r: told.append(p.name))
+    assert report.added == [str(tmp_path / n) for n in ["a.txt", "b.txt", "c.txt"]]
+
+
+def test_a_kernel_file_system_is_told_by_its_mount_wherever_it_is_mounted(
+    tmp_path: Path, catalog: KnowledgeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bind mount of /proc under another name, or /proc met while walking a folder above
+    it (a container's root), is neither opened nor walked: it fails by name."""
+    root = tmp_path / "root"
+    (root / "proc" / "1").mkdir(parents=True)
+    (root / "proc" / "1" / "status").write_text("Name: init")
+    (root / "notes.txt").write_text(CATS)
+    mounted = str(root / "proc")
+    table = [(mounted, "proc"), ("/", "ext4")]
+    monkeypatch.setattr(ingest_module, "_mount_table", lambda: table)
+    assert list(expand([root])) == [root / "notes.txt", root / "proc"]
+    report = ingest_paths(catalog, [root, root / "proc" / "1" / "status"])
+    assert report.added == [str(root / "notes.txt")]
+    assert [Path(p).name for p, _ in report.failed] == ["proc", "status"]
+    for _, error in report.failed:
+        assert f"in the kernel's proc file system (mounted at {mounted})" in error.message

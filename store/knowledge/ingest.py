@@ -42,11 +42,9 @@ from store.knowledge.catalog import (
 )
 from store.knowledge.chunking import MIN_TOKENS, Plan, finish, plan
 from store.knowledge.curator import unfold
+from store.knowledge.pdf import pdf_text, reason
 
 log = logging.getLogger("batos.ingest")
-# pypdf logs what it repairs ("EOF marker not found") above the file's own error line, which
-# says what failed; set once here rather than on every PDF read.
-logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".rst", ""}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
@@ -62,8 +60,6 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16"),
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
-#: Characters of an exception's text kept in a file's error (the rest is cut off).
-_REASON_CHARS = 300
 
 
 @dataclass
@@ -133,7 +129,7 @@ def _extract(path: Path, data: bytes, limit: int, *, known: bool = False) -> tup
         )
     fmt = _format(path)
     if fmt == "pdf":
-        text = _pdf_text(path, data, limit)
+        text = pdf_text(str(path), data, limit)
     elif fmt == "html":
         text = _html_text(path, _decode(path, data, html=True))
     else:
@@ -149,27 +145,76 @@ def _extract(path: Path, data: bytes, limit: int, *, known: bool = False) -> tup
 
 #: Kernel file systems: their files are made as they are read (/proc/kmsg is consumed by the
 #: read) and /proc/self names another process's folder on each run, so a document read from
-#: one would change under its own name or come back under a new name every time.
-_PSEUDO = ("/proc", "/sys")
+#: one would change under its own name or come back under a new name every time. Told by the
+#: type of the file system a path lies in, wherever it is mounted (a bind mount of /proc).
+PSEUDO_TYPES = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "cgroup",
+        "cgroup2",
+        "configfs",
+        "pstore",
+        "bpf",
+        "efivarfs",
+        "fusectl",
+        "binfmt_misc",
+        "devpts",
+        "mqueue",
+    }
+)
+#: Seconds the mount table is kept between reads (a folder's walk asks for every entry).
+_MOUNTS_SECONDS = 2.0
+_mounts: tuple[float, list[tuple[str, str]]] = (-_MOUNTS_SECONDS, [])
 
 
-def _is_pseudo(path: Path) -> str | None:
-    """The kernel file system ``path`` lies in once links are resolved, or None."""
+def _mount_table() -> list[tuple[str, str]]:
+    """(mount point, file system type) of this process's mounts, longest mount point first;
+    /proc and /sys alone where the table cannot be read."""
+    global _mounts
+    read_at, table = _mounts
+    if time.monotonic() - read_at < _MOUNTS_SECONDS:
+        return table
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as lines:
+            table = []
+            for line in lines:
+                fields, _, after = line.partition(" - ")
+                parts = fields.split(" ")
+                if len(parts) >= 5 and after:
+                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
+                    table.append((point, after.split(" ", 1)[0]))
+    except OSError:
+        table = [("/proc", "proc"), ("/sys", "sysfs")]
+    table.sort(key=lambda mount: -len(mount[0]))
+    _mounts = (time.monotonic(), table)
+    return table
+
+
+def _is_pseudo(path: Path) -> tuple[str, str] | None:
+    """(mount point, type) of the kernel file system ``path`` lies in once links are
+    resolved, or None."""
     real = os.path.realpath(path)
-    return next((top for top in _PSEUDO if real == top or real.startswith(top + "/")), None)
+    for point, kind in _mount_table():
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return (point, kind) if kind in PSEUDO_TYPES else None
+    return None
 
 
 def _not_pseudo(path: Path) -> None:
     """A ``DocumentError`` for a file of /proc or /sys (a link to one included), before it is
     opened."""
-    top = _is_pseudo(path)
-    if top is None:
+    mount = _is_pseudo(path)
+    if mount is None:
         return
     real = os.path.realpath(path)
-    where = "" if str(path) == real else f" (it is {real})"
+    where = "" if str(path) == real else f"; it is {real}"
     raise DocumentError(
-        f"{path} is in the kernel's {top}{where}: its text is made as it is read and is "
-        "not a document",
+        f"{path} is in the kernel's {mount[1]} file system (mounted at {mount[0]}{where}): "
+        "its text is made as it is read and is not a document",
         hint=f"save what you want to keep to a file first (cat {shlex.quote(str(path))} > "
         "snapshot.txt) and ingest that",
     )
@@ -229,12 +274,7 @@ def _too_large(path: Path, size: int, limit: int) -> DocumentError:
     )
 
 
-def _reason(exc: BaseException) -> str:
-    """``exc`` as one bounded line for a file's error."""
-    said = " ".join(str(exc).split())
-    if len(said) > _REASON_CHARS:
-        said = said[: _REASON_CHARS - 1] + "…"
-    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+_reason = reason
 
 
 #: An HTML page's declared encoding: ``<meta charset="…">`` or the http-equiv form, which
@@ -382,152 +422,6 @@ def _page_text(soup: Any) -> Iterator[str]:
         stack.extend((child, False, inner) for child in reversed(node.contents))
 
 
-class _TooMuchText(Exception):
-    """A PDF's extracted text passed its bound (raised from inside pypdf's extraction)."""
-
-
-class _TooManyForms(Exception):
-    """A PDF's page may draw more forms than are looked at to size them."""
-
-
-class _TooMuchDrawing(Exception):
-    """A PDF's drawing instructions passed their bound (raised from inside the extraction)."""
-
-
-#: Bytes of drawing instructions parsed for a PDF's text, as a multiple of its bound in
-#: characters: the PDFs of a Debian system draw about as many bytes as their files hold, and
-#: text drawn takes more bytes to draw than it has characters.
-PDF_DRAWING = 2
-#: Form XObjects looked at to size a page's forms (a page's and its forms' resources).
-_PDF_FORMS = 10_000
-
-
-def _pdf_text(path: Path, data: bytes, limit: int) -> str:
-    """The text of a PDF's pages, at most ``limit`` characters of it.
-
-    ``catalog_max_bytes`` bounds the file, and a small file can hold a great deal of text (two
-    thousand pages drawing one compressed content stream): the extracted characters are held
-    to the same number, counted as pypdf produces them, so such a file fails within a page
-    rather than after hours of work and gigabytes of text.
-
-    The drawing instructions parsed to find the text (pages' content streams and the forms
-    they draw, decoded) are held to ``PDF_DRAWING`` times that number of bytes, counted for
-    each page's content before it is parsed and for each form as it is drawn. pypdf bounds
-    each stream, but pages may all draw one stream, and a page may draw one form thousands of
-    times: a file of a few kilobytes would be parsed for hours (0.4 to 1 MB a second on 2
-    cores: within the default bound, four and a half minutes at most).
-    """
-    import io
-
-    from pypdf import PdfReader
-
-    extracted = 0
-    drawn = 0
-    budget = PDF_DRAWING * limit
-    pages: list[str] = []
-    sizes: dict[int, int] = {}  # a form's decoded size, by object, once per file
-
-    # pypdf logs and drops what a form's extraction raises, and goes on with the page: these
-    # raise again on every later call (which ends each form's extraction before its parse),
-    # and the page's end checks them again.
-    def count(text: str, *_: Any) -> None:
-        nonlocal extracted
-        extracted += len(text)
-        if extracted > limit:
-            raise _TooMuchText
-
-    def draw(size: int) -> None:
-        nonlocal drawn
-        drawn += size
-        if drawn > budget:
-            raise _TooMuchDrawing
-
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise DocumentError(f"{path} is an encrypted PDF", hint="decrypt it (qpdf --decrypt)")
-        for page in reader.pages:
-            contents = page.get_contents()
-            draw(len(contents.get_data()) if contents is not None else 0)
-            forms = _pdf_forms(page, sizes)
-
-            def drawing(operator: bytes, operands: Any, *_: Any, forms: Any = forms) -> None:
-                if operator == b"Do" and operands:
-                    # A name no form of the page has is not drawn (pypdf skips it).
-                    draw(forms.get(operands[0], 0))
-
-            text = page.extract_text(visitor_text=count, visitor_operand_before=drawing)
-            draw(0)
-            count("")
-            pages.append(text or "")
-    except DocumentError:
-        raise
-    except _TooMuchText:
-        raise DocumentError(
-            f"{path} holds more than {limit:,} characters of text (stopped at page "
-            f"{len(pages) + 1:,} of {len(reader.pages):,}); a PDF's text is held to "
-            "BATOS_CATALOG_MAX_BYTES characters",
-            hint="split it into smaller PDFs (qpdf --split-pages), or raise "
-            "BATOS_CATALOG_MAX_BYTES",
-        ) from None
-    except _TooMuchDrawing:
-        raise DocumentError(
-            f"{path} draws more than {budget:,} bytes of instructions to read for its text "
-            f"(stopped at page {len(pages) + 1:,} of {len(reader.pages):,}); a PDF's are held "
-            f"to {PDF_DRAWING} times BATOS_CATALOG_MAX_BYTES",
-            hint="split it into smaller PDFs (qpdf --split-pages), or raise "
-            "BATOS_CATALOG_MAX_BYTES",
-        ) from None
-    except _TooManyForms:
-        raise DocumentError(
-            f"{path} has a page that may draw more than {_PDF_FORMS:,} forms (page "
-            f"{len(pages) + 1:,}); they are not read",
-            hint="print it to a new PDF with a PDF tool, or extract its text another way",
-        ) from None
-    except Exception as exc:
-        # pypdf raises whatever a malformed file provokes (AttributeError, RecursionError,
-        # LimitReachedError, ...), not only PdfReadError: any of them is this file's fault.
-        raise DocumentError(
-            f"{path} is not a readable PDF: {_reason(exc)}",
-            hint="open and re-save it with a PDF tool, or extract its text another way",
-        ) from exc
-    return "\n\n".join(page.strip() for page in pages if page.strip())
-
-
-def _pdf_forms(page: Any, sizes: dict[int, int]) -> dict[str, int]:
-    """The decoded size of the largest form of each name a page may draw: its own forms and
-    those its forms draw, found through their resources. A name used by several forms is
-    given the largest size, so a drawn form is never charged less than it costs to parse."""
-    from pypdf.generic import DictionaryObject, StreamObject
-
-    found: dict[str, int] = {}
-    seen: set[int] = set()
-    stack = [page.get("/Resources")]
-    while stack:
-        resources = stack.pop()
-        resources = resources.get_object() if resources is not None else None
-        if not isinstance(resources, DictionaryObject):
-            continue
-        xobjects = resources.get("/XObject")
-        xobjects = xobjects.get_object() if xobjects is not None else None
-        if not isinstance(xobjects, DictionaryObject):
-            continue
-        for name, ref in xobjects.items():
-            form = ref.get_object()
-            if not isinstance(form, StreamObject) or form.get("/Subtype") != "/Form":
-                continue
-            key = id(form)
-            if key not in sizes:
-                sizes[key] = len(form.get_data())
-            found[name] = max(found.get(name, 0), sizes[key])
-            if key not in seen:
-                if len(seen) == _PDF_FORMS:
-                    raise _TooManyForms
-                seen.add(key)
-                stack.append(form.get("/Resources"))
-    return found
-
-
 #: What follows a name's last dot but is no file type: a version ("Apache-2.0", "LGPL-2.1") or a
 #: capitalised word ("README.Debian", "NEWS.Source"), as Debian's documentation names files.
 _NAME_PART = re.compile(r"\.(?:\d+|[A-Z][a-z]+)")
@@ -580,7 +474,11 @@ def _walk(top: Path, unlisted: list[Path]) -> Iterator[tuple[Path, list[str]]]:
             with os.scandir(folder) as entries:
                 for entry in entries:
                     if _entry_is_folder(entry):
-                        if not entry.name.startswith(".") and not entry.is_symlink():
+                        if entry.name.startswith(".") or entry.is_symlink():
+                            continue
+                        if _is_pseudo(Path(entry.path)):  # /proc under a walked root
+                            unlisted.append(Path(entry.path))  # fails by name, unread
+                        else:
                             stack.append(Path(entry.path))
                     else:
                         names.append(entry.name)
@@ -887,6 +785,9 @@ def ingest_paths(
             while sum(len(d.spans) for d in embedded.values()) > TWIN_CHUNKS:
                 del embedded[next(iter(embedded))]  # the oldest first
             rate = count / max(time.monotonic() - began, 1e-6)
+        flush_if_due()
+
+    def flush_if_due() -> None:
         due = time.monotonic() - last_commit >= commit_seconds
         if due or sum(len(d.spans) for d in ready) >= commit_chunks:
             flush()
@@ -915,6 +816,7 @@ def ingest_paths(
                     arrival[source] = len(arrival)
                     if key in embedded:
                         ready.append(_twin(embedded[key], source, kept))
+                        flush_if_due()  # written on the schedule of any other document
                     else:
                         twins[key].append((source, kept))
                     continue

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -20,6 +21,9 @@ from batos.shell.cli.progress import ProgressReport
 from batos.shell.cli.terminal import json_text, shown
 from graph.curation import babs_summarizer
 from store.knowledge.catalog import BUILTIN_FIELDS, KnowledgeCatalog
+
+if TYPE_CHECKING:
+    from store.knowledge.ingest import IngestReport
 
 
 @contextmanager
@@ -111,15 +115,17 @@ def ingest(
             )
     except KeyboardInterrupt:
         # Documents are committed whole as the run goes: say what is in, and how to go on.
+        # A batch committed just before the stop may not have been counted yet.
         console.print(
-            f"interrupted after {so_far.files} of {len(files)} file(s): added "
+            f"interrupted: {so_far.files} of {len(files)} file(s) were dealt with (added "
             f"{len(so_far.added)}, replaced {len(so_far.replaced)}, unchanged "
-            f"{len(so_far.unchanged)}, failed {len(so_far.failed)}; nothing of the files after "
-            "them was kept. Run the same command again to go on: the files already in are "
-            "skipped as unchanged.",
+            f"{len(so_far.unchanged)}, failed {len(so_far.failed)}); each file is in the "
+            "catalog whole or not at all. Run the same command again to go on: the files "
+            "already in are skipped as unchanged.",
             markup=False,
             highlight=False,
         )
+        _print_failures(so_far)
         raise typer.Exit(130) from None
     seconds = max(report.seconds, 1e-9)
     console.print(
@@ -130,16 +136,20 @@ def ingest(
         highlight=False,
         soft_wrap=True,  # one line in a log, however narrow the (absent) terminal
     )
-    for _path, error in report.failed:
-        err_console.print(f"[red]✗[/] {shown(error.message)}")
-        if error.hint:
-            err_console.print(f"  [yellow]hint:[/] {shown(error.hint)}")
+    _print_failures(report)
     if report.failed:
         others = "the others were; " if len(report.failed) < len(files) else ""
         raise DocumentError(
             f"{len(report.failed)} of {len(files)} file(s) were not ingested",
             hint=f"{others}fix the files listed above and run the command again",
         )
+
+
+def _print_failures(report: IngestReport) -> None:
+    for _path, error in report.failed:
+        err_console.print(f"[red]✗[/] {shown(error.message)}")
+        if error.hint:
+            err_console.print(f"  [yellow]hint:[/] {shown(error.hint)}")
 
 
 def search(

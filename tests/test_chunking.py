@@ -309,6 +309,11 @@ def test_a_large_documents_chunks_are_embedded_a_slice_at_a_time_with_the_same_r
             0.97 if kind == "minilm-int8" else 0.9999
         )
     assert all(np.array_equal(a, b) for a, b in zip(whole[2], sliced[2], strict=True))
+    alone = encoder.encode(texts)  # the second pass, for the parts of cut chunks
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embeddings, "ENCODE_SLICE", 3)
+        alone_sliced = encoder.encode(texts)
+    assert (alone * alone_sliced).sum(axis=1).min() > (0.99 if kind == "minilm-int8" else 0.99999)
 
 
 @given(

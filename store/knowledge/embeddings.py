@@ -105,6 +105,13 @@ class Embedder:
         """An (n, DIMS) float32 array of unit vectors, one row per text."""
         if not texts:
             return np.zeros((0, DIMS), dtype=np.float32)
+        if len(texts) > ENCODE_SLICE:  # a slice at a time, as encode_units
+            return np.concatenate(
+                [
+                    self.encode(texts[at : at + ENCODE_SLICE])
+                    for at in range(0, len(texts), ENCODE_SLICE)
+                ]
+            )
         if self.encoder == INT8:
             from store.knowledge import encoder_onnx
 

@@ -394,8 +394,9 @@ def test_ctrl_c_during_ingest_says_what_was_kept_and_a_second_run_goes_on(
     goes: the interrupted run says how many are in, and the same command goes on from there."""
     folder = tmp_path / "many"
     folder.mkdir()
-    for i in range(200):
-        (folder / f"note-{i:03}.txt").write_text(f"Note {i}. {CATS} {BACKUPS[i % 3]}")
+    for i in range(200):  # some 10 chunks each: the run lasts seconds after Ctrl-C is sent
+        lines = [f"Note {i}, line {j}: {CATS} {BACKUPS[j % 3]}" for j in range(40)]
+        (folder / f"note-{i:03}.txt").write_text("\n\n".join(lines))
     env = {
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),

@@ -960,8 +960,8 @@ SETTINGS: dict[str, Setting] = {
             "catalog_pdf_memory_mb",
             "BATOS_CATALOG_PDF_MEMORY_MB",
             lambda: "2048",
-            "Memory in MB the process reading one PDF's text may take; a PDF that needs more "
-            "is refused.",
+            "Memory in MB the process reading one PDF's text may map beyond what the "
+            "ingesting process has; a PDF that needs more is refused.",
             _positive_int,
         ),
         Setting(

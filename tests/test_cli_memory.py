@@ -294,21 +294,29 @@ def test_curate_folds_with_babs_on_the_test_model(capsys, file_uri, tmp_path) ->
     assert code == 0 and "Curator archives" in out
 
 
-def test_piped_ingest_prints_progress_lines_before_its_summary(file_uri, tmp_path) -> None:
-    """Output that is not a terminal gets plain progress lines as the work goes (here one per
-    step), in order, then the summary line — also when both streams go to one log."""
-    folder = tmp_path / "many"
-    folder.mkdir()
-    for i, text in enumerate([CATS, DOGS, *BACKUPS]):
-        (folder / f"note-{i}.txt").write_text(text)
+def _ingest_command(file_uri: str, folder: Path) -> tuple[list[str], dict[str, str]]:
+    """``batos ingest FOLDER`` as a process: its command line and environment (a progress
+    line for each file, a commit for each)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
         "BATOS_PROGRESS_SECONDS": "0",
         "BATOS_CATALOG_COMMIT_SECONDS": "0.000001",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "batos.shell.cli", "--image", file_uri, "ingest", str(folder)],
+    return [
+        sys.executable,
+        "-m",
+        "batos.shell.cli",
+        "--image",
+        file_uri,
+        "ingest",
+        str(folder),
+    ], env
+
+
+def _run_to_its_end(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -316,6 +324,17 @@ def test_piped_ingest_prints_progress_lines_before_its_summary(file_uri, tmp_pat
         timeout=300,
         check=False,
     )
+
+
+def test_piped_ingest_prints_progress_lines_before_its_summary(file_uri, tmp_path) -> None:
+    """Output that is not a terminal gets plain progress lines as the work goes (here one per
+    step), in order, then the summary line — also when both streams go to one log."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i, text in enumerate([CATS, DOGS, *BACKUPS]):
+        (folder / f"note-{i}.txt").write_text(text)
+    command, env = _ingest_command(file_uri, folder)
+    done = _run_to_its_end(command, env)
     assert done.returncode == 0, done.stdout
     lines = done.stdout.splitlines()
     progress = [line for line in lines if line.startswith("ingest: ")]
@@ -397,13 +416,7 @@ def test_ctrl_c_during_ingest_says_what_was_kept_and_a_second_run_goes_on(
     for i in range(200):  # some 10 chunks each: the run lasts seconds after Ctrl-C is sent
         lines = [f"Note {i}, line {j}: {CATS} {BACKUPS[j % 3]}" for j in range(40)]
         (folder / f"note-{i:03}.txt").write_text("\n\n".join(lines))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-        "BATOS_PROGRESS_SECONDS": "0",
-        "BATOS_CATALOG_COMMIT_SECONDS": "0.000001",
-    }
-    command = [sys.executable, "-m", "batos.shell.cli", "--image", file_uri, "ingest", str(folder)]
+    command, env = _ingest_command(file_uri, folder)
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as process:
@@ -422,15 +435,7 @@ def test_ctrl_c_during_ingest_says_what_was_kept_and_a_second_run_goes_on(
     assert 5 <= kept < 200
     assert f"interrupted:{kept}of200file(s)weredealtwith" in said
     assert "wholeornotatall" in said and "Runthesamecommandagaintogoon" in said
-    again = subprocess.run(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    again = _run_to_its_end(command, env)
     assert again.returncode == 0, again.stdout
     # A batch committed as Ctrl-C came may not have been counted: at least those said are in.
     summary = again.stdout.split("added ")[1].split(";")[0]

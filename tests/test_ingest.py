@@ -813,6 +813,8 @@ def test_a_pdf_that_needs_more_memory_than_its_reader_may_take_fails_alone(
         (b"", 9, "its reader stopped (signal SIGKILL)"),
         (b"T" + b"fine", 9, "its reader stopped (signal SIGKILL)"),  # killed after writing
         (b"E" + b"unreadable\n" + b"x" * 5000, 0, "is not a readable PDF: xxx"),
+        (b"T\xff\xfe not UTF-8", 0, "its reader sent back no text"),
+        (b"", 63, "its reader stopped (signal 63)"),
     ],
 )
 def test_what_a_pdfs_reader_sends_back_is_checked_before_it_is_used(

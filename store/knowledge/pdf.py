@@ -108,7 +108,10 @@ def _outcome(
         raise slow
     tag, body = report[:_TAG], report[_TAG:]
     if tag == b"T" and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        text = body.decode("utf-8", "surrogatepass")  # pypdf can give lone surrogates
+        try:
+            text = body.decode("utf-8", "surrogatepass")  # pypdf can give lone surrogates
+        except UnicodeDecodeError:
+            raise DocumentError(f"{path} could not be read: its reader sent back no text") from None
         if len(text) > limit:
             raise DocumentError(f"{path} gave more text than it may hold")
         return text
@@ -125,7 +128,11 @@ def _outcome(
 
 def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
-        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+        number = os.WTERMSIG(status)
+        try:
+            return f"signal {signal.Signals(number).name}"
+        except ValueError:
+            return f"signal {number}"
     return f"exit status {os.WEXITSTATUS(status)}"
 
 

@@ -985,3 +985,38 @@ def test_a_kernel_file_system_is_told_by_its_mount_wherever_it_is_mounted(
     assert [Path(p).name for p, _ in report.failed] == ["proc", "status"]
     for _, error in report.failed:
         assert f"in the kernel's proc file system (mounted at {mounted})" in error.message
+
+
+def test_a_pdfs_reader_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A kill -9 of the ingesting process left its PDF reader running for up to its CPU
+    limit (five minutes by default)."""
+    pdf = tmp_path / "slow.pdf"
+    pdf.write_bytes(make_drawing_pdf(pages=400, draws=0, nops=25_000))  # a minute or more
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from store.knowledge.ingest import read_document\n"
+        "read_document(Path(sys.argv[1]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    with subprocess.Popen([sys.executable, "-c", script, str(pdf)], env=env) as host:
+        children = Path(f"/proc/{host.pid}/task/{host.pid}/children")
+        reader = 0
+        for _ in range(300):
+            found = children.read_text().split() if children.exists() else []
+            if found:
+                reader = int(found[0])
+                break
+            time.sleep(0.1)
+        assert reader, "the reader's process never started"
+        host.kill()
+        host.wait(timeout=30)
+    for _ in range(100):
+        try:
+            state = Path(f"/proc/{reader}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":  # dead, waiting for whoever adopted it to reap it
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the reader {reader} outlived its host")

@@ -35,6 +35,7 @@ _GRACE = 10.0
 _TAG = 1
 #: Characters of an exception's text kept in a file's error (the rest is cut off).
 _REASON_CHARS = 300
+_PR_SET_PDEATHSIG = 1
 
 
 class _TooMuchText(Exception):
@@ -48,9 +49,11 @@ def pdf_text(path: str, data: bytes, limit: int) -> str:
     with open("/proc/self/statm") as handle:  # the child's address space at the fork
         address_space = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     read_end, write_end = os.pipe()
+    host = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(read_end)
+        _die_with(host)
         _child(write_end, data, limit, int(seconds) + 1, address_space + (memory_mb << 20))
     os.close(write_end)
     try:
@@ -62,6 +65,19 @@ def pdf_text(path: str, data: bytes, limit: int) -> str:
             os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
     return _outcome(path, report, timed_out, status, limit, seconds, memory_mb)
+
+
+def _die_with(host: int) -> None:  # pragma: no cover - runs in the forked child
+    """Have the kernel kill this process when the host dies (a kill -9 of ``batos ingest``
+    would otherwise leave it reading for up to its CPU limit)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != host:  # the host died before the request took effect
+        os._exit(72)
 
 
 def _collect(fd: int, limit: int, deadline: float) -> tuple[bytes, bool]:

@@ -140,3 +140,10 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def address_space() -> int:
+    """Bytes this process maps now (its virtual size): what a forked child starts from, to
+    which the sandbox and the PDF reader add their memory limits."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")

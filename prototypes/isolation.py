@@ -47,6 +47,7 @@ import persistent
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
+from batos import metrics
 from batos.errors import GeneratedCodeError, SandboxLimitExceeded, SandboxViolation
 from prototypes import confine, report
 from prototypes.bounded import exception_text
@@ -495,11 +496,6 @@ def _error_report(exc: BaseException) -> bytes:
     )
 
 
-def _address_space() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
 # -- the host -------------------------------------------------------------------------------------
 
 
@@ -564,7 +560,7 @@ def run(
     from_host_r, from_host_w = os.pipe()
     # Measured here: the child's address space is the host's at the fork, and reading it
     # there would cost the child a file and its page faults.
-    address_space = _address_space() + memory_mb * 1024 * 1024
+    address_space = metrics.address_space() + memory_mb * 1024 * 1024
     deadline = time.monotonic() + seconds + GRACE_SECONDS
     pid = os.fork()
     if pid == 0:

@@ -62,7 +62,7 @@ from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack
 from RestrictedPython.PrintCollector import PrintCollector
 from RestrictedPython.transformer import RestrictingNodeTransformer
 
-from batos import settings
+from batos import metrics, settings
 from batos.errors import (
     AuditRejected,
     GeneratedCodeError,
@@ -693,7 +693,7 @@ class _MemoryWindow:
             if self.users > 1:
                 return
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            wanted = _address_space() + extra_mb * 1024 * 1024
+            wanted = metrics.address_space() + extra_mb * 1024 * 1024
             if hard != resource.RLIM_INFINITY:
                 wanted = min(wanted, hard)
             if soft == resource.RLIM_INFINITY or wanted < soft:
@@ -706,11 +706,6 @@ class _MemoryWindow:
             if self.users == 0 and self.saved is not None:
                 resource.setrlimit(resource.RLIMIT_AS, self.saved)
                 self.saved = None
-
-
-def _address_space() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 _MEMORY = _MemoryWindow()

@@ -274,9 +274,6 @@ def _too_large(path: Path, size: int, limit: int) -> DocumentError:
     )
 
 
-_reason = reason
-
-
 #: An HTML page's declared encoding: ``<meta charset="…">`` or the http-equiv form, which
 #: the HTML standard looks for in the first 1,024 bytes.
 _META_CHARSET = re.compile(
@@ -371,7 +368,7 @@ def _html_text(path: Path, markup: str) -> str:
             tag.decompose()
         text = "".join(_page_text(soup))
     except Exception as exc:  # a parser bug on one odd page must not end the batch
-        raise DocumentError(f"{path} is not readable HTML: {_reason(exc)}") from exc
+        raise DocumentError(f"{path} is not readable HTML: {reason(exc)}") from exc
     lines = (" ".join(line.split()).strip(" |") for line in text.splitlines())
     # Keep block structure as paragraphs so the sentence splitter sees the page's layout.
     return "\n\n".join(line for line in lines if line)
@@ -585,7 +582,7 @@ def _plan(
         # file's failure to report (with the traceback under -v), not the end of the run.
         log.warning("could not chunk %s", source, exc_info=True)
         raise DocumentError(
-            f"{source} could not be cut into chunks: {_reason(exc)}",
+            f"{source} could not be cut into chunks: {reason(exc)}",
             hint="a bug in BAT OS's chunker: please report it with this file; "
             "the other files were ingested",
         ) from exc
@@ -901,7 +898,7 @@ def _source(path: Path) -> str:
     try:
         return str(path.resolve())
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
-        raise DocumentError(f"cannot resolve {path}: {_reason(exc)}") from None
+        raise DocumentError(f"cannot resolve {path}: {reason(exc)}") from None
 
 
 def ingest_text(

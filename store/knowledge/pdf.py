@@ -25,7 +25,7 @@ import signal
 import time
 from typing import Any
 
-from batos import settings
+from batos import metrics, settings
 from batos.errors import DocumentError
 
 #: Seconds the host waits for a child past its CPU limit (a busy machine gives it less than
@@ -46,8 +46,7 @@ def pdf_text(path: str, data: bytes, limit: int) -> str:
     """The text of a PDF's pages (at most ``limit`` characters), or a ``DocumentError``."""
     seconds = settings.get_float("catalog_pdf_seconds")
     memory_mb = settings.get_int("catalog_pdf_memory_mb")
-    with open("/proc/self/statm") as handle:  # the child's address space at the fork
-        address_space = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    address_space = metrics.address_space()  # the child's, at the fork
     read_end, write_end = os.pipe()
     host = os.getpid()
     pid = os.fork()

@@ -20,11 +20,9 @@ from __future__ import annotations
 import os
 import re
 
-import psutil
-
 #: The metadata key a checkpoint's writer is kept under (taken out of what readers see).
 WRITER_KEY = "__batos_writer__"
-#: boot id | pid namespace | pid | start time (seconds since the epoch, two decimals).
+#: boot id | pid namespace | pid | start time (seconds since the boot, two decimals).
 _NAME = re.compile(r"([0-9a-f-]{36})\|(pid:\[\d{1,20}\])\|(\d{1,10})\|(\d{1,12}\.\d{2})")
 #: A start time read again differs from the one recorded by its rounding at most.
 _STARTED_SLACK_S = 1.0
@@ -56,8 +54,8 @@ def this_process() -> str | None:
         name = None
         if boot and namespace:
             try:
-                started = psutil.Process(pid).create_time()
-            except (psutil.Error, OSError):
+                started = _started(pid)
+            except OSError:
                 started = None
             if started is not None:
                 name = f"{boot}|{namespace}|{pid}|{started:.2f}"
@@ -77,9 +75,20 @@ def gone(writer: object) -> bool:
     if boot != _boot() or namespace != _pid_namespace():
         return False  # another host or container: its processes cannot be seen from here
     try:
-        started = psutil.Process(int(pid_text)).create_time()
-    except psutil.NoSuchProcess:
+        started = _started(int(pid_text))
+    except (FileNotFoundError, ProcessLookupError):
         return True
-    except (psutil.Error, OSError):
+    except OSError:
         return False
     return abs(started - float(started_text)) > _STARTED_SLACK_S
+
+
+def _started(pid: int) -> float:
+    """Seconds from the boot to the start of process ``pid`` (field 22 of its stat file).
+
+    Counted from the boot, not the epoch: the kernel works out the epoch time of a boot from
+    today's clock, which moves when the clock is set or a paused machine resumes, so a live
+    writer's start time read again an hour later could differ by seconds and look reused."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
